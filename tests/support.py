@@ -1,0 +1,25 @@
+"""Tiny models and in-memory data shared by the tests (tests/ is on sys.path)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+
+def make_data(n: int = 32, dim: int = 6, classes: int = 3, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, dim, generator=g)
+    y = torch.randint(0, classes, (n,), generator=g)
+    return TensorDataset(x, y)
+
+
+class TinyNet(nn.Module):
+    def __init__(self, dim: int = 6, classes: int = 3, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 16)
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(torch.relu(self.fc1(x))))

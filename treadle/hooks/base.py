@@ -1,0 +1,156 @@
+"""The Hook base class, priorities, and the dispatch table the Trainer calls through.
+
+A hook overrides any of the points in :data:`HOOK_POINTS`. The Trainer builds one
+tuple of bound methods per point, once, from the hooks that really override it, so a
+point that no hook implements costs an empty-tuple check and nothing more.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+if TYPE_CHECKING:
+    from treadle.trainer import Trainer
+
+
+class Priority(IntEnum):
+    """Named priorities; a lower number runs first (MMEngine's scale)."""
+
+    HIGHEST = 0
+    VERY_HIGH = 10
+    HIGH = 30
+    ABOVE_NORMAL = 40
+    NORMAL = 50
+    BELOW_NORMAL = 60
+    LOW = 70
+    VERY_LOW = 90
+    LOWEST = 100
+
+
+def get_priority(priority: int | str | Priority) -> int:
+    """Turn a priority name or number into an int in [0, 100]."""
+    if isinstance(priority, str):
+        try:
+            return int(Priority[priority.upper()])
+        except KeyError:
+            names = ", ".join(p.name for p in Priority)
+            raise ValueError(f"unknown hook priority {priority!r}; expected one of {names} or an int in 0..100") from None
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"hook priority must be an int in 0..100 or a name, got {priority!r}")
+    if not 0 <= priority <= 100:
+        raise ValueError(f"hook priority must be in 0..100, got {priority}")
+    return int(priority)
+
+
+# Every hook point, with the arguments each receives after the trainer.
+HOOK_POINTS: dict[str, tuple[str, ...]] = {
+    "before_run": (),
+    "after_run": (),
+    "before_train": (),
+    "after_train": (),
+    "before_train_epoch": (),
+    "after_train_epoch": (),
+    "before_train_iter": ("batch",),
+    "after_train_iter": ("batch", "outputs"),
+    "after_backward": (),
+    "before_optimizer_step": (),
+    "before_val": (),
+    "after_val": ("metrics",),
+    "before_val_epoch": (),
+    "after_val_epoch": ("metrics",),
+    "before_val_iter": ("batch",),
+    "after_val_iter": ("batch", "outputs"),
+    "before_test": (),
+    "after_test": ("metrics",),
+    "before_test_epoch": (),
+    "after_test_epoch": ("metrics",),
+    "before_test_iter": ("batch",),
+    "after_test_iter": ("batch", "outputs"),
+    "before_save_checkpoint": ("checkpoint",),
+    "after_load_checkpoint": ("checkpoint",),
+}
+
+
+class Hook:
+    """Base class for hooks. Override only the points you need.
+
+    The order of calls in ``trainer.fit()`` (see ``treadle/loops.py``)::
+
+        before_run
+        before_train
+          before_train_epoch                      # each epoch
+            before_train_iter(batch)              # each iteration
+              after_backward                      #   inside the optimizer update
+              before_optimizer_step               #   only on iterations that step
+            after_train_iter(batch, outputs)
+          after_train_epoch
+          before_val / before_val_epoch / (before_val_iter, after_val_iter)* /
+            after_val_epoch(metrics) / after_val(metrics)   # every val_interval
+        after_train
+        after_run
+
+    ``validate()`` and ``test()`` run ``before_run``, the matching val/test points,
+    and ``after_run``. ``outputs`` is the dict the step returned (detached losses).
+
+    Attributes:
+        priority: int in 0..100 or a :class:`Priority` name; lower runs first, ties
+            keep registration order.
+    """
+
+    priority: int | str = Priority.NORMAL
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to put in checkpoints (plain data and tensors only)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(priority={self.priority!r})"
+
+
+def _define_points() -> None:
+    # Give the base class a no-op for every point so subclasses can call super().
+    def make(name: str) -> Callable[..., None]:
+        def point(self: Hook, trainer: "Trainer", *args: Any) -> None:
+            return None
+
+        point.__name__ = name
+        point.__qualname__ = f"Hook.{name}"
+        point.__doc__ = f"Called at ``{name}``; arguments after the trainer: {HOOK_POINTS[name] or 'none'}."
+        return point
+
+    for name in HOOK_POINTS:
+        setattr(Hook, name, make(name))
+
+
+_define_points()
+
+
+def implements(hook: Hook, point: str) -> bool:
+    """True when ``hook``'s class overrides ``point`` (the base no-op does not count)."""
+    return getattr(type(hook), point) is not getattr(Hook, point)
+
+
+def sort_hooks(hooks: Iterable[Hook]) -> list[Hook]:
+    """Stable sort by priority: equal priorities keep registration order."""
+    return sorted(hooks, key=lambda h: get_priority(h.priority))
+
+
+def build_dispatch(hooks: Iterable[Hook]) -> dict[str, tuple[Callable[..., Any], ...]]:
+    """One tuple of bound methods per hook point, in priority order, built once."""
+    ordered = sort_hooks(hooks)
+    return {point: tuple(getattr(h, point) for h in ordered if implements(h, point)) for point in HOOK_POINTS}
+
+
+def describe_order(hooks: Iterable[Hook]) -> str:
+    """A table of which hooks run at each point, in order, for the log at start."""
+    ordered = sort_hooks(hooks)
+    lines = []
+    for point in HOOK_POINTS:
+        names = [f"{type(h).__name__}({get_priority(h.priority)})" for h in ordered if implements(h, point)]
+        if names:
+            lines.append(f"  {point:<24} " + " -> ".join(names))
+    return "hook order:\n" + ("\n".join(lines) if lines else "  (no hooks)")

@@ -1,0 +1,298 @@
+"""The loops: training by epochs or by iterations, validation and test.
+
+This file is the whole training flow. ``trainer.fit()`` runs::
+
+    before_run
+    before_train
+    for (mode, k) in workflow, repeated until training is done:
+        "train": k epochs (EpochLoop) or k iterations (IterLoop), each epoch as
+            before_train_epoch
+            for batch in feed:                      # DataFeed: the only data path
+                before_train_iter(batch)
+                outputs = train_step(batch)         # after_backward and
+                                                    # before_optimizer_step fire inside
+                after_train_iter(batch, outputs)
+                state.iter += 1
+            after_train_epoch
+        "val": k validation passes (EpochLoop) or k validation iterations (IterLoop):
+            before_val, before_val_epoch, (before_val_iter, after_val_iter)*,
+            after_val_epoch(metrics), after_val(metrics)
+    after_train
+    after_run
+
+The default workflow is ``[("train", val_interval), ("val", None)]`` when there is a
+validation loader (``None``: one full pass), else ``[("train", everything)]``. This
+gives MMEngine's rule for free: validate every ``val_interval`` epochs/iterations
+and after the last one. A given workflow follows mmcv: ``[("train", 2), ("val", 1)]``
+trains 2 epochs (iterations) then validates 1 pass (iteration), until training ends.
+A hook that calls ``trainer.state.request_stop()`` ends training at the next
+iteration boundary; the open epoch still gets its ``after_train_epoch``.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, Iterable
+
+import torch
+from torch import Tensor
+
+from treadle.data.feed import DataFeed
+from treadle.step import batch_size_of
+
+if TYPE_CHECKING:
+    from treadle.trainer import Trainer
+
+Workflow = list[tuple[str, "int | None"]]
+
+
+class EvalLoop:
+    """One validation or test pass: metrics with update/compute/reset, mean losses."""
+
+    def __init__(self, trainer: "Trainer", loader: Iterable[Any], mode: str) -> None:
+        self.trainer = trainer
+        self.mode = mode  # "val" | "test"
+        self.feed = DataFeed(loader, seed=trainer.seed)
+        self.feed.start_epoch(0)
+        self._passes = 0
+
+    def run(self, num_iters: int | None = None) -> dict[str, Any]:
+        """A full pass (``num_iters=None``) or ``num_iters`` batches from an endless
+        feed (iteration workflows); returns ``{"<mode>/<name>": value}``."""
+        t, mode = self.trainer, self.mode
+        state, d = t.state, t._dispatch
+        prev_mode = state.mode
+        state.mode = mode
+        t._call(f"before_{mode}")
+        t._call(f"before_{mode}_epoch")
+        before_iter, after_iter = d[f"before_{mode}_iter"], d[f"after_{mode}_iter"]
+        metrics = t.metrics
+        for m in metrics.values():
+            m.reset()
+        model = t.model
+        was_training = model.training
+        model.eval()
+        sums: dict[str, Tensor] = {}
+        count = 0
+        if num_iters is None:
+            self.feed.start_epoch(self._passes)
+            self._passes += 1
+        with torch.no_grad():
+            for batch in self._batches(num_iters):
+                for fn in before_iter:
+                    fn(t, batch)
+                if t._custom_val_step is not None:
+                    logged, n = t._custom_val_step(batch, t), 1
+                else:
+                    outputs, targets, logged = t._eval_step(batch)
+                    for m in metrics.values():
+                        m.update(outputs, targets)
+                    n = batch_size_of(targets)
+                for k, v in logged.items():  # weighted by batch size: the dataset mean
+                    v = v.detach().float() * n if isinstance(v, Tensor) else float(v) * n
+                    sums[k] = sums[k] + v if k in sums else v
+                count += n
+                for fn in after_iter:
+                    fn(t, batch, logged)
+        model.train(was_training)
+        results = {f"{mode}/{k}": _to_py(v / max(count, 1)) for k, v in sums.items()}
+        for name, m in metrics.items():
+            results.update(_metric_results(f"{mode}/{name}", m.compute()))
+        state.metrics.update(results)
+        t._call(f"after_{mode}_epoch", results)
+        t._call(f"after_{mode}", results)
+        state.mode = prev_mode
+        return results
+
+    def _batches(self, num_iters: int | None) -> Iterable[Any]:
+        if num_iters is None:
+            yield from self.feed
+            return
+        for _ in range(num_iters):  # endless: wrap around at the end of the loader
+            try:
+                yield next(self.feed)
+            except StopIteration:
+                self.feed.start_epoch(self.feed.epoch + 1)
+                try:
+                    yield next(self.feed)
+                except StopIteration:
+                    raise RuntimeError(f"the {self.mode} loader yielded no batches") from None
+
+
+def _to_py(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    return value
+
+
+def _metric_results(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):  # e.g. a torchmetrics MetricCollection: "val/name/sub"
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_metric_results(f"{key}/{k}", v))
+        return out
+    return {key: _to_py(value)}
+
+
+class TrainLoop:
+    """Shared by EpochLoop and IterLoop: the workflow driver and the batch loop."""
+
+    by_epoch: bool
+
+    def __init__(self, trainer: "Trainer", feed: DataFeed, workflow: Workflow) -> None:
+        self.trainer = trainer
+        self.feed = feed
+        self.workflow = workflow
+        self._epoch_open = False
+
+    def run(self) -> None:
+        t, s = self.trainer, self.trainer.state
+        s.mode = "train"
+        t._call("before_train")
+        while not self._done() and not s.should_stop:
+            for mode, k in self.workflow:
+                if s.should_stop:
+                    break
+                if mode == "train":
+                    self.train_phase(k)  # type: ignore[arg-type]
+                else:
+                    self.val_phase(k)
+                    s.mode = "train"
+        if self._epoch_open:  # ended inside an epoch: keep epoch hooks paired
+            feed = self.feed
+            self._close_epoch(complete=feed.length is not None and feed.batch_idx >= feed.length)
+        t._call("after_train")
+        s.mode = "idle"
+
+    def _done(self) -> bool:
+        raise NotImplementedError
+
+    def train_phase(self, k: int) -> None:
+        raise NotImplementedError
+
+    def val_phase(self, k: int | None) -> None:
+        raise NotImplementedError
+
+    def _open_epoch(self) -> None:
+        s = self.trainer.state
+        s.inner_iter = 0
+        self.feed.start_epoch(s.epoch)
+        self._epoch_open = True
+        self.trainer._call("before_train_epoch")
+
+    def _close_epoch(self, complete: bool) -> None:
+        """after_train_epoch; the epoch counts as done only if all its batches ran."""
+        self._epoch_open = False
+        self.trainer._call("after_train_epoch")
+        if complete:
+            self.trainer.state.epoch += 1
+
+    def _run_batches(self, limit: int | None) -> bool:
+        """Train on the open epoch's batches, at most ``limit`` of them. Returns True
+        when the epoch is exhausted. Everything here runs once per iteration."""
+        t = self.trainer
+        s = t.state
+        step = t._train_step
+        before, after = t._dispatch["before_train_iter"], t._dispatch["after_train_iter"]
+        end = s.iter + limit if limit is not None else -1
+        clock = perf_counter
+        tic = clock()
+        for batch in self.feed:
+            toc = clock()
+            s.data_time = toc - tic
+            s.iter_start_time = toc
+            for fn in before:
+                fn(t, batch)
+            outputs = step(batch)
+            for fn in after:
+                fn(t, batch, outputs)
+            s.iter += 1
+            s.inner_iter += 1
+            if s.iter == end or s.should_stop:
+                return self.feed.batch_idx == self.feed.length
+            tic = clock()
+        return True
+
+
+class EpochLoop(TrainLoop):
+    """Train for ``max_epochs`` epochs; workflow counts are epochs."""
+
+    by_epoch = True
+
+    def _done(self) -> bool:
+        s = self.trainer.state
+        return s.epoch >= s.max_epochs  # type: ignore[operator]
+
+    def train_phase(self, k: int) -> None:
+        s = self.trainer.state
+        for _ in range(k):
+            if self._done() or s.should_stop:
+                return
+            self._open_epoch()
+            start = s.iter
+            exhausted = self._run_batches(None)
+            if s.iter == start and not s.should_stop:
+                raise RuntimeError("the training loader yielded no batches in an epoch")
+            self._close_epoch(complete=exhausted)
+
+    def val_phase(self, k: int | None) -> None:
+        for _ in range(k or 1):
+            self.trainer.val_loop.run()  # type: ignore[union-attr]
+
+
+class IterLoop(TrainLoop):
+    """Train for ``max_iters`` iterations over an endless loader (mmcv's IterLoader):
+    the epoch counter advances each time the loader is exhausted; workflow counts
+    are iterations."""
+
+    by_epoch = False
+
+    def _done(self) -> bool:
+        s = self.trainer.state
+        return s.iter >= s.max_iters  # type: ignore[operator]
+
+    def train_phase(self, k: int) -> None:
+        s = self.trainer.state
+        remaining = min(k, s.max_iters - s.iter)  # type: ignore[operator]
+        while remaining > 0 and not s.should_stop:
+            if not self._epoch_open:
+                self._open_epoch()
+            start = s.iter
+            exhausted = self._run_batches(remaining)
+            remaining -= s.iter - start
+            if exhausted:
+                if s.iter == start:
+                    raise RuntimeError("the training loader yielded no batches in an epoch")
+                self._close_epoch(complete=True)
+
+    def val_phase(self, k: int | None) -> None:
+        self.trainer.val_loop.run(num_iters=k)  # type: ignore[union-attr]
+
+
+def default_workflow(by_epoch: bool, val_interval: int, has_val: bool, total: int) -> Workflow:
+    """Train ``val_interval`` epochs/iterations then validate, or train throughout."""
+    if has_val:
+        return [("train", val_interval), ("val", None)]
+    return [("train", total)]
+
+
+def check_workflow(workflow: Any, has_val: bool) -> Workflow:
+    """Validate a user workflow such as ``[("train", 2), ("val", 1)]``."""
+    expected = "a list of (mode, count) pairs such as [('train', 2), ('val', 1)]"
+    if not isinstance(workflow, (list, tuple)) or not workflow:
+        raise ValueError(f"workflow must be {expected}, got {workflow!r}")
+    out: Workflow = []
+    for i, phase in enumerate(workflow):
+        if not isinstance(phase, (list, tuple)) or len(phase) != 2:
+            raise ValueError(f"workflow[{i}]={phase!r} must be a (mode, count) pair; workflow must be {expected}")
+        mode, k = phase
+        if mode not in ("train", "val"):
+            raise ValueError(f"workflow[{i}] mode {mode!r} is not supported; expected 'train' or 'val'")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"workflow[{i}] count must be an int >= 1, got {k!r}")
+        if mode == "val" and not has_val:
+            raise ValueError(f"workflow[{i}] is a 'val' phase but no val_dataloader was given")
+        out.append((mode, k))
+    if not any(m == "train" for m, _ in out):
+        raise ValueError(f"workflow {workflow!r} has no 'train' phase, so training would never end")
+    return out

@@ -1,0 +1,45 @@
+"""Small built-in metrics with the ``update(outputs, targets) / compute() / reset()``
+protocol (torchmetrics objects follow the same protocol and work unchanged)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+class Accuracy:
+    """Top-k classification accuracy over everything seen since ``reset()``.
+
+    ``outputs`` are logits or scores of shape (N, C); ``targets`` are class indices
+    (N,) or one-hot/soft labels (N, C), reduced with argmax. Counts stay on the
+    device until ``compute()``.
+    """
+
+    def __init__(self, topk: int = 1) -> None:
+        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+            raise ValueError(f"topk must be an int >= 1, got {topk!r}")
+        self.topk = topk
+        self.reset()
+
+    def reset(self) -> None:
+        self.correct: Tensor | int = 0
+        self.total = 0
+
+    def update(self, outputs: Tensor, targets: Tensor) -> None:
+        if targets.dim() == outputs.dim():
+            targets = targets.argmax(dim=-1)
+        k = min(self.topk, outputs.shape[-1])
+        top = outputs.topk(k, dim=-1).indices
+        self.correct = self.correct + (top == targets.unsqueeze(-1)).any(dim=-1).sum()
+        self.total += targets.numel()
+
+    def compute(self) -> float:
+        if self.total == 0:
+            return float("nan")
+        correct = self.correct.item() if isinstance(self.correct, Tensor) else self.correct
+        return correct / self.total
+
+    def __repr__(self) -> str:
+        return f"Accuracy(topk={self.topk})"
+
+
+__all__ = ["Accuracy"]

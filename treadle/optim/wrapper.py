@@ -1,0 +1,180 @@
+"""OptimWrapper: one optimizer with its precision, accumulation and clipping.
+
+``update(loss)`` is the whole optimizer side of a training step::
+
+    scaled = loss / accumulate            # when accumulating
+    scaler.scale(scaled).backward()       # plain backward() unless fp16
+    after_backward callbacks
+    if this micro-batch closes a window:
+        scaler.unscale_ + clip            # when clip_grad is set
+        before_optimizer_step callbacks
+        scaler.step(optimizer) / optimizer.step()
+        scaler.update(); zero_grad(set_to_none=True)
+
+A custom ``train_step`` uses the same calls (``backward``/``step``/``zero_grad`` or
+``update``) on ``trainer.optim_wrappers[name]``. The wrapper knows nothing of the
+Trainer: hook points arrive as tuples of zero-argument callables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, ContextManager
+
+import torch
+from torch import Tensor
+
+PRECISIONS = ("32", "bf16", "16")
+
+
+def check_precision(precision: Any) -> str:
+    """Normalise ``precision`` ("32" | "bf16" | "16"; 32 and 16 as ints too)."""
+    p = str(precision)
+    aliases = {"fp32": "32", "32-true": "32", "fp16": "16", "16-mixed": "16", "bf16-mixed": "bf16"}
+    p = aliases.get(p, p)
+    if p not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not supported; expected one of '32', 'bf16', '16' (fp16 with GradScaler)")
+    return p
+
+
+def check_clip_grad(clip_grad: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Validate ``clip_grad``: ``dict(max_norm=.., norm_type=2)`` or ``dict(value=..)``."""
+    if clip_grad is None:
+        return None
+    if not isinstance(clip_grad, dict):
+        raise TypeError(f"clip_grad must be a dict such as dict(max_norm=1.0) or dict(value=0.5), got {clip_grad!r}")
+    keys = set(clip_grad)
+    if ("max_norm" in keys) == ("value" in keys):
+        raise ValueError(f"clip_grad={clip_grad!r} must have exactly one of 'max_norm' (clip by norm) or 'value' (clip by value)")
+    allowed = {"max_norm", "norm_type", "error_if_nonfinite", "foreach"} if "max_norm" in keys else {"value", "foreach"}
+    extra = keys - allowed
+    if extra:
+        raise ValueError(f"clip_grad has unknown keys {sorted(extra)}; allowed with {'max_norm' if 'max_norm' in keys else 'value'}: {sorted(allowed)}")
+    bound = clip_grad.get("max_norm", clip_grad.get("value"))
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or bound <= 0:
+        raise ValueError(f"clip_grad bound must be a positive number, got {bound!r}")
+    return dict(clip_grad)
+
+
+def make_autocast(precision: str, device_type: str) -> Callable[[], ContextManager[Any]]:
+    """A factory of autocast contexts for ``precision`` (a no-op for fp32)."""
+    dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(check_precision(precision))
+    if dtype is None:
+        return contextlib.nullcontext
+    return functools.partial(torch.autocast, device_type, dtype=dtype)
+
+
+class OptimWrapper:
+    """An optimizer plus AMP, gradient accumulation and clipping.
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer``.
+        precision: "32", "bf16" (autocast) or "16" (autocast + GradScaler).
+        device_type: device type for autocast ("cpu", "cuda", ...).
+        accumulate: optimizer steps once every ``accumulate`` calls of :meth:`update`.
+        clip_grad: ``dict(max_norm=..., norm_type=2)`` or ``dict(value=...)``.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, precision: str = "32", device_type: str = "cpu",
+                 accumulate: int = 1, clip_grad: dict[str, Any] | None = None) -> None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"OptimWrapper needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+            raise ValueError(f"accumulate must be an int >= 1, got {accumulate!r}")
+        self.optimizer = optimizer
+        self.precision = check_precision(precision)
+        self.device_type = device_type
+        self.accumulate = accumulate
+        self.clip_grad = check_clip_grad(clip_grad)
+        self.scaler = torch.amp.GradScaler(device_type) if self.precision == "16" else None
+        # ``with wrapper.autocast():`` around the forward pass (a no-op for fp32).
+        self.autocast = make_autocast(self.precision, device_type)
+        self.micro_step = 0  # update() calls since the last optimizer step
+        self.grad_norm: Tensor | None = None  # last total norm (a device tensor; read it at log time)
+        # Hook points, filled in by the trainer; empty tuples cost nothing.
+        self.after_backward_callbacks: tuple[Callable[[], Any], ...] = ()
+        self.before_step_callbacks: tuple[Callable[[], Any], ...] = ()
+        # Context used on micro-batches that do not step (DDP's no_sync), set by a strategy.
+        self.no_sync: Callable[[], ContextManager[Any]] | None = None
+
+    # -- the pieces a custom step may call ------------------------------------------
+    def backward(self, loss: Tensor, **kwargs: Any) -> None:
+        """Backward of ``loss`` (scaled under fp16), then the after_backward hooks."""
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+        for fn in self.after_backward_callbacks:
+            fn()
+
+    def step(self) -> None:
+        """Clip, run the before_optimizer_step hooks, and step (through the scaler)."""
+        if self.clip_grad is not None:
+            self._clip()
+        for fn in self.before_step_callbacks:
+            fn()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        """Drop gradients (set to None: cheaper than zeroing)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def update(self, loss: Tensor) -> None:
+        """Backward, and step + zero_grad when the accumulation window closes."""
+        acc = self.accumulate
+        if acc == 1:
+            self.backward(loss)
+            self.step()
+            self.zero_grad()
+            return
+        self.micro_step += 1
+        closes = self.micro_step >= acc
+        if closes or self.no_sync is None:
+            self.backward(loss / acc)
+        else:
+            with self.no_sync():
+                self.backward(loss / acc)
+        if closes:
+            self.step()
+            self.zero_grad()
+            self.micro_step = 0
+
+    # -- helpers ----------------------------------------------------------------------
+    def _clip(self) -> None:
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        cfg = self.clip_grad
+        if "max_norm" in cfg:  # type: ignore[operator]
+            # Returns a device tensor: no host sync here (unless error_if_nonfinite).
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(params, **cfg)  # type: ignore[arg-type]
+        else:
+            torch.nn.utils.clip_grad_value_(params, clip_value=cfg["value"], foreach=cfg.get("foreach"))  # type: ignore[index]
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def get_lr(self) -> list[float]:
+        """Learning rate of each param group."""
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "micro_step": self.micro_step}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.micro_step = int(state.get("micro_step", 0))
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+    def __repr__(self) -> str:
+        return (f"OptimWrapper({type(self.optimizer).__name__}, precision={self.precision!r}, "
+                f"accumulate={self.accumulate}, clip_grad={self.clip_grad})")

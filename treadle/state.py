@@ -1,0 +1,58 @@
+"""The small state object every hook and step can read: counters and last results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class TrainState:
+    """Where training stands.
+
+    Counters follow detectron2/MMEngine: while an iteration's hooks run, ``iter`` is
+    that iteration's 0-based index and ``inner_iter`` its index inside the epoch; they
+    are incremented after ``after_train_iter``. ``epoch`` likewise is the index of the
+    running epoch and becomes the number of finished epochs after ``after_train_epoch``.
+    After ``fit()``, ``iter == max_iters`` and (epoch-based) ``epoch == max_epochs``.
+    """
+
+    epoch: int = 0
+    iter: int = 0
+    inner_iter: int = 0
+    max_epochs: int | None = None
+    max_iters: int | None = None
+    iters_per_epoch: int | None = None  # None for loaders without a length
+    by_epoch: bool = True
+    mode: str = "idle"  # "train" | "val" | "test" | "idle"
+    metrics: dict[str, Any] = field(default_factory=dict)  # last validation/test results
+    should_stop: bool = False
+    stop_reason: str = ""
+    # Host timestamps of the running iteration, set by the loop (perf_counter seconds).
+    data_time: float = 0.0
+    iter_start_time: float = 0.0
+
+    @property
+    def where(self) -> float:
+        """Fraction of training done, in [0, 1] (VISSL's ``where``)."""
+        if self.max_iters:
+            return min(self.iter / self.max_iters, 1.0)
+        if self.max_epochs:
+            return min(self.epoch / self.max_epochs, 1.0)
+        return 0.0
+
+    def request_stop(self, reason: str = "") -> None:
+        """Ask the loop to stop cleanly at the next iteration boundary."""
+        self.should_stop = True
+        self.stop_reason = reason
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters to checkpoint (not the timestamps or the mode)."""
+        return {"epoch": self.epoch, "iter": self.iter, "inner_iter": self.inner_iter,
+                "max_epochs": self.max_epochs, "max_iters": self.max_iters, "metrics": dict(self.metrics)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch = int(state["epoch"])
+        self.iter = int(state["iter"])
+        self.inner_iter = int(state.get("inner_iter", 0))
+        self.metrics = dict(state.get("metrics", {}))

@@ -1,0 +1,141 @@
+"""The default train and eval steps: batch -> forward -> losses -> optimizer.
+
+``make_train_step`` returns a closure specialised once for the configuration
+(loss function or not, device move or not, autocast or not), so the per-iteration
+path has no branches for features that are off::
+
+    batch = move(batch)                          # skipped on CPU
+    with autocast:                               # skipped for fp32
+        if loss_fn: losses = loss_fn(model(inputs), targets)
+        else:       losses = model(batch)        # tensor or dict of losses
+    total, logged = parse_losses(losses)         # keys containing "loss" are summed
+    optim_wrapper.update(total)
+    return logged                                # detached: goes to the logger
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from torch import Tensor, nn
+
+from treadle.optim.wrapper import OptimWrapper
+
+Batch = Any
+StepFn = Callable[[Batch], dict[str, Tensor]]
+
+
+def unpack_batch(batch: Batch) -> tuple[Any, Any]:
+    """Split a batch into ``(inputs, targets)``.
+
+    Accepted: a 2-element tuple/list, or a dict with "inputs"/"targets" (or the
+    singular "input"/"target") keys.
+    """
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    if isinstance(batch, dict):
+        for a, b in (("inputs", "targets"), ("input", "target")):
+            if a in batch and b in batch:
+                return batch[a], batch[b]
+        got = f"a dict with keys {sorted(map(str, batch))}"
+    elif isinstance(batch, (tuple, list)):
+        got = f"a {type(batch).__name__} of {len(batch)} elements"
+    else:
+        got = f"a {type(batch).__name__}"
+    raise TypeError(f"the default step cannot unpack the batch: got {got}; expected (inputs, targets) "
+                    "or a dict with 'inputs' and 'targets' keys. Pass loss_fn=None and a model that takes "
+                    "the whole batch, or define model.train_step(batch, trainer).")
+
+
+def parse_losses(losses: Tensor | dict[str, Tensor] | list[Tensor] | tuple[Tensor, ...]) -> tuple[Tensor, dict[str, Tensor]]:
+    """Total loss and the detached values to log.
+
+    A dict's entries whose key contains "loss" are summed into the total (the
+    detectron2/basecls rule) and logged as "loss"; every entry is logged.
+    """
+    if isinstance(losses, Tensor):
+        return losses, {"loss": losses.detach()}
+    if isinstance(losses, dict):
+        terms = [v for k, v in losses.items() if "loss" in k]
+        if not terms:
+            raise ValueError(f"the loss dict has no key containing 'loss' (keys: {sorted(losses)}); "
+                             "entries whose name contains 'loss' are summed into the total")
+        total = terms[0] if len(terms) == 1 else sum(terms)  # type: ignore[assignment]
+        logged = {k: (v.detach() if isinstance(v, Tensor) else v) for k, v in losses.items()}
+        logged["loss"] = total.detach()  # type: ignore[union-attr]
+        return total, logged  # type: ignore[return-value]
+    if isinstance(losses, (list, tuple)) and losses and all(isinstance(v, Tensor) for v in losses):
+        total = sum(losses)  # type: ignore[assignment]
+        return total, {"loss": total.detach()}  # type: ignore[union-attr]
+    raise TypeError(f"losses must be a Tensor, a dict of Tensors or a list of Tensors, got {type(losses).__name__}")
+
+
+def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_wrapper: OptimWrapper,
+                    move: Callable[[Batch], Batch] | None) -> StepFn:
+    """The default training step, specialised for this configuration."""
+    update = optim_wrapper.update
+    amp = optim_wrapper.precision != "32"
+    autocast = optim_wrapper.autocast
+
+    if loss_fn is None:
+        def forward(batch: Batch) -> Any:
+            return model(batch)
+    else:
+        def forward(batch: Batch) -> Any:
+            inputs, targets = unpack_batch(batch)
+            return loss_fn(model(inputs), targets)
+
+    if move is None and not amp:
+        def step(batch: Batch) -> dict[str, Tensor]:
+            total, logged = parse_losses(forward(batch))
+            update(total)
+            return logged
+    else:
+        def step(batch: Batch) -> dict[str, Tensor]:
+            if move is not None:
+                batch = move(batch)
+            with autocast():
+                losses = forward(batch)
+            total, logged = parse_losses(losses)
+            update(total)
+            return logged
+    return step
+
+
+def batch_size_of(targets: Any) -> int:
+    """Number of samples in ``targets`` (first dimension), 1 when unknown."""
+    if isinstance(targets, Tensor) and targets.dim() > 0:
+        return targets.shape[0]
+    if isinstance(targets, (list, tuple)):
+        return len(targets)
+    return 1
+
+
+def make_eval_step(model: nn.Module, loss_fn: Callable[..., Any] | None, autocast: Callable[[], Any],
+                   move: Callable[[Batch], Batch] | None) -> Callable[[Batch], tuple[Any, Any, dict[str, Tensor]]]:
+    """The default validation/test step: ``batch -> (outputs, targets, losses)``.
+
+    With ``loss_fn``: ``outputs = model(inputs)`` and the losses are computed. Without
+    it, ``outputs = model(batch)``; a dict output's "loss" entries are reported, and
+    the targets given to metrics are the batch's second element when it has one.
+    """
+    def step(batch: Batch) -> tuple[Any, Any, dict[str, Tensor]]:
+        if move is not None:
+            batch = move(batch)
+        with autocast():
+            if loss_fn is not None:
+                inputs, targets = unpack_batch(batch)
+                outputs = model(inputs)
+                losses = loss_fn(outputs, targets)
+                _, logged = parse_losses(losses)
+                return outputs, targets, logged
+            outputs = model(batch)
+        try:
+            targets = unpack_batch(batch)[1]
+        except TypeError:
+            targets = batch
+        logged: dict[str, Tensor] = {}
+        if isinstance(outputs, dict) and any("loss" in k for k in outputs):
+            _, logged = parse_losses({k: v for k, v in outputs.items() if "loss" in k})
+        return outputs, targets, logged
+    return step

@@ -1,0 +1,316 @@
+"""The Trainer: holds the components, checks them, runs the loops, dispatches hooks.
+
+The flow itself lives in ``treadle/loops.py``; the default step in ``treadle/step.py``.
+Everything is checked in ``__init__``, so a bad argument fails before anything runs
+or is written.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from treadle.data.feed import DataFeed
+from treadle.hooks.base import HOOK_POINTS, Hook, build_dispatch, describe_order, get_priority, sort_hooks
+from treadle.hooks.logger import LoggerHook
+from treadle.hooks.timer import IterTimerHook
+from treadle.logging.store import MetricStore
+from treadle.logging.writers import get_logger
+from treadle.loops import EpochLoop, EvalLoop, IterLoop, TrainLoop, check_workflow, default_workflow
+from treadle.optim.builder import build_optimizer
+from treadle.optim.wrapper import OptimWrapper, check_clip_grad, check_precision, make_autocast
+from treadle.seeding import seed_everything, set_deterministic
+from treadle.state import TrainState
+from treadle.step import make_eval_step, make_train_step
+from treadle.strategies.base import Strategy, build_strategy
+
+
+def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class Trainer:
+    """Train, validate and test a model.
+
+    Args (the public contract, see DESIGN.md):
+        model: the ``nn.Module``. In training mode without ``loss_fn`` it is called
+            with the whole batch and returns a loss tensor or a dict of losses. It may
+            define ``train_step(batch, trainer)`` / ``val_step(batch, trainer)``.
+        work_dir: run directory for ``log.txt`` and ``log.jsonl`` (None: console only).
+        train_dataloader, val_dataloader, test_dataloader: DataLoaders (or iterables).
+        loss_fn: ``(outputs, targets) -> Tensor | dict``; batches are then
+            ``(inputs, targets)`` or dicts with "inputs"/"targets".
+        optimizer: an Optimizer, ``dict(type="AdamW", lr=...)`` (any torch.optim class),
+            or a dict of those by name, e.g. ``{"gen": ..., "disc": ...}`` (a config
+            dict then optimizes the model's submodule of that name).
+        max_epochs / max_iters: exactly one, for epoch- or iteration-based training.
+        val_interval: validate every this many epochs (or iterations), and at the end.
+        workflow: mmcv-style phases such as ``[("train", 2), ("val", 1)]``.
+        metrics: ``{name: obj}`` with ``update(outputs, targets)``, ``compute()``,
+            ``reset()`` (torchmetrics objects work as they are).
+        hooks: Hook objects added to the defaults (a hook of a default's class
+            replaces that default).
+        precision: "32" | "bf16" | "16". accumulate, clip_grad: see OptimWrapper.
+        strategy: "auto" | "single" | a Strategy. seed, seed_per_rank, deterministic.
+        log_interval: iterations between log lines. compile: ``torch.compile`` the model.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        work_dir: str | Path | None = None,
+        train_dataloader: Iterable[Any] | None = None,
+        val_dataloader: Iterable[Any] | None = None,
+        test_dataloader: Iterable[Any] | None = None,
+        loss_fn: Callable[..., Any] | None = None,
+        optimizer: torch.optim.Optimizer | Mapping[str, Any] | None = None,
+        schedulers: list[Any] | None = None,
+        max_epochs: int | None = None,
+        max_iters: int | None = None,
+        val_interval: int = 1,
+        workflow: list[tuple[str, int]] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        hooks: Iterable[Hook] = (),
+        precision: str = "32",
+        accumulate: int = 1,
+        clip_grad: dict[str, Any] | None = None,
+        ema: dict[str, Any] | None = None,
+        strategy: str | Strategy = "auto",
+        seed: int | None = None,
+        seed_per_rank: bool = False,
+        deterministic: bool = False,
+        resume: bool | str | Path = False,
+        load_from: str | Path | None = None,
+        checkpoint: dict[str, Any] | None = None,
+        log_interval: int = 50,
+        compile: bool = False,
+    ) -> None:
+        # -- check every argument before anything happens ---------------------------
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if max_epochs is not None and max_iters is not None:
+            raise ValueError(f"give either max_epochs or max_iters, not both (got max_epochs={max_epochs!r}, max_iters={max_iters!r})")
+        _positive_int("max_epochs", max_epochs, allow_none=True)
+        _positive_int("max_iters", max_iters, allow_none=True)
+        if train_dataloader is not None:
+            if max_epochs is None and max_iters is None:
+                raise ValueError("training needs max_epochs (epoch-based) or max_iters (iteration-based); neither was given")
+            if optimizer is None:
+                raise ValueError("training needs an optimizer: an Optimizer object or e.g. dict(type='AdamW', lr=1e-3)")
+        _positive_int("val_interval", val_interval)
+        _positive_int("log_interval", log_interval)
+        _positive_int("accumulate", accumulate)
+        self.precision = check_precision(precision)
+        self.clip_grad = check_clip_grad(clip_grad)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+        if loss_fn is not None and not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable (outputs, targets) -> loss, got {type(loss_fn).__name__}")
+        self.metrics = _check_metrics(metrics)
+        hooks = list(hooks)
+        for i, h in enumerate(hooks):
+            if not isinstance(h, Hook):
+                raise TypeError(f"hooks[{i}] must be a treadle.Hook instance, got {type(h).__name__}")
+            get_priority(h.priority)
+        self.workflow = check_workflow(workflow, val_dataloader is not None) if workflow is not None else None
+        for name, value in (("schedulers", schedulers), ("ema", ema), ("load_from", load_from), ("checkpoint", checkpoint)):
+            if value:
+                raise NotImplementedError(f"{name}= is not available yet in this version of treadle")
+        if resume:
+            raise NotImplementedError("resume= is not available yet in this version of treadle")
+        self.strategy = build_strategy(strategy)
+
+        # -- components ----------------------------------------------------------
+        self.seed = seed
+        if seed is not None:
+            seed_everything(seed, rank=self.strategy.rank, per_rank=seed_per_rank)
+        if deterministic:
+            set_deterministic(True)
+        self.work_dir = Path(work_dir) if work_dir is not None else None
+        self.train_dataloader = train_dataloader
+        self.val_dataloader = val_dataloader
+        self.test_dataloader = test_dataloader
+        self.loss_fn = loss_fn
+        self.val_interval = val_interval
+        self.log_interval = log_interval
+        self.state = TrainState(max_epochs=max_epochs, max_iters=max_iters, by_epoch=max_iters is None)
+        self.store = MetricStore()
+        self.module = model  # the user's module, unwrapped
+        self.model = self.strategy.setup_model(model)
+        if compile:
+            self.model = torch.compile(self.model)
+        self.optim_wrappers = self._build_optim_wrappers(optimizer, accumulate) if optimizer is not None else {}
+        self._move = self.strategy.batch_mover()
+        self._custom_train_step = getattr(self.module, "train_step", None)
+        custom_val = getattr(self.module, "val_step", None)
+        self._custom_val_step = (lambda batch, t: custom_val(batch, t) or {}) if custom_val is not None else None
+        if len(self.optim_wrappers) > 1 and self._custom_train_step is None and type(self).train_step is Trainer.train_step:
+            raise ValueError(f"several optimizers {sorted(self.optim_wrappers)} need a custom step: define "
+                             "model.train_step(batch, trainer) that uses trainer.optim_wrappers[name]")
+        autocast = make_autocast(self.precision, self.strategy.device.type)
+        self._eval_step = make_eval_step(self.model, loss_fn, autocast, self._move)
+        self.hooks: list[Hook] = []
+        self._dispatch: dict[str, tuple[Callable[..., Any], ...]] = {}
+        self._set_hooks([IterTimerHook(), LoggerHook(interval=log_interval)], hooks)
+        self.train_loop: TrainLoop | None = None
+        self.val_loop = EvalLoop(self, val_dataloader, "val") if val_dataloader is not None else None
+        self.test_loop = EvalLoop(self, test_dataloader, "test") if test_dataloader is not None else None
+
+    # -- construction helpers ------------------------------------------------------
+    def _build_optim_wrappers(self, optimizer: Any, accumulate: int) -> dict[str, OptimWrapper]:
+        device_type = self.strategy.device.type
+        if isinstance(optimizer, Mapping) and optimizer and all(isinstance(v, (Mapping, torch.optim.Optimizer)) for v in optimizer.values()):
+            built = {}
+            for name, cfg in optimizer.items():
+                params: Any = self.module
+                if not isinstance(cfg, torch.optim.Optimizer):
+                    params = getattr(self.module, str(name), None)
+                    if not isinstance(params, nn.Module):
+                        raise ValueError(f"optimizer[{name!r}] is a config, so the model needs a submodule named "
+                                         f"{name!r} to optimize; give an Optimizer object instead")
+                built[str(name)] = build_optimizer(cfg, params, where=f"optimizer[{name!r}]")
+        else:
+            built = {"default": build_optimizer(optimizer, self.module)}
+        return {name: OptimWrapper(opt, precision=self.precision, device_type=device_type, accumulate=accumulate,
+                                   clip_grad=self.clip_grad) for name, opt in built.items()}
+
+    def _set_hooks(self, defaults: list[Hook], extra: Iterable[Hook]) -> None:
+        """Defaults plus the user's hooks (a hook of a default's class replaces it)."""
+        extra = list(extra)
+        replaced = {type(h) for h in extra}
+        self.hooks = sort_hooks([h for h in defaults if type(h) not in replaced] + extra)
+        self._rebuild_dispatch()
+
+    def register_hook(self, hook: Hook) -> None:
+        """Add one hook after construction."""
+        get_priority(hook.priority)
+        self.hooks = sort_hooks([*self.hooks, hook])
+        self._rebuild_dispatch()
+
+    def _rebuild_dispatch(self) -> None:
+        self._dispatch = build_dispatch(self.hooks)
+        after_backward = tuple(functools.partial(fn, self) for fn in self._dispatch["after_backward"])
+        before_step = tuple(functools.partial(fn, self) for fn in self._dispatch["before_optimizer_step"])
+        for ow in self.optim_wrappers.values():
+            ow.after_backward_callbacks = after_backward
+            ow.before_step_callbacks = before_step
+        self._train_step = self._select_train_step()
+
+    def _select_train_step(self) -> Callable[[Any], dict[str, Any]]:
+        if type(self).train_step is not Trainer.train_step:  # overridden in a subclass
+            return self.train_step
+        if self._custom_train_step is not None:
+            step = self._custom_train_step
+            return lambda batch: step(batch, self) or {}
+        if not self.optim_wrappers:
+            return self.train_step
+        return make_train_step(self.model, self.loss_fn, self.optim_wrapper, self._move)
+
+    def _call(self, point: str, *args: Any) -> None:
+        for fn in self._dispatch[point]:
+            fn(self, *args)
+
+    # -- accessors -----------------------------------------------------------------
+    @property
+    def optim_wrapper(self) -> OptimWrapper:
+        """The optimizer wrapper when there is exactly one."""
+        if len(self.optim_wrappers) != 1:
+            raise AttributeError(f"there are {len(self.optim_wrappers)} optimizers ({sorted(self.optim_wrappers)}); use trainer.optim_wrappers[name]")
+        return next(iter(self.optim_wrappers.values()))
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.optim_wrapper.optimizer
+
+    @property
+    def is_main(self) -> bool:
+        return self.strategy.is_main
+
+    def learning_rates(self) -> dict[str, float]:
+        """``lr`` of every optimizer and param group, keyed for logging."""
+        out: dict[str, float] = {}
+        single = len(self.optim_wrappers) == 1
+        for name, ow in self.optim_wrappers.items():
+            prefix = "lr" if single else f"lr/{name}"
+            for i, lr in enumerate(ow.get_lr()):
+                out[prefix if i == 0 else f"{prefix}/pg{i}"] = lr
+        return out
+
+    def train_step(self, batch: Any) -> dict[str, Any]:
+        """Override in a subclass to replace the default step (return values to log)."""
+        raise RuntimeError("no optimizer was given, so there is no training step")
+
+    def update_metrics(self, outputs: Any, targets: Any) -> None:
+        """For custom val steps: feed every metric."""
+        for m in self.metrics.values():
+            m.update(outputs, targets)
+
+    # -- entry points ------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        """Train per the workflow (validating as configured); returns the last metrics."""
+        if self.train_dataloader is None:
+            raise ValueError("fit() needs a train_dataloader")
+        feed = DataFeed(self.train_dataloader, seed=self.seed)
+        s = self.state
+        s.iters_per_epoch = feed.length
+        if s.by_epoch:
+            if s.iters_per_epoch is not None:
+                s.max_iters = s.max_epochs * s.iters_per_epoch  # type: ignore[operator]
+            total = s.max_epochs
+        else:
+            if s.iters_per_epoch:
+                s.max_epochs = -(-s.max_iters // s.iters_per_epoch)  # type: ignore[operator]
+            total = s.max_iters
+        workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
+        loop_cls = EpochLoop if s.by_epoch else IterLoop
+        self.train_loop = loop_cls(self, feed, workflow)
+        self.model.train()
+        self._run(self.train_loop.run)
+        return dict(s.metrics)
+
+    def validate(self) -> dict[str, Any]:
+        """One pass over ``val_dataloader``; returns ``{"val/<name>": value}``."""
+        if self.val_loop is None:
+            raise ValueError("validate() needs a val_dataloader")
+        return self._run(self.val_loop.run)
+
+    def test(self) -> dict[str, Any]:
+        """One pass over ``test_dataloader``; returns ``{"test/<name>": value}``."""
+        if self.test_loop is None:
+            raise ValueError("test() needs a test_dataloader")
+        return self._run(self.test_loop.run)
+
+    def _run(self, body: Callable[[], Any]) -> Any:
+        if self.work_dir is not None and self.is_main:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.state.should_stop = False
+        self._call("before_run")
+        try:
+            if self.is_main:
+                get_logger().info(describe_order(self.hooks))
+            return body()
+        finally:
+            self._call("after_run")
+
+
+def _check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"metrics must be a dict {{name: metric}}, got {type(metrics).__name__}")
+    for name, m in metrics.items():
+        missing = [a for a in ("update", "compute", "reset") if not callable(getattr(m, a, None))]
+        if missing:
+            raise TypeError(f"metrics[{name!r}] ({type(m).__name__}) lacks {missing}; a metric needs update(outputs, targets), compute() and reset()")
+    return dict(metrics)
+
+
+__all__ = ["Trainer", "HOOK_POINTS"]
