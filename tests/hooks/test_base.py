@@ -1,0 +1,110 @@
+"""Hook priorities, ties, dispatch tables, and the order written to the log."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from torch import nn
+from torch.utils.data import DataLoader
+
+import treadle
+from treadle.hooks.base import HOOK_POINTS, Hook, Priority, build_dispatch, describe_order, get_priority, implements
+
+from support import TinyNet, make_data
+
+
+def test_priority_names_map_to_numbers():
+    expected = {"HIGHEST": 0, "VERY_HIGH": 10, "HIGH": 30, "ABOVE_NORMAL": 40, "NORMAL": 50,
+                "BELOW_NORMAL": 60, "LOW": 70, "VERY_LOW": 90, "LOWEST": 100}
+    assert {p.name: int(p) for p in Priority} == expected
+    assert get_priority("low") == 70 and get_priority(Priority.HIGH) == 30 and get_priority(5) == 5
+
+
+@pytest.mark.parametrize("bad,err", [("MEDIUM", ValueError), (101, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_bad_priorities_are_rejected(bad, err):
+    with pytest.raises(err, match="priority"):
+        get_priority(bad)
+
+
+def make_hook(name, priority, log):
+    class H(Hook):
+        def before_train_iter(self, trainer, batch):
+            log.append(name)
+
+    H.__name__ = name
+    h = H()
+    h.priority = priority
+    return h
+
+
+def test_lower_priority_runs_first_and_ties_keep_registration_order():
+    log = []
+    hooks = [make_hook("a", "LOW", log), make_hook("b", 50, log), make_hook("c", "NORMAL", log),
+             make_hook("d", "HIGHEST", log), make_hook("e", 100, log), make_hook("f", 50, log)]
+    t = treadle.Trainer(TinyNet(), train_dataloader=DataLoader(make_data(4), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
+                        optimizer=dict(type="SGD", lr=0.1), max_iters=1, hooks=hooks)
+    t.fit()
+    assert log == ["d", "b", "c", "f", "a", "e"]
+
+
+def test_dispatch_only_lists_hooks_that_override_a_point():
+    class OnlyEpoch(Hook):
+        def after_train_epoch(self, trainer):
+            pass
+
+    h = OnlyEpoch()
+    table = build_dispatch([h])
+    assert set(table) == set(HOOK_POINTS)
+    assert table["after_train_epoch"] == (h.after_train_epoch,)
+    assert all(table[p] == () for p in HOOK_POINTS if p != "after_train_epoch")
+    assert implements(h, "after_train_epoch") and not implements(h, "after_train_iter")
+
+
+def test_resolved_order_is_logged_at_start(caplog, tmp_path):
+    class Mine(Hook):
+        priority = "VERY_HIGH"
+
+        def after_train_iter(self, trainer, batch, outputs):
+            pass
+
+    t = treadle.Trainer(TinyNet(), work_dir=tmp_path, train_dataloader=DataLoader(make_data(4), batch_size=4),
+                        loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), max_iters=1, hooks=[Mine()])
+    with caplog.at_level(logging.INFO, logger="treadle"):
+        t.fit()
+    assert "after_train_iter         Mine(10) -> IterTimerHook(50) -> LoggerHook(60)" in caplog.text
+    assert "Mine(10) -> IterTimerHook(50)" in (tmp_path / "log.txt").read_text()
+    assert describe_order([]) == "hook order:\n  (no hooks)"
+
+
+def test_user_hook_of_default_class_replaces_the_default():
+    from treadle.hooks.logger import LoggerHook
+
+    mine = LoggerHook(interval=7)
+    t = treadle.Trainer(TinyNet(), hooks=[mine])
+    loggers = [h for h in t.hooks if isinstance(h, LoggerHook)]
+    assert loggers == [mine]
+
+
+def test_hook_state_defaults_and_round_trip():
+    class Counter(Hook):
+        def __init__(self):
+            self.n = 0
+
+        def after_train_iter(self, trainer, batch, outputs):
+            self.n += 1
+
+        def state_dict(self):
+            return {"n": self.n}
+
+        def load_state_dict(self, state):
+            self.n = state["n"]
+
+    assert Hook().state_dict() == {}
+    c = Counter()
+    t = treadle.Trainer(TinyNet(), train_dataloader=DataLoader(make_data(8), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
+                        optimizer=dict(type="SGD", lr=0.1), max_iters=3, hooks=[c])
+    t.fit()
+    c2 = Counter()
+    c2.load_state_dict(c.state_dict())
+    assert c2.n == 3

@@ -1,0 +1,69 @@
+"""Logged values equal the values computed, and logging reads them only at its interval."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+import treadle
+from treadle.logging import MetricStore, read_jsonl
+
+from support import TinyNet, make_data
+
+
+def test_store_flush_means_and_one_transfer():
+    store = MetricStore()
+    for v in (1.0, 2.0, 6.0):
+        store.put("loss", torch.tensor(v))
+    store.put_dict({"time": 0.5})
+    store.put("time", 1.5)
+    assert store.flush() == {"loss": 3.0, "time": 1.0}
+    assert store.flush() == {} and store.latest["loss"] == 3.0
+
+
+def test_jsonl_records_equal_the_losses_computed(tmp_path):
+    losses = []
+
+    class Grab(treadle.Hook):
+        def after_train_iter(self, trainer, batch, outputs):
+            losses.append(float(outputs["loss"]))
+
+    t = treadle.Trainer(TinyNet(), work_dir=tmp_path, train_dataloader=DataLoader(make_data(24), batch_size=4),
+                        val_dataloader=DataLoader(make_data(8, seed=3), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
+                        optimizer=dict(type="SGD", lr=0.05), max_epochs=2, log_interval=4, hooks=[Grab()])
+    t.fit()
+    records = read_jsonl(tmp_path / "log.jsonl")
+    train = [r for r in records if r["mode"] == "train"]
+    # 12 iterations, interval 4: windows [0:4], [4:8], [8:12]
+    assert [r["iter"] for r in train] == [4, 8, 12]
+    assert [r["epoch"] for r in train] == [1, 2, 2]
+    for r, w in zip(train, (losses[0:4], losses[4:8], losses[8:12])):
+        assert r["loss"] == pytest.approx(sum(w) / 4, rel=1e-6)
+        assert r["lr"] == 0.05 and r["data_time"] >= 0 and r["step_time"] > 0 and "eta_s" in r
+    val = [r for r in records if r["mode"] == "val"]
+    assert [(r["epoch"], r["iter"]) for r in val] == [(1, 6), (2, 12)]
+    assert val[-1]["val/loss"] == pytest.approx(t.state.metrics["val/loss"])
+    text = (tmp_path / "log.txt").read_text()
+    assert "epoch 2/2  iter 12/12" in text and "val (epoch 2, iter 12)" in text
+
+
+def test_logging_does_not_read_device_values_between_intervals(monkeypatch):
+    calls = {"item": 0, "tolist": 0}
+    item, tolist = torch.Tensor.item, torch.Tensor.tolist
+
+    def counting(name, fn):
+        def wrapper(self, *a, **k):
+            calls[name] += 1
+            return fn(self, *a, **k)
+        return wrapper
+
+    # A list of batches, not a DataLoader: the DataLoader itself draws a (CPU) seed per epoch.
+    batches = list(DataLoader(make_data(40), batch_size=4))
+    t = treadle.Trainer(TinyNet(), train_dataloader=batches, loss_fn=nn.CrossEntropyLoss(),
+                        optimizer=dict(type="SGD", lr=0.05), max_iters=20, log_interval=10)
+    monkeypatch.setattr(torch.Tensor, "item", counting("item", item))
+    monkeypatch.setattr(torch.Tensor, "tolist", counting("tolist", tolist))
+    t.fit()
+    assert calls == {"item": 0, "tolist": 2}  # one transfer per log interval, none per step

@@ -1,0 +1,255 @@
+"""Weights-only loading into a model, and safetensors export.
+
+Works on treadle checkpoint dirs (payload ``state.pt``, entry ``"model"`` or
+``"ema"``), plain ``.pt``/``.pth`` files, ``.safetensors`` files and in-memory
+state dicts. Everything is read with ``weights_only=True`` (see :mod:`.io`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import safetensors
+import safetensors.torch
+import torch
+from torch import nn
+
+from .io import (
+    FORMAT,
+    FORMAT_VERSION,
+    STATE_FILE,
+    CheckpointError,
+    CorruptCheckpointError,
+    _fsync_dir,
+    _scratch_name,
+    load_checkpoint,
+)
+
+__all__ = ["LoadReport", "WeightsMismatchError", "load_weights", "export_safetensors", "read_safetensors"]
+
+logger = logging.getLogger("treadle")
+
+DEFAULT_REVISE_KEYS: tuple[tuple[str, str], ...] = ((r"^module\.", ""), (r"^_orig_mod\.", ""))
+Source = Union[str, os.PathLike, Mapping[str, Any]]
+_MAX_LISTED = 20
+
+
+class WeightsMismatchError(CheckpointError):
+    """Checkpoint keys/shapes do not match the model under ``strict=True``."""
+
+    def __init__(self, report: LoadReport) -> None:
+        super().__init__(str(report))
+        self.report = report
+
+
+def _fmt_shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
+
+
+def _listing(items: list[str]) -> list[str]:
+    lines = [f"    {k}" for k in items[:_MAX_LISTED]]
+    if len(items) > _MAX_LISTED:
+        lines.append(f"    ... and {len(items) - _MAX_LISTED} more")
+    return lines
+
+
+@dataclass
+class LoadReport:
+    """What :func:`load_weights` matched: missing/unexpected keys, shape mismatches, count loaded."""
+
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    loaded: int = 0
+    source: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when every model key was found with the right shape and nothing was left over."""
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def __str__(self) -> str:
+        src = f" from {self.source}" if self.source else ""
+        lines = [f"loaded {self.loaded} entries{src}"]
+        if self.missing:
+            lines.append(f"  missing in checkpoint ({len(self.missing)}):")
+            lines += _listing(self.missing)
+        if self.unexpected:
+            lines.append(f"  unexpected in checkpoint ({len(self.unexpected)}):")
+            lines += _listing(self.unexpected)
+        if self.mismatched:
+            lines.append(f"  shape mismatch ({len(self.mismatched)}), not loaded:")
+            lines += _listing(
+                [f"{k}: checkpoint {_fmt_shape(c)} vs model {_fmt_shape(m)}" for k, c, m in self.mismatched]
+            )
+        return "\n".join(lines)
+
+
+def _pick_state_dict(obj: Any, key: str | None, where: str) -> dict[str, Any]:
+    """Select ``obj[key]`` then descend through ``state_dict``/``model`` wrappers."""
+    if key is not None:
+        if not isinstance(obj, Mapping) or key not in obj:
+            have = sorted(map(str, obj)) if isinstance(obj, Mapping) else type(obj).__name__
+            raise CheckpointError(f"{where}: no entry {key!r} (has {have})")
+        obj = obj[key]
+    for _ in range(3):  # e.g. {"state_dict": {...}} or an EMA entry {"model": {...}, "decay": ...}
+        inner = next((obj[k] for k in ("state_dict", "model")
+                      if isinstance(obj, Mapping) and isinstance(obj.get(k), Mapping)), None)
+        if inner is None:
+            break
+        obj = inner
+    if not isinstance(obj, Mapping) or not all(isinstance(k, str) for k in obj):
+        raise CheckpointError(f"{where}: does not contain a state dict (got {type(obj).__name__})")
+    return dict(obj)
+
+
+def _read_source(source: Source, key: str | None) -> tuple[dict[str, Any], str]:
+    if isinstance(source, Mapping):
+        return _pick_state_dict(source, key, "state dict"), "<state dict>"
+    path = Path(source)
+    if path.is_dir():
+        state = load_checkpoint(path, files=[STATE_FILE])[STATE_FILE]
+        return _pick_state_dict(state, key or "model", str(path / STATE_FILE)), str(path)
+    if path.suffix == ".safetensors":
+        if key is not None:
+            raise CheckpointError(f"{path}: a safetensors file holds one state dict; key={key!r} does not apply")
+        return read_safetensors(path), str(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint")
+    return _pick_state_dict(load_checkpoint(path)[STATE_FILE], key, str(path)), str(path)
+
+
+def _revise(sd: Mapping[str, Any], revise_keys: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    rules = [(re.compile(p), r) for p, r in revise_keys]
+    out: dict[str, Any] = {}
+    for k, v in sd.items():
+        new = k
+        for pattern, repl in rules:
+            new = pattern.sub(repl, new)
+        if new in out:
+            raise CheckpointError(f"key revision maps two checkpoint keys onto {new!r}")
+        out[new] = v
+    return out
+
+
+def _alias_id(t: Any) -> Any:
+    if isinstance(t, torch.Tensor) and t.numel() > 0:
+        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+    return object()  # never equal to anything: not an alias
+
+
+def load_weights(
+    model: nn.Module,
+    source: Source,
+    *,
+    strict: bool = True,
+    revise_keys: Iterable[tuple[str, str]] = DEFAULT_REVISE_KEYS,
+    key: str | None = None,
+) -> LoadReport:
+    """Load model weights from a checkpoint dir, ``.pt``/``.pth``, ``.safetensors`` or a state dict.
+
+    Keys are rewritten with ``revise_keys`` (regex, replacement) pairs, by default
+    stripping DDP ``module.`` and ``torch.compile`` ``_orig_mod.`` prefixes. Tensors
+    whose shapes differ are never loaded. ``strict=True`` raises
+    :class:`WeightsMismatchError` (before touching the model) on any difference;
+    ``strict=False`` loads what matches, logs a warning and returns the report.
+    ``key`` selects an entry such as ``"ema"`` (default ``"model"`` for checkpoint dirs).
+    """
+    raw, where = _read_source(source, key)
+    sd = _revise(raw, revise_keys)
+    model_sd = model.state_dict()
+    report = LoadReport(source=where)
+    # A tied weight (e.g. head.weight is embed.weight) counts as present when any of its
+    # aliases is in the checkpoint: exporters that de-duplicate keep only one name.
+    present = {_alias_id(model_sd[k]) for k in sd if k in model_sd}
+    report.missing = [k for k in model_sd if k not in sd and _alias_id(model_sd[k]) not in present]
+    report.unexpected = [k for k in sd if k not in model_sd]
+    to_load: dict[str, Any] = {}
+    for k, v in sd.items():
+        if k not in model_sd:
+            continue
+        target = model_sd[k]
+        if isinstance(v, torch.Tensor) and isinstance(target, torch.Tensor) and v.shape != target.shape:
+            report.mismatched.append((k, tuple(v.shape), tuple(target.shape)))
+        else:
+            to_load[k] = v
+    if strict and not report.ok:
+        raise WeightsMismatchError(report)
+    result = model.load_state_dict(to_load, strict=False)
+    assert not result.unexpected_keys, result.unexpected_keys  # filtered above
+    report.loaded = len(to_load)
+    if not report.ok:
+        logger.warning("partial weight load:\n%s", report)
+    return report
+
+
+def _exportable(sd: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Contiguous CPU tensors with no shared storage (safetensors refuses aliasing)."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    skipped = []
+    for k, v in sd.items():
+        if not isinstance(v, torch.Tensor):
+            skipped.append(k)
+            continue
+        t = v.detach().to("cpu").contiguous()
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        # Tied weights / views share one storage: give each extra user its own copy.
+        if (ptr in seen and t.numel() > 0) or storage.nbytes() != t.numel() * t.element_size():
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out[k] = t
+    if skipped:
+        logger.warning("export_safetensors: skipping non-tensor entries %s", skipped)
+    return out
+
+
+def export_safetensors(
+    checkpoint: Source, out: str | os.PathLike[str], *, key: str = "model"
+) -> Path:
+    """Export a checkpoint's model (or ``key="ema"``) weights to a ``.safetensors`` file.
+
+    ``module.``/``_orig_mod.`` prefixes are stripped, tensors made contiguous and
+    shared storage (tied weights) cloned. The file is written atomically: temp
+    file in the same dir, fsync, rename, fsync of the dir.
+    """
+    is_dir = not isinstance(checkpoint, Mapping) and Path(checkpoint).is_dir()
+    # A dir's state.pt always has a "model" entry; a file or mapping may already be a
+    # bare state dict, and _pick_state_dict finds a "model"/"state_dict" wrapper by itself.
+    raw, where = _read_source(checkpoint, key if is_dir or key != "model" else None)
+    tensors = _exportable(_revise(raw, DEFAULT_REVISE_KEYS))
+    metadata = {"format": "pt", "treadle_format": f"{FORMAT}-v{FORMAT_VERSION}", "source": where, "key": key}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / _scratch_name(out.name, "tmp")
+    try:
+        safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())  # contents durable before the rename publishes them
+        os.replace(tmp, out)
+        _fsync_dir(out.parent)
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def read_safetensors(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Read every tensor of a ``.safetensors`` file onto the CPU."""
+    try:
+        return safetensors.torch.load_file(str(path), device="cpu")
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such file") from None
+    except (safetensors.SafetensorError, OSError, ValueError) as e:
+        raise CorruptCheckpointError(f"{path}: unreadable safetensors file ({e})") from e
