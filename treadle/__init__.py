@@ -6,6 +6,7 @@
 """
 
 from treadle.hooks.base import Hook, Priority
+from treadle import hooks
 from treadle.metrics import Accuracy
 from treadle.state import TrainState
 from treadle.trainer import Trainer

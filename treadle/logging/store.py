@@ -43,7 +43,11 @@ class MetricStore:
                 continue
             if isinstance(values[0], Tensor):
                 tensor_keys.append(key)
-                means.append(torch.stack([v.detach().float().reshape(()) for v in values]).mean())
+                try:  # the common case: same-shape scalars, one stack op
+                    stacked = torch.stack(values)
+                except RuntimeError:  # mixed shapes, e.g. () and (1,)
+                    stacked = torch.stack([v.reshape(()) for v in values])
+                means.append(stacked.detach().float().mean())
             else:
                 out[key] = float(sum(values)) / len(values)
         if means:
