@@ -148,6 +148,9 @@ class TrainLoop:
     def run(self) -> None:
         t, s = self.trainer, self.trainer.state
         s.mode = "train"
+        if not self.by_epoch:  # accumulation windows run on to max_iters
+            for ow in t.optim_wrappers.values():
+                ow.start_run(s.max_iters - s.iter)  # type: ignore[operator]
         t._call("before_train")
         while not self._done() and not s.should_stop:
             for mode, k in self.workflow:
@@ -178,6 +181,9 @@ class TrainLoop:
         s.inner_iter = 0
         self.feed.start_epoch(s.epoch)
         self._epoch_open = True
+        if self.by_epoch:  # accumulation windows close at the end of each epoch
+            for ow in self.trainer.optim_wrappers.values():
+                ow.start_run(self.feed.length)
         self.trainer._call("before_train_epoch")
 
     def _close_epoch(self, complete: bool) -> None:

@@ -16,12 +16,15 @@ from torch import nn
 
 from treadle.data.feed import DataFeed
 from treadle.hooks.base import HOOK_POINTS, Hook, build_dispatch, describe_order, get_priority, sort_hooks
+from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import LoggerHook
+from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.timer import IterTimerHook
 from treadle.logging.store import MetricStore
 from treadle.logging.writers import get_logger
 from treadle.loops import EpochLoop, EvalLoop, IterLoop, TrainLoop, check_workflow, default_workflow
 from treadle.optim.builder import build_optimizer
+from treadle.optim.scheduler_builder import build_schedulers
 from treadle.optim.wrapper import OptimWrapper, check_clip_grad, check_precision, make_autocast
 from treadle.seeding import seed_everything, set_deterministic
 from treadle.state import TrainState
@@ -92,6 +95,7 @@ class Trainer:
         checkpoint: dict[str, Any] | None = None,
         log_interval: int = 50,
         compile: bool = False,
+        auto_scale_lr: dict[str, Any] | None = None,
     ) -> None:
         # -- check every argument before anything happens ---------------------------
         if not isinstance(model, nn.Module):
@@ -121,7 +125,7 @@ class Trainer:
                 raise TypeError(f"hooks[{i}] must be a treadle.Hook instance, got {type(h).__name__}")
             get_priority(h.priority)
         self.workflow = check_workflow(workflow, val_dataloader is not None) if workflow is not None else None
-        for name, value in (("schedulers", schedulers), ("ema", ema), ("load_from", load_from), ("checkpoint", checkpoint)):
+        for name, value in (("load_from", load_from), ("checkpoint", checkpoint)):
             if value:
                 raise NotImplementedError(f"{name}= is not available yet in this version of treadle")
         if resume:
@@ -142,12 +146,21 @@ class Trainer:
         self.val_interval = val_interval
         self.log_interval = log_interval
         self.state = TrainState(max_epochs=max_epochs, max_iters=max_iters, by_epoch=max_iters is None)
+        if train_dataloader is not None:
+            self._set_loop_length()
         self.store = MetricStore()
         self.module = model  # the user's module, unwrapped
         self.model = self.strategy.setup_model(model)
         if compile:
             self.model = torch.compile(self.model)
         self.optim_wrappers = self._build_optim_wrappers(optimizer, accumulate) if optimizer is not None else {}
+        if auto_scale_lr is not None:
+            self._scale_lr(auto_scale_lr)
+        extra_hooks: list[Hook] = []
+        if schedulers:
+            extra_hooks.append(ParamSchedulerHook(self._build_schedulers(schedulers)))
+        if ema is not None:
+            extra_hooks.append(_ema_hook(ema))
         self._move = self.strategy.batch_mover()
         self._custom_train_step = getattr(self.module, "train_step", None)
         custom_val = getattr(self.module, "val_step", None)
@@ -159,7 +172,7 @@ class Trainer:
         self._eval_step = make_eval_step(self.model, loss_fn, autocast, self._move)
         self.hooks: list[Hook] = []
         self._dispatch: dict[str, tuple[Callable[..., Any], ...]] = {}
-        self._set_hooks([IterTimerHook(), LoggerHook(interval=log_interval)], hooks)
+        self._set_hooks([IterTimerHook(), LoggerHook(interval=log_interval), *extra_hooks], hooks)
         self.train_loop: TrainLoop | None = None
         self.val_loop = EvalLoop(self, val_dataloader, "val") if val_dataloader is not None else None
         self.test_loop = EvalLoop(self, test_dataloader, "test") if test_dataloader is not None else None
@@ -188,6 +201,55 @@ class Trainer:
         replaced = {type(h) for h in extra}
         self.hooks = sort_hooks([h for h in defaults if type(h) not in replaced] + extra)
         self._rebuild_dispatch()
+
+    def _set_loop_length(self) -> None:
+        """Iterations per epoch, and max_iters (epoch-based) or max_epochs (iteration-based)."""
+        s = self.state
+        s.iters_per_epoch = DataFeed(self.train_dataloader).length  # type: ignore[arg-type]
+        if s.iters_per_epoch:
+            if s.by_epoch:
+                s.max_iters = s.max_epochs * s.iters_per_epoch  # type: ignore[operator]
+            else:
+                s.max_epochs = -(-s.max_iters // s.iters_per_epoch)  # type: ignore[operator]
+
+    def _build_schedulers(self, schedulers: Any) -> dict[str, list[Any]]:
+        """``{optimizer name: [schedulers]}`` from a list (one optimizer) or a dict by name."""
+        if isinstance(schedulers, Mapping) and set(schedulers) <= set(self.optim_wrappers) and "type" not in schedulers:
+            per_name = dict(schedulers)
+        elif isinstance(schedulers, Mapping) and "type" not in schedulers:
+            raise ValueError(f"schedulers keys {sorted(schedulers)} must name optimizers {sorted(self.optim_wrappers)}")
+        else:
+            if len(self.optim_wrappers) != 1:
+                raise ValueError(f"with several optimizers {sorted(self.optim_wrappers)}, give schedulers as a dict by optimizer name")
+            per_name = {next(iter(self.optim_wrappers)): schedulers}
+        s = self.state
+        return {name: build_schedulers(cfgs, self.optim_wrappers[name].optimizer, epoch_length=s.iters_per_epoch,
+                                       max_epochs=s.max_epochs, max_iters=s.max_iters)
+                for name, cfgs in per_name.items()}
+
+    def _scale_lr(self, cfg: dict[str, Any]) -> None:
+        """MMEngine's auto_scale_lr: lr *= world_size * batch_size / base_batch_size."""
+        if not isinstance(cfg, dict) or "base_batch_size" not in cfg or set(cfg) - {"base_batch_size", "enable"}:
+            raise ValueError(f"auto_scale_lr={cfg!r} must be dict(base_batch_size=N[, enable=True])")
+        if not cfg.get("enable", True):
+            return
+        base = cfg["base_batch_size"]
+        batch = getattr(self.train_dataloader, "batch_size", None)
+        if isinstance(base, bool) or not isinstance(base, int) or base < 1 or not batch:
+            raise ValueError(f"auto_scale_lr needs a positive int base_batch_size (got {base!r}) and a train DataLoader with a batch_size (got {batch!r})")
+        ratio = self.strategy.world_size * batch / base
+        for ow in self.optim_wrappers.values():
+            for group in ow.param_groups:
+                group["lr"] = group["lr"] * ratio
+        get_logger().info(f"auto_scale_lr: lr scaled by {ratio:g} = {self.strategy.world_size} process(es) x batch {batch} / base {base}")
+
+    @property
+    def ema(self) -> nn.Module | None:
+        """The averaged model when ``ema=`` is on (built at the first run)."""
+        for h in self.hooks:
+            if isinstance(h, EMAHook):
+                return h.ema.module if h.ema is not None else None
+        return None
 
     def register_hook(self, hook: Hook) -> None:
         """Add one hook after construction."""
@@ -260,15 +322,7 @@ class Trainer:
             raise ValueError("fit() needs a train_dataloader")
         feed = DataFeed(self.train_dataloader, seed=self.seed)
         s = self.state
-        s.iters_per_epoch = feed.length
-        if s.by_epoch:
-            if s.iters_per_epoch is not None:
-                s.max_iters = s.max_epochs * s.iters_per_epoch  # type: ignore[operator]
-            total = s.max_epochs
-        else:
-            if s.iters_per_epoch:
-                s.max_epochs = -(-s.max_iters // s.iters_per_epoch)  # type: ignore[operator]
-            total = s.max_iters
+        total = s.max_epochs if s.by_epoch else s.max_iters
         workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
         loop_cls = EpochLoop if s.by_epoch else IterLoop
         self.train_loop = loop_cls(self, feed, workflow)
@@ -299,6 +353,20 @@ class Trainer:
             return body()
         finally:
             self._call("after_run")
+
+
+def _ema_hook(cfg: Any) -> EMAHook:
+    if isinstance(cfg, EMAHook):
+        return cfg
+    if not isinstance(cfg, dict):
+        raise TypeError(f"ema must be a dict such as dict(momentum=0.9998, interval=1, start=0), got {cfg!r}")
+    allowed = ("momentum", "interval", "start", "alpha", "use_for_val")
+    unknown = set(cfg) - set(allowed)
+    if unknown:
+        raise ValueError(f"ema has unknown keys {sorted(unknown)}; expected some of {list(allowed)}")
+    if "momentum" in cfg and "alpha" in cfg:
+        raise ValueError("ema: give momentum or alpha, not both")
+    return EMAHook(**cfg)
 
 
 def _check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """Hooks: the base class, priorities, and the built-in hooks."""
 
 from treadle.hooks.base import HOOK_POINTS, Hook, Priority
+from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import LoggerHook
+from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.timer import IterTimerHook
 
-__all__ = ["HOOK_POINTS", "Hook", "IterTimerHook", "LoggerHook", "Priority"]
+__all__ = ["EMAHook", "HOOK_POINTS", "Hook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "Priority"]

@@ -63,9 +63,10 @@ class LoggerHook(Hook):
 
     def _log_train(self, trainer: "Trainer", done: int) -> None:
         state = trainer.state
-        values = trainer.store.flush()
         record: dict[str, Any] = {"mode": "train", "epoch": state.epoch + 1, "iter": done}
         record.update(trainer.learning_rates())
+        record.update(self._optim_values(trainer))
+        values = trainer.store.flush()  # after the grad norms joined the store: one transfer
         record.update(values)
         per_iter = values.get("data_time", 0.0) + values.get("step_time", 0.0)
         if state.max_iters and per_iter:
@@ -74,6 +75,21 @@ class LoggerHook(Hook):
             self._writer.write(record)
         if trainer.is_main:
             get_logger().info(_format_train_line(record, state))
+
+    @staticmethod
+    def _optim_values(trainer: "Trainer") -> dict[str, Any]:
+        """Grad norms (into the store, reduced with the rest) and fp16 scaler figures."""
+        out: dict[str, Any] = {}
+        single = len(trainer.optim_wrappers) == 1
+        for name, ow in trainer.optim_wrappers.items():
+            suffix = "" if single else f"/{name}"
+            if ow.grad_norms:
+                trainer.store.pending["grad_norm" + suffix].extend(ow.grad_norms)
+                ow.grad_norms.clear()
+            if ow.scaler is not None:
+                out["loss_scale" + suffix] = ow.scaler.get_scale()
+                out["skipped_steps" + suffix] = ow.skipped_steps
+        return out
 
     def after_val(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
         self._log_eval(trainer, "val", metrics)

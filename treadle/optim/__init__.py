@@ -1,6 +1,10 @@
-"""Optimization: the OptimWrapper (AMP, accumulation, clipping) and builders."""
+"""Optimization: the OptimWrapper (AMP, accumulation, clipping), optimizers by name
+with paramwise options, MMEngine-compatible parameter schedulers, and EMA."""
 
 from treadle.optim.builder import build_optimizer
+from treadle.optim.ema import ExponentialMovingAverage, momentum_from_alpha
+from treadle.optim.scheduler_builder import SCHEDULERS, build_schedulers
 from treadle.optim.wrapper import OptimWrapper
 
-__all__ = ["OptimWrapper", "build_optimizer"]
+__all__ = ["SCHEDULERS", "ExponentialMovingAverage", "OptimWrapper", "build_optimizer", "build_schedulers",
+           "momentum_from_alpha"]

@@ -9,6 +9,8 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from treadle.optim.paramwise import build_param_groups, check_paramwise
+
 
 def optimizer_names() -> list[str]:
     """Every optimizer class that ``torch.optim`` exports."""
@@ -43,7 +45,11 @@ def _resolve_type(name: Any, where: str) -> type[torch.optim.Optimizer]:
 
 def build_optimizer(cfg: torch.optim.Optimizer | dict[str, Any], params: Iterable[nn.Parameter] | nn.Module,
                     where: str = "optimizer") -> torch.optim.Optimizer:
-    """An optimizer as given, or built from ``dict(type=..., **kwargs)`` over ``params``."""
+    """An optimizer as given, or built from ``dict(type=..., **kwargs)`` over ``params``.
+
+    A ``paramwise`` (or MMEngine's ``paramwise_cfg``) entry sets per-parameter lr and
+    weight decay multipliers, see :mod:`treadle.optim.paramwise`.
+    """
     if isinstance(cfg, torch.optim.Optimizer):
         return cfg
     if not isinstance(cfg, dict):
@@ -52,7 +58,15 @@ def build_optimizer(cfg: torch.optim.Optimizer | dict[str, Any], params: Iterabl
         raise ValueError(f"{where}={cfg!r} has no 'type'; expected e.g. dict(type='AdamW', lr=1e-3)")
     kwargs = dict(cfg)
     cls = _resolve_type(kwargs.pop("type"), where)
-    if isinstance(params, nn.Module):
+    paramwise = kwargs.pop("paramwise", kwargs.pop("paramwise_cfg", None))
+    if paramwise is not None:
+        if not isinstance(params, nn.Module):
+            raise TypeError(f"{where}: paramwise options need the model, not a list of parameters")
+        check_paramwise(paramwise, kwargs.get("weight_decay"), where=f"{where}.paramwise")
+        if "lr" not in kwargs:
+            raise ValueError(f"{where}: paramwise options need an explicit lr")
+        params = build_param_groups(params, kwargs["lr"], kwargs.get("weight_decay"), paramwise)
+    elif isinstance(params, nn.Module):
         params = [p for p in params.parameters() if p.requires_grad]
     try:
         return cls(params, **kwargs)

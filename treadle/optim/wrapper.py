@@ -11,6 +11,14 @@
         scaler.step(optimizer) / optimizer.step()
         scaler.update(); zero_grad(set_to_none=True)
 
+Accumulation windows: with ``accumulate=N`` each loss is divided by the size of its
+window and the optimizer steps when the window is full. The trainer announces how
+many micro-batches are left (``start_run(n)``): in epoch-based training, each epoch
+(so an epoch of 10 batches with N=4 steps after 4, 8 and 10, the last window of 2
+dividing by 2: with a mean loss every step sees the mean over its samples); in
+iteration-based training, the whole run (windows span epoch boundaries and only the
+window at ``max_iters`` may be short). With no known length, windows are always N.
+
 A custom ``train_step`` uses the same calls (``backward``/``step``/``zero_grad`` or
 ``update``) on ``trainer.optim_wrappers[name]``. The wrapper knows nothing of the
 Trainer: hook points arrive as tuples of zero-argument callables.
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections import deque
 from typing import Any, Callable, ContextManager
 
 import torch
@@ -91,7 +100,12 @@ class OptimWrapper:
         # ``with wrapper.autocast():`` around the forward pass (a no-op for fp32).
         self.autocast = make_autocast(self.precision, device_type)
         self.micro_step = 0  # update() calls since the last optimizer step
-        self.grad_norm: Tensor | None = None  # last total norm (a device tensor; read it at log time)
+        self._window = accumulate  # size of the open accumulation window
+        self._remaining: int | None = None  # micro-batches left in the run (see start_run)
+        self.step_count = 0  # optimizer steps taken (skipped fp16 steps excluded)
+        self.skipped_steps = 0  # steps the GradScaler skipped for inf/NaN gradients
+        # Total grad norms since the log last drained them (device tensors: no sync per step).
+        self.grad_norms: deque[Tensor] = deque(maxlen=1024)
         # Hook points, filled in by the trainer; empty tuples cost nothing.
         self.after_backward_callbacks: tuple[Callable[[], Any], ...] = ()
         self.before_step_callbacks: tuple[Callable[[], Any], ...] = ()
@@ -113,15 +127,28 @@ class OptimWrapper:
             self._clip()
         for fn in self.before_step_callbacks:
             fn()
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+        scaler = self.scaler
+        if scaler is not None:
+            # fp16 syncs inside scaler.step anyway (it reads found_inf); a lower scale
+            # after update() is the public sign that this step was skipped.
+            before = scaler.get_scale()
+            scaler.step(self.optimizer)
+            scaler.update()
+            if scaler.get_scale() < before:
+                self.skipped_steps += 1
+                return
         else:
             self.optimizer.step()
+        self.step_count += 1
 
     def zero_grad(self) -> None:
         """Drop gradients (set to None: cheaper than zeroing)."""
         self.optimizer.zero_grad(set_to_none=True)
+
+    def start_run(self, micro_batches: int | None) -> None:
+        """Announce how many ``update`` calls remain before windows must close (the
+        end of an epoch or of training); None: unknown, windows are always full."""
+        self._remaining = micro_batches
 
     def update(self, loss: Tensor) -> None:
         """Backward, and step + zero_grad when the accumulation window closes."""
@@ -131,13 +158,19 @@ class OptimWrapper:
             self.step()
             self.zero_grad()
             return
+        if self.micro_step == 0:  # a window opens: short if the run ends sooner
+            rem = self._remaining
+            self._window = acc if rem is None or rem >= acc else max(rem, 1)
+        if self._remaining is not None:
+            self._remaining -= 1
         self.micro_step += 1
-        closes = self.micro_step >= acc
+        window = self._window
+        closes = self.micro_step >= window
         if closes or self.no_sync is None:
-            self.backward(loss / acc)
+            self.backward(loss / window)
         else:
             with self.no_sync():
-                self.backward(loss / acc)
+                self.backward(loss / window)
         if closes:
             self.step()
             self.zero_grad()
@@ -151,7 +184,7 @@ class OptimWrapper:
         cfg = self.clip_grad
         if "max_norm" in cfg:  # type: ignore[operator]
             # Returns a device tensor: no host sync here (unless error_if_nonfinite).
-            self.grad_norm = torch.nn.utils.clip_grad_norm_(params, **cfg)  # type: ignore[arg-type]
+            self.grad_norms.append(torch.nn.utils.clip_grad_norm_(params, **cfg))  # type: ignore[arg-type]
         else:
             torch.nn.utils.clip_grad_value_(params, clip_value=cfg["value"], foreach=cfg.get("foreach"))  # type: ignore[index]
 
@@ -164,7 +197,9 @@ class OptimWrapper:
         return [float(g["lr"]) for g in self.optimizer.param_groups]
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "micro_step": self.micro_step}
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "micro_step": self.micro_step,
+                                 "window": self._window, "remaining": self._remaining,
+                                 "step_count": self.step_count, "skipped_steps": self.skipped_steps}
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
         return state
@@ -172,6 +207,10 @@ class OptimWrapper:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.micro_step = int(state.get("micro_step", 0))
+        self._window = int(state.get("window", self.accumulate))
+        self._remaining = state.get("remaining")
+        self.step_count = int(state.get("step_count", 0))
+        self.skipped_steps = int(state.get("skipped_steps", 0))
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 

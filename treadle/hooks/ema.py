@@ -1,0 +1,106 @@
+"""EMAHook: keep an exponential moving average of the model and evaluate with it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from treadle.hooks.base import Hook, Priority
+from treadle.optim.ema import ExponentialMovingAverage, momentum_from_alpha
+
+if TYPE_CHECKING:
+    from treadle.trainer import Trainer
+
+
+class EMAHook(Hook):
+    """Average the weights after optimizer steps; validate/test with the average.
+
+    Every ``interval`` iterations on which an optimizer stepped (with accumulation,
+    only window-closing iterations count), the average moves towards the model;
+    before iteration ``start`` it simply copies the model (basecls). Give either
+    ``momentum`` or ``alpha`` (pycls: the momentum then follows from the total batch
+    size, ``max_epochs`` and ``interval``, see :func:`momentum_from_alpha`).
+    Validation and test swap the averaged weights in and back out, unless
+    ``use_for_val=False``. The average is part of the checkpoint (hook state).
+    """
+
+    priority = Priority.NORMAL
+
+    def __init__(self, momentum: float = 0.9998, interval: int = 1, start: int = 0, alpha: float | None = None,
+                 use_for_val: bool = True) -> None:
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(f"ema interval must be an int >= 1, got {interval!r}")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"ema start must be an int >= 0 (an iteration), got {start!r}")
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"ema momentum must be in [0, 1], got {momentum!r}")
+        self.momentum = momentum
+        self.interval = interval
+        self.start = start
+        self.alpha = alpha
+        self.use_for_val = use_for_val
+        self.ema: ExponentialMovingAverage | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self._last_steps = 0
+        self._swapped = False
+
+    def _ensure(self, trainer: "Trainer") -> ExponentialMovingAverage:
+        if self.ema is None:
+            self.ema = ExponentialMovingAverage(trainer.module, self.momentum)
+            if self._pending_state is not None:
+                self.ema.load_state_dict(self._pending_state)
+                self._pending_state = None
+        return self.ema
+
+    def before_run(self, trainer: "Trainer") -> None:
+        self._ensure(trainer)
+
+    def before_train(self, trainer: "Trainer") -> None:
+        if self.alpha is not None:
+            batch = getattr(trainer.train_dataloader, "batch_size", None)
+            if not batch or not trainer.state.max_epochs:
+                raise ValueError("ema alpha= needs a DataLoader with a batch_size and a known number of epochs; give momentum= instead")
+            total = batch * trainer.strategy.world_size * max(1, trainer.optim_wrapper.accumulate if len(trainer.optim_wrappers) == 1 else 1)
+            self.momentum = momentum_from_alpha(self.alpha, total, trainer.state.max_epochs, self.interval)
+            self._ensure(trainer).momentum = self.momentum
+        self._last_steps = sum(ow.step_count for ow in trainer.optim_wrappers.values())
+
+    def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
+        steps = sum(ow.step_count for ow in trainer.optim_wrappers.values())
+        if steps == self._last_steps:  # no optimizer step on this iteration
+            return
+        self._last_steps = steps
+        it = trainer.state.iter
+        if (it + 1) % self.interval:
+            return
+        ema = self.ema or self._ensure(trainer)
+        if it < self.start:
+            ema.copy_from(trainer.module)
+        else:
+            ema.update(trainer.module)
+
+    def _swap_in(self, trainer: "Trainer") -> None:
+        if self.use_for_val and not self._swapped:
+            self._ensure(trainer).swap(trainer.module)
+            self._swapped = True
+
+    def _swap_out(self, trainer: "Trainer", *args: Any) -> None:
+        if self._swapped:
+            self.ema.swap(trainer.module)  # type: ignore[union-attr]
+            self._swapped = False
+
+    before_val = before_test = _swap_in
+    after_val = after_test = _swap_out
+
+    def after_run(self, trainer: "Trainer") -> None:
+        self._swap_out(trainer)  # in case an evaluation raised half-way
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self.ema.state_dict() if self.ema is not None else (self._pending_state or {})
+        return {"ema": state, "momentum": self.momentum}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.momentum = float(state.get("momentum", self.momentum))
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
+        else:
+            self._pending_state = state["ema"]

@@ -1,0 +1,71 @@
+"""ParamSchedulerHook: step the parameter schedulers at the right moments."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from treadle.hooks.base import Hook, Priority
+
+if TYPE_CHECKING:
+    from treadle.trainer import Trainer
+
+
+class ParamSchedulerHook(Hook):
+    """Steps the schedulers (built by the Trainer, ``{optimizer name: [schedulers]}``): iteration-based ones after every iteration whose optimizer step
+    was not skipped by the fp16 GradScaler, ``by_epoch`` ones after every training
+    epoch, and ReduceOnPlateau ones with the metrics after every validation.
+
+    With accumulation, iteration-based
+    schedulers still step every iteration (MMEngine's rule).
+    """
+
+    priority = Priority.LOW
+
+    def __init__(self, schedulers: dict[str, list[Any]]) -> None:
+        self.schedulers = schedulers
+        self._iter_based: list[tuple[Any, Any]] = []  # (optim wrapper, scheduler)
+        self._epoch_based: list[Any] = []
+        self._on_val: list[Any] = []
+        self._skipped: dict[Any, int] = {}  # optim wrapper -> skipped steps seen so far
+
+    def before_train(self, trainer: "Trainer") -> None:
+        self._iter_based, self._epoch_based, self._on_val = [], [], []
+        for name, scheds in self.schedulers.items():
+            ow = trainer.optim_wrappers[name]
+            for sch in scheds:
+                if getattr(sch, "need_val_args", False):
+                    self._on_val.append(sch)
+                elif getattr(sch, "by_epoch", False):
+                    self._epoch_based.append(sch)
+                else:
+                    self._iter_based.append((ow, sch))
+        self._skipped = {ow: ow.skipped_steps for ow in trainer.optim_wrappers.values()}
+
+    def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
+        seen = self._skipped
+        for ow, sch in self._iter_based:
+            if ow.skipped_steps == seen[ow]:  # the optimizer did not skip this step
+                sch.step()
+        for ow in seen:
+            seen[ow] = ow.skipped_steps
+
+    def after_train_epoch(self, trainer: "Trainer") -> None:
+        for sch in self._epoch_based:
+            sch.step()
+
+    def after_val_epoch(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+        if not self._on_val:
+            return
+        # Both "val/acc" and "acc" work as monitor names (MMEngine configs use the latter).
+        flat = {**{k.split("/", 1)[-1]: v for k, v in metrics.items()}, **metrics}
+        for sch in self._on_val:
+            sch.step(flat)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"schedulers": {name: [s.state_dict() for s in scheds] for name, scheds in self.schedulers.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        states = state["schedulers"]
+        for name, scheds in self.schedulers.items():
+            for sch, st in zip(scheds, states.get(name, [])):
+                sch.load_state_dict(st)
