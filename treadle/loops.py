@@ -26,7 +26,14 @@ gives MMEngine's rule for free: validate every ``val_interval`` epochs/iteration
 and after the last one. A given workflow follows mmcv: ``[("train", 2), ("val", 1)]``
 trains 2 epochs (iterations) then validates 1 pass (iteration), until training ends.
 A hook that calls ``trainer.state.request_stop()`` ends training at the next
-iteration boundary; the open epoch still gets its ``after_train_epoch``.
+iteration boundary; the open epoch still gets its ``after_train_epoch``. A preemption
+(``state.preempted``) also stops at the boundary but leaves the epoch open, so the
+checkpoint taken there resumes inside it.
+
+Resuming: the loop starts from the counters in ``trainer.state`` and the position
+``resume_pos`` (epoch, batches taken, whether that epoch was open). Phases of the
+workflow already done are skipped; an open epoch is reopened (``before_train_epoch``
+runs again) with its first ``batch_idx`` batches skipped in the sampler.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import torch
 from torch import Tensor
 
+from treadle.checkpoint.rng import set_rng_state
 from treadle.data.feed import DataFeed
 from treadle.step import batch_size_of
 
@@ -139,28 +147,42 @@ class TrainLoop:
 
     by_epoch: bool
 
-    def __init__(self, trainer: "Trainer", feed: DataFeed, workflow: Workflow) -> None:
+    def __init__(self, trainer: "Trainer", feed: DataFeed, workflow: Workflow,
+                 resume_pos: dict[str, Any] | None = None) -> None:
         self.trainer = trainer
         self.feed = feed
         self.workflow = workflow
+        self.resume_pos = resume_pos
         self._epoch_open = False
+        self._closing_complete = False  # True while after_train_epoch runs for a complete epoch
 
     def run(self) -> None:
         t, s = self.trainer, self.trainer.state
         s.mode = "train"
-        if not self.by_epoch:  # accumulation windows run on to max_iters
+        if not self.by_epoch and not (self.resume_pos and s.iter):  # windows run on to max_iters
             for ow in t.optim_wrappers.values():
                 ow.start_run(s.max_iters - s.iter)  # type: ignore[operator]
         t._call("before_train")
+        if self.resume_pos and not self.resume_pos["open"]:
+            self._restore_rng(self.resume_pos)  # resuming between epochs: the next batch is near
+        # Units (epochs or iterations) already trained inside the current workflow cycle.
+        cycle = sum(k for m, k in self.workflow if m == "train")
+        skip = self._units_done() % cycle if cycle else 0  # type: ignore[operator]
         while not self._done() and not s.should_stop:
             for mode, k in self.workflow:
                 if s.should_stop:
                     break
                 if mode == "train":
-                    self.train_phase(k)  # type: ignore[arg-type]
-                else:
+                    if skip >= k:  # this phase was finished before the interruption
+                        skip -= k  # type: ignore[operator]
+                        continue
+                    self.train_phase(k - skip)  # type: ignore[operator]
+                    skip = 0
+                elif not skip:
                     self.val_phase(k)
                     s.mode = "train"
+        if s.preempted:  # leave the epoch open: the checkpoint resumes inside it
+            return
         if self._epoch_open:  # ended inside an epoch: keep epoch hooks paired
             feed = self.feed
             self._close_epoch(complete=feed.length is not None and feed.batch_idx >= feed.length)
@@ -168,6 +190,9 @@ class TrainLoop:
         s.mode = "idle"
 
     def _done(self) -> bool:
+        raise NotImplementedError
+
+    def _units_done(self) -> int:
         raise NotImplementedError
 
     def train_phase(self, k: int) -> None:
@@ -178,18 +203,29 @@ class TrainLoop:
 
     def _open_epoch(self) -> None:
         s = self.trainer.state
-        s.inner_iter = 0
-        self.feed.start_epoch(s.epoch)
+        pos, self.resume_pos = self.resume_pos, None
+        skip = pos["batch_idx"] if pos and pos["open"] and pos["epoch"] == s.epoch else 0
+        s.inner_iter = skip
+        self.feed.start_epoch(s.epoch, skip=skip)
         self._epoch_open = True
-        if self.by_epoch:  # accumulation windows close at the end of each epoch
-            for ow in self.trainer.optim_wrappers.values():
+        if self.by_epoch and not skip:  # accumulation windows close at the end of each epoch
+            for ow in self.trainer.optim_wrappers.values():  # (a resumed window keeps its count)
                 ow.start_run(self.feed.length)
         self.trainer._call("before_train_epoch")
+        if pos and pos["open"]:
+            self._restore_rng(pos)  # exactly where the interrupted run took its next batch
+
+    @staticmethod
+    def _restore_rng(pos: dict[str, Any]) -> None:
+        if pos.get("rng") is not None:
+            set_rng_state(pos["rng"])
 
     def _close_epoch(self, complete: bool) -> None:
         """after_train_epoch; the epoch counts as done only if all its batches ran."""
         self._epoch_open = False
+        self._closing_complete = complete
         self.trainer._call("after_train_epoch")
+        self._closing_complete = False
         if complete:
             self.trainer.state.epoch += 1
 
@@ -229,15 +265,19 @@ class EpochLoop(TrainLoop):
         s = self.trainer.state
         return s.epoch >= s.max_epochs  # type: ignore[operator]
 
+    def _units_done(self) -> int:
+        return self.trainer.state.epoch
+
     def train_phase(self, k: int) -> None:
         s = self.trainer.state
         for _ in range(k):
             if self._done() or s.should_stop:
                 return
             self._open_epoch()
-            start = s.iter
             exhausted = self._run_batches(None)
-            if s.iter == start and not s.should_stop:
+            if s.preempted:
+                return
+            if self.feed.batch_idx == 0 and not s.should_stop:
                 raise RuntimeError("the training loader yielded no batches in an epoch")
             self._close_epoch(complete=exhausted)
 
@@ -257,6 +297,9 @@ class IterLoop(TrainLoop):
         s = self.trainer.state
         return s.iter >= s.max_iters  # type: ignore[operator]
 
+    def _units_done(self) -> int:
+        return self.trainer.state.iter
+
     def train_phase(self, k: int) -> None:
         s = self.trainer.state
         remaining = min(k, s.max_iters - s.iter)  # type: ignore[operator]
@@ -266,8 +309,10 @@ class IterLoop(TrainLoop):
             start = s.iter
             exhausted = self._run_batches(remaining)
             remaining -= s.iter - start
+            if s.preempted:
+                return
             if exhausted:
-                if s.iter == start:
+                if self.feed.batch_idx == 0:
                     raise RuntimeError("the training loader yielded no batches in an epoch")
                 self._close_epoch(complete=True)
 

@@ -28,6 +28,7 @@ class TrainState:
     metrics: dict[str, Any] = field(default_factory=dict)  # last validation/test results
     should_stop: bool = False
     stop_reason: str = ""
+    preempted: bool = False  # set with should_stop by a preemption signal
     # Host timestamps of the running iteration, set by the loop (perf_counter seconds).
     data_time: float = 0.0
     iter_start_time: float = 0.0

@@ -7,6 +7,7 @@ or is written.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -23,7 +24,12 @@ from treadle.hooks.timer import IterTimerHook
 from treadle.logging.store import MetricStore
 from treadle.logging.writers import get_logger
 from treadle.loops import EpochLoop, EvalLoop, IterLoop, TrainLoop, check_workflow, default_workflow
+from treadle import snapshot
+from treadle.checkpoint.io import cleanup_stale_tmp, find_latest_checkpoint, load_checkpoint, save_checkpoint
+from treadle.checkpoint.weights import load_weights
+from treadle.hooks.checkpoint import CheckpointHook
 from treadle.optim.builder import build_optimizer
+from treadle.preemption import PreemptionConfig, PreemptionHandlers, requeue_slurm_job
 from treadle.optim.scheduler_builder import build_schedulers
 from treadle.optim.wrapper import OptimWrapper, check_clip_grad, check_precision, make_autocast
 from treadle.seeding import seed_everything, set_deterministic
@@ -96,6 +102,7 @@ class Trainer:
         log_interval: int = 50,
         compile: bool = False,
         auto_scale_lr: dict[str, Any] | None = None,
+        preemption: bool | dict[str, Any] = True,
     ) -> None:
         # -- check every argument before anything happens ---------------------------
         if not isinstance(model, nn.Module):
@@ -125,11 +132,13 @@ class Trainer:
                 raise TypeError(f"hooks[{i}] must be a treadle.Hook instance, got {type(h).__name__}")
             get_priority(h.priority)
         self.workflow = check_workflow(workflow, val_dataloader is not None) if workflow is not None else None
-        for name, value in (("load_from", load_from), ("checkpoint", checkpoint)):
-            if value:
-                raise NotImplementedError(f"{name}= is not available yet in this version of treadle")
-        if resume:
-            raise NotImplementedError("resume= is not available yet in this version of treadle")
+        if resume is True and work_dir is None:
+            raise ValueError("resume=True looks for the latest checkpoint in work_dir, but work_dir is None")
+        if resume not in (True, False) and not Path(resume).exists():  # type: ignore[arg-type]
+            raise FileNotFoundError(f"resume={str(resume)!r}: no such checkpoint")
+        if load_from is not None and not Path(load_from).exists():
+            raise FileNotFoundError(f"load_from={str(load_from)!r}: no such file or checkpoint")
+        self.preemption = PreemptionConfig.build(preemption)
         self.strategy = build_strategy(strategy)
 
         # -- components ----------------------------------------------------------
@@ -150,6 +159,9 @@ class Trainer:
             self._set_loop_length()
         self.store = MetricStore()
         self.module = model  # the user's module, unwrapped
+        self.resume = resume
+        if load_from is not None:
+            get_logger().info(f"load_from {load_from}:\n{load_weights(model, load_from, strict=True)}")
         self.model = self.strategy.setup_model(model)
         if compile:
             self.model = torch.compile(self.model)
@@ -161,6 +173,10 @@ class Trainer:
             extra_hooks.append(ParamSchedulerHook(self._build_schedulers(schedulers)))
         if ema is not None:
             extra_hooks.append(_ema_hook(ema))
+        if checkpoint is None and work_dir is not None and train_dataloader is not None:
+            extra_hooks.append(CheckpointHook(interval=None))  # the default: save when training ends
+        elif checkpoint is not None and checkpoint is not False:
+            extra_hooks.append(_checkpoint_hook(checkpoint))
         self._move = self.strategy.batch_mover()
         self._custom_train_step = getattr(self.module, "train_step", None)
         custom_val = getattr(self.module, "val_step", None)
@@ -317,18 +333,71 @@ class Trainer:
 
     # -- entry points ------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        """Train per the workflow (validating as configured); returns the last metrics."""
+        """Train per the workflow (validating as configured); returns the last metrics.
+
+        With ``resume``, first restores the latest (or the given) checkpoint and
+        continues exactly where it stopped. On a preemption signal, saves at the next
+        iteration boundary and exits with the preemption exit code (SystemExit).
+        """
         if self.train_dataloader is None:
             raise ValueError("fit() needs a train_dataloader")
-        feed = DataFeed(self.train_dataloader, seed=self.seed)
+        if self.work_dir is not None and self.is_main:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+        pos = self._resume_position() if self.resume else None
         s = self.state
+        if pos is not None and (s.iter >= s.max_iters if s.max_iters else s.epoch >= s.max_epochs):  # type: ignore[operator]
+            get_logger().info(f"the run in {self.work_dir} already finished (epoch {s.epoch}, iter {s.iter}); nothing to do")
+            return dict(s.metrics)
+        feed = DataFeed(self.train_dataloader, seed=pos["seed"] if pos else self.seed)
         total = s.max_epochs if s.by_epoch else s.max_iters
         workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
         loop_cls = EpochLoop if s.by_epoch else IterLoop
-        self.train_loop = loop_cls(self, feed, workflow)
+        self.train_loop = loop_cls(self, feed, workflow, resume_pos=pos)
         self.model.train()
-        self._run(self.train_loop.run)
+        handlers = PreemptionHandlers(self.preemption, s) if self.preemption else contextlib.nullcontext()
+        with handlers:
+            self._run(self._train_and_save_on_preemption)
+        if s.preempted and self.preemption is not None:
+            if self.preemption.requeue and self.is_main:
+                requeue_slurm_job()
+            raise SystemExit(self.preemption.exit_code)
         return dict(s.metrics)
+
+    def _train_and_save_on_preemption(self) -> None:
+        self.train_loop.run()  # type: ignore[union-attr]
+        if self.state.preempted and self.work_dir is not None:
+            path = self.save_checkpoint(self.work_dir / "checkpoints" / f"iter_{self.state.iter:08d}")
+            get_logger().warning(f"{self.state.stop_reason}: saved {path} at iteration {self.state.iter}")
+
+    # -- checkpoints -------------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """Save the complete state (atomic; see treadle/snapshot.py for what is in it)."""
+        payloads, meta = snapshot.collect(self)
+        self._call("before_save_checkpoint", payloads[snapshot.STATE_FILE])
+        if not self.is_main:
+            return Path(path)
+        return save_checkpoint(path, payloads, meta=meta)
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Restore the complete state from ``path``; returns the data position."""
+        payloads = load_checkpoint(path)
+        pos = snapshot.restore(self, payloads)
+        self._call("after_load_checkpoint", payloads[snapshot.STATE_FILE])
+        get_logger().info(f"resumed from {path} at epoch {self.state.epoch}, iter {self.state.iter}")
+        return pos
+
+    def _resume_position(self) -> dict[str, Any] | None:
+        if self.resume is True:
+            ckpt_dir = self.work_dir / "checkpoints"  # type: ignore[operator]
+            if ckpt_dir.is_dir():
+                cleanup_stale_tmp(ckpt_dir)
+            path = find_latest_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
+            if path is None:
+                get_logger().info(f"resume=True: no checkpoint in {ckpt_dir}; starting from scratch")
+                return None
+        else:
+            path = Path(self.resume)  # type: ignore[arg-type]
+        return self.load_checkpoint(path)
 
     def validate(self) -> dict[str, Any]:
         """One pass over ``val_dataloader``; returns ``{"val/<name>": value}``."""
@@ -353,6 +422,20 @@ class Trainer:
             return body()
         finally:
             self._call("after_run")
+
+
+def _checkpoint_hook(cfg: Any) -> CheckpointHook:
+    if isinstance(cfg, CheckpointHook):
+        return cfg
+    if cfg is True:
+        return CheckpointHook()
+    if not isinstance(cfg, dict):
+        raise TypeError(f"checkpoint must be a dict such as dict(interval=1, by_epoch=True, keep=3), got {cfg!r}")
+    allowed = ("interval", "by_epoch", "keep", "best", "rule", "keep_best", "save_last")
+    unknown = set(cfg) - set(allowed)
+    if unknown:
+        raise ValueError(f"checkpoint has unknown keys {sorted(unknown)}; expected some of {list(allowed)}")
+    return CheckpointHook(**cfg)
 
 
 def _ema_hook(cfg: Any) -> EMAHook:

@@ -398,3 +398,11 @@ def test_remove_checkpoint_refuses_non_checkpoints(tmp_path):
     ckpt = save_checkpoint(tmp_path / "iter_1", {"state.pt": 1})
     remove_checkpoint(ckpt)
     assert not ckpt.exists() and _hidden(tmp_path) == []
+
+
+def test_prune_with_fewer_checkpoints_than_keep_removes_nothing(tmp_path):
+    """Regression: keep_last larger than the count must not wrap around."""
+    for i in (1, 2):
+        save_checkpoint(tmp_path / f"iter_{i}", {"state.pt": {"i": i}}, meta={"iter": i})
+    assert prune_checkpoints(tmp_path, keep_last=3) == []
+    assert len(list_checkpoints(tmp_path)) == 2

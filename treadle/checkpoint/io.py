@@ -521,7 +521,7 @@ def prune_checkpoints(
     if keep_last < 0:
         raise ValueError(f"keep_last must be >= 0, got {keep_last}")
     ckpts = list_checkpoints(directory)
-    keep = set(ckpts[len(ckpts) - keep_last:]) if keep_last else set()
+    keep = set(ckpts[max(len(ckpts) - keep_last, 0):]) if keep_last else set()
     protected = {Path(p).resolve() for p in protect}
     removed = []
     for ckpt in ckpts:

@@ -10,6 +10,7 @@ disturbed by starting an epoch, and a resumed run can rebuild any epoch's order.
 
 from __future__ import annotations
 
+import itertools
 import secrets
 from typing import Any, Iterable, Iterator
 
@@ -46,17 +47,29 @@ class DataFeed:
         except TypeError:
             return None
 
-    def start_epoch(self, epoch: int) -> None:
-        """Begin epoch ``epoch``: seed its order and create a fresh iterator."""
-        self.epoch = epoch
-        self.batch_idx = 0
-        self._seed_epoch(epoch)
-        self._it = iter(self.loader)
+    def start_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Begin epoch ``epoch``: seed its order and create a fresh iterator.
 
-    def _seed_epoch(self, epoch: int) -> None:
+        ``skip`` batches are passed over first (resuming inside an epoch). For a
+        DataLoader with a sampler they are skipped in the batch sampler: their indices
+        are drawn (the order must stay the same) but nothing is loaded from the
+        dataset. Other iterables have no way around producing them.
+        """
+        self.epoch = epoch
+        self.batch_idx = skip
+        gen = self._seed_epoch(epoch)
+        loader = self.loader
+        if skip and isinstance(loader, DataLoader) and loader.batch_sampler is not None:
+            self._it = iter(_clone_with_batch_sampler(loader, _SkipBatches(loader.batch_sampler, skip), gen))
+        else:
+            self._it = iter(loader)
+            if skip:
+                next(itertools.islice(self._it, skip - 1, None), None)  # consume without keeping
+
+    def _seed_epoch(self, epoch: int) -> torch.Generator | None:
         loader = self.loader
         if not isinstance(loader, DataLoader):
-            return
+            return None
         sampler = loader.sampler
         if loader.batch_sampler is not None and not isinstance(sampler, RandomSampler):
             sampler = getattr(loader.batch_sampler, "sampler", sampler)  # a user batch_sampler
@@ -68,6 +81,7 @@ class DataFeed:
             sampler.generator = gen
         # The DataLoader draws the workers' base seed from its generator at iter().
         loader.generator = gen
+        return gen
 
     def __iter__(self) -> "DataFeed":
         return self
@@ -86,8 +100,34 @@ class DataFeed:
     state_dict = position
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore the seed and epoch (skipping ahead inside an epoch comes with resume)."""
+        """Restore the seed and epoch; the trainer reopens the epoch at ``batch_idx``."""
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         self.batch_idx = 0
         self._it = None
+
+
+class _SkipBatches:
+    """A batch sampler that drops the first ``skip`` batches of each iteration."""
+
+    def __init__(self, batch_sampler: Any, skip: int) -> None:
+        self.batch_sampler = batch_sampler
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.batch_sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(len(self.batch_sampler) - self.skip, 0)
+
+
+def _clone_with_batch_sampler(loader: DataLoader, batch_sampler: Any, gen: torch.Generator | None) -> DataLoader:
+    """The same loader (dataset, workers, collate, pinning) over another batch sampler."""
+    workers = loader.num_workers
+    return DataLoader(
+        loader.dataset, batch_sampler=batch_sampler, num_workers=workers, collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context, generator=gen,
+        prefetch_factor=loader.prefetch_factor if workers > 0 else None, persistent_workers=False,
+        pin_memory_device=loader.pin_memory_device,
+    )

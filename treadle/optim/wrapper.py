@@ -61,7 +61,7 @@ def check_clip_grad(clip_grad: dict[str, Any] | None) -> dict[str, Any] | None:
     if extra:
         raise ValueError(f"clip_grad has unknown keys {sorted(extra)}; allowed with {'max_norm' if 'max_norm' in keys else 'value'}: {sorted(allowed)}")
     bound = clip_grad.get("max_norm", clip_grad.get("value"))
-    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or bound <= 0:
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:  # NaN too
         raise ValueError(f"clip_grad bound must be a positive number, got {bound!r}")
     return dict(clip_grad)
 
@@ -178,7 +178,7 @@ class OptimWrapper:
 
     # -- helpers ----------------------------------------------------------------------
     def _clip(self) -> None:
-        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        params = [p for p in self._params() if p.grad is not None]
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         cfg = self.clip_grad
@@ -202,7 +202,12 @@ class OptimWrapper:
                                  "step_count": self.step_count, "skipped_steps": self.skipped_steps}
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
+        if self.micro_step:  # inside an accumulation window: the gradients so far are state too
+            state["grads"] = [p.grad.detach().clone() if p.grad is not None else None for p in self._params()]
         return state
+
+    def _params(self) -> list[Tensor]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
@@ -213,6 +218,9 @@ class OptimWrapper:
         self.skipped_steps = int(state.get("skipped_steps", 0))
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
+        if "grads" in state:
+            for p, g in zip(self._params(), state["grads"]):
+                p.grad = g.to(p.device) if g is not None else None
 
     def __repr__(self) -> str:
         return (f"OptimWrapper({type(self.optimizer).__name__}, precision={self.precision!r}, "

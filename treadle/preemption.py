@@ -1,0 +1,92 @@
+"""Preemption: a signal asks for a checkpoint at the next iteration boundary.
+
+While ``fit()`` runs, SIGTERM and SIGUSR1 (configurable) set ``state.preempted``
+and ``state.should_stop``; the loop stops after the running iteration, the trainer
+saves a checkpoint there, closes its writers, requeues the job under SLURM when
+asked (rank 0 runs ``scontrol requeue $SLURM_JOB_ID``) and exits with
+``exit_code`` (143 = 128 + SIGTERM by default). The previous handlers are restored
+when ``fit()`` returns.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from treadle.logging.writers import get_logger
+from treadle.state import TrainState
+
+PREEMPTED_EXIT_CODE = 143
+
+
+@dataclass
+class PreemptionConfig:
+    """``preemption=dict(signals=("SIGTERM", "SIGUSR1"), exit_code=143, requeue=True)``."""
+
+    signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
+    exit_code: int = PREEMPTED_EXIT_CODE
+    requeue: bool = True
+    received: list[str] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, cfg: Any) -> "PreemptionConfig | None":
+        if cfg is False or cfg is None:
+            return None
+        if cfg is True:
+            return cls()
+        if not isinstance(cfg, dict):
+            raise TypeError(f"preemption must be True, False or dict(signals=..., exit_code=..., requeue=...), got {cfg!r}")
+        unknown = set(cfg) - {"signals", "exit_code", "requeue"}
+        if unknown:
+            raise ValueError(f"preemption has unknown keys {sorted(unknown)}; expected signals, exit_code, requeue")
+        out = cls(**{k: (tuple(v) if k == "signals" else v) for k, v in cfg.items()})
+        for name in out.signals:
+            if not isinstance(getattr(signal, str(name), None), signal.Signals):
+                raise ValueError(f"preemption signal {name!r} is not a signal name such as 'SIGTERM'")
+        return out
+
+
+class PreemptionHandlers:
+    """Context manager installing the handlers (main thread only) and restoring them."""
+
+    def __init__(self, cfg: PreemptionConfig, state: TrainState) -> None:
+        self.cfg = cfg
+        self.state = state
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        self.cfg.received.append(name)
+        self.state.preempted = True
+        self.state.request_stop(f"preempted by {name}")
+
+    def __enter__(self) -> "PreemptionHandlers":
+        if threading.current_thread() is threading.main_thread():
+            for name in self.cfg.signals:
+                sig = getattr(signal, name)
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+def requeue_slurm_job() -> bool:
+    """``scontrol requeue $SLURM_JOB_ID``; True when it was asked and succeeded."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return False
+    try:
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=60, capture_output=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        get_logger().warning(f"could not requeue SLURM job {job}: {e}")
+        return False
+    get_logger().info(f"requeued SLURM job {job}")
+    return True
