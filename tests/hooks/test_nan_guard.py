@@ -1,0 +1,135 @@
+"""NaNGuardHook: raise mode names the first bad iteration and its losses; skip mode
+leaves the weights untouched for the bad step and training goes on."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader
+
+import treadle
+from treadle.hooks.nan_guard import NaNGuardHook
+from treadle.logging import read_jsonl
+
+from support import TinyNet, make_data
+
+
+class NanLossAt:
+    """A loss dict that is NaN at the chosen (0-based) training iterations."""
+
+    def __init__(self, bad: set[int]) -> None:
+        self.bad = bad
+        self.calls = 0
+
+    def __call__(self, outputs, targets):
+        i, self.calls = self.calls, self.calls + 1
+        loss = F.cross_entropy(outputs, targets)
+        if i in self.bad:
+            loss = loss * float("nan")
+        return {"loss_cls": loss, "loss_aux": torch.tensor(0.25)}
+
+
+def batches(n=32):
+    # A list, not a DataLoader: a DataLoader draws a CPU seed (.item()) every epoch.
+    return list(DataLoader(make_data(n), batch_size=4))
+
+
+def trainer(hook, bad, tmp_path=None, **kw):
+    kw.setdefault("optimizer", dict(type="SGD", lr=0.1))
+    return treadle.Trainer(TinyNet(), work_dir=tmp_path, train_dataloader=batches(), loss_fn=NanLossAt(bad),
+                           max_epochs=2, hooks=[hook] if hook else [], **kw)
+
+
+def test_raise_mode_names_iteration_and_every_loss_value():
+    t = trainer(NaNGuardHook(), bad={5})
+    with pytest.raises(FloatingPointError) as info:
+        t.fit()
+    msg = str(info.value)
+    assert "iteration=5" in msg and "'loss_cls': nan" in msg and "'loss_aux': 0.25" in msg and "'loss': nan" in msg
+    assert t.state.iter == 5  # raised during the bad iteration itself (check_interval=1)
+
+
+def test_raise_mode_with_interval_reports_first_bad_iteration_later():
+    t = trainer(NaNGuardHook(check_interval=4), bad={5, 6})
+    with pytest.raises(FloatingPointError, match=r"iteration=5 .*after iteration 7") as info:
+        t.fit()
+    assert "'loss_aux': 0.25" in str(info.value)
+    assert t.state.iter == 7  # the window 4..7 was checked after its last iteration
+
+
+def test_raise_mode_checks_the_last_partial_window_at_the_end():
+    t = trainer(NaNGuardHook(check_interval=100), bad={15})  # 16 iterations: no full window
+    with pytest.raises(FloatingPointError, match="iteration=15"):
+        t.fit()
+
+
+def test_interval_check_is_sync_free_between_checks(monkeypatch):
+    calls = {"item": 0, "tolist": 0}
+    item, tolist = torch.Tensor.item, torch.Tensor.tolist
+
+    def counting(name, fn):
+        def wrapper(self, *a, **k):
+            calls[name] += 1
+            return fn(self, *a, **k)
+        return wrapper
+
+    t = trainer(NaNGuardHook(check_interval=4), bad=set(), log_interval=100)
+    monkeypatch.setattr(torch.Tensor, "item", counting("item", item))
+    monkeypatch.setattr(torch.Tensor, "tolist", counting("tolist", tolist))
+    t.fit()
+    # 16 iterations: 4 checks (one transfer each) + the logger's single flush at the end.
+    assert calls == {"item": 0, "tolist": 5}
+
+
+def snapshot(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("optimizer", [dict(type="SGD", lr=0.1, momentum=0.9, weight_decay=1e-2),
+                                       dict(type="Adam", lr=1e-2, weight_decay=1e-2)])
+def test_skip_mode_leaves_weights_unchanged_for_the_bad_step(tmp_path, optimizer):
+    changed = {}
+
+    class Watch(treadle.Hook):
+        def before_train_iter(self, trainer, batch):
+            self.before = snapshot(trainer.module)
+
+        def after_train_iter(self, trainer, batch, outputs):
+            after = snapshot(trainer.module)
+            changed[trainer.state.iter] = any(not torch.equal(a, b) for a, b in zip(self.before, after))
+
+    guard = NaNGuardHook(mode="skip")
+    t = trainer(guard, bad={2, 9}, tmp_path=tmp_path, optimizer=optimizer, log_interval=4)
+    t.register_hook(Watch())
+    t.fit()
+    assert t.state.iter == 16 and guard.skipped == 2
+    assert [i for i, c in changed.items() if not c] == [2, 9]  # only the bad steps were skipped
+    assert all(torch.isfinite(p).all() for p in t.module.parameters())
+    train = [r for r in read_jsonl(tmp_path / "log.jsonl") if r["mode"] == "train"]
+    assert [(r["iter"], r["nan_skipped"]) for r in train] == [(4, 1.0), (8, 1.0), (12, 2.0), (16, 2.0)]
+    assert guard.state_dict() == {"skipped": 2}
+
+
+def test_without_the_guard_the_same_run_is_ruined():
+    t = trainer(None, bad={2}, optimizer=dict(type="SGD", lr=0.1, momentum=0.9))
+    t.fit()
+    assert not all(torch.isfinite(p).all() for p in t.module.parameters())
+
+
+def test_skip_mode_inf_norm_catches_nan_and_inf_without_overflow():
+    from treadle.hooks.nan_guard import _all_finite
+
+    big = torch.full((4,), 3e38)  # its 2-norm overflows; still finite
+    assert _all_finite([big, torch.ones(3)])
+    assert not _all_finite([torch.tensor([1.0, math.nan]), torch.ones(3)])
+    assert not _all_finite([torch.ones(3), torch.tensor([-math.inf])])
+
+
+@pytest.mark.parametrize("kw", [dict(mode="ignore"), dict(check_interval=0), dict(check_interval=True)])
+def test_bad_arguments(kw):
+    with pytest.raises(ValueError):
+        NaNGuardHook(**kw)

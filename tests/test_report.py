@@ -1,0 +1,108 @@
+"""make_report: plots and a summary with the right best/final numbers, for one and two runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from torch import nn
+from torch.utils.data import DataLoader
+
+import treadle
+from treadle.logging import read_jsonl
+from treadle.report import epoch_times, make_report
+
+from support import TinyNet, make_data
+
+pytest.importorskip("matplotlib")
+
+PNGS = ("loss.png", "lr.png", "metrics.png", "throughput.png")
+
+
+def write_log(run_dir, records):
+    run_dir.mkdir(parents=True)
+    with open(run_dir / "log.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def train(epoch, it, loss, lr=0.1):
+    return {"mode": "train", "epoch": epoch, "iter": it, "lr": lr, "loss": loss, "data_time": 0.1, "step_time": 0.4}
+
+
+def val(epoch, it, acc, loss):
+    return {"mode": "val", "epoch": epoch, "iter": it, "val/acc": acc, "val/loss": loss}
+
+
+RUN_A = [train(1, 2, 2.0), train(1, 4, 1.5), val(1, 4, 0.5, 1.0),
+         train(2, 6, 1.2), train(2, 8, 1.0), val(2, 8, 0.7, 0.8),
+         train(3, 10, 0.9), train(3, 11, 0.8), val(3, 11, 0.6, 0.9)]
+
+
+def assert_pngs(out):
+    for name in PNGS:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000, name
+
+
+def metric_row(text, section, metric):
+    part = text.split(f"## {section}")[1].split("\n## ")[0]
+    line = next(ln for ln in part.splitlines() if ln.startswith(f"| {metric} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_one_run_best_final_and_times(tmp_path):
+    write_log(tmp_path / "a", RUN_A)
+    summary = make_report([tmp_path / "a"], tmp_path / "out")
+    assert summary == tmp_path / "out" / "summary.md"
+    assert_pngs(tmp_path / "out")
+    text = summary.read_text()
+    assert metric_row(text, "a", "val/acc") == ["val/acc", "0.7", "0.6", "epoch 2, iter 8"]  # best = max
+    assert metric_row(text, "a", "val/loss") == ["val/loss", "0.8", "0.9", "epoch 2, iter 8"]  # best = min
+    # estimate: each record covers (iter - previous iter) x 0.5 s; epoch 3 has 3 iterations
+    assert epoch_times(RUN_A)[:2] == ({1: 2.0, 2: 2.0, 3: 1.5}, 5.5)
+    assert "total time: 5.5 s (estimated" in text and "mean 1.8 s" in text
+    assert "iterations: 11, epochs: 3" in text and "final train loss: 0.8" in text
+
+
+def test_two_runs_one_without_validation_and_with_timestamps(tmp_path):
+    write_log(tmp_path / "a", RUN_A)
+    b = [dict(train(1, 5, 3.0), timestamp=100.0), dict(train(1, 10, 2.0), timestamp=104.0),
+         dict(train(2, 15, 1.0), timestamp=110.0)]
+    write_log(tmp_path / "b", b)
+    text = make_report([tmp_path / "a", tmp_path / "b"], tmp_path / "out").read_text()
+    assert_pngs(tmp_path / "out")
+    assert "Runs: a, b" in text and metric_row(text, "a", "val/acc")[1:3] == ["0.7", "0.6"]
+    part_b = text.split("## b")[1]
+    assert "No validation records." in part_b
+    assert "total time: 10.0 s (timestamps)" in part_b and "epoch 1: 4.0 s, epoch 2: 6.0 s" in part_b
+
+
+def test_real_run_and_nan_values(tmp_path):
+    t = treadle.Trainer(TinyNet(), work_dir=tmp_path / "run", train_dataloader=DataLoader(make_data(16), batch_size=4),
+                        val_dataloader=DataLoader(make_data(8, seed=1), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
+                        optimizer=dict(type="SGD", lr=0.1), max_epochs=3, log_interval=2,
+                        metrics={"acc": treadle.Accuracy()})
+    t.fit()
+    with open(tmp_path / "run" / "log.jsonl", "a") as f:  # a later NaN: final, never best
+        f.write(json.dumps({"mode": "val", "epoch": 4, "iter": 16, "val/loss": "nan", "val/acc": 0.0}) + "\n")
+    vals = [r for r in read_jsonl(tmp_path / "run" / "log.jsonl") if r["mode"] == "val"]
+    text = make_report([tmp_path / "run"], tmp_path / "out").read_text()
+    assert_pngs(tmp_path / "out")
+    best_loss = min(r["val/loss"] for r in vals[:-1])
+    assert metric_row(text, "run", "val/loss")[1:3] == [f"{best_loss:.6g}", "nan"]
+    assert metric_row(text, "run", "val/acc")[1:3] == [f"{max(r['val/acc'] for r in vals):.6g}", "0"]
+
+
+def test_duplicate_names_get_their_parent(tmp_path):
+    write_log(tmp_path / "x" / "run", RUN_A)
+    write_log(tmp_path / "y" / "run", RUN_A[:3])
+    text = make_report([tmp_path / "x" / "run", tmp_path / "y" / "run"], tmp_path / "out").read_text()
+    assert "## x/run" in text and "## y/run" in text
+
+
+def test_missing_log_names_the_path(tmp_path):
+    write_log(tmp_path / "a", RUN_A)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "empty" / "log.jsonl")):
+        make_report([tmp_path / "a", tmp_path / "empty"], tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # nothing written before every run was found

@@ -1,0 +1,103 @@
+"""What a run ran on: versions, devices, threads, seed and git commit, for the log.
+
+``collect_env`` never raises: anything it cannot find out is reported as such, so
+calling it at the start of every run is safe.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+import torch
+
+
+def _git_commit(cwd: str | None = None, timeout: float = 2.0) -> str:
+    """``git rev-parse HEAD`` of ``cwd`` (default: the current directory), or why not."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or os.getcwd(), capture_output=True,
+                             text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):  # no git executable, a hang, ...
+        return "unavailable"
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit else "not a git repository"
+
+
+def _treadle_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("treadle")
+    except metadata.PackageNotFoundError:  # running from a checkout that is not installed
+        import treadle
+
+        return str(getattr(treadle, "__version__", "unknown"))
+
+
+def _cuda_info() -> dict[str, str]:
+    info: dict[str, str] = {"CUDA available": str(torch.cuda.is_available())}
+    if torch.version.cuda:
+        info["CUDA (torch built with)"] = str(torch.version.cuda)
+    if getattr(torch.version, "hip", None):
+        info["ROCm/HIP"] = str(torch.version.hip)
+    try:
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception:  # a broken CUDA install should not stop a run from starting
+        cudnn = None
+    if cudnn:
+        info["cuDNN"] = str(cudnn)
+    if torch.cuda.is_available():
+        # Group identical GPUs: "GPU 0,1,2,3: NVIDIA H100 80GB HBM3".
+        names: dict[str, list[str]] = {}
+        for i in range(torch.cuda.device_count()):
+            names.setdefault(torch.cuda.get_device_name(i), []).append(str(i))
+        for name, ids in names.items():
+            info[f"GPU {','.join(ids)}"] = name
+    return info
+
+
+def collect_env(seed: int | None = None, world_size: int = 1) -> dict[str, str]:
+    """Python, platform, torch, CUDA/cuDNN and GPU names, CPU threads, numpy, world
+    size, seed, treadle version and the git commit of the working directory.
+
+    All values are strings; what cannot be determined reads "unavailable".
+    """
+    info: dict[str, str] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+    }
+    info.update(_cuda_info())
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        info["MPS available"] = "True"
+    info["CPU count"] = str(os.cpu_count() or "unknown")
+    info["torch threads"] = str(torch.get_num_threads())
+    try:
+        import numpy
+
+        info["numpy"] = numpy.__version__
+    except ImportError:
+        info["numpy"] = "not installed"
+    info["world size"] = str(world_size)
+    info["seed"] = str(seed)
+    info["treadle"] = _treadle_version()
+    info["git commit"] = _git_commit()
+    return info
+
+
+def format_env(info: dict[str, str]) -> str:
+    """``info`` as an aligned two-column text table."""
+    if not info:
+        return "(no environment information)"
+    width = max(len(k) for k in info)
+    rule = "-" * width + "  " + "-" * max(len(str(v)) for v in info.values())
+    lines = [rule]
+    lines += [f"{k:<{width}}  {v}" for k, v in info.items()]
+    lines.append(rule)
+    return "\n".join(lines)
+
+
+__all__ = ["collect_env", "format_env"]

@@ -1,0 +1,313 @@
+"""Plots and a markdown summary of one or more runs, from their ``log.jsonl``.
+
+    from treadle.report import make_report
+    make_report([Path("work_dirs/a"), Path("work_dirs/b")], Path("report"))
+
+writes ``loss.png``, ``lr.png``, ``metrics.png``, ``throughput.png`` and
+``summary.md`` into the output directory. Needs matplotlib, imported here only when
+a report is made (with the Agg canvas directly: pyplot's global backend is left
+alone, so this works headless and inside a notebook alike).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from numbers import Real
+from pathlib import Path
+from typing import Any
+
+from treadle.logging import read_jsonl
+
+# Keys tried, in order, for a throughput already in samples per second.
+SAMPLE_RATE_KEYS = ("samples_per_s", "samples/s", "samples_per_sec", "throughput")
+# Keys tried for a wall-clock timestamp (unix seconds or ISO 8601 text) per record.
+TIMESTAMP_KEYS = ("timestamp", "time", "wall_time")
+
+Records = list[dict[str, Any]]
+
+
+def _num(value: Any) -> float | None:
+    """A record value as a float (log.jsonl writes NaN/inf as text), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, Real):
+        return float(value)
+    if isinstance(value, str) and value.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
+        return float(value)
+    return None
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.6g}"
+
+
+def _seconds(v: float) -> str:
+    return f"{v:.1f} s" if v < 120 else f"{v / 60:.1f} min ({v:.0f} s)"
+
+
+def load_run(run_dir: Path) -> Records:
+    """The records of ``run_dir/log.jsonl``; FileNotFoundError naming the path if absent."""
+    path = Path(run_dir) / "log.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no log.jsonl in run directory {run_dir}: expected {path}")
+    return read_jsonl(path)
+
+
+def _labels(run_dirs: list[Path]) -> list[str]:
+    """Run directory names, with the parent added where two runs share a name."""
+    names = [p.resolve().name or str(p) for p in run_dirs]
+    return [f"{p.resolve().parent.name}/{n}" if names.count(n) > 1 else n for p, n in zip(run_dirs, names)]
+
+
+def _series(records: Records, mode: str, key: str, x: str = "iter") -> tuple[list[float], list[float]]:
+    xs: list[float] = []
+    ys: list[float] = []
+    for r in records:
+        if r.get("mode") == mode and key in r:
+            xv, yv = _num(r.get(x)), _num(r[key])
+            if xv is not None and yv is not None:
+                xs.append(xv)
+                ys.append(yv)
+    return xs, ys
+
+
+def _val_keys(records: Records) -> list[str]:
+    keys: dict[str, None] = {}
+    for r in records:
+        if r.get("mode") == "val":
+            keys.update((k, None) for k in r if k.startswith("val/") and _num(r[k]) is not None)
+    return list(keys)
+
+
+def _val_x(runs: list[Records]) -> str:
+    """Epoch when every run validated once per distinct epoch (epoch-based), else iter."""
+    for records in runs:
+        epochs = [r.get("epoch") for r in records if r.get("mode") == "val"]
+        if any(not isinstance(e, int) or e < 1 for e in epochs) or len(set(epochs)) != len(epochs):
+            return "iter"
+    return "epoch"
+
+
+def _throughput(records: Records) -> tuple[list[float], list[float], str]:
+    """Samples/s when the records carry it, else iterations/s from the timers."""
+    train = [r for r in records if r.get("mode") == "train"]
+    for key in SAMPLE_RATE_KEYS:
+        xs, ys = _series(train, "train", key)
+        if xs:
+            return xs, ys, "samples/s"
+    xs, ys = [], []
+    for r in train:
+        it, dt, st = _num(r.get("iter")), _num(r.get("data_time")), _num(r.get("step_time"))
+        if it is not None and dt is not None and st is not None and dt + st > 0:
+            xs.append(it)
+            ys.append(1.0 / (dt + st))
+    return xs, ys, "iterations/s"
+
+
+# -- timing ---------------------------------------------------------------------------
+def _timestamp(record: dict[str, Any]) -> float | None:
+    for key in TIMESTAMP_KEYS:
+        v = record.get(key)
+        if isinstance(v, str):
+            try:
+                return datetime.fromisoformat(v).timestamp()
+            except ValueError:
+                continue
+        v = _num(v)
+        if v is not None and math.isfinite(v):
+            return v
+    return None
+
+
+def epoch_times(records: Records) -> tuple[dict[int, float], float, str]:
+    """Seconds per epoch, total seconds, and how they were obtained.
+
+    With a timestamp in every record (see ``TIMESTAMP_KEYS``): an epoch lasts from
+    the last record of the previous epoch (for the first: the first record) to its
+    own last record, validation included; the total is first to last record (the
+    work before the first record is not seen). Otherwise an estimate from the
+    timers: each train record stands for ``iter - previous iter`` iterations of
+    ``data_time + step_time`` seconds (window means), attributed to that record's
+    epoch; validation and checkpointing are not included.
+    """
+    stamped = [(r, _timestamp(r)) for r in records]
+    if records and all(t is not None for _, t in stamped):
+        ends: dict[int, float] = {}
+        for r, t in stamped:
+            e = r.get("epoch")
+            if isinstance(e, int):
+                ends[e] = max(ends.get(e, t), t)  # type: ignore[arg-type]
+        times, prev = {}, stamped[0][1]
+        for e in sorted(ends):
+            times[e] = ends[e] - prev  # type: ignore[operator]
+            prev = ends[e]
+        return times, stamped[-1][1] - stamped[0][1], "timestamps"  # type: ignore[operator]
+    times = {}
+    prev_iter = 0.0
+    for r in records:
+        if r.get("mode") != "train":
+            continue
+        it, dt, st, e = _num(r.get("iter")), _num(r.get("data_time")), _num(r.get("step_time")), r.get("epoch")
+        if it is None:
+            continue
+        if dt is not None and st is not None and isinstance(e, int):
+            times[e] = times.get(e, 0.0) + (dt + st) * (it - prev_iter)
+        prev_iter = it
+    return times, sum(times.values()), "estimated from data_time + step_time, training only"
+
+
+def best_and_final(records: Records, key: str) -> tuple[float | None, float | None, dict[str, Any] | None]:
+    """Best (max, or min when the name contains 'loss'; NaN ignored) and final value
+    of a val metric, and the record holding the best."""
+    vals = [(v, r) for r in records if r.get("mode") == "val" and (v := _num(r.get(key))) is not None]
+    if not vals:
+        return None, None, None
+    finite = [(v, r) for v, r in vals if math.isfinite(v)]
+    best = (min if "loss" in key else max)(finite, key=lambda vr: vr[0]) if finite else (None, None)
+    return best[0], vals[-1][0], best[1]
+
+
+# -- plots ------------------------------------------------------------------------------
+def _figure(n: int = 1) -> tuple[Any, list[Any]]:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ImportError("make_report needs the 'matplotlib' package, which is not installed: "
+                          "pip install matplotlib") from e
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    fig = Figure(figsize=(5.5 * cols, 3.8 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel().tolist()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
+
+
+def _finish(fig: Any, ax: Any, drawn: bool, empty: str, path: Path) -> None:
+    if drawn:
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+    else:
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
+    fig.savefig(path, dpi=100)
+
+
+def _plot_loss(runs: list[Records], labels: list[str], path: Path) -> None:
+    fig, (ax,) = _figure()
+    drawn = False
+    for records, label in zip(runs, labels):
+        xs, ys = _series(records, "train", "loss")
+        if xs:
+            ax.plot(xs, ys, label=label)
+            drawn = True
+    ax.set(title="train loss", xlabel="iteration", ylabel="loss")
+    _finish(fig, ax, drawn, "no train loss recorded", path)
+
+
+def _plot_lr(runs: list[Records], labels: list[str], path: Path) -> None:
+    fig, (ax,) = _figure()
+    drawn = False
+    for records, label in zip(runs, labels):
+        keys = dict.fromkeys(k for r in records if r.get("mode") == "train" for k in r
+                             if k == "lr" or k.startswith("lr/"))
+        for key in keys:
+            xs, ys = _series(records, "train", key)
+            if xs:
+                ax.plot(xs, ys, label=label if key == "lr" else f"{label} {key}")
+                drawn = True
+    ax.set(title="learning rate", xlabel="iteration", ylabel="lr")
+    _finish(fig, ax, drawn, "no learning rate recorded", path)
+
+
+def _plot_metrics(runs: list[Records], labels: list[str], path: Path) -> None:
+    names = list(dict.fromkeys(k for records in runs for k in _val_keys(records)))
+    x = _val_x(runs)
+    fig, axes = _figure(max(len(names), 1))
+    if not names:
+        _finish(fig, axes[0], False, "no validation metrics recorded", path)
+        return
+    for ax, name in zip(axes, names):
+        for records, label in zip(runs, labels):
+            xs, ys = _series(records, "val", name, x=x)
+            if xs:
+                ax.plot(xs, ys, marker="o", markersize=3, label=label)
+        ax.set(title=name, xlabel="epoch" if x == "epoch" else "iteration")
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=100)
+
+
+def _plot_throughput(runs: list[Records], labels: list[str], path: Path) -> None:
+    fig, (ax,) = _figure()
+    drawn, units = False, set()
+    for records, label in zip(runs, labels):
+        xs, ys, unit = _throughput(records)
+        if xs:
+            ax.plot(xs, ys, label=f"{label} ({unit})")
+            units.add(unit)
+            drawn = True
+    ax.set(title="throughput", xlabel="iteration", ylabel=" / ".join(sorted(units)) or "rate")
+    _finish(fig, ax, drawn, "no timing recorded", path)
+
+
+# -- summary ----------------------------------------------------------------------------
+def _run_summary(records: Records, label: str, run_dir: Path) -> list[str]:
+    lines = [f"## {label}", "", f"`{run_dir}`", ""]
+    train = [r for r in records if r.get("mode") == "train"]
+    if train:
+        last = train[-1]
+        lines.append(f"- iterations: {last.get('iter')}, epochs: {last.get('epoch')}")
+        xs, ys = _series(records, "train", "loss")
+        if ys:
+            lines.append(f"- final train loss: {_fmt(ys[-1])}")
+    times, total, how = epoch_times(records)
+    if times:
+        per = list(times.values())
+        lines.append(f"- total time: {_seconds(total)} ({how})")
+        detail = ", ".join(f"epoch {e}: {_seconds(t)}" for e, t in times.items()) if len(times) <= 20 else ""
+        lines.append(f"- time per epoch: mean {_seconds(sum(per) / len(per))}" + (f" ({detail})" if detail else ""))
+    else:
+        lines.append("- time: not recorded")
+    lines.append("")
+    keys = _val_keys(records)
+    if not keys:
+        return lines + ["No validation records.", ""]
+    lines += ["| metric | best | final | best at |", "|---|---|---|---|"]
+    for key in keys:
+        best, final, rec = best_and_final(records, key)
+        where = f"epoch {rec.get('epoch')}, iter {rec.get('iter')}" if rec is not None else "n/a"
+        lines.append(f"| {key} | {_fmt(best)} | {_fmt(final)} | {where} |")
+    return lines + [""]
+
+
+def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
+    """Write ``loss.png``, ``lr.png``, ``metrics.png``, ``throughput.png`` and
+    ``summary.md`` for the runs into ``out_dir``; returns the path of summary.md.
+
+    Each run directory must hold a ``log.jsonl`` (FileNotFoundError otherwise).
+    Several runs are overlaid in each plot, labelled by directory name. In the
+    summary a val metric's best is its maximum, or its minimum when its name
+    contains "loss"; see :func:`epoch_times` for how times are obtained.
+    """
+    run_dirs = [Path(d) for d in run_dirs]
+    if not run_dirs:
+        raise ValueError("make_report needs at least one run directory")
+    runs = [load_run(d) for d in run_dirs]  # every path checked before anything is written
+    labels = _labels(run_dirs)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _plot_loss(runs, labels, out_dir / "loss.png")
+    _plot_lr(runs, labels, out_dir / "lr.png")
+    _plot_metrics(runs, labels, out_dir / "metrics.png")
+    _plot_throughput(runs, labels, out_dir / "throughput.png")
+    lines = ["# Training report", "", f"Runs: {', '.join(labels)}", ""]
+    lines += [f"![{name}]({name}.png)" for name in ("loss", "lr", "metrics", "throughput")] + [""]
+    for records, label, run_dir in zip(runs, labels, run_dirs):
+        lines += _run_summary(records, label, run_dir)
+    summary = out_dir / "summary.md"
+    summary.write_text("\n".join(lines), encoding="utf-8")
+    return summary
+
+
+__all__ = ["best_and_final", "epoch_times", "load_run", "make_report"]
