@@ -16,9 +16,11 @@ import torch
 from torch import nn
 
 from treadle.data.feed import DataFeed
+from treadle.env import collect_env, format_env
 from treadle.hooks.base import HOOK_POINTS, Hook, build_dispatch, describe_order, get_priority, sort_hooks
 from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import LoggerHook
+from treadle.hooks.nan_guard import NaNGuardHook
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.timer import IterTimerHook
 from treadle.logging.store import MetricStore
@@ -103,6 +105,8 @@ class Trainer:
         compile: bool = False,
         auto_scale_lr: dict[str, Any] | None = None,
         preemption: bool | dict[str, Any] = True,
+        nan_guard: str | bool | dict[str, Any] = "raise",
+        log_writers: tuple[Any, ...] = ("jsonl", "csv", "tensorboard"),
     ) -> None:
         # -- check every argument before anything happens ---------------------------
         if not isinstance(model, nn.Module):
@@ -188,7 +192,10 @@ class Trainer:
         self._eval_step = make_eval_step(self.model, loss_fn, autocast, self._move)
         self.hooks: list[Hook] = []
         self._dispatch: dict[str, tuple[Callable[..., Any], ...]] = {}
-        self._set_hooks([IterTimerHook(), LoggerHook(interval=log_interval), *extra_hooks], hooks)
+        if nan_guard:
+            extra_hooks.append(_nan_guard_hook(nan_guard, log_interval))
+        defaults = [IterTimerHook(), LoggerHook(interval=log_interval, writers=tuple(log_writers)), *extra_hooks]
+        self._set_hooks(defaults, hooks)
         self.train_loop: TrainLoop | None = None
         self.val_loop = EvalLoop(self, val_dataloader, "val") if val_dataloader is not None else None
         self.test_loop = EvalLoop(self, test_dataloader, "test") if test_dataloader is not None else None
@@ -343,6 +350,10 @@ class Trainer:
             raise ValueError("fit() needs a train_dataloader")
         if self.work_dir is not None and self.is_main:
             self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.work_dir is not None and self.is_main:
+            env = format_env(collect_env(seed=self.seed, world_size=self.strategy.world_size))
+            (self.work_dir / "env.txt").write_text(env + "\n", encoding="utf-8")
+            get_logger().info("environment:\n" + env)
         pos = self._resume_position() if self.resume else None
         s = self.state
         if pos is not None and (s.iter >= s.max_iters if s.max_iters else s.epoch >= s.max_epochs):  # type: ignore[operator]
@@ -422,6 +433,20 @@ class Trainer:
             return body()
         finally:
             self._call("after_run")
+
+
+def _nan_guard_hook(cfg: Any, log_interval: int) -> NaNGuardHook:
+    """The default checks at the log interval, when the logger syncs anyway: no sync per step."""
+    if cfg is True or cfg == "raise":
+        return NaNGuardHook(mode="raise", check_interval=log_interval)
+    if cfg == "skip":
+        return NaNGuardHook(mode="skip")
+    if isinstance(cfg, dict):
+        unknown = set(cfg) - {"mode", "check_interval"}
+        if unknown:
+            raise ValueError(f"nan_guard has unknown keys {sorted(unknown)}; expected mode, check_interval")
+        return NaNGuardHook(**{"check_interval": log_interval, **cfg})
+    raise ValueError(f"nan_guard={cfg!r}; expected 'raise', 'skip', False or dict(mode=..., check_interval=...)")
 
 
 def _checkpoint_hook(cfg: Any) -> CheckpointHook:

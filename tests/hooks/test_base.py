@@ -72,8 +72,9 @@ def test_resolved_order_is_logged_at_start(caplog, tmp_path):
                         loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), max_iters=1, hooks=[Mine()])
     with caplog.at_level(logging.INFO, logger="treadle"):
         t.fit()
-    assert "after_train_iter         Mine(10) -> IterTimerHook(50) -> LoggerHook(60)" in caplog.text
-    assert "Mine(10) -> IterTimerHook(50)" in (tmp_path / "log.txt").read_text()
+    assert ("after_train_iter         Mine(10) -> NaNGuardHook(30) -> IterTimerHook(50) -> LoggerHook(60)"
+            " -> CheckpointHook(90)") in caplog.text
+    assert "Mine(10) -> NaNGuardHook(30) -> IterTimerHook(50)" in (tmp_path / "log.txt").read_text()
     assert describe_order([]) == "hook order:\n  (no hooks)"
 
 

@@ -115,7 +115,7 @@ def test_skip_mode_leaves_weights_unchanged_for_the_bad_step(tmp_path, optimizer
 
 
 def test_without_the_guard_the_same_run_is_ruined():
-    t = trainer(None, bad={2}, optimizer=dict(type="SGD", lr=0.1, momentum=0.9))
+    t = trainer(None, bad={2}, optimizer=dict(type="SGD", lr=0.1, momentum=0.9), nan_guard=False)
     t.fit()
     assert not all(torch.isfinite(p).all() for p in t.module.parameters())
 
@@ -133,3 +133,10 @@ def test_skip_mode_inf_norm_catches_nan_and_inf_without_overflow():
 def test_bad_arguments(kw):
     with pytest.raises(ValueError):
         NaNGuardHook(**kw)
+
+
+def test_trainer_default_guard_raises_at_the_log_interval_without_per_step_sync():
+    """By default the Trainer raises, checking at the log interval (no sync per step)."""
+    t = trainer(None, bad={2}, log_interval=4)
+    with pytest.raises(FloatingPointError, match=r"iteration=2 \(epoch 0\) \(found at the check after iteration 3\)"):
+        t.fit()

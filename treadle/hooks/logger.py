@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,38 +20,53 @@ class LoggerHook(Hook):
     record per validation and test. Per iteration it only appends the step's outputs.
 
     JSONL fields: ``mode``, ``epoch`` (1-based running epoch), ``iter`` (iterations
-    done), ``lr`` (and ``lr/<optimizer>``, ``.../pg<i>`` for more optimizers or param
-    groups), the window means of losses and timers, ``eta_s``; for val/test, the
-    metrics under ``val/...`` or ``test/...``.
+    done), ``timestamp`` (unix seconds), ``lr`` (and ``lr/<optimizer>``, ``.../pg<i>``
+    for more optimizers or param groups), the window means of losses and timers,
+    ``samples_per_s``, ``eta_s``, ``grad_norm`` when clipping, ``loss_scale`` and
+    ``skipped_steps`` under fp16, ``max_memory_mb`` on CUDA; for val/test, the metrics
+    under ``val/...`` or ``test/...``.
+
+    ``writers``: any of "jsonl" (``log.jsonl``), "csv" (``log.csv``), "tensorboard"
+    (events under ``tensorboard/``), or objects with ``write(record)``/``close()``
+    (e.g. ``treadle.logging.backends.MlflowWriter``). Only rank 0 writes.
     """
 
     priority = Priority.BELOW_NORMAL
 
-    def __init__(self, interval: int = 50, jsonl: bool = True, text_log: bool = True) -> None:
+    def __init__(self, interval: int = 50, writers: tuple[Any, ...] = ("jsonl", "csv", "tensorboard"),
+                 text_log: bool = True) -> None:
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"log interval must be an int >= 1, got {interval!r}")
+        for w in writers:
+            if isinstance(w, str) and w not in WRITERS:
+                raise ValueError(f"unknown log writer {w!r}; expected one of {sorted(WRITERS)} or an object with write()/close()")
         self.interval = interval
-        self.jsonl = jsonl
+        self.writer_specs = tuple(writers)
         self.text_log = text_log
-        self._writer: JsonlWriter | None = None
+        self._writers: list[Any] = []
         self._handler: Any = None
+        self._batch_size: int | None = None
 
     def before_run(self, trainer: "Trainer") -> None:
+        self._batch_size = getattr(trainer.train_dataloader, "batch_size", None)
         if trainer.work_dir is None or not trainer.is_main:
             return
         work_dir = Path(trainer.work_dir)
         if self.text_log:
             self._handler = add_file_handler(work_dir / "log.txt")
-        if self.jsonl:
-            self._writer = JsonlWriter(work_dir / "log.jsonl")
+        self._writers = [WRITERS[w](work_dir) if isinstance(w, str) else w for w in self.writer_specs]
 
     def after_run(self, trainer: "Trainer") -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        for w in self._writers:
+            w.close()
+        self._writers = []
         if self._handler is not None:
             remove_handler(self._handler)
             self._handler = None
+
+    def _write(self, record: dict[str, Any]) -> None:
+        for w in self._writers:
+            w.write(record)
 
     def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
         pending = trainer.store.pending
@@ -63,16 +79,22 @@ class LoggerHook(Hook):
 
     def _log_train(self, trainer: "Trainer", done: int) -> None:
         state = trainer.state
-        record: dict[str, Any] = {"mode": "train", "epoch": state.epoch + 1, "iter": done}
+        record: dict[str, Any] = {"mode": "train", "epoch": state.epoch + 1, "iter": done,
+                                  "timestamp": round(time.time(), 3)}
         record.update(trainer.learning_rates())
         record.update(self._optim_values(trainer))
         values = trainer.store.flush()  # after the grad norms joined the store: one transfer
         record.update(values)
         per_iter = values.get("data_time", 0.0) + values.get("step_time", 0.0)
+        if per_iter and self._batch_size:
+            record["samples_per_s"] = round(self._batch_size * trainer.strategy.world_size / per_iter, 2)
         if state.max_iters and per_iter:
             record["eta_s"] = round(per_iter * (state.max_iters - done), 1)
-        if self._writer is not None:
-            self._writer.write(record)
+        if trainer.strategy.device.type == "cuda":  # a host-side counter: no device sync
+            import torch
+
+            record["max_memory_mb"] = round(torch.cuda.max_memory_allocated(trainer.strategy.device) / 2**20, 1)
+        self._write(record)
         if trainer.is_main:
             get_logger().info(_format_train_line(record, state))
 
@@ -99,12 +121,26 @@ class LoggerHook(Hook):
 
     def _log_eval(self, trainer: "Trainer", mode: str, metrics: dict[str, Any]) -> None:
         state = trainer.state
-        record = {"mode": mode, "epoch": state.epoch, "iter": state.iter, **metrics}
-        if self._writer is not None:
-            self._writer.write(record)
+        record = {"mode": mode, "epoch": state.epoch, "iter": state.iter, "timestamp": round(time.time(), 3), **metrics}
+        self._write(record)
         if trainer.is_main:
             shown = "  ".join(f"{k} {_fmt(v)}" for k, v in metrics.items())
             get_logger().info(f"{mode} (epoch {state.epoch}, iter {state.iter})  {shown}")
+
+
+def _tensorboard(work_dir: Path) -> Any:
+    from treadle.logging.backends import TensorBoardWriter  # imports tensorboard: only when used
+
+    return TensorBoardWriter(work_dir / "tensorboard")
+
+
+def _csv(work_dir: Path) -> Any:
+    from treadle.logging.backends import CsvWriter
+
+    return CsvWriter(work_dir / "log.csv")
+
+
+WRITERS = {"jsonl": lambda d: JsonlWriter(d / "log.jsonl"), "csv": _csv, "tensorboard": _tensorboard}
 
 
 def _fmt(v: Any) -> str:
@@ -120,7 +156,7 @@ def _format_train_line(record: dict[str, Any], state: Any) -> str:
     head += f"  iter {record['iter']}"
     if state.max_iters:
         head += f"/{state.max_iters}"
-    skip = {"mode", "epoch", "iter", "eta_s"}
+    skip = {"mode", "epoch", "iter", "eta_s", "timestamp"}
     parts = [f"{k} {_fmt(v)}" for k, v in record.items() if k not in skip]
     if "eta_s" in record:
         parts.append(f"eta {datetime.timedelta(seconds=int(record['eta_s']))}")
