@@ -1,8 +1,10 @@
 """Per-step overhead of treadle against a hand-written loop (CPU, one thread).
 
-Both train the same tiny MLP on the same in-memory batches with SGD for the same
-number of steps; each measurement runs in a fresh process, alternating the two,
-and the median of the runs is compared.
+Both train the same tiny MLP on the same in-memory batches with SGD; each
+measurement runs in a fresh process, alternating the two, and the medians of the
+runs are compared. A process times a short and a long run (after a warm-up): the
+slope between them is the steady per-step time, the intercept the fixed cost of a
+run (for treadle: the environment record, opening the writers, the final checkpoint).
 
     python benchmarks/overhead.py [--runs 7] [--steps 2000] [--hooks default|none]
 
@@ -85,21 +87,20 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
-    warm = max(args.steps // 10, 50)
-    if args.mode == "hand":
-        run_hand(warm)
-        elapsed = run_hand(args.steps)
-    else:
-        run_treadle(warm, args.hooks)
-        elapsed = run_treadle(args.steps, args.hooks)
-    print(json.dumps({"seconds": elapsed}))
+    short = max(args.steps // 4, 50)
+    run = run_hand if args.mode == "hand" else (lambda n: run_treadle(n, args.hooks))
+    run(short)  # warm-up: imports, allocator, caches
+    t_short = run(short)
+    t_long = run(args.steps)
+    per_step = (t_long - t_short) / (args.steps - short)
+    print(json.dumps({"per_step": per_step, "fixed": t_short - short * per_step, "total_long": t_long}))
 
 
-def measure(mode: str, args: argparse.Namespace) -> float:
+def measure(mode: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", "--mode", mode, "--steps", str(args.steps), "--hooks", args.hooks]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent,
                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
-    return json.loads(out.stdout.strip().splitlines()[-1])["seconds"] / args.steps
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -117,11 +118,18 @@ def main() -> None:
     for _ in range(args.runs):  # alternate so drift affects both equally
         hand.append(measure("hand", args))
         tread.append(measure("treadle", args))
-    h, t = statistics.median(hand), statistics.median(tread)
+
+    def med(rows: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    h, t = med(hand, "per_step"), med(tread, "per_step")
+    fixed = med(tread, "fixed") - med(hand, "fixed")
+    whole = med(tread, "total_long") / med(hand, "total_long")
     print(f"tiny MLP {DIM}-{HIDDEN}-{HIDDEN}-{CLASSES}, batch {BATCH}, SGD, CPU, 1 thread, {args.steps} steps x {args.runs} runs")
-    print(f"hand-written loop : {h * 1e6:8.1f} us/step (median)")
-    print(f"treadle ({args.hooks:7s}): {t * 1e6:8.1f} us/step (median)")
-    print(f"ratio {t / h:.4f}   overhead {(t - h) * 1e6:+.1f} us/step")
+    print(f"hand-written loop : {h * 1e6:8.1f} us/step (median of the per-step slope)")
+    print(f"treadle ({args.hooks:7s}): {t * 1e6:8.1f} us/step")
+    print(f"per-step ratio {t / h:.4f}   overhead {(t - h) * 1e6:+.1f} us/step")
+    print(f"fixed cost per run {fixed * 1e3:+.1f} ms; whole {args.steps}-step run ratio {whole:.4f}")
 
 
 if __name__ == "__main__":

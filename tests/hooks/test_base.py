@@ -72,8 +72,8 @@ def test_resolved_order_is_logged_at_start(caplog, tmp_path):
                         loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), max_iters=1, hooks=[Mine()])
     with caplog.at_level(logging.INFO, logger="treadle"):
         t.fit()
-    assert ("after_train_iter         Mine(10) -> NaNGuardHook(30) -> IterTimerHook(50) -> LoggerHook(60)"
-            " -> CheckpointHook(90)") in caplog.text
+    # the default CheckpointHook saves only at the end: it is not called per iteration
+    assert "after_train_iter         Mine(10) -> NaNGuardHook(30) -> IterTimerHook(50) -> LoggerHook(60)\n" in caplog.text
     assert "Mine(10) -> NaNGuardHook(30) -> IterTimerHook(50)" in (tmp_path / "log.txt").read_text()
     assert describe_order([]) == "hook order:\n  (no hooks)"
 
@@ -109,3 +109,14 @@ def test_hook_state_defaults_and_round_trip():
     c2 = Counter()
     c2.load_state_dict(c.state_dict())
     assert c2.n == 3
+
+
+def test_disabled_points_are_not_dispatched():
+    from treadle.hooks.checkpoint import CheckpointHook
+
+    by_epoch = CheckpointHook(by_epoch=True)
+    by_iter = CheckpointHook(by_epoch=False, interval=5, best="val/acc")
+    table = build_dispatch([by_epoch, by_iter])
+    assert table["after_train_iter"] == (by_iter.after_train_iter,)
+    assert table["after_val_epoch"] == (by_iter.after_val_epoch,)
+    assert not implements(by_epoch, "after_train_iter") and implements(by_epoch, "after_train_epoch")

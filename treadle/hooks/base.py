@@ -99,6 +99,9 @@ class Hook:
     """
 
     priority: int | str = Priority.NORMAL
+    # Points this instance does not need although its class defines them (decided at
+    # construction, e.g. a checkpoint hook that saves only by epoch): never dispatched.
+    disabled_points: frozenset[str] = frozenset()
 
     def state_dict(self) -> dict[str, Any]:
         """State to put in checkpoints (plain data and tensors only)."""
@@ -130,8 +133,9 @@ _define_points()
 
 
 def implements(hook: Hook, point: str) -> bool:
-    """True when ``hook``'s class overrides ``point`` (the base no-op does not count)."""
-    return getattr(type(hook), point) is not getattr(Hook, point)
+    """True when ``hook``'s class overrides ``point`` (the base no-op does not count)
+    and the instance has not disabled it."""
+    return getattr(type(hook), point) is not getattr(Hook, point) and point not in hook.disabled_points
 
 
 def sort_hooks(hooks: Iterable[Hook]) -> list[Hook]:

@@ -52,6 +52,10 @@ class CheckpointHook(Hook):
         self.rule = rule or ("min" if best and "loss" in best else "max")
         self.keep_best = keep_best
         self.save_last = save_last
+        if by_epoch or not interval:  # nothing to do per iteration: not even a call
+            self.disabled_points = frozenset({"after_train_iter"})
+        if best is None:
+            self.disabled_points = self.disabled_points | {"after_val_epoch"}
         self.best_records: list[tuple[float, str]] = []  # (value, path), best first
         self.last_saved: str | None = None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -95,8 +96,9 @@ class LoggerHook(Hook):
 
             record["max_memory_mb"] = round(torch.cuda.max_memory_allocated(trainer.strategy.device) / 2**20, 1)
         self._write(record)
-        if trainer.is_main:
-            get_logger().info(_format_train_line(record, state))
+        logger = get_logger()
+        if trainer.is_main and logger.isEnabledFor(logging.INFO):
+            logger.info(_format_train_line(record, state))
 
     @staticmethod
     def _optim_values(trainer: "Trainer") -> dict[str, Any]:

@@ -158,6 +158,12 @@ def _first_nonfinite(window: list[tuple[int, int, dict[str, Any]]]) -> int | Non
                 first_host = i
     if not tensors:
         return first_host
+    if first_host is None:  # fast path: one small kernel and one transfer when all is well
+        try:
+            if torch.isfinite(torch.stack(tensors)).all().item():
+                return None
+        except RuntimeError:  # shapes or devices differ: the detailed path below
+            pass
     try:
         if all(t.numel() == 1 for t in tensors):  # the usual case: two small kernels
             finite = torch.isfinite(torch.stack([t.reshape(()) for t in tensors])).tolist()
