@@ -434,3 +434,24 @@ def test_bad_wrapper_arguments_are_clear_errors():
         OptimWrapper(model)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="precision"):
         OptimWrapper(opt, precision="8")
+
+
+def test_no_sync_context_is_entered_only_on_micro_batches_that_do_not_step():
+    """The strategy's no_sync (DDP) wraps the backward of non-closing micro-batches."""
+    import contextlib
+
+    model = nn.Linear(2, 1)
+    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulate=3)
+    entered = []
+
+    @contextlib.contextmanager
+    def no_sync():
+        entered.append(ow.micro_step)
+        yield
+
+    ow.no_sync = no_sync
+    ow.start_run(7)  # windows 3, 3, 1
+    for _ in range(7):
+        ow.update(model(torch.ones(1, 2)).sum())
+    assert entered == [1, 2, 1, 2]  # micro-steps 1-2 of each full window; the closing ones sync
+    assert ow.step_count == 3

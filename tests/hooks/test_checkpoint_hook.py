@@ -1,0 +1,157 @@
+"""CheckpointHook retention, best-K, load_from, preemption handlers and resume semantics
+(in-process; the kill-and-resume tests are in tests/checkpoint/test_resume.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+import treadle
+from treadle.checkpoint.io import list_checkpoints, read_manifest
+
+from support import TinyNet, make_data
+
+
+def make(tmp_path, **kw):
+    args = dict(work_dir=tmp_path, train_dataloader=DataLoader(make_data(16), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
+                optimizer=dict(type="SGD", lr=0.1), max_epochs=4, seed=0)
+    args.update(kw)
+    return treadle.Trainer(TinyNet(), **args)
+
+
+def names(tmp_path):
+    return [p.name for p in list_checkpoints(tmp_path / "checkpoints")]
+
+
+def test_periodic_saves_keep_the_last_n(tmp_path):
+    make(tmp_path, checkpoint=dict(interval=1, by_epoch=True, keep=2)).fit()
+    assert names(tmp_path) == ["epoch_0003", "epoch_0004"]
+    make(tmp_path / "it", max_epochs=None, max_iters=10, checkpoint=dict(interval=3, by_epoch=False, keep=None)).fit()
+    assert names(tmp_path / "it") == ["iter_00000003", "iter_00000006", "iter_00000009", "iter_00000010"]  # + final
+
+
+def test_best_k_by_a_validation_metric(tmp_path):
+    scores = iter([0.3, 0.9, 0.5, 0.7])
+
+    class Score:
+        def reset(self): pass
+        def update(self, o, t): pass
+        def compute(self): return next(scores)
+
+    t = make(tmp_path, val_dataloader=DataLoader(make_data(4), batch_size=4), metrics={"s": Score()},
+             checkpoint=dict(interval=1, keep=1, best="val/s", keep_best=2))
+    t.fit()
+    best = sorted(p.name for p in (tmp_path / "checkpoints" / "best").iterdir())
+    assert best == ["best_val_s_00000008", "best_val_s_00000016"]  # 0.9 (epoch 2) and 0.7 (epoch 4)
+    assert read_manifest(tmp_path / "checkpoints" / "best" / "best_val_s_00000008")["meta"]["val/s"] == 0.9
+    assert names(tmp_path) == ["epoch_0004"]  # best ones are kept apart, never pruned as periodic
+
+
+def test_default_saves_once_at_the_end(tmp_path):
+    make(tmp_path).fit()
+    assert names(tmp_path) == ["epoch_0004"]
+    make(tmp_path / "none", checkpoint=False).fit()
+    assert not (tmp_path / "none" / "checkpoints").exists()
+
+
+def test_load_from_weights_only_with_prefixes_and_report(tmp_path):
+    src = TinyNet()
+    torch.save({"state_dict": {f"module._orig_mod.{k}": v for k, v in src.state_dict().items()}}, tmp_path / "w.pt")
+    t = treadle.Trainer(TinyNet(), load_from=tmp_path / "w.pt")
+    for k, v in src.state_dict().items():
+        assert torch.equal(t.module.state_dict()[k], v)
+    bad = {k: v for k, v in src.state_dict().items() if k != "fc2.bias"}
+    torch.save(bad, tmp_path / "bad.pt")
+    with pytest.raises(treadle.checkpoint.weights.WeightsMismatchError, match="fc2.bias"):
+        treadle.Trainer(TinyNet(), load_from=tmp_path / "bad.pt")
+    with pytest.raises(FileNotFoundError, match="load_from"):
+        treadle.Trainer(TinyNet(), load_from=tmp_path / "missing.pt")
+
+
+def test_resume_true_without_checkpoint_starts_fresh(tmp_path, caplog):
+    t = make(tmp_path, resume=True, max_epochs=1)
+    t.fit()
+    assert t.state.epoch == 1 and "starting from scratch" in caplog.text
+
+
+def test_resume_with_larger_max_epochs_extends_training(tmp_path):
+    make(tmp_path, max_epochs=2).fit()
+    t = make(tmp_path, max_epochs=3, resume=True)
+    t.fit()
+    assert (t.state.epoch, t.state.iter) == (3, 12)
+    ref = make(tmp_path / "ref", max_epochs=3)
+    ref.fit()
+    for k, v in ref.module.state_dict().items():
+        assert torch.equal(t.module.state_dict()[k], v)
+
+
+def test_resume_path_must_exist():
+    with pytest.raises(FileNotFoundError, match="resume="):
+        treadle.Trainer(TinyNet(), resume="/nonexistent/ckpt")
+    with pytest.raises(ValueError, match="work_dir is None"):
+        treadle.Trainer(TinyNet(), resume=True)
+
+
+def test_signal_handlers_are_restored_after_fit(tmp_path):
+    def mine(signum, frame):
+        pass
+
+    old = signal.signal(signal.SIGUSR1, mine)
+    try:
+        seen = []
+
+        class Peek(treadle.Hook):
+            def after_train_iter(self, trainer, batch, outputs):
+                seen.append(signal.getsignal(signal.SIGUSR1))
+
+        make(tmp_path, hooks=[Peek()], max_epochs=1).fit()
+        assert seen[0] is not mine  # treadle's handler during fit
+        assert signal.getsignal(signal.SIGUSR1) is mine  # and the user's again afterwards
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def test_preemption_requeues_under_slurm_and_exits_143(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "scontrol"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'scontrol.args'}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+
+    class Term(treadle.Hook):
+        def after_train_iter(self, trainer, batch, outputs):
+            if trainer.state.iter == 5:
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    t = make(tmp_path / "run", hooks=[Term()], checkpoint=dict(interval=None))
+    with pytest.raises(SystemExit) as info:
+        t.fit()
+    assert info.value.code == 143
+    assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "4242"]
+    assert names(tmp_path / "run") == ["iter_00000006"]  # saved at the boundary after iteration 5
+    assert t.state.stop_reason == "preempted by SIGUSR1"
+
+
+def test_checkpoint_config_errors():
+    with pytest.raises(ValueError, match=r"checkpoint has unknown keys \['every'\]"):
+        treadle.Trainer(TinyNet(), checkpoint=dict(every=2))
+    with pytest.raises(ValueError, match="checkpoint rule must be 'max' or 'min'"):
+        treadle.Trainer(TinyNet(), checkpoint=dict(best="val/acc", rule="bigger"))
+    with pytest.raises(ValueError, match="preemption signal 'SIGFOO'"):
+        treadle.Trainer(TinyNet(), preemption=dict(signals=("SIGFOO",)))
+
+
+def test_a_saved_checkpoint_holds_only_safe_data(tmp_path):
+    make(tmp_path, max_epochs=1).fit()
+    ckpt = list_checkpoints(tmp_path / "checkpoints")[-1]
+    # weights_only=True loads every file: the state is tensors and plain containers only
+    for f in ("state.pt", "rng_rank0.pt"):
+        torch.load(ckpt / f, weights_only=True)
