@@ -17,7 +17,7 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/digits/train.py
+	$(PY) -m treadle train examples/digits/digits.yaml --work-dir runs/digits
 
 test: $(STAMP)
 	$(PY) -m pytest

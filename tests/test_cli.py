@@ -1,23 +1,70 @@
-"""The treadle command: console script and ``python -m treadle``."""
+"""The treadle command: train/validate/test/report/export/env, errors and round trips."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import torch
+import yaml
 
+from treadle.checkpoint.io import find_latest_checkpoint, load_checkpoint
+from treadle.checkpoint.weights import read_safetensors
 from treadle.cli import main
+from treadle.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A tiny run on tests/support.py's data and model (tests/ is on sys.path): under a second.
+TINY = """\
+model: {type: support.TinyNet}
+train_dataloader:
+  dataset: {type: support.make_data, n: 32}
+  batch_size: 8
+  shuffle: true
+val_dataloader:
+  dataset: {type: support.make_data, n: 16, seed: 1}
+  batch_size: 16
+loss_fn: {type: CrossEntropyLoss}
+optimizer: {type: SGD, lr: 0.1, momentum: 0.9}
+max_epochs: 2
+metrics: {acc: {type: Accuracy}}
+log_interval: 2
+log_writers: [jsonl]
+seed: 0
+"""
 
 
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    return path
+
+
+def run(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def saved(work):
+    return yaml.safe_load((work / "config.yaml").read_text())
+
+
+# -- env and help ------------------------------------------------------------------------
 def test_env_command(capsys):
-    assert main(["env"]) == 0
-    out = capsys.readouterr().out
-    assert f"torch            {torch.__version__}" in out and "treadle" in out
+    rc, out, _ = run(capsys, "env")
+    assert rc == 0
+    assert any(line.split()[:2] == ["torch", torch.__version__] for line in out.splitlines())
+    assert "treadle" in out
 
 
 def test_python_dash_m_treadle():
-    proc = subprocess.run([sys.executable, "-m", "treadle", "env"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "treadle", "env"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "python" in proc.stdout
 
@@ -25,3 +72,198 @@ def test_python_dash_m_treadle():
 def test_no_command_prints_help_and_fails(capsys):
     assert main([]) == 2
     assert "usage: treadle" in capsys.readouterr().out
+
+
+def test_help_shows_examples(capsys):
+    rc, out, _ = run(capsys, "--help")
+    assert rc == 0 and "examples:" in out and "treadle train examples/digits/digits.yaml" in out
+    for command in ("train", "validate", "test", "report", "export", "env"):
+        rc, out, _ = run(capsys, command, "--help")
+        assert rc == 0 and "example:" in out and f"treadle {command}" in out
+
+
+# -- train --------------------------------------------------------------------------------
+def test_train_writes_the_run_directory(tiny, tmp_path, capsys):
+    work = tmp_path / "run"
+    rc, out, _ = run(capsys, "train", tiny, "--work-dir", work)
+    assert rc == 0
+    assert (work / "log.jsonl").is_file() and find_latest_checkpoint(work / "checkpoints") is not None
+    assert "val/acc" in out and "final metrics" in out
+    cfg = saved(work)
+    assert cfg["work_dir"] == str(work) and cfg["max_epochs"] == 2 and cfg["optimizer"]["momentum"] == 0.9
+
+
+def test_round_trip_of_the_resolved_config(tiny, tmp_path, capsys):
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert run(capsys, "train", tiny, "--work-dir", first, "--set", "optimizer.lr=0.05", "max_epochs=1")[0] == 0
+    cfg = saved(first)
+    assert load_config(first / "config.yaml", mode="train") == cfg  # it resolves to itself
+    assert run(capsys, "train", first / "config.yaml", "--work-dir", second)[0] == 0
+    again = saved(second)
+    assert again.pop("work_dir") == str(second) and cfg.pop("work_dir") == str(first)
+    assert again == cfg
+
+
+def test_default_work_dir_is_runs_slash_config_name(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "train", tiny, "--set", "max_epochs=1")[0] == 0
+    assert saved(tmp_path / "runs" / "tiny")["work_dir"] == os.path.join("runs", "tiny")
+
+
+def test_set_overrides_reach_the_run(tiny, tmp_path, capsys):
+    work = tmp_path / "run"
+    rc, _, _ = run(capsys, "train", tiny, "--work-dir", work, "--seed", "5", "--set", "max_epochs=1",
+                   "optimizer.lr=1e-2", "clip_grad={max_norm: 1.0}", "--set",
+                   "hooks=[{type: EarlyStoppingHook, monitor: val/acc, patience: 2}]", "train_dataloader.batch_size=16")
+    assert rc == 0
+    cfg = saved(work)
+    assert cfg["optimizer"] == {"type": "SGD", "lr": 0.01, "momentum": 0.9} and isinstance(cfg["optimizer"]["lr"], float)
+    assert cfg["clip_grad"] == {"max_norm": 1.0} and cfg["seed"] == 5 and cfg["max_epochs"] == 1
+    assert cfg["hooks"] == [{"type": "EarlyStoppingHook", "monitor": "val/acc", "patience": 2}]
+    records = [yaml.safe_load(line) for line in (work / "log.jsonl").read_text().splitlines()]
+    assert max(r["iter"] for r in records) == 2  # 32 samples / batch 16, one epoch
+
+
+def test_resume(tiny, tmp_path, capsys):
+    work = tmp_path / "run"
+    assert run(capsys, "train", tiny, "--work-dir", work, "--set", "max_epochs=1")[0] == 0
+    rc, out, _ = run(capsys, "train", work / "config.yaml", "--resume", "--set", "max_epochs=2")
+    assert rc == 0 and saved(work)["resume"] is True
+    assert (work / "checkpoints" / "epoch_0002").is_dir()
+    rc, _, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "other", "--resume", tmp_path / "missing")
+    assert rc == 2 and "no such checkpoint" in err and not (tmp_path / "other").exists()
+
+
+# -- errors: one message, status 2, nothing written ------------------------------------------
+ERRORS = [
+    (["--set", "max_epoch=3"], "max_epoch: unknown key (got 3); expected a treadle.Trainer argument. "
+                               "Did you mean 'max_epochs'?"),
+    (["--set", "log_interval=often"], "log_interval: wrong type str (got 'often'); expected an int >= 1"),
+    (["--set", "max_epochs=0"], "max_epochs: out of range (got 0); expected an int >= 1"),
+    (["--set", "optimizer.lr=-0.1"], "optimizer.lr: out of range (got -0.1); expected a number >= 0"),
+    (["--set", "optimizer=null"], "optimizer: missing required key for `treadle train`"),
+    (["--set", "max_iters=10"], "max_epochs, max_iters: mutually exclusive"),
+    (["--set", "model.type=TinyNt"], "model.type: unknown model type (got 'TinyNt')"),
+    (["--set", "loss_fn.type=CrossEntropy"], "loss_fn.type: unknown loss type (got 'CrossEntropy')"),
+    (["--set", "hooks=[{type: EarlyStopingHook}]"], "hooks[0].type: unknown hook type (got 'EarlyStopingHook'); "),
+    (["--set", "model.dimm=4"], "model.dimm: unknown argument for TinyNet (got 4)"),
+    (["--set", "val_dataloader.dataset.n=-3"], "val_dataloader.dataset: make_data(n=-3, seed=1) failed"),
+    (["--set", "strategy=ddp"], "strategy='ddp' is not available yet"),
+    (["--set", "nope"], "--set nope: an override must look like KEY=VALUE"),
+    (["--nproc", "2"], "--nproc 2: launching several processes is not available yet (multi-process launch"),
+]
+
+
+@pytest.mark.parametrize("args, message", ERRORS, ids=[m.split(":")[0] for _, m in ERRORS])
+def test_config_errors_exit_2_and_write_nothing(tiny, tmp_path, capsys, args, message):
+    work = tmp_path / "run"
+    rc, out, err = run(capsys, "train", tiny, "--work-dir", work, *args)
+    assert rc == 2
+    assert message in err, err
+    assert err.startswith("treadle train: ") and len(err.strip().splitlines()) == 1  # one message
+    assert "Traceback" not in err + out
+    assert not work.exists()
+
+
+def test_malformed_and_missing_config_files(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {type: support.TinyNet}\noptimizer: [a\n  b: 1\n")
+    rc, _, err = run(capsys, "train", bad, "--work-dir", tmp_path / "w")
+    assert rc == 2 and f"{bad}: malformed YAML at line 3, column 4" in err
+    rc, _, err = run(capsys, "train", tmp_path / "nope.yaml", "--work-dir", tmp_path / "w")
+    assert rc == 2 and "nope.yaml: no such config file" in err
+    assert not (tmp_path / "w").exists()
+
+
+def test_an_existing_work_dir_is_left_untouched(tiny, tmp_path, capsys):
+    work = tmp_path / "run"
+    work.mkdir()
+    (work / "notes.txt").write_text("keep")
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in work.iterdir())
+    assert run(capsys, "train", tiny, "--work-dir", work, "--set", "optimizer.type=Adamw")[0] == 2
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in work.iterdir()) == before
+
+
+def test_debug_shows_the_traceback(tiny, tmp_path, capsys):
+    rc, _, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "w", "--debug", "--set", "model.dimm=4")
+    assert rc == 2 and "Traceback" in err and "model.dimm: unknown argument" in err
+
+
+def test_error_from_a_real_process_has_no_traceback(tiny, tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    proc = subprocess.run([sys.executable, "-m", "treadle", "train", str(tiny), "--work-dir", str(tmp_path / "w"),
+                           "--set", "max_epochs=zero"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"treadle train: config error: {tiny}: max_epochs: wrong type str (got 'zero'); "
+                                   "expected an int >= 1, or null")
+    assert not (tmp_path / "w").exists()
+
+
+# -- validate, test, export, report --------------------------------------------------------
+@pytest.fixture
+def trained(tiny, tmp_path, capsys):
+    work = tmp_path / "trained"
+    assert run(capsys, "train", tiny, "--work-dir", work, "--set", "ema={momentum: 0.5}",
+               "test_dataloader={dataset: {type: support.make_data, n: 8, seed: 2}, batch_size: 8}")[0] == 0
+    return work, find_latest_checkpoint(work / "checkpoints")
+
+
+def test_validate_and_test_a_checkpoint(trained, capsys):
+    work, ckpt = trained
+    rc, out, _ = run(capsys, "validate", work / "config.yaml", "--checkpoint", ckpt)
+    assert rc == 0 and "val/acc" in out and "val/loss" in out
+    rc, out, _ = run(capsys, "test", work / "config.yaml", "--checkpoint", ckpt)
+    assert rc == 0 and "test/acc" in out
+    rc, _, err = run(capsys, "validate", work / "config.yaml", "--checkpoint", work / "nope")
+    assert rc == 2 and "--checkpoint" in err and "no such file" in err
+
+
+def test_validate_uses_the_checkpoint_weights(trained, tmp_path, capsys):
+    work, ckpt = trained
+    # Random weights and the trained ones give different losses: the weights were loaded.
+    rc, out_trained, _ = run(capsys, "validate", work / "config.yaml", "--checkpoint", ckpt)
+    other = tmp_path / "fresh"
+    assert run(capsys, "train", work / "config.yaml", "--work-dir", other, "--set", "max_epochs=1", "seed=9")[0] == 0
+    rc, out_other, _ = run(capsys, "validate", work / "config.yaml", "--checkpoint",
+                           find_latest_checkpoint(other / "checkpoints"))
+    loss = lambda out: next(line for line in out.splitlines() if "val/loss" in line)  # noqa: E731
+    assert loss(out_trained) != loss(out_other)
+
+
+@pytest.mark.parametrize("ema", [False, True])
+def test_export_matches_the_checkpoint_weights(trained, tmp_path, capsys, ema):
+    work, ckpt = trained
+    out_file = tmp_path / "model.safetensors"
+    rc, out, _ = run(capsys, "export", ckpt, "--out", out_file, *(["--ema"] if ema else []))
+    assert rc == 0 and str(out_file) in out
+    exported = read_safetensors(out_file)
+    state = load_checkpoint(ckpt)["state.pt"]
+    # The EMA's weights are in the EMAHook's state of a full checkpoint.
+    weights = state["hooks"]["EMAHook"]["ema"]["module"] if ema else state["model"]
+    assert set(exported) == set(weights)
+    for k, v in weights.items():
+        assert torch.equal(exported[k], v.cpu()), k
+    if ema:  # momentum 0.5 after 8 steps: the average differs from the weights
+        assert any(not torch.equal(weights[k], state["model"][k]) for k in weights)
+
+
+def test_export_errors(tiny, trained, tmp_path, capsys):
+    rc, _, err = run(capsys, "export", tmp_path / "nope", "--out", tmp_path / "x.safetensors")
+    assert rc == 2 and "no such checkpoint" in err and not (tmp_path / "x.safetensors").exists()
+    work = tmp_path / "no_ema"
+    assert run(capsys, "train", tiny, "--work-dir", work, "--set", "max_epochs=1")[0] == 0
+    rc, _, err = run(capsys, "export", find_latest_checkpoint(work / "checkpoints"), "--ema", "--out",
+                     tmp_path / "x.safetensors")
+    assert rc == 2 and "no entry 'ema'" in err and not (tmp_path / "x.safetensors").exists()
+
+
+def test_report(trained, tmp_path, capsys):
+    work, _ = trained
+    rc, out, _ = run(capsys, "report", work)
+    summary = work / "report" / "summary.md"
+    assert rc == 0 and out.strip() == str(summary) and summary.is_file()
+    assert (work / "report" / "loss.png").is_file()
+    rc, out, _ = run(capsys, "report", work, work, "--out", tmp_path / "cmp")
+    assert rc == 0 and (tmp_path / "cmp" / "summary.md").is_file()
+    rc, _, err = run(capsys, "report", tmp_path / "empty")
+    assert rc == 2 and "not a run directory (no log.jsonl)" in err

@@ -1,44 +1,204 @@
-"""The ``treadle`` command: ``treadle env`` and (as the config layer grows) more."""
+"""The ``treadle`` command: train, validate, test, report, export, env.
+
+Every command checks its inputs completely before it runs or writes anything; a bad
+config, a missing file or a bad option prints one message (no traceback unless
+``--debug``) and exits with status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
-from typing import Sequence
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+EPILOG = """examples:
+  treadle train examples/digits/digits.yaml
+  treadle train examples/digits/digits.yaml --work-dir runs/d --set max_epochs=3 optimizer.lr=1e-3
+  treadle train runs/d/config.yaml --resume                  # continue from the latest checkpoint
+  treadle validate runs/d/config.yaml --checkpoint runs/d/checkpoints/epoch_0003
+  treadle report runs/d runs/e --out runs/compare
+  treadle export runs/d/checkpoints/epoch_0003 --out model.safetensors --ema
+  treadle env
+
+--set takes KEY=VALUE pairs (values read as YAML: 3, 1e-3, true, null, [1, 2]); nested
+keys with dots (optimizer.lr), list items by index (schedulers.0.end). Put --set last
+or repeat it. Config keys: docs/config.md."""
 
 
-def collect_env() -> dict[str, str]:
-    """Versions and devices, the first thing to paste into a bug report."""
-    import torch
+class UsageError(Exception):
+    """A command-line problem found before anything runs: message, exit status 2."""
 
-    import treadle
 
-    info = {
-        "treadle": treadle.__version__,
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "cuda available": str(torch.cuda.is_available()),
-        "cpu threads": str(torch.get_num_threads()),
-    }
-    if torch.cuda.is_available():
-        info["cuda"] = str(torch.version.cuda)
-        info["cudnn"] = str(torch.backends.cudnn.version())
-        for i in range(torch.cuda.device_count()):
-            info[f"gpu {i}"] = torch.cuda.get_device_name(i)
-    return info
+def _parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="treadle", description="A small, exact and fast training engine for PyTorch.",
+                                     epilog=EPILOG, formatter_class=fmt)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add(name: str, help: str, example: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, epilog=f"example:\n  {example}", formatter_class=fmt)
+        p.add_argument("--debug", action="store_true", help="show the full traceback of errors")
+        return p
+
+    def config_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("config", metavar="CONFIG", help="a .yaml/.yml or .py config file")
+        p.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                       help="override config keys, e.g. --set max_epochs=3 optimizer.lr=1e-3")
+
+    p = add("train", "train a model from a config", "treadle train examples/digits/digits.yaml --set max_epochs=3")
+    config_args(p)
+    p.add_argument("--work-dir", help="run directory (default: the config's work_dir, else runs/<config name>)")
+    p.add_argument("--resume", nargs="?", const=True, default=None, metavar="PATH",
+                   help="resume from the latest checkpoint in the work dir, or from PATH")
+    p.add_argument("--seed", type=int, help="seed (overrides the config's)")
+    p.add_argument("--nproc", type=int, default=1, help="processes to launch (only 1 for now)")
+    for name in ("validate", "test"):
+        p = add(name, f"evaluate a checkpoint on the config's {'val' if name == 'validate' else 'test'}_dataloader",
+                f"treadle {name} runs/d/config.yaml --checkpoint runs/d/checkpoints/epoch_0003")
+        config_args(p)
+        p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint directory or weights file")
+        p.add_argument("--work-dir", help="write logs here (default: console only)")
+    p = add("report", "plots and a summary of one or more runs", "treadle report runs/a runs/b --out runs/compare")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with log.jsonl)")
+    p.add_argument("--out", help="output directory (default: FIRST_RUN_DIR/report)")
+    p = add("export", "export a checkpoint's weights to safetensors",
+            "treadle export runs/d/checkpoints/epoch_0003 --out model.safetensors")
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory or file")
+    p.add_argument("--out", required=True, help="the .safetensors file to write")
+    p.add_argument("--ema", action="store_true", help="export the EMA weights instead of the model's")
+    add("env", "print versions and devices (paste it into bug reports)", "treadle env")
+    return parser
+
+
+# -- commands ---------------------------------------------------------------------------
+def _train(args: argparse.Namespace) -> int:
+    from treadle.config import build_trainer, load_config, save_config
+
+    if args.nproc != 1:
+        raise UsageError(f"--nproc {args.nproc}: " + ("must be >= 1" if args.nproc < 1 else
+                         "launching several processes is not available yet (multi-process launch through torchrun "
+                         "is being built); run with --nproc 1"))
+    cfg = load_config(args.config, args.overrides, mode="train", work_dir=args.work_dir, seed=args.seed,
+                      resume=args.resume)
+    if cfg["work_dir"] is None:
+        cfg["work_dir"] = str(Path("runs") / Path(args.config).stem)
+    trainer = build_trainer(cfg, "train")  # everything is built and checked before the work dir exists
+    path = save_config(cfg, Path(cfg["work_dir"]) / "config.yaml")
+    print(f"treadle train: run directory {cfg['work_dir']} (resolved config: {path})")
+    metrics = trainer.fit()
+    _print_metrics(metrics, f"final metrics ({cfg['work_dir']})")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from treadle.config import build_trainer, load_config
+
+    cfg = load_config(args.config, args.overrides, mode=args.command)
+    if not Path(args.checkpoint).exists():
+        raise UsageError(f"--checkpoint {args.checkpoint}: no such file or directory")
+    trainer = build_trainer(cfg, args.command, load_from=args.checkpoint, work_dir=args.work_dir)
+    metrics = trainer.validate() if args.command == "validate" else trainer.test()
+    _print_metrics(metrics, f"{args.command}: {args.checkpoint}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from treadle.report import make_report
+
+    run_dirs = [Path(d) for d in args.run_dirs]
+    for d in run_dirs:
+        if not (d / "log.jsonl").is_file():
+            raise UsageError(f"{d}: not a run directory (no log.jsonl)")
+    summary = make_report(run_dirs, Path(args.out) if args.out else run_dirs[0] / "report")
+    print(summary)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from treadle.checkpoint.io import CheckpointError
+    from treadle.checkpoint.weights import export_safetensors
+
+    if not Path(args.checkpoint).exists():
+        raise UsageError(f"{args.checkpoint}: no such checkpoint")
+    try:
+        source = _ema_in_hook_state(args.checkpoint) if args.ema else None
+        out = export_safetensors(source if source is not None else args.checkpoint, args.out,
+                                 key="ema" if args.ema else "model")
+    except CheckpointError as e:
+        raise UsageError(str(e)) from e
+    print(out)
+    return 0
+
+
+def _ema_in_hook_state(checkpoint: str) -> dict[str, Any] | None:
+    """``{"ema": weights}`` for a full training checkpoint, where the EMA weights sit in
+    the EMAHook's state rather than under a top-level "ema" entry (which best-weights
+    checkpoints have); None when there is nothing to adapt."""
+    from treadle.checkpoint.io import load_checkpoint
+
+    if not Path(checkpoint).is_dir():
+        return None
+    state = load_checkpoint(checkpoint, files=["state.pt"])["state.pt"]
+    hook = state.get("hooks", {}).get("EMAHook") if isinstance(state, dict) and "ema" not in state else None
+    if isinstance(hook, dict) and isinstance(hook.get("ema"), dict) and "module" in hook["ema"]:
+        return {"ema": hook["ema"]["module"]}
+    return None
+
+
+def _env(args: argparse.Namespace) -> int:
+    from treadle.env import collect_env, format_env
+
+    print(format_env(collect_env()))
+    return 0
+
+
+def _print_metrics(metrics: dict[str, Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in metrics.items():
+        table.add_row(str(k), f"{v:.6g}" if isinstance(v, float) else str(v))
+    Console().print(table)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "train": _train, "validate": _evaluate, "test": _evaluate, "report": _report, "export": _export, "env": _env,
+}
+
+
+def _fail(args: argparse.Namespace, err: Exception) -> int:
+    from treadle.config import ConfigError
+
+    if getattr(args, "debug", False):
+        traceback.print_exception(err)
+    source = (err.source or getattr(args, "config", None)) if isinstance(err, ConfigError) else None
+    where = f"{source}: " if source else ""
+    kind = "config error" if isinstance(err, ConfigError) else "error"
+    print(f"treadle {args.command}: {kind}: {where}{err}", file=sys.stderr)
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="treadle", description="A small, exact and fast training engine for PyTorch.",
-                                     epilog="example: treadle env")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("env", help="print versions and devices")
-    args = parser.parse_args(argv)
-    if args.command == "env":
-        for k, v in collect_env().items():
-            print(f"{k:<16} {v}")
-        return 0
-    parser.print_help()
-    return 2
+    """Run the command line; returns the exit status (2: bad config or arguments)."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or an argparse error (2, message already printed)
+        return e.code if isinstance(e.code, int) else 2
+    if args.command is None:
+        parser.print_help()
+        return 2
+    from treadle.config import ConfigError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (ConfigError, UsageError) as e:
+        return _fail(args, e)
+
+
+__all__ = ["COMMANDS", "EPILOG", "UsageError", "main"]

@@ -22,6 +22,14 @@ def digits_datasets(val_fraction: float = 0.2, split_seed: int = 0) -> tuple[Ten
     return TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val])
 
 
+def digits_dataset(split: str = "train", val_fraction: float = 0.2, split_seed: int = 0) -> TensorDataset:
+    """One split ("train" or "val") of :func:`digits_datasets`; the config name ``digits``."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    train, val = digits_datasets(val_fraction, split_seed)
+    return train if split == "train" else val
+
+
 def digits_loaders(batch_size: int = 32, num_workers: int = 0) -> tuple[DataLoader, DataLoader]:
     train, val = digits_datasets()
     return (DataLoader(train, batch_size=batch_size, shuffle=True, num_workers=num_workers),

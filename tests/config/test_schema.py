@@ -1,0 +1,108 @@
+"""The schema table: in sync with the Trainer, and one clear message per problem."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from treadle import Trainer
+from treadle.config import SCHEMA, ConfigError, resolve_config
+from treadle.config.schema import trainer_defaults
+
+BASE = {
+    "model": {"type": "support.TinyNet"},
+    "train_dataloader": {"dataset": {"type": "support.make_data"}, "batch_size": 8},
+    "optimizer": {"type": "SGD", "lr": 0.1},
+    "max_epochs": 1,
+}
+
+
+def test_schema_lists_every_trainer_argument_and_nothing_else():
+    params = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"]
+    assert sorted(SCHEMA) == sorted(params), (
+        f"missing from treadle/config/schema.py: {sorted(set(params) - set(SCHEMA))}; "
+        f"not Trainer arguments: {sorted(set(SCHEMA) - set(params))}")
+
+
+def test_resolved_config_has_every_key_with_defaults_in_signature_order():
+    cfg = resolve_config(BASE, mode="train")
+    assert list(cfg) == list(trainer_defaults())
+    assert cfg["val_interval"] == 1 and cfg["hooks"] == [] and cfg["precision"] == "32"
+    assert cfg["max_epochs"] == 1 and cfg["optimizer"] == {"type": "SGD", "lr": 0.1}
+
+
+def error(cfg=None, overrides=(), mode="train"):
+    with pytest.raises(ConfigError) as e:
+        resolve_config({**BASE, **(cfg or {})}, overrides, mode=mode)
+    return str(e.value)
+
+
+def test_unknown_key_with_did_you_mean():
+    assert error({"max_epoch": 3}) == ("max_epoch: unknown key (got 3); expected a treadle.Trainer argument. "
+                                       "Did you mean 'max_epochs'?")
+
+
+def test_unknown_key_without_a_close_name_points_to_the_docs():
+    assert "See docs/config.md for every key" in error({"zzz": 1})
+
+
+def test_untranslated_mmengine_key_gets_a_hint():
+    assert "use metrics: {name: {type: ...}}" in error({"val_evaluator": {"type": "Accuracy"}})
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("max_epochs", "3", "max_epochs: wrong type str (got '3'); expected an int >= 1, or null"),
+    ("max_epochs", True, "max_epochs: wrong type bool (got True); expected an int >= 1, or null"),
+    ("max_epochs", 0, "max_epochs: out of range (got 0); expected an int >= 1"),
+    ("val_interval", -2, "val_interval: out of range (got -2); expected an int >= 1"),
+    ("seed", -1, "seed: out of range (got -1); expected an int >= 0"),
+    ("deterministic", "yes", "deterministic: wrong type str (got 'yes'); expected true or false"),
+    ("strategy", "dpp", "strategy: not a supported value (got 'dpp'); expected one of 'auto', 'single', 'ddp', "
+                        "'fsdp'. Did you mean 'ddp'?"),
+    ("precision", "fp8", "precision: precision='fp8' is not supported"),
+    ("hooks", {"type": "X"}, "hooks: wrong type dict"),
+    ("clip_grad", {"max_norm": -1}, "clip_grad: clip_grad bound must be a positive number, got -1"),
+    ("ema", {"momentom": 0.9}, "ema.momentom: unknown key for ema (got 0.9); expected one of momentum"),
+    ("checkpoint", {"intervall": 2}, "checkpoint.intervall: unknown key for checkpoint (got 2)"),
+    ("workflow", [["train", 0]], "workflow[0][1]: not a positive count (got 0); expected an int >= 1"),
+    ("workflow", [["tran", 1]], "workflow[0][0]: not a supported value (got 'tran')"),
+    ("auto_scale_lr", {"enable": True}, "auto_scale_lr.base_batch_size: missing required key"),
+    ("nan_guard", "ignore", "nan_guard: not a supported value (got 'ignore'); expected one of 'raise', 'skip'"),
+    ("log_writers", ["jsonl", "wandb"], "log_writers[1]: not a supported value (got 'wandb')"),
+    ("preemption", {"signal": ["SIGTERM"]}, "preemption.signal: unknown key for preemption"),
+])
+def test_wrong_type_and_out_of_range(key, value, message):
+    assert error({key: value}).startswith(message)
+
+
+def test_mutually_exclusive_keys():
+    assert error({"max_iters": 5}) == ("max_epochs, max_iters: mutually exclusive (got {'max_epochs': 1, "
+                                       "'max_iters': 5}); expected exactly one of them (set the other to null)")
+    resolve_config({**BASE, "max_epochs": None, "max_iters": 5}, mode="train")  # null switches one off
+
+
+@pytest.mark.parametrize("missing, mode, message", [
+    ("model", "train", "model: missing required key for `treadle train`; expected a component spec"),
+    ("optimizer", "train", "optimizer: missing required key for `treadle train`"),
+    ("train_dataloader", "train", "train_dataloader: missing required key for `treadle train`"),
+    ("max_epochs", "train", "max_epochs, max_iters: missing required key for `treadle train`; expected max_epochs "
+                            "(epoch-based) or max_iters (iteration-based)"),
+])
+def test_missing_required_key(missing, mode, message):
+    cfg = {k: v for k, v in BASE.items() if k != missing}
+    with pytest.raises(ConfigError) as e:
+        resolve_config(cfg, mode=mode)
+    assert str(e.value).startswith(message)
+
+
+def test_required_keys_depend_on_the_command():
+    assert error(mode="validate").startswith("val_dataloader: missing required key for `treadle validate`")
+    assert error(mode="test").startswith("test_dataloader: missing required key for `treadle test`")
+    resolve_config({"model": {"type": "X"}})  # no mode: only the schema
+
+
+def test_overrides_and_values_are_checked_too():
+    assert error(overrides=["max_epochs=0"]).startswith("max_epochs: out of range (got 0)")
+    cfg = resolve_config(BASE, ["optimizer.lr=0.5"], mode="train", seed=7, work_dir=None)
+    assert cfg["seed"] == 7 and cfg["optimizer"]["lr"] == 0.5 and cfg["work_dir"] is None

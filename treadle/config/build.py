@@ -1,0 +1,279 @@
+"""Build the objects a resolved config describes, then the Trainer.
+
+Each component spec ``{type: Name, **kwargs}`` becomes ``resolve_type(kind, Name)(**kwargs)``;
+the arguments are checked against the signature first, so a typo is reported with
+its key path and the accepted names. Optimizer and scheduler configs are checked
+here (type names, argument names, value ranges) but given to the Trainer unchanged:
+the Trainer builds them over the model's parameters. Nested dicts inside kwargs are
+passed as dicts: a component builds its own parts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from treadle.config.errors import ConfigError, did_you_mean, join_path
+from treadle.config.registry import import_object, resolve_type
+from treadle.config.schema import DATALOADER_SCHEMA, SCHEMA, check_table
+from treadle.hooks.base import Hook, get_priority
+from treadle.hooks.scheduler import ParamSchedulerHook
+from treadle.optim.scheduler_builder import SCHEDULERS
+from treadle.optim.schedulers import init_arg_names
+
+# Keys that only training uses; `treadle validate|test` leaves them out.
+TRAINING_ONLY = ("train_dataloader", "optimizer", "schedulers", "ema", "checkpoint", "auto_scale_lr", "workflow",
+                 "resume", "max_epochs", "max_iters")
+
+
+def check_args(fn: Callable[..., Any], kwargs: dict[str, Any], path: str, skip: tuple[str, ...] = ()) -> None:
+    """Unknown arguments (with did-you-mean) and missing required ones, before calling."""
+    name = getattr(fn, "__name__", repr(fn))
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # some builtins have no signature: let the call decide
+        return
+    named = [p for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in skip]
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        accepted = [p.name for p in named]
+        for key, value in kwargs.items():
+            if key not in accepted:
+                raise ConfigError(join_path(path, key), f"unknown argument for {name}", value=value,
+                                  expected=f"arguments among {', '.join(accepted) or '(none)'}",
+                                  hint=did_you_mean(key, accepted))
+    missing = [p.name for p in named if p.default is p.empty and p.name not in kwargs]
+    if missing:
+        raise ConfigError(path, f"missing required argument(s) {', '.join(missing)} for {name}")
+
+
+def call(fn: Callable[..., Any], kwargs: dict[str, Any], path: str) -> Any:
+    """``fn(**kwargs)``, any failure reported as a ConfigError naming ``path``."""
+    check_args(fn, kwargs, path)
+    try:
+        return fn(**kwargs)
+    except Exception as e:
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise ConfigError(path, f"{getattr(fn, '__name__', fn)}({args}) failed: {type(e).__name__}: {e}") from e
+
+
+def build_component(spec: Any, kind: str, path: str) -> Any:
+    """``{type: Name, **kwargs}`` -> the object; a bare name builds with no arguments
+    (for ``loss`` a name of a function gives the function itself)."""
+    if isinstance(spec, str):
+        target = resolve_type(kind, spec, path)
+        if kind == "loss" and not inspect.isclass(target):
+            return target
+        return call(target, {}, path)
+    if not isinstance(spec, dict):
+        raise ConfigError(path, "not a component spec", value=spec, expected="{type: Name, arg: value, ...}")
+    if "type" not in spec:
+        raise ConfigError(join_path(path, "type"), "missing required key", expected=f"the {kind}'s registered name "
+                          "or dotted import path")
+    kwargs = {k: v for k, v in spec.items() if k != "type"}
+    return call(resolve_type(kind, spec["type"], join_path(path, "type")), kwargs, path)
+
+
+def build_model(spec: Any) -> nn.Module:
+    model = build_component(spec, "model", "model")
+    if not isinstance(model, nn.Module):
+        raise ConfigError("model", f"built a {type(model).__name__}, not a torch.nn.Module", value=spec)
+    return model
+
+
+def build_dataloader(spec: dict[str, Any], path: str) -> DataLoader:
+    """``{dataset: {...}, batch_size: N, shuffle: bool, ...}`` -> a ``torch.utils.data.DataLoader``."""
+    check_table(spec, DATALOADER_SCHEMA, path, "a dataloader")
+    if "dataset" not in spec:
+        raise ConfigError(join_path(path, "dataset"), "missing required key", expected="{type: digits, ...}")
+    kwargs = {k: v for k, v in spec.items() if k != "dataset"}
+    dataset = build_component(spec["dataset"], "dataset", join_path(path, "dataset"))
+    if isinstance(kwargs.get("collate_fn"), str):
+        try:
+            kwargs["collate_fn"] = import_object(kwargs["collate_fn"])
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(join_path(path, "collate_fn"), f"cannot import it: {e}", value=kwargs["collate_fn"]) from e
+    try:
+        return DataLoader(dataset, **kwargs)
+    except Exception as e:
+        raise ConfigError(path, f"DataLoader rejected the options: {type(e).__name__}: {e}") from e
+
+
+def build_hook(spec: Any, path: str) -> Hook:
+    """A hook from its spec; ``priority:`` (a name or 0..100) overrides the class's."""
+    priority = spec.get("priority") if isinstance(spec, dict) else None
+    if isinstance(spec, dict):
+        spec = {k: v for k, v in spec.items() if k != "priority"}
+        if spec.get("type") in ("ParamSchedulerHook", ParamSchedulerHook):
+            raise ConfigError(join_path(path, "type"), "is added by the Trainer when `schedulers` is set",
+                              value=spec["type"], expected="a `schedulers:` list instead")
+    hook = build_component(spec, "hook", path)
+    if not isinstance(hook, Hook):
+        raise ConfigError(path, f"built a {type(hook).__name__}, not a treadle.Hook", value=spec)
+    if priority is not None:
+        try:
+            get_priority(priority)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(join_path(path, "priority"), str(e), value=priority) from None
+        hook.priority = priority
+    return hook
+
+
+# -- optimizer and scheduler configs: checked, passed on unchanged ----------------------
+_NON_NEGATIVE = ("lr", "weight_decay", "eps", "momentum", "dampening")
+
+
+def _check_optimizer(spec: Any, path: str) -> None:
+    if not isinstance(spec, dict):
+        raise ConfigError(path, "not an optimizer spec", value=spec, expected="{type: AdamW, lr: 0.001}")
+    if "type" not in spec:
+        raise ConfigError(join_path(path, "type"), "missing required key", expected="a torch.optim class name such as AdamW")
+    cls = resolve_type("optimizer", spec["type"], join_path(path, "type"))
+    if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)):
+        raise ConfigError(join_path(path, "type"), "is not a torch.optim.Optimizer subclass", value=spec["type"])
+    kwargs = {k: v for k, v in spec.items() if k not in ("type", "paramwise", "paramwise_cfg")}
+    check_args(cls, kwargs, path, skip=("params",))
+    for key in _NON_NEGATIVE:
+        value = kwargs.get(key)
+        if key in kwargs and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(join_path(path, key), f"wrong type {type(value).__name__}", value=value,
+                              expected="a number >= 0")
+        if key in kwargs and not value >= 0:
+            raise ConfigError(join_path(path, key), "out of range", value=value, expected="a number >= 0")
+    betas = kwargs.get("betas")
+    if "betas" in kwargs and not (isinstance(betas, list) and len(betas) == 2 and
+                                  all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
+        raise ConfigError(join_path(path, "betas"), "out of range", value=betas, expected="two numbers in [0, 1)")
+
+
+def check_optimizer(spec: Any) -> list[str] | None:
+    """Check ``optimizer``; returns the optimizer names of a per-submodule mapping."""
+    if spec is None:
+        return None
+    if isinstance(spec, dict) and "type" not in spec and spec and all(isinstance(v, dict) for v in spec.values()):
+        for name, sub in spec.items():
+            _check_optimizer(sub, join_path("optimizer", name))
+        return list(spec)
+    _check_optimizer(spec, "optimizer")
+    return None
+
+
+# Keys the scheduler builder reads besides the constructor's arguments.
+_SCHEDULER_EXTRA = ["convert_to_iter_based", "epoch_length", "_scope_"]
+
+
+def _check_scheduler_list(specs: Any, path: str) -> None:
+    if not isinstance(specs, list):
+        specs = [specs]  # the Trainer accepts a single spec too
+        path_of = lambda i: path  # noqa: E731
+    else:
+        path_of = lambda i: join_path(path, i)  # noqa: E731
+    for i, spec in enumerate(specs):
+        p = path_of(i)
+        if not isinstance(spec, dict) or "type" not in spec:
+            raise ConfigError(p, "not a scheduler spec", value=spec, expected="{type: CosineAnnealingLR, ...}")
+        kind = spec["type"]
+        if not isinstance(kind, str):
+            continue  # a class from a Python config: the Trainer checks it
+        if kind.rsplit(".", 1)[-1] in SCHEDULERS:  # MMEngine scope prefixes are tolerated
+            accepted = init_arg_names(SCHEDULERS[kind.rsplit(".", 1)[-1]]) + _SCHEDULER_EXTRA
+            for key, value in spec.items():
+                if key not in accepted and key != "type":
+                    raise ConfigError(join_path(p, key), f"unknown argument for {kind}", value=value,
+                                      expected=f"arguments among {', '.join(accepted)}", hint=did_you_mean(key, accepted))
+            continue
+        if "." in kind:
+            resolve_type("scheduler", kind, join_path(p, "type"))  # a torch scheduler by import path
+            continue
+        raise ConfigError(join_path(p, "type"), "unknown scheduler type", value=kind,
+                          expected="a name of treadle.optim.scheduler_builder.SCHEDULERS such as LinearLR or "
+                                   "CosineAnnealingLR", hint=did_you_mean(kind, SCHEDULERS))
+
+
+def check_schedulers(spec: Any, optimizer_names: list[str] | None) -> None:
+    """Check scheduler type names (arguments are checked by the Trainer's builder)."""
+    if spec is None:
+        return
+    if isinstance(spec, dict) and "type" not in spec:
+        names = optimizer_names or ["default"]
+        for name, specs in spec.items():
+            if name not in names:
+                raise ConfigError(join_path("schedulers", name), "is not an optimizer name", value=specs,
+                                  expected=f"a mapping by optimizer name ({', '.join(names)}) or a list",
+                                  hint=did_you_mean(name, names))
+            _check_scheduler_list(specs, join_path("schedulers", name))
+        return
+    _check_scheduler_list(spec, "schedulers")
+
+
+# -- the Trainer ------------------------------------------------------------------------
+def trainer_kwargs(cfg: dict[str, Any], mode: str = "train") -> dict[str, Any]:
+    """The Trainer's arguments with every component built. ``cfg`` is resolved (see
+    :func:`treadle.config.resolve.load_config`). For ``mode`` "validate"/"test" the
+    training-only keys are left at their defaults and only the needed loader is built.
+
+    With a ``seed``, the RNGs are seeded first, so the model's initial weights repeat.
+    """
+    from treadle.seeding import seed_everything
+
+    kw = dict(cfg)
+    if mode != "train":
+        kw.update({k: None for k in TRAINING_ONLY})
+        kw["resume"] = False
+        kw["workflow"] = None
+        keep = "val_dataloader" if mode == "validate" else "test_dataloader"
+        for key in ("val_dataloader", "test_dataloader"):
+            if key != keep:
+                kw[key] = None
+    optimizer_names = check_optimizer(kw.get("optimizer"))
+    check_schedulers(kw.get("schedulers"), optimizer_names)
+    if kw.get("seed") is not None:
+        seed_everything(kw["seed"], per_rank=bool(kw.get("seed_per_rank")))
+    kw["model"] = build_model(kw["model"])
+    for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
+        if kw.get(key) is not None:
+            kw[key] = build_dataloader(kw[key], key)
+    if kw.get("loss_fn") is not None:
+        kw["loss_fn"] = build_component(kw["loss_fn"], "loss", "loss_fn")
+    if kw.get("metrics") is not None:
+        kw["metrics"] = {name: build_component(spec, "metric", join_path("metrics", name))
+                         for name, spec in kw["metrics"].items()}
+    kw["hooks"] = [build_hook(spec, join_path("hooks", i)) for i, spec in enumerate(kw.get("hooks") or [])]
+    return kw
+
+
+def _explain(err: Exception, cfg: dict[str, Any]) -> ConfigError:
+    """A Trainer check's error as a ConfigError. Its messages start with the argument's
+    name, which becomes the key path; the scheduler builder's ``param_scheduler[i]``
+    is the config's ``schedulers[i]``."""
+    text = str(err).strip("'\"")  # KeyError quotes its message
+    if isinstance(cfg.get("schedulers"), list):
+        text = text.replace("param_scheduler[", "schedulers[")
+    first = re.match(r"[A-Za-z_]+", text)
+    if first and (first.group(0) in SCHEMA or first.group(0) == "param_scheduler"):
+        return ConfigError("", text)  # starts with the key path already
+    return ConfigError("", f"{type(err).__name__}: {text}")
+
+
+def build_trainer(cfg: dict[str, Any], mode: str = "train", **overrides: Any) -> Any:
+    """Build every component and the ``treadle.Trainer``; nothing is written yet (the
+    Trainer creates ``work_dir`` in fit/validate/test). ``overrides`` replace Trainer
+    arguments after the build (e.g. ``load_from=`` for ``treadle validate``)."""
+    from treadle.trainer import Trainer
+
+    kw = trainer_kwargs(cfg, mode)
+    kw.update(overrides)
+    try:
+        return Trainer(**kw)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError, RuntimeError) as e:
+        raise _explain(e, cfg) from e
+
+
+__all__ = ["TRAINING_ONLY", "build_component", "build_dataloader", "build_hook", "build_model", "build_trainer",
+           "call", "check_args", "check_optimizer", "check_schedulers", "trainer_kwargs"]

@@ -1,0 +1,70 @@
+"""ConfigError: one message naming the key path, the value and what was expected."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable
+
+_MISSING = object()
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the closest choices, or an empty string."""
+    choices = [str(c) for c in choices]
+    word = str(word)
+    # A case slip ("Adamw") first, then spelling neighbours.
+    close = [c for c in choices if c.lower() == word.lower()]
+    close += [c for c in difflib.get_close_matches(word, choices, n=3, cutoff=0.6) if c not in close]
+    close = close[:3]
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr`` cut to ``limit`` characters, so a message stays one readable line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class ConfigError(ValueError):
+    """A config problem found before anything runs.
+
+    ``str(err)`` reads ``<key path>: <problem> (got <value>); expected <expected>.<hint>``,
+    e.g. ``optimizer.lr: out of range (got -0.1); expected a number >= 0``. ``source``
+    (the config file) is kept apart so the command line can print it first.
+    """
+
+    def __init__(self, path: str, problem: str, *, value: Any = _MISSING, expected: str = "", hint: str = "",
+                 source: str | None = None) -> None:
+        self.path = path
+        self.problem = problem
+        self.value = value
+        self.expected = expected
+        self.hint = hint
+        self.source = source
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        text = f"{self.path}: {self.problem}" if self.path else self.problem
+        if self.value is not _MISSING:
+            text += f" (got {short_repr(self.value)})"
+        if self.expected:
+            text += f"; expected {self.expected}"
+        if self.hint:
+            text += ("" if text.endswith(".") else ".") + " " + self.hint.strip()
+        return text
+
+    def with_source(self, source: str | None) -> "ConfigError":
+        """The same error, attributed to the config file ``source`` (kept if already set)."""
+        if self.source is None:
+            self.source = source
+        return self
+
+
+def join_path(parent: str, key: Any) -> str:
+    """``optimizer`` + ``lr`` -> ``optimizer.lr``; list indices as ``hooks[0]``."""
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    return f"{parent}.{key}" if parent else str(key)
+
+
+__all__ = ["ConfigError", "did_you_mean", "join_path", "short_repr"]

@@ -1,0 +1,206 @@
+"""Read config files (YAML or Python), follow ``_base_``, apply ``--set`` overrides.
+
+YAML is read with a safe loader only (no Python objects can be created from YAML).
+A Python config is code that runs: it is executed like a script (its directory first
+on ``sys.path``) and its module-level names become the keys. Names starting with an
+underscore, modules, classes and functions are not keys (they are imports and
+helpers); ``_base_`` is the one underscore name that is read.
+
+``_base_: path`` (or a list of paths, relative to the file) names configs this one
+builds on. Bases are merged in order, then the file itself: dicts merge key by key,
+anything else (lists included) is replaced by the later value, and a dict holding
+``_delete_: true`` replaces the inherited dict instead of merging into it.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import sys
+import traceback
+import types
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from treadle.config.errors import ConfigError
+
+BASE_KEY = "_base_"
+DELETE_KEY = "_delete_"
+SUFFIXES = (".yaml", ".yml", ".py")
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that also reads ``1e-3`` as a float.
+
+    YAML 1.1 (PyYAML) wants ``1.0e-3`` and reads ``1e-3`` as the *string* "1e-3",
+    a classic trap for learning rates. Nothing else differs from the safe loader.
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def parse_yaml(text: str, source: str = "<string>") -> Any:
+    """Parse YAML text safely; a syntax error becomes a ConfigError with line and column."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 -- _Loader is a SafeLoader
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
+        problem = " ".join(p for p in (e.context, e.problem) if p)
+        raise ConfigError("", f"malformed YAML at {where}: {problem}", source=source) from None
+    except yaml.YAMLError as e:
+        raise ConfigError("", f"malformed YAML: {e}", source=source) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    data = parse_yaml(path.read_text(encoding="utf-8"), source=str(path))
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("", "the top level of a config must be a mapping of keys", value=data,
+                          expected="'key: value' lines", source=str(path))
+    return data
+
+
+def _is_helper(value: Any) -> bool:
+    return isinstance(value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType))
+
+
+def _read_python(path: Path) -> dict[str, Any]:
+    code_globals: dict[str, Any] = {"__file__": str(path), "__name__": f"treadle_config_{path.stem}"}
+    sys.path.insert(0, str(path.parent))  # like `python file.py`: siblings are importable
+    try:
+        code = compile(path.read_text(encoding="utf-8"), str(path), "exec")
+        exec(code, code_globals)  # noqa: S102 -- a Python config is documented as code that runs
+    except SyntaxError as e:
+        raise ConfigError("", f"Python syntax error at line {e.lineno}, column {e.offset}: {e.msg}",
+                          source=str(path)) from None
+    except ConfigError:
+        raise
+    except Exception as e:
+        lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]
+        where = f" at line {lines[-1]}" if lines else ""
+        raise ConfigError("", f"running the Python config failed{where}: {type(e).__name__}: {e}",
+                          source=str(path)) from e
+    finally:
+        try:
+            sys.path.remove(str(path.parent))
+        except ValueError:
+            pass
+    return {k: v for k, v in code_globals.items()
+            if (k == BASE_KEY or not k.startswith("_")) and not _is_helper(v)}
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    """One config file as a dict, ``_base_`` not yet followed."""
+    path = Path(path)
+    if not path.is_file():
+        problem = "is a directory, not a config file" if path.is_dir() else "no such config file"
+        raise ConfigError("", problem, source=str(path))
+    if path.suffix not in SUFFIXES:
+        raise ConfigError("", f"{path}: unsupported config file type {path.suffix!r}",
+                          expected=" or ".join(SUFFIXES), source=str(path))
+    return _read_python(path) if path.suffix == ".py" else _read_yaml(path)
+
+
+def merge(base: Any, override: Any) -> Any:
+    """``override`` on top of ``base``: dicts merge recursively, the rest is replaced;
+    a dict with ``_delete_: true`` replaces the base dict instead of merging."""
+    if isinstance(base, dict) and isinstance(override, dict) and not override.get(DELETE_KEY, False):
+        out = dict(base)
+        for k, v in override.items():
+            if k == DELETE_KEY:
+                continue
+            out[k] = merge(base[k], v) if k in base else strip_delete(v)
+        return out
+    return strip_delete(override)
+
+
+def strip_delete(value: Any) -> Any:
+    """Remove ``_delete_`` markers that have nothing left to replace."""
+    if isinstance(value, dict):
+        return {k: strip_delete(v) for k, v in value.items() if k != DELETE_KEY}
+    if isinstance(value, list):
+        return [strip_delete(v) for v in value]
+    return value
+
+
+def load_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file with its ``_base_`` chain merged in (errors name the file)."""
+    path = Path(path).resolve() if _chain else Path(path)
+    if path.resolve() in [p.resolve() for p in _chain]:
+        cycle = " -> ".join(str(p) for p in (*_chain, path))
+        raise ConfigError(BASE_KEY, f"inheritance cycle: {cycle}", source=str(_chain[0]))
+    data = read_file(path)
+    bases = data.pop(BASE_KEY, None)
+    if bases is None:
+        return strip_delete(data)
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(BASE_KEY, "must be a path or a list of paths", value=bases,
+                          expected="e.g. _base_: ../base.yaml", source=str(path))
+    merged: dict[str, Any] = {}
+    for base in bases:
+        base_path = (path.parent / base)
+        if not base_path.is_file():
+            raise ConfigError(BASE_KEY, f"base config {base!r} not found (looked at {base_path})", source=str(path))
+        merged = merge(merged, load_file(base_path, (*_chain, path)))
+    return merge(merged, data)
+
+
+# -- --set overrides --------------------------------------------------------------------
+def parse_override(text: str) -> tuple[list[str | int], Any]:
+    """``"optimizer.lr=0.1"`` -> ``(["optimizer", "lr"], 0.1)``; the value is read as YAML
+    (so ``3`` is an int, ``[1, 2]`` a list, ``null`` None); ``hooks[0].x`` or ``hooks.0.x``
+    index lists."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {text}", "an override must look like KEY=VALUE", expected="e.g. optimizer.lr=0.01")
+    parts: list[str | int] = []
+    for seg in re.sub(r"\[(\d+)\]", r".\1", key).split("."):
+        if not seg:
+            raise ConfigError(f"--set {text}", f"empty segment in the key {key!r}", expected="e.g. a.b.c=1")
+        parts.append(int(seg) if seg.isdigit() else seg)
+    try:
+        value = parse_yaml(raw, source=f"--set {key}") if raw.strip() else None
+    except ConfigError as e:
+        raise ConfigError(f"--set {key}", f"cannot read the value {raw!r} as YAML ({e.problem})") from None
+    return parts, value
+
+
+def apply_overrides(cfg: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """A copy of ``cfg`` with each ``KEY=VALUE`` set (missing dicts are created)."""
+    cfg = copy.deepcopy(cfg)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node: Any = cfg
+        for i, seg in enumerate(parts):
+            last = i == len(parts) - 1
+            where = ".".join(map(str, parts[:i])) or "the config"
+            if isinstance(node, list):
+                if not isinstance(seg, int) or not -len(node) <= seg < len(node):
+                    raise ConfigError(f"--set {text.partition('=')[0]}", f"{where} is a list of {len(node)} items; "
+                                      f"{seg!r} is not an index in it")
+            elif isinstance(node, dict):
+                seg = str(seg)
+            else:
+                raise ConfigError(f"--set {text.partition('=')[0]}", f"{where} is {node!r}, not a mapping or list")
+            if last:
+                node[seg] = value
+            else:
+                if isinstance(node, dict) and node.get(seg) is None:
+                    if isinstance(parts[i + 1], int):
+                        raise ConfigError(f"--set {text.partition('=')[0]}",
+                                          f"{'.'.join(map(str, parts[:i + 1]))} is not set, so it has no item {parts[i + 1]}")
+                    node[seg] = {}
+                node = node[seg]
+    return cfg
+
+
+__all__ = ["apply_overrides", "load_file", "merge", "parse_override", "parse_yaml", "read_file"]

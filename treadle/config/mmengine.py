@@ -1,0 +1,256 @@
+"""Read configs written with MMEngine's key names, by translating them to treadle's.
+
+A config is translated when it has any key of :data:`MMENGINE_KEYS`. The result uses
+only treadle keys, so the ``config.yaml`` saved in the run directory shows the
+translation. Scheduler configs are the same in both and pass through unchanged.
+
+=====================================================  =====================================
+MMEngine                                               treadle
+=====================================================  =====================================
+``optim_wrapper.optimizer``                            ``optimizer``
+``optim_wrapper.paramwise_cfg``                        ``optimizer.paramwise``
+``optim_wrapper.clip_grad``                            ``clip_grad``
+``optim_wrapper.accumulative_counts``                  ``accumulate``
+``optim_wrapper.type: AmpOptimWrapper`` (``dtype``)    ``precision: '16'`` (``bfloat16``: ``'bf16'``)
+``param_scheduler``                                    ``schedulers`` (unchanged)
+``train_cfg.max_epochs`` / ``max_iters``               ``max_epochs`` / ``max_iters``
+``train_cfg.val_interval``                             ``val_interval``
+``train_cfg.by_epoch`` / ``type``, ``val_begin: 1``    checked, then dropped
+``val_cfg``, ``test_cfg`` (no options)                 dropped
+``default_hooks`` CheckpointHook                       ``checkpoint``: ``interval`` (-1: null),
+                                                       ``by_epoch``, ``max_keep_ckpts`` -> ``keep``,
+                                                       ``save_last``, ``save_best`` -> ``best``,
+                                                       ``rule`` greater/less -> max/min
+``default_hooks`` LoggerHook ``interval``              ``log_interval``
+``default_hooks`` IterTimerHook, ParamSchedulerHook,   dropped: treadle always times steps, steps
+DistSamplerSeedHook, RuntimeInfoHook, or null          its schedulers, seeds samplers, logs lr
+``custom_hooks`` EMAHook                               ``ema``: ``momentum`` -> ``1 - momentum``
+                                                       (MMEngine weighs the new value), ``interval``,
+                                                       ``begin_iter`` -> ``start``
+``custom_hooks`` EarlyStoppingHook                     ``hooks``: ``check_finite`` ->
+                                                       ``stop_on_nonfinite``, the rest as is
+other ``default_hooks`` / ``custom_hooks``             ``hooks`` (treadle hook types and arguments)
+``randomness.seed`` / ``deterministic`` /              ``seed`` / ``deterministic`` /
+``diff_rank_seed``                                     ``seed_per_rank``
+``*_dataloader.sampler: {type: DefaultSampler,         ``*_dataloader.shuffle``
+shuffle: ...}``
+``default_scope``                                      dropped
+=====================================================  =====================================
+
+Everything else (``model``, ``*_dataloader``, ``work_dir``, ``load_from``, ``resume``,
+``auto_scale_lr``) has the same name in both. Options treadle cannot honour are
+errors, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treadle.config.errors import ConfigError, join_path
+
+#: Keys that mark a config as MMEngine-style.
+MMENGINE_KEYS = ("optim_wrapper", "param_scheduler", "train_cfg", "val_cfg", "test_cfg", "default_hooks",
+                 "custom_hooks", "randomness", "default_scope")
+
+#: MMEngine keys with no translation, and what to write instead.
+NOT_TRANSLATED = {
+    "val_evaluator": "MMEngine evaluators are not translated; use metrics: {name: {type: ...}} (update/compute/reset)",
+    "test_evaluator": "MMEngine evaluators are not translated; use metrics: {name: {type: ...}}",
+    "env_cfg": "treadle sets up its environment itself; remove env_cfg",
+    "log_processor": "treadle's LoggerHook averages over log_interval; remove log_processor",
+    "visualizer": "treadle writes log.jsonl and TensorBoard logs itself; remove visualizer",
+    "launcher": "launch several processes with torchrun; remove launcher",
+    "log_level": "remove log_level",
+}
+
+_DROPPED_HOOKS = ("IterTimerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "RuntimeInfoHook")
+
+
+def is_mmengine_style(cfg: dict[str, Any]) -> bool:
+    """True when ``cfg`` uses any of MMEngine's key names."""
+    return any(k in cfg for k in MMENGINE_KEYS)
+
+
+class _Out:
+    """The translated config; refuses to set a key twice (e.g. optimizer and optim_wrapper)."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = {k: v for k, v in cfg.items() if k not in MMENGINE_KEYS}
+
+    def set(self, key: str, value: Any, source: str) -> None:
+        if key in self.cfg:
+            raise ConfigError(source, f"sets {key!r}, which the config also gives directly", value=value,
+                              expected=f"only one of {source} and {key}")
+        self.cfg[key] = value
+
+
+def _take(spec: dict[str, Any], path: str, mapping: dict[str, str], dropped: dict[str, Any]) -> dict[str, Any]:
+    """Rename ``spec``'s keys by ``mapping``; keys in ``dropped`` must hold the given value
+    (None: any) and are left out; anything else is an error."""
+    out: dict[str, Any] = {}
+    for key, value in spec.items():
+        if key in mapping:
+            out[mapping[key]] = value
+        elif key in dropped and (dropped[key] is None or value == dropped[key]):
+            continue
+        else:
+            supported = sorted(mapping) + sorted(k for k, v in dropped.items())
+            raise ConfigError(join_path(path, key), "option has no treadle equivalent", value=value,
+                              expected=f"options among {', '.join(supported)}")
+    return out
+
+
+def _optim_wrapper(spec: Any, out: _Out) -> None:
+    path = "optim_wrapper"
+    if not isinstance(spec, dict) or "optimizer" not in spec:
+        raise ConfigError(path, "must be a mapping with an 'optimizer'", value=spec,
+                          expected="{optimizer: {type: AdamW, lr: ...}, ...}")
+    kind = spec.get("type", "OptimWrapper")
+    if kind not in ("OptimWrapper", "AmpOptimWrapper"):
+        raise ConfigError(join_path(path, "type"), "unsupported optimizer wrapper", value=kind,
+                          expected="OptimWrapper or AmpOptimWrapper")
+    rest = _take(spec, path, {"optimizer": "optimizer", "paramwise_cfg": "paramwise", "clip_grad": "clip_grad",
+                              "accumulative_counts": "accumulate", "dtype": "dtype"}, {"type": None})
+    optimizer = rest.pop("optimizer")
+    if not isinstance(optimizer, dict):
+        raise ConfigError(join_path(path, "optimizer"), "must be a mapping", value=optimizer, expected="{type: AdamW, lr: ...}")
+    if "paramwise" in rest:
+        optimizer = {**optimizer, "paramwise": rest.pop("paramwise")}
+    out.set("optimizer", optimizer, join_path(path, "optimizer"))
+    for key in ("clip_grad", "accumulate"):
+        if rest.get(key) is not None:
+            out.set(key, rest[key], path)
+    dtype = rest.get("dtype")
+    if kind == "AmpOptimWrapper":
+        precisions = {None: "16", "float16": "16", "bfloat16": "bf16"}
+        if dtype not in precisions:
+            raise ConfigError(join_path(path, "dtype"), "unsupported AMP dtype", value=dtype, expected="float16 or bfloat16")
+        out.set("precision", precisions[dtype], join_path(path, "type"))
+    elif dtype is not None:
+        raise ConfigError(join_path(path, "dtype"), "only applies to AmpOptimWrapper", value=dtype)
+
+
+def _train_cfg(spec: Any, out: _Out) -> None:
+    path = "train_cfg"
+    if not isinstance(spec, dict):
+        raise ConfigError(path, "must be a mapping", value=spec, expected="{by_epoch: true, max_epochs: N, val_interval: K}")
+    rest = _take(spec, path, {"max_epochs": "max_epochs", "max_iters": "max_iters", "val_interval": "val_interval",
+                              "by_epoch": "by_epoch", "type": "type"}, {"val_begin": 1})
+    loops = {"EpochBasedTrainLoop": True, "IterBasedTrainLoop": False}
+    if "type" in rest and rest["type"] not in loops:
+        raise ConfigError(join_path(path, "type"), "unsupported loop", value=rest["type"], expected=" or ".join(loops))
+    by_epoch = rest.pop("by_epoch", loops.get(rest.pop("type", ""), "max_iters" not in rest))
+    wrong = "max_iters" if by_epoch else "max_epochs"
+    if wrong in rest:
+        raise ConfigError(join_path(path, wrong), f"does not fit by_epoch={by_epoch}", value=rest[wrong],
+                          expected=f"{'max_epochs' if by_epoch else 'max_iters'} for this loop")
+    for key, value in rest.items():
+        out.set(key, value, join_path(path, key))
+
+
+def _checkpoint(spec: dict[str, Any], path: str, out: _Out) -> None:
+    ck = _take(spec, path, {"interval": "interval", "by_epoch": "by_epoch", "max_keep_ckpts": "keep",
+                            "save_last": "save_last", "save_best": "best", "rule": "rule"},
+               {"type": None, "save_optimizer": True, "save_param_scheduler": True})
+    if ck.get("interval") == -1:
+        ck["interval"] = None
+    if ck.get("keep") == -1:
+        ck["keep"] = None
+    if ck.get("best") == "auto":
+        raise ConfigError(join_path(path, "save_best"), "'auto' is not supported", value="auto",
+                          expected="the name of a validation metric such as val/acc")
+    if "rule" in ck:
+        rules = {"greater": "max", "less": "min"}
+        if ck["rule"] not in rules:
+            raise ConfigError(join_path(path, "rule"), "unsupported rule", value=ck["rule"], expected="greater or less")
+        ck["rule"] = rules[ck["rule"]]
+    out.set("checkpoint", ck, path)
+
+
+def _ema(spec: dict[str, Any], path: str, out: _Out) -> None:
+    if spec.get("ema_type", "ExponentialMovingAverage") != "ExponentialMovingAverage":
+        raise ConfigError(join_path(path, "ema_type"), "unsupported average", value=spec["ema_type"],
+                          expected="ExponentialMovingAverage")
+    ema = _take(spec, path, {"momentum": "momentum", "interval": "interval", "begin_iter": "start"},
+                {"type": None, "ema_type": None, "update_buffers": None, "strict_load": None, "priority": None,
+                 "begin_epoch": 0})
+    if "momentum" in ema:
+        m = ema["momentum"]
+        if isinstance(m, bool) or not isinstance(m, (int, float)):
+            raise ConfigError(join_path(path, "momentum"), "not a number", value=m, expected="a number in [0, 1]")
+        ema["momentum"] = round(1.0 - m, 12)  # MMEngine weighs the new weights by momentum
+    out.set("ema", ema, path)
+
+
+def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> None:
+    if default_hooks is not None and not isinstance(default_hooks, dict):
+        raise ConfigError("default_hooks", "must be a mapping of name: hook spec", value=default_hooks)
+    if custom_hooks is not None and not isinstance(custom_hooks, list):
+        raise ConfigError("custom_hooks", "must be a list of hook specs", value=custom_hooks)
+    items = [(f"default_hooks.{k}", v) for k, v in (default_hooks or {}).items()]
+    items += [(f"custom_hooks[{i}]", v) for i, v in enumerate(custom_hooks or [])]
+    hooks: list[Any] = []
+    for path, spec in items:
+        if spec is None:  # MMEngine's way to switch a default hook off
+            continue
+        if not isinstance(spec, dict) or "type" not in spec:
+            raise ConfigError(path, "must be a hook spec", value=spec, expected="{type: HookName, ...}")
+        kind = spec["type"]
+        if kind in _DROPPED_HOOKS:
+            continue
+        if kind == "CheckpointHook":
+            _checkpoint(spec, path, out)
+        elif kind == "LoggerHook":
+            log = _take(spec, path, {"interval": "interval"},
+                        {"type": None, "ignore_last": None, "log_metric_by_epoch": None, "interval_exp_name": None})
+            if "interval" in log:
+                out.set("log_interval", log["interval"], join_path(path, "interval"))
+        elif kind == "EMAHook":
+            _ema(spec, path, out)
+        elif kind == "EarlyStoppingHook":
+            hooks.append({("stop_on_nonfinite" if k == "check_finite" else k): v for k, v in spec.items()})
+        else:
+            hooks.append(dict(spec))
+    if hooks:
+        out.set("hooks", hooks, "custom_hooks")
+
+
+def _dataloader(spec: Any, path: str) -> Any:
+    if not isinstance(spec, dict) or "sampler" not in spec:
+        return spec
+    sampler, spec = spec["sampler"], {k: v for k, v in spec.items() if k != "sampler"}
+    if not isinstance(sampler, dict) or sampler.get("type") not in ("DefaultSampler", "InfiniteSampler"):
+        raise ConfigError(join_path(path, "sampler"), "unsupported sampler", value=sampler,
+                          expected="{type: DefaultSampler, shuffle: true|false}")
+    shuffle = _take(sampler, join_path(path, "sampler"), {"shuffle": "shuffle"}, {"type": None, "seed": None})
+    return {**spec, **shuffle}
+
+
+def translate(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` with MMEngine's keys replaced by treadle's (see the module's table)."""
+    out = _Out(cfg)
+    if "optim_wrapper" in cfg:
+        _optim_wrapper(cfg["optim_wrapper"], out)
+    if "param_scheduler" in cfg:
+        out.set("schedulers", cfg["param_scheduler"], "param_scheduler")
+    if "train_cfg" in cfg:
+        _train_cfg(cfg["train_cfg"], out)
+    for key in ("val_cfg", "test_cfg"):
+        spec = cfg.get(key)
+        if spec not in (None, {}) and spec != {"type": "ValLoop" if key == "val_cfg" else "TestLoop"}:
+            raise ConfigError(key, "options have no treadle equivalent", value=spec, expected="{} or null")
+    _hooks(cfg.get("default_hooks"), cfg.get("custom_hooks"), out)
+    if "randomness" in cfg:
+        rnd = cfg["randomness"]
+        if not isinstance(rnd, dict):
+            raise ConfigError("randomness", "must be a mapping", value=rnd, expected="{seed: N, deterministic: bool}")
+        for key, value in _take(rnd, "randomness", {"seed": "seed", "deterministic": "deterministic",
+                                                   "diff_rank_seed": "seed_per_rank"}, {}).items():
+            out.set(key, value, join_path("randomness", key))
+    for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
+        if key in out.cfg:
+            out.cfg[key] = _dataloader(out.cfg[key], key)
+    return out.cfg
+
+
+__all__ = ["MMENGINE_KEYS", "NOT_TRANSLATED", "is_mmengine_style", "translate"]

@@ -1,0 +1,142 @@
+"""From a config file to the resolved config: plain data, every Trainer key present,
+checked against the schema. This is what ``config.yaml`` in a run directory holds.
+
+    cfg = load_config("examples/digits/digits.yaml", ["optimizer.lr=0.01"], mode="train")
+    save_config(cfg, "runs/x/config.yaml")   # load_config of that file gives cfg again
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from treadle.config.errors import ConfigError, did_you_mean, join_path
+from treadle.config.loader import apply_overrides, load_file
+from treadle.config.mmengine import NOT_TRANSLATED, is_mmengine_style, translate
+from treadle.config.registry import name_of
+from treadle.config.schema import SCHEMA, check_value, trainer_defaults
+
+MODES = ("train", "validate", "test")
+
+# Callables a Python config may give where the saved YAML holds a name.
+_NAMED_KEYS = ("type", "collate_fn")
+
+
+def to_plain(value: Any, path: str = "") -> Any:
+    """Plain YAML data: tuples become lists, classes/functions under ``type`` (and
+    ``collate_fn``, top-level ``loss_fn``) become their names; anything else that YAML
+    cannot hold is an error naming the key."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(join_path(path, k), "keys must be strings", value=k)
+            p = join_path(path, k)
+            named = k in _NAMED_KEYS or p == "loss_fn"
+            out[k] = name_of(v) if named and callable(v) and not isinstance(v, str) else to_plain(v, p)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v, join_path(path, i)) for i, v in enumerate(value)]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise ConfigError(path, f"a {type(value).__name__} cannot be written into config.yaml", value=value,
+                      expected="plain data (numbers, strings, lists, mappings) or a {type: Name, ...} spec")
+
+
+def _required(mode: str) -> list[tuple[str, str]]:
+    need = [("model", "a component spec such as {type: DigitsCNN}")]
+    if mode == "train":
+        need += [("train_dataloader", "a dataloader spec {dataset: {type: ...}, batch_size: N}"),
+                 ("optimizer", "e.g. {type: AdamW, lr: 0.001}")]
+    elif mode == "validate":
+        need += [("val_dataloader", "a dataloader spec {dataset: {type: ...}, batch_size: N}")]
+    elif mode == "test":
+        need += [("test_dataloader", "a dataloader spec {dataset: {type: ...}, batch_size: N}")]
+    return need
+
+
+def validate_config(cfg: dict[str, Any], mode: str | None = None) -> None:
+    """Check keys, types, ranges, exclusive and required keys; raise the first problem.
+
+    ``mode`` ("train", "validate", "test") adds the keys that command needs.
+    """
+    for key in cfg:
+        if key not in SCHEMA:
+            hint = NOT_TRANSLATED.get(key) or did_you_mean(key, SCHEMA) or "See docs/config.md for every key."
+            raise ConfigError(key, "unknown key", value=cfg[key], expected="a treadle.Trainer argument", hint=hint)
+    for key, value in cfg.items():
+        check_value(SCHEMA[key], value, key)
+    if cfg.get("max_epochs") is not None and cfg.get("max_iters") is not None:
+        raise ConfigError("max_epochs, max_iters", "mutually exclusive",
+                          value={"max_epochs": cfg["max_epochs"], "max_iters": cfg["max_iters"]},
+                          expected="exactly one of them (set the other to null)")
+    if cfg.get("workflow") and any(m == "val" for m, _ in cfg["workflow"]) and cfg.get("val_dataloader") is None \
+            and mode == "train":
+        raise ConfigError("workflow", "has a val phase but val_dataloader is not set", value=cfg["workflow"])
+    for name, spec in (cfg.get("metrics") or {}).items():
+        if not isinstance(spec, (dict, str)):
+            raise ConfigError(join_path("metrics", name), "not a component spec", value=spec, expected="{type: Accuracy}")
+    if mode is None:
+        return
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    for key, expected in _required(mode):
+        if cfg.get(key) is None:
+            raise ConfigError(key, f"missing required key for `treadle {mode}`", expected=expected)
+    if mode == "train" and cfg.get("max_epochs") is None and cfg.get("max_iters") is None:
+        raise ConfigError("max_epochs, max_iters", "missing required key for `treadle train`",
+                          expected="max_epochs (epoch-based) or max_iters (iteration-based)")
+
+
+def with_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Every Trainer key, in the signature's order, with the default where unset."""
+    return {k: (cfg[k] if k in cfg else default) for k, default in trainer_defaults().items()}
+
+
+def resolve_config(raw: dict[str, Any], overrides: Iterable[str] = (), *, mode: str | None = None,
+                   **values: Any) -> dict[str, Any]:
+    """``raw`` (a loaded file) with ``--set`` overrides, MMEngine keys translated, then
+    ``values`` (e.g. ``work_dir=...``; None values are ignored), made plain, checked and
+    completed with defaults."""
+    cfg = apply_overrides(raw, overrides)
+    if is_mmengine_style(cfg):
+        cfg = translate(cfg)
+    cfg.update({k: v for k, v in values.items() if v is not None})
+    cfg = to_plain(cfg)
+    validate_config(cfg, mode)
+    return with_defaults(cfg)
+
+
+def load_config(path: str | Path, overrides: Iterable[str] = (), *, mode: str | None = None,
+                **values: Any) -> dict[str, Any]:
+    """Read ``path`` (YAML or Python, with its ``_base_`` chain) and resolve it; every
+    error is a :class:`ConfigError` attributed to the file."""
+    try:
+        return resolve_config(load_file(path), overrides, mode=mode, **values)
+    except ConfigError as e:
+        raise e.with_source(str(path)) from e.__cause__
+
+
+def dump_config(cfg: dict[str, Any]) -> str:
+    """The resolved config as YAML text (keys in schema order)."""
+    return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def save_config(cfg: dict[str, Any], path: str | Path) -> Path:
+    """Write the resolved config as YAML; ``treadle train`` of that file runs it again."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("# resolved by treadle; run again with: treadle train " + str(path) + "\n" + dump_config(cfg),
+                   encoding="utf-8")
+    os.replace(tmp, path)  # never a half-written config next to a run
+    return path
+
+
+__all__ = ["MODES", "dump_config", "load_config", "resolve_config", "save_config", "to_plain", "validate_config",
+           "with_defaults"]

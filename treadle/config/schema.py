@@ -1,0 +1,241 @@
+"""The config schema: every ``treadle.Trainer`` argument, its type, range and meaning.
+
+This table sits beside the Trainer's signature (``treadle/trainer.py``); a test
+checks that both list the same names, and ``docs/config.md`` is generated from it.
+Defaults are read from the signature itself, so they cannot drift. Components
+(``model``, loaders, ``loss_fn``, ``metrics``, ``hooks``) are checked here for shape
+and built by :mod:`treadle.config.build`, which checks their arguments.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+from treadle.config.errors import ConfigError, did_you_mean, join_path
+from treadle.hooks.checkpoint import CheckpointHook
+from treadle.hooks.ema import EMAHook
+from treadle.hooks.logger import WRITERS as _WRITERS
+from treadle.optim.wrapper import check_clip_grad, check_precision
+from treadle.preemption import PreemptionConfig
+from treadle.strategies.base import STRATEGY_NAMES
+
+NoneType = type(None)
+LOG_WRITERS = tuple(_WRITERS)  # names LoggerHook knows: "jsonl", "csv", "tensorboard"
+Check = Callable[[Any, str], None]  # raises ConfigError naming the path
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key: the Python types YAML may give it, a range check, the text
+    shown when it is wrong, and the line of documentation."""
+
+    name: str
+    types: tuple[type, ...]
+    expected: str
+    doc: str
+    check: Check | None = None
+
+
+# -- checks ------------------------------------------------------------------------------
+def _min(low: int, what: str = "an int") -> Check:
+    def check(value: Any, path: str) -> None:
+        if value is not None and value < low:
+            raise ConfigError(path, "out of range", value=value, expected=f"{what} >= {low}")
+    return check
+
+
+def _choice(*choices: str) -> Check:
+    def check(value: Any, path: str) -> None:
+        if value not in choices:
+            raise ConfigError(path, "not a supported value", value=value, expected=f"one of {', '.join(map(repr, choices))}",
+                              hint=did_you_mean(str(value), choices))
+    return check
+
+
+def _keys(allowed: list[str], what: str) -> Check:
+    def check(value: Any, path: str) -> None:
+        if isinstance(value, dict):
+            check_keys(value, allowed, path, what)
+    return check
+
+
+def _wrap(fn: Callable[[Any], Any]) -> Check:
+    """Reuse a checker of the library (e.g. ``check_clip_grad``; its messages give the
+    value and what is expected), adding the key path."""
+    def check(value: Any, path: str) -> None:
+        try:
+            fn(value)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(path, str(e)) from None
+    return check
+
+
+def _workflow(value: Any, path: str) -> None:
+    for i, phase in enumerate(value or []):
+        p = join_path(path, i)
+        if not isinstance(phase, (list, tuple)) or len(phase) != 2:
+            raise ConfigError(p, "not a [mode, count] pair", value=phase, expected="e.g. [train, 2]")
+        mode, count = phase
+        _choice("train", "val")(mode, join_path(p, 0))
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ConfigError(join_path(p, 1), "not a positive count", value=count, expected="an int >= 1")
+
+
+def _auto_scale_lr(value: Any, path: str) -> None:
+    check_keys(value, ["base_batch_size", "enable"], path, "auto_scale_lr")
+    if "base_batch_size" not in value:
+        raise ConfigError(join_path(path, "base_batch_size"), "missing required key", expected="an int >= 1")
+    base = value["base_batch_size"]
+    if isinstance(base, bool) or not isinstance(base, int) or base < 1:
+        raise ConfigError(join_path(path, "base_batch_size"), "not a positive int", value=base, expected="an int >= 1")
+
+
+def _nan_guard(value: Any, path: str) -> None:
+    if isinstance(value, str):
+        _choice("raise", "skip")(value, path)
+    elif isinstance(value, dict):
+        check_keys(value, ["mode", "check_interval"], path, "nan_guard")
+        if "mode" in value:
+            _choice("raise", "skip")(value["mode"], join_path(path, "mode"))
+
+
+def _log_writers(value: Any, path: str) -> None:
+    for i, name in enumerate(value):
+        if not isinstance(name, str):
+            raise ConfigError(join_path(path, i), "not a writer name", value=name,
+                              expected=f"one of {', '.join(LOG_WRITERS)}")
+        _choice(*LOG_WRITERS)(name, join_path(path, i))
+
+
+def check_keys(value: dict[str, Any], allowed: list[str], path: str, what: str) -> None:
+    """Every key of ``value`` must be in ``allowed``; the first stranger is reported."""
+    for key in value:
+        if key not in allowed:
+            raise ConfigError(join_path(path, key), f"unknown key for {what}", value=value[key],
+                              expected=f"one of {', '.join(allowed)}", hint=did_you_mean(str(key), allowed))
+
+
+def _params(cls: type) -> list[str]:
+    return [p for p in inspect.signature(cls).parameters if p != "self"]
+
+
+# PreemptionConfig's fields, less the signals it records while running.
+_PREEMPTION_KEYS = [f.name for f in fields(PreemptionConfig) if f.name != "received"]
+
+SPEC = "a component spec such as {type: Name, arg: value}, or a registered name"
+
+#: The Trainer's arguments, in its signature's order.
+TRAINER_KEYS: tuple[Key, ...] = (
+    Key("model", (dict, str), SPEC, "The model: `{type: DigitsCNN, width: 32}` (registry name or dotted path)."),
+    Key("work_dir", (str, NoneType), "a directory path, or null",
+        "Run directory (logs, checkpoints, `config.yaml`). The command line defaults it to `runs/<config name>`."),
+    Key("train_dataloader", (dict, NoneType), "a dataloader spec {dataset: {...}, batch_size: N, ...}, or null",
+        "Training data: a `torch.utils.data.DataLoader` built from the dataloader keys below."),
+    Key("val_dataloader", (dict, NoneType), "a dataloader spec, or null", "Validation data (same keys)."),
+    Key("test_dataloader", (dict, NoneType), "a dataloader spec, or null", "Test data (same keys)."),
+    Key("loss_fn", (dict, str, NoneType), SPEC + ", or null",
+        "`(outputs, targets) -> loss`, e.g. `{type: CrossEntropyLoss}` or a dotted path to a function; "
+        "null: the model returns its loss(es)."),
+    Key("optimizer", (dict, NoneType), "{type: AdamW, lr: ...}, a mapping of such by name, or null",
+        "Passed to the Trainer as it is: any `torch.optim` class by name; `paramwise: {...}` for per-parameter "
+        "options; `{gen: {...}, disc: {...}}` for one optimizer per submodule."),
+    Key("schedulers", (list, dict, NoneType), "a list of scheduler specs, a mapping of lists by optimizer name, or null",
+        "Parameter schedulers (`treadle.optim.scheduler_builder.SCHEDULERS`), passed to the Trainer as they are."),
+    Key("max_epochs", (int, NoneType), "an int >= 1, or null", "Epoch-based training length (not with max_iters).",
+        _min(1)),
+    Key("max_iters", (int, NoneType), "an int >= 1, or null", "Iteration-based training length (not with max_epochs).",
+        _min(1)),
+    Key("val_interval", (int,), "an int >= 1", "Validate every this many epochs (or iterations), and at the end.",
+        _min(1)),
+    Key("workflow", (list, NoneType), "a list of [mode, count] pairs, or null",
+        "mmcv-style phases such as `[[train, 2], [val, 1]]`; null: train `val_interval`, then validate.", _workflow),
+    Key("metrics", (dict, NoneType), "a mapping {name: component spec}, or null",
+        "Validation/test metrics, e.g. `{acc: {type: Accuracy}}`; logged as `val/<name>`."),
+    Key("hooks", (list,), "a list of hook specs",
+        "Extra hooks, e.g. `[{type: EarlyStoppingHook, patience: 3}]`; `priority:` sets a hook's priority. "
+        "A hook of a default hook's class replaces the default."),
+    Key("precision", (str, int), "'32', 'bf16' or '16'", "Numeric precision: fp32, bf16 autocast, fp16 with GradScaler.",
+        _wrap(check_precision)),
+    Key("accumulate", (int,), "an int >= 1", "Gradient accumulation: optimizer step every this many batches.", _min(1)),
+    Key("clip_grad", (dict, NoneType), "{max_norm: N[, norm_type: 2]} or {value: V}, or null",
+        "Gradient clipping by norm or by value.", _wrap(check_clip_grad)),
+    Key("ema", (dict, NoneType), f"a mapping with keys among {', '.join(_params(EMAHook))}, or null",
+        "Exponential moving average of the weights (`treadle.hooks.ema.EMAHook` arguments).",
+        _keys(_params(EMAHook), "ema")),
+    Key("strategy", (str,), f"one of {', '.join(STRATEGY_NAMES)}", "Device and distribution strategy.",
+        _choice(*STRATEGY_NAMES)),
+    Key("seed", (int, NoneType), "an int >= 0, or null",
+        "Seed of every RNG; the command line seeds before building the model, so initial weights repeat too.", _min(0)),
+    Key("seed_per_rank", (bool,), "true or false", "Each process uses seed + rank."),
+    Key("deterministic", (bool,), "true or false", "Deterministic algorithms (slower, repeatable)."),
+    Key("resume", (bool, str), "true, false, or a checkpoint path",
+        "Continue a run: true takes the latest checkpoint in work_dir."),
+    Key("load_from", (str, NoneType), "a checkpoint or weights path, or null", "Load model weights only (strict)."),
+    Key("checkpoint", (dict, bool, NoneType), f"a mapping with keys among {', '.join(_params(CheckpointHook))}, or null",
+        "Checkpointing (`treadle.hooks.checkpoint.CheckpointHook` arguments); null: save once at the end.",
+        _keys(_params(CheckpointHook), "checkpoint")),
+    Key("log_interval", (int,), "an int >= 1", "Iterations between log lines.", _min(1)),
+    Key("compile", (bool,), "true or false", "`torch.compile` the model."),
+    Key("auto_scale_lr", (dict, NoneType), "{base_batch_size: N[, enable: true]}, or null",
+        "Scale lr by world_size * batch_size / base_batch_size.", _auto_scale_lr),
+    Key("preemption", (bool, dict), "true, false, or {signals: [...], exit_code: N, requeue: bool}",
+        "Save and exit on SIGTERM/SIGUSR1 (and requeue on SLURM).",
+        _keys(_PREEMPTION_KEYS, "preemption")),
+    Key("nan_guard", (str, bool, dict), "'raise', 'skip', false, or {mode: raise|skip, check_interval: N}",
+        "Non-finite losses: raise (checked at the log interval) or skip the optimizer step.", _nan_guard),
+    Key("log_writers", (list,), f"a list of names among {', '.join(LOG_WRITERS)}",
+        "Where logged records go besides the console and `log.txt`. (Writer objects such as MLflow or W&B "
+        "take the run directory when built, so they are given in Python, not in a config file.)", _log_writers),
+)
+
+SCHEMA: dict[str, Key] = {k.name: k for k in TRAINER_KEYS}
+
+#: Keys of a dataloader spec; everything but ``dataset`` goes to ``torch.utils.data.DataLoader``.
+DATALOADER_KEYS: tuple[Key, ...] = (
+    Key("dataset", (dict, str), SPEC, "The dataset: `{type: digits, split: train}` (registry name or dotted path)."),
+    Key("batch_size", (int,), "an int >= 1", "Samples per batch (default 1).", _min(1)),
+    Key("shuffle", (bool,), "true or false", "Reshuffle every epoch (default false)."),
+    Key("num_workers", (int,), "an int >= 0", "Loader worker processes (default 0).", _min(0)),
+    Key("drop_last", (bool,), "true or false", "Drop the last incomplete batch (default false)."),
+    Key("pin_memory", (bool,), "true or false", "Page-locked host memory for faster copies to the GPU."),
+    Key("persistent_workers", (bool,), "true or false", "Keep workers alive between epochs (needs num_workers > 0)."),
+    Key("prefetch_factor", (int, NoneType), "an int >= 1, or null", "Batches loaded ahead by each worker.", _min(1)),
+    Key("timeout", (int, float), "a number >= 0", "Seconds to wait for a batch from a worker.", _min(0, "a number")),
+    Key("collate_fn", (str, NoneType), "a dotted path to a function, or null", "How samples become a batch."),
+)
+
+DATALOADER_SCHEMA: dict[str, Key] = {k.name: k for k in DATALOADER_KEYS}
+
+
+def trainer_defaults() -> dict[str, Any]:
+    """Each Trainer argument's default, from the signature (tuples as lists)."""
+    from treadle.trainer import Trainer  # here: the schema must not import the Trainer at load time
+
+    out: dict[str, Any] = {}
+    for name, p in inspect.signature(Trainer.__init__).parameters.items():
+        if name != "self":
+            default = p.default
+            out[name] = list(default) if isinstance(default, tuple) else (None if default is p.empty else default)
+    return out
+
+
+def check_value(key: Key, value: Any, path: str) -> None:
+    """Type first (bools are not ints here), then the key's own check."""
+    ok = any(isinstance(value, t) and not (t in (int, float) and isinstance(value, bool)) for t in key.types)
+    if not ok:
+        raise ConfigError(path, f"wrong type {type(value).__name__}", value=value, expected=key.expected)
+    if key.check is not None and value is not None:
+        key.check(value, path)
+
+
+def check_table(cfg: dict[str, Any], table: dict[str, Key], path: str, what: str) -> None:
+    """Unknown keys (with did-you-mean), then each value's type and range."""
+    check_keys(cfg, list(table), path, what)
+    for name, value in cfg.items():
+        check_value(table[name], value, join_path(path, name))
+
+
+__all__ = ["DATALOADER_KEYS", "DATALOADER_SCHEMA", "Key", "SCHEMA", "TRAINER_KEYS", "check_keys", "check_table",
+           "check_value", "trainer_defaults"]
