@@ -23,3 +23,16 @@ class TinyNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.drop(torch.relu(self.fc1(x))))
+
+
+def count_host_reads(monkeypatch) -> dict[str, int]:
+    """Count ``Tensor.item`` and ``Tensor.tolist`` calls (the ways code reads device values)."""
+    calls = {"item": 0, "tolist": 0}
+    for name in calls:
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *a, _name=name, _orig=original, **k):
+            calls[_name] += 1
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+    return calls

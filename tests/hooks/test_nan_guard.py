@@ -15,7 +15,7 @@ import treadle
 from treadle.hooks.nan_guard import NaNGuardHook
 from treadle.logging import read_jsonl
 
-from support import TinyNet, make_data
+from support import count_host_reads, TinyNet, make_data
 
 
 class NanLossAt:
@@ -68,18 +68,8 @@ def test_raise_mode_checks_the_last_partial_window_at_the_end():
 
 
 def test_interval_check_is_sync_free_between_checks(monkeypatch):
-    calls = {"item": 0, "tolist": 0}
-    item, tolist = torch.Tensor.item, torch.Tensor.tolist
-
-    def counting(name, fn):
-        def wrapper(self, *a, **k):
-            calls[name] += 1
-            return fn(self, *a, **k)
-        return wrapper
-
     t = trainer(NaNGuardHook(check_interval=4), bad=set(), log_interval=100)
-    monkeypatch.setattr(torch.Tensor, "item", counting("item", item))
-    monkeypatch.setattr(torch.Tensor, "tolist", counting("tolist", tolist))
+    calls = count_host_reads(monkeypatch)
     t.fit()
     # 16 iterations: 4 checks (one .item() each on the fast path) + the logger's single flush at the end.
     assert calls == {"item": 4, "tolist": 1}

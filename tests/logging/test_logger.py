@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 import treadle
 from treadle.logging import MetricStore, read_jsonl
 
-from support import TinyNet, make_data
+from support import count_host_reads, TinyNet, make_data
 
 
 def test_store_flush_means_and_one_transfer():
@@ -50,21 +50,11 @@ def test_jsonl_records_equal_the_losses_computed(tmp_path):
 
 
 def test_logging_does_not_read_device_values_between_intervals(monkeypatch):
-    calls = {"item": 0, "tolist": 0}
-    item, tolist = torch.Tensor.item, torch.Tensor.tolist
-
-    def counting(name, fn):
-        def wrapper(self, *a, **k):
-            calls[name] += 1
-            return fn(self, *a, **k)
-        return wrapper
-
     # A list of batches, not a DataLoader: the DataLoader itself draws a (CPU) seed per epoch.
     batches = list(DataLoader(make_data(40), batch_size=4))
     t = treadle.Trainer(TinyNet(), train_dataloader=batches, loss_fn=nn.CrossEntropyLoss(),
                         optimizer=dict(type="SGD", lr=0.05), max_iters=20, log_interval=10)
-    monkeypatch.setattr(torch.Tensor, "item", counting("item", item))
-    monkeypatch.setattr(torch.Tensor, "tolist", counting("tolist", tolist))
+    calls = count_host_reads(monkeypatch)
     t.fit()
     # per log interval: one transfer for the logged values, one for the NaN guard; none per step
     assert calls == {"item": 2, "tolist": 2}

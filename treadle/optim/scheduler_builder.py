@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from treadle.optim import schedulers as S
-from treadle.optim.schedulers import INF, ParamScheduler, init_arg_names
+from treadle.optim.schedulers import INF, ParamScheduler, explicit_init_params, init_arg_names
 
 __all__ = ["SCHEDULERS", "build_schedulers", "is_torch_scheduler"]
 
@@ -98,16 +98,7 @@ def _check_args(where: str, cls: type, args: Mapping[str, Any], accepted: list[s
 
 
 def _required_args(cls: type) -> list[str]:
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        params = list(inspect.signature(init).parameters.values())
-        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-            continue
-        skip = {"self", "optimizer", "param_name" if getattr(cls, "_fixed_param_name", None) else ""}
-        return [p.name for p in params if p.default is p.empty and p.name not in skip]
-    return []
+    return [p.name for p in explicit_init_params(cls) if p.default is p.empty]
 
 
 def _is_number(value: Any) -> bool:

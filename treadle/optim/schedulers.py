@@ -47,13 +47,13 @@ def current_lrs(optimizer: Any) -> list[float]:
     return [float(group["lr"]) for group in optimizer.param_groups]
 
 
-def init_arg_names(cls: type) -> list[str]:
-    """Names of the user-facing constructor arguments of a scheduler class.
-
-    Walks the MRO to the first ``__init__`` with an explicit signature (the LR
-    and Momentum mixins forward ``*args, **kwargs``), and drops ``self``,
-    ``optimizer`` and ``param_name`` when the class fixes the latter.
-    """
+def explicit_init_params(cls: type) -> list[inspect.Parameter]:
+    """The parameters of the first ``__init__`` along the MRO with an explicit
+    signature (the LR and Momentum mixins forward ``*args, **kwargs``), without
+    ``self``, ``optimizer``, and ``param_name`` when the class fixes the latter."""
+    drop = {"self", "optimizer"}
+    if getattr(cls, "_fixed_param_name", None):
+        drop.add("param_name")
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
         if init is None:
@@ -61,11 +61,13 @@ def init_arg_names(cls: type) -> list[str]:
         params = list(inspect.signature(init).parameters.values())
         if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
             continue
-        drop = {"self", "optimizer"}
-        if getattr(cls, "_fixed_param_name", None):
-            drop.add("param_name")
-        return [p.name for p in params if p.name not in drop]
+        return [p for p in params if p.name not in drop]
     return []
+
+
+def init_arg_names(cls: type) -> list[str]:
+    """Names of the user-facing constructor arguments of a scheduler class."""
+    return [p.name for p in explicit_init_params(cls)]
 
 
 def _scale(value: Any, factor: int) -> Any:
