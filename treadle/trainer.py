@@ -69,9 +69,22 @@ class Trainer:
             ``reset()`` (torchmetrics objects work as they are).
         hooks: Hook objects added to the defaults (a hook of a default's class
             replaces that default).
-        precision: "32" | "bf16" | "16". accumulate, clip_grad: see OptimWrapper.
+        precision: "32" | "bf16" | "16" (fp16 with a GradScaler).
+        accumulate: optimizer step every N iterations (see treadle/optim/wrapper.py).
+        clip_grad: ``dict(max_norm=1.0, norm_type=2)`` or ``dict(value=0.5)``.
+        schedulers: MMEngine-style scheduler dicts or objects (a dict by optimizer
+            name for several optimizers); see treadle/optim/schedulers.py.
+        ema: ``dict(momentum=0.9998, interval=1, start=0)`` or ``dict(alpha=...)``.
         strategy: "auto" | "single" | a Strategy. seed, seed_per_rank, deterministic.
+        resume: False, True (newest verified checkpoint in work_dir) or a path.
+        load_from: weights only, from a checkpoint, a .pt file or a .safetensors file.
+        checkpoint: ``dict(interval=1, by_epoch=True, keep=3, best="val/acc", rule="max")``;
+            None with a work_dir: save once at the end; False: never.
         log_interval: iterations between log lines. compile: ``torch.compile`` the model.
+        auto_scale_lr: ``dict(base_batch_size=256)``: lr x world size x batch / base.
+        preemption: True (SIGTERM/SIGUSR1 save and exit 143), False, or a dict.
+        nan_guard: "raise" (default, checked at the log interval), "skip", or False.
+        log_writers: any of "jsonl", "csv", "tensorboard".
     """
 
     def __init__(
