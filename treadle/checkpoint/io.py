@@ -376,7 +376,7 @@ def _torch_reason(message: str) -> str:
     return message.split("Check the documentation of torch.load")[0].strip()
 
 
-def _torch_load(fpath: Path, map_location: Any, verified: bool) -> Any:
+def _load_weights_only(fpath: Path, map_location: Any, verified: bool) -> Any:
     try:
         return torch.load(fpath, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -415,7 +415,7 @@ def load_checkpoint(
             raise CheckpointError(f"{path}: a single-file checkpoint only has {STATE_FILE!r}, asked for {wanted}")
         if verify:
             _verify_legacy_file(path)
-        return {STATE_FILE: _torch_load(path, map_location, verified=False)}
+        return {STATE_FILE: _load_weights_only(path, map_location, verified=False)}
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint")
     manifest = read_manifest(path)
@@ -426,7 +426,7 @@ def load_checkpoint(
             raise CheckpointError(f"{path}: no payload {name!r}; it has {sorted(manifest['files'])}")
         if verify:
             _verify_file(path, name, manifest["files"][name])
-        out[name] = _torch_load(path / name, map_location, verified=verify)
+        out[name] = _load_weights_only(path / name, map_location, verified=verify)
     return out
 
 
