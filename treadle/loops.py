@@ -46,6 +46,7 @@ from torch import Tensor
 
 from treadle.checkpoint.rng import set_rng_state
 from treadle.data.feed import DataFeed
+from treadle.metrics import flatten_results, to_python
 from treadle.step import batch_size_of
 
 if TYPE_CHECKING:
@@ -103,9 +104,9 @@ class EvalLoop:
                 for fn in after_iter:
                     fn(t, batch, logged)
         model.train(was_training)
-        results = {f"{mode}/{k}": _to_py(v / max(count, 1)) for k, v in sums.items()}
+        results = {f"{mode}/{k}": to_python(v / max(count, 1)) for k, v in sums.items()}
         for name, m in metrics.items():
-            results.update(_metric_results(f"{mode}/{name}", m.compute()))
+            results.update(flatten_results(f"{mode}/{name}", m.compute()))
         state.metrics.update(results)
         t._call(f"after_{mode}_epoch", results)
         t._call(f"after_{mode}", results)
@@ -125,21 +126,6 @@ class EvalLoop:
                     yield next(self.feed)
                 except StopIteration:
                     raise RuntimeError(f"the {self.mode} loader yielded no batches") from None
-
-
-def _to_py(value: Any) -> Any:
-    if isinstance(value, Tensor):
-        return value.item() if value.numel() == 1 else value.tolist()
-    return value
-
-
-def _metric_results(key: str, value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):  # e.g. a torchmetrics MetricCollection: "val/name/sub"
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_metric_results(f"{key}/{k}", v))
-        return out
-    return {key: _to_py(value)}
 
 
 class TrainLoop:

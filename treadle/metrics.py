@@ -3,6 +3,8 @@ protocol (torchmetrics objects follow the same protocol and work unchanged)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 
@@ -42,4 +44,22 @@ class Accuracy:
         return f"Accuracy(topk={self.topk})"
 
 
-__all__ = ["Accuracy"]
+def to_python(value: Any) -> Any:
+    """A result as a float (or list): read once per evaluation, never per step."""
+    if isinstance(value, Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    return value
+
+
+def flatten_results(key: str, value: Any) -> dict[str, Any]:
+    """``compute()``'s result under ``key``; a dict (e.g. a torchmetrics
+    MetricCollection) becomes ``key/sub`` entries."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(flatten_results(f"{key}/{k}", v))
+        return out
+    return {key: to_python(value)}
+
+
+__all__ = ["Accuracy", "flatten_results", "to_python"]
