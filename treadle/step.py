@@ -9,7 +9,8 @@ path has no branches for features that are off::
         if loss_fn: losses = loss_fn(model(inputs), targets)
         else:       losses = model(batch)        # tensor or dict of losses
     total, logged = parse_losses(losses)         # keys containing "loss" are summed
-    optim_wrapper.update(total)
+    optim_wrapper.update(total)                  # under DDP no_sync (forward too) when
+                                                 # accumulating and not stepping
     return logged                                # detached: goes to the logger
 """
 
@@ -85,7 +86,21 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
             inputs, targets = unpack_batch(batch)
             return loss_fn(model(inputs), targets)
 
-    if move is None and not amp:
+    if optim_wrapper.no_sync is not None and optim_wrapper.accumulate > 1:
+        # DDP with accumulation: forward and backward of non-stepping micro-batches
+        # run under no_sync, so gradients are all-reduced once per window.
+        context = optim_wrapper.optim_context
+
+        def step(batch: Batch) -> dict[str, Tensor]:
+            if move is not None:
+                batch = move(batch)
+            with context():
+                with autocast():
+                    losses = forward(batch)
+                total, logged = parse_losses(losses)
+                update(total)
+            return logged
+    elif move is None and not amp:
         def step(batch: Batch) -> dict[str, Tensor]:
             total, logged = parse_losses(forward(batch))
             update(total)

@@ -437,7 +437,8 @@ def test_bad_wrapper_arguments_are_clear_errors():
 
 
 def test_no_sync_context_is_entered_only_on_micro_batches_that_do_not_step():
-    """The strategy's no_sync (DDP) wraps the backward of non-closing micro-batches."""
+    """optim_context() gives the strategy's no_sync (DDP) for non-closing micro-batches
+    only, forward included; windows follow start_run (short last window)."""
     import contextlib
 
     model = nn.Linear(2, 1)
@@ -449,9 +450,14 @@ def test_no_sync_context_is_entered_only_on_micro_batches_that_do_not_step():
         entered.append(ow.micro_step)
         yield
 
+    assert isinstance(ow.optim_context(), contextlib.nullcontext)  # no strategy hook: nothing
     ow.no_sync = no_sync
     ow.start_run(7)  # windows 3, 3, 1
+    closes = []
     for _ in range(7):
-        ow.update(model(torch.ones(1, 2)).sum())
-    assert entered == [1, 2, 1, 2]  # micro-steps 1-2 of each full window; the closing ones sync
+        closes.append(ow.next_closes())
+        with ow.optim_context():
+            ow.update(model(torch.ones(1, 2)).sum())
+    assert closes == [False, False, True, False, False, True, True]
+    assert entered == [0, 1, 0, 1]  # before micro-steps 1-2 of each full window; closing ones sync
     assert ow.step_count == 3

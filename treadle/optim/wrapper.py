@@ -109,7 +109,7 @@ class OptimWrapper:
         # Hook points, filled in by the trainer; empty tuples cost nothing.
         self.after_backward_callbacks: tuple[Callable[[], Any], ...] = ()
         self.before_step_callbacks: tuple[Callable[[], Any], ...] = ()
-        # Context used on micro-batches that do not step (DDP's no_sync), set by a strategy.
+        # Context for micro-batches that do not step (DDP's no_sync), set by a strategy.
         self.no_sync: Callable[[], ContextManager[Any]] | None = None
 
     # -- the pieces a custom step may call ------------------------------------------
@@ -150,6 +150,24 @@ class OptimWrapper:
         end of an epoch or of training); None: unknown, windows are always full."""
         self._remaining = micro_batches
 
+    def next_closes(self) -> bool:
+        """Whether the next :meth:`update` closes its window (and so steps)."""
+        if self.accumulate == 1:
+            return True
+        window = self._window
+        if self.micro_step == 0:
+            rem = self._remaining
+            window = self.accumulate if rem is None or rem >= self.accumulate else max(rem, 1)
+        return self.micro_step + 1 >= window
+
+    def optim_context(self) -> ContextManager[Any]:
+        """Wrap forward *and* backward of a micro-batch in it: DDP's ``no_sync`` when
+        the coming update does not step (gradients then all-reduce once per window;
+        DDP decides in the forward pass, so wrapping backward alone would not do)."""
+        if self.no_sync is None or self.next_closes():
+            return contextlib.nullcontext()
+        return self.no_sync()
+
     def update(self, loss: Tensor) -> None:
         """Backward, and step + zero_grad when the accumulation window closes."""
         acc = self.accumulate
@@ -166,11 +184,7 @@ class OptimWrapper:
         self.micro_step += 1
         window = self._window
         closes = self.micro_step >= window
-        if closes or self.no_sync is None:
-            self.backward(loss / window)
-        else:
-            with self.no_sync():
-                self.backward(loss / window)
+        self.backward(loss / window)
         if closes:
             self.step()
             self.zero_grad()
