@@ -36,3 +36,43 @@ def count_host_reads(monkeypatch) -> dict[str, int]:
             return _orig(self, *a, **k)
         monkeypatch.setattr(torch.Tensor, name, wrapper)
     return calls
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(script: str, args: list[str], nproc: int = 2, timeout: float = 120.0,
+              env: dict[str, str] | None = None, signal_rank: tuple[int, int, float] | None = None):
+    """Run ``python script args`` as ``nproc`` processes with torchrun's environment
+    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT); returns [(returncode, output)].
+
+    A hang fails the test after ``timeout`` seconds instead of blocking the suite.
+    """
+    import os
+    import subprocess
+    import sys
+
+    port = str(free_port())
+    procs = []
+    for rank in range(nproc):
+        penv = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                "OMP_NUM_THREADS": "1", **(env or {})}
+        procs.append(subprocess.Popen([sys.executable, script, *args], env=penv, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    out = []
+    try:
+        for p in procs:
+            stdout, _ = p.communicate(timeout=timeout)
+            out.append((p.returncode, stdout))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out

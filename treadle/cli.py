@@ -53,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", nargs="?", const=True, default=None, metavar="PATH",
                    help="resume from the latest checkpoint in the work dir, or from PATH")
     p.add_argument("--seed", type=int, help="seed (overrides the config's)")
-    p.add_argument("--nproc", type=int, default=1, help="processes to launch (only 1 for now)")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="processes to start on this machine (through torch.distributed.run's API; "
+                        "each gets one GPU, or CPU with gloo)")
     for name in ("validate", "test"):
         p = add(name, f"evaluate a checkpoint on the config's {'val' if name == 'validate' else 'test'}_dataloader",
                 f"treadle {name} runs/d/config.yaml --checkpoint runs/d/checkpoints/epoch_0003")
@@ -76,20 +78,38 @@ def _parser() -> argparse.ArgumentParser:
 def _train(args: argparse.Namespace) -> int:
     from treadle.config import build_trainer, load_config, save_config
 
-    if args.nproc != 1:
-        raise UsageError(f"--nproc {args.nproc}: " + ("must be >= 1" if args.nproc < 1 else
-                         "launching several processes is not available yet (multi-process launch through torchrun "
-                         "is being built); run with --nproc 1"))
+    if args.nproc < 1:
+        raise UsageError(f"--nproc {args.nproc}: must be >= 1")
     cfg = load_config(args.config, args.overrides, mode="train", work_dir=args.work_dir, seed=args.seed,
                       resume=args.resume)
     if cfg["work_dir"] is None:
         cfg["work_dir"] = str(Path("runs") / Path(args.config).stem)
+    if args.nproc > 1:  # the config is checked above; each process builds its own trainer
+        from treadle.dist.launch import launch_local
+
+        return launch_local(args.nproc, ["-m", "treadle", *_without_nproc(sys.argv[1:] if args.argv is None else args.argv)])
     trainer = build_trainer(cfg, "train")  # everything is built and checked before the work dir exists
-    path = save_config(cfg, Path(cfg["work_dir"]) / "config.yaml")
-    print(f"treadle train: run directory {cfg['work_dir']} (resolved config: {path})")
+    main_rank = trainer.is_main
+    if main_rank:
+        path = save_config(cfg, Path(cfg["work_dir"]) / "config.yaml")
+        print(f"treadle train: run directory {cfg['work_dir']} (resolved config: {path})")
     metrics = trainer.fit()
-    _print_metrics(metrics, f"final metrics ({cfg['work_dir']})")
+    if main_rank:
+        _print_metrics(metrics, f"final metrics ({cfg['work_dir']})")
     return 0
+
+
+def _without_nproc(argv: Sequence[str]) -> list[str]:
+    """The command line minus ``--nproc N`` (what every launched process runs)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -100,7 +120,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise UsageError(f"--checkpoint {args.checkpoint}: no such file or directory")
     trainer = build_trainer(cfg, args.command, load_from=args.checkpoint, work_dir=args.work_dir)
     metrics = trainer.validate() if args.command == "validate" else trainer.test()
-    _print_metrics(metrics, f"{args.command}: {args.checkpoint}")
+    if trainer.is_main:  # under torchrun every rank evaluates its share; rank 0 reports
+        _print_metrics(metrics, f"{args.command}: {args.checkpoint}")
     return 0
 
 
@@ -188,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
+        args.argv = list(argv) if argv is not None else None
     except SystemExit as e:  # --help (0) or an argparse error (2, message already printed)
         return e.code if isinstance(e.code, int) else 2
     if args.command is None:

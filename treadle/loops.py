@@ -13,6 +13,7 @@ This file is the whole training flow. ``trainer.fit()`` runs::
                                                     # before_optimizer_step fire inside
                 after_train_iter(batch, outputs)
                 state.iter += 1
+                [several processes: the ranks agree on stopping here]
             after_train_epoch
         "val": k validation passes (EpochLoop) or k validation iterations (IterLoop):
             before_val, before_val_epoch, (before_val_iter, after_val_iter)*,
@@ -86,6 +87,10 @@ class EvalLoop:
         if num_iters is None:
             self.feed.start_epoch(self._passes)
             self._passes += 1
+        # FSDP gathers parameters inside forward: every rank must run as many batches.
+        lockstep = num_iters is None and t.strategy.distributed and t.strategy.eval_in_lockstep
+        target = _most_batches(self.feed.length) if lockstep else 0  # before any forward: collectives pair up
+        batch = None
         with torch.no_grad():
             for batch in self._batches(num_iters):
                 for fn in before_iter:
@@ -103,8 +108,13 @@ class EvalLoop:
                 count += n
                 for fn in after_iter:
                     fn(t, batch, logged)
+            if lockstep:
+                _replay_for_lockstep(t, target - self.feed.batch_idx, batch)
         model.train(was_training)
-        results = {f"{mode}/{k}": to_python(v / max(count, 1)) for k, v in sums.items()}
+        totals = {k: to_python(v) for k, v in sums.items()}  # one host read per evaluation
+        if t.strategy.distributed:  # each rank saw its own share of the samples: add them up
+            totals, count = _sum_over_ranks(totals, count)
+        results = {f"{mode}/{k}": v / max(count, 1) for k, v in totals.items()}
         for name, m in metrics.items():
             results.update(flatten_results(f"{mode}/{name}", m.compute()))
         state.metrics.update(results)
@@ -126,6 +136,41 @@ class EvalLoop:
                     yield next(self.feed)
                 except StopIteration:
                     raise RuntimeError(f"the {self.mode} loader yielded no batches") from None
+
+
+def _most_batches(length: int | None) -> int:
+    """The largest number of evaluation batches of any rank."""
+    from treadle.dist.comm import all_gather_object
+
+    if length is None:
+        raise RuntimeError("evaluation in lockstep (FSDP) needs loaders with a length")
+    return max(all_gather_object(length))
+
+
+def _replay_for_lockstep(t: "Trainer", extra: int, last: Any) -> None:
+    """Ranks with fewer evaluation batches repeat forward passes (results dropped) until
+    every rank has run as many: the collectives inside forward then always pair up."""
+    if extra and last is None:
+        raise RuntimeError(f"rank {t.strategy.rank} has no {t.state.mode} batch while others have {extra}: "
+                           "the dataset is smaller than the number of processes")
+    for _ in range(extra):
+        if t._custom_val_step is not None:
+            t._custom_val_step(last, t)
+        else:
+            t._eval_step(last)
+
+
+def _sum_over_ranks(totals: dict[str, float], count: int) -> tuple[dict[str, float], int]:
+    """Per-rank sums and sample counts made global (a rank may have no batches)."""
+    from treadle.dist.comm import all_gather_object
+
+    summed: dict[str, float] = {}
+    n = 0
+    for rank_totals, rank_count in all_gather_object((totals, count)):
+        for k, v in rank_totals.items():
+            summed[k] = summed.get(k, 0.0) + v
+        n += rank_count
+    return summed, n
 
 
 class TrainLoop:
@@ -222,6 +267,7 @@ class TrainLoop:
         s = t.state
         step = t._train_step
         before, after = t._dispatch["before_train_iter"], t._dispatch["after_train_iter"]
+        agree = t._agree_stop  # None in one process; several: every rank stops together
         end = s.iter + limit if limit is not None else -1
         clock = perf_counter
         tic = clock()
@@ -236,6 +282,8 @@ class TrainLoop:
                 fn(t, batch, outputs)
             s.iter += 1
             s.inner_iter += 1
+            if agree is not None:
+                agree()
             if s.iter == end or s.should_stop:
                 return self.feed.batch_idx == self.feed.length
             tic = clock()

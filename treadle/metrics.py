@@ -35,13 +35,28 @@ class Accuracy:
         self.total += targets.numel()
 
     def compute(self) -> float:
-        if self.total == 0:
-            return float("nan")
+        """Accuracy over everything seen; with several processes, over every rank's
+        samples (each rank evaluates its own share, see treadle/data/distributed.py)."""
         correct = self.correct.item() if isinstance(self.correct, Tensor) else self.correct
-        return correct / self.total
+        correct, total = sum_over_ranks(correct, self.total)
+        if total == 0:
+            return float("nan")
+        return correct / total
 
     def __repr__(self) -> str:
         return f"Accuracy(topk={self.topk})"
+
+
+def sum_over_ranks(*values: float) -> list[float]:
+    """Each value summed over every process (as given, in one process). For metrics
+    whose state is counts: call it in ``compute()`` so results cover the whole
+    dataset; torchmetrics objects do the same by themselves."""
+    from treadle.dist.comm import all_gather_object, is_distributed
+
+    if not is_distributed():
+        return list(values)
+    per_rank = all_gather_object(values)
+    return [sum(r[i] for r in per_rank) for i in range(len(values))]
 
 
 def to_python(value: Any) -> Any:
@@ -62,4 +77,4 @@ def flatten_results(key: str, value: Any) -> dict[str, Any]:
     return {key: to_python(value)}
 
 
-__all__ = ["Accuracy", "flatten_results", "to_python"]
+__all__ = ["Accuracy", "flatten_results", "sum_over_ranks", "to_python"]

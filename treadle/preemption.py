@@ -6,6 +6,12 @@ saves a checkpoint there, closes its writers, requeues the job under SLURM when
 asked (rank 0 runs ``scontrol requeue $SLURM_JOB_ID``) and exits with
 ``exit_code`` (143 = 128 + SIGTERM by default). The previous handlers are restored
 when ``fit()`` returns.
+
+Several processes: a signal may reach some ranks only, or reach them at different
+iterations. So it only sets ``state.preempt_requested``; after every iteration the
+ranks all-reduce their stop and preemption flags (one small CPU all-reduce), and all
+of them stop at the same boundary. Rank 0 writes the checkpoint; the others wait
+for it at a barrier before exiting, so the launcher never kills a half-written save.
 """
 
 from __future__ import annotations
@@ -54,14 +60,21 @@ class PreemptionConfig:
 class PreemptionHandlers:
     """Context manager installing the handlers (main thread only) and restoring them."""
 
-    def __init__(self, cfg: PreemptionConfig, state: TrainState) -> None:
+    def __init__(self, cfg: PreemptionConfig, state: TrainState, deferred: bool = False) -> None:
         self.cfg = cfg
         self.state = state
+        # deferred (several processes): only record the request; the loop's agreement
+        # step turns it into a stop on every rank at the same iteration boundary.
+        self.deferred = deferred
         self._previous: dict[signal.Signals, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         self.cfg.received.append(name)
+        if self.deferred:
+            self.state.preempt_requested = True
+            self.state.stop_reason = f"preempted by {name}"
+            return
         self.state.preempted = True
         self.state.request_stop(f"preempted by {name}")
 

@@ -6,7 +6,7 @@ A checkpoint directory (see ``treadle.checkpoint.io``) holds ``state.pt``::
     optim      {name: OptimWrapper.state_dict()}  optimizer, GradScaler, accumulation
     hooks      {key: hook.state_dict()}           schedulers, EMA, best-K, ...
     trainer    counters: epoch, iter, inner_iter, metrics
-    data       the feed's position: epoch, batch_idx, open, seed
+    data       the feed's position: epoch, batch_idx, open, seed, world_size
 
 and ``rng_rank<r>.pt`` with every RNG of rank r. The position is that of an
 iteration boundary: called from ``after_train_iter`` it already counts the running
@@ -15,10 +15,12 @@ iteration (its step is done), and from ``after_train_epoch`` it counts the epoch
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import treadle
 from treadle.checkpoint.rng import get_rng_state
+from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
     from treadle.trainer import Trainer
@@ -47,7 +49,8 @@ def position(trainer: "Trainer") -> tuple[dict[str, int], dict[str, Any]]:
     """Counters and data position of the current iteration boundary."""
     s, loop = trainer.state, trainer.train_loop
     counters = {"epoch": s.epoch, "iter": s.iter, "inner_iter": 0}
-    data: dict[str, Any] = {"epoch": s.epoch, "batch_idx": 0, "open": False, "seed": trainer.seed}
+    data: dict[str, Any] = {"epoch": s.epoch, "batch_idx": 0, "open": False, "seed": trainer.seed,
+                            "world_size": trainer.strategy.world_size}
     if loop is None:
         return counters, data
     feed = loop.feed
@@ -66,9 +69,11 @@ def position(trainer: "Trainer") -> tuple[dict[str, int], dict[str, Any]]:
 def collect(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
     """``(payloads, meta)`` for :func:`treadle.checkpoint.io.save_checkpoint`."""
     counters, data = position(trainer)
+    strategy, module = trainer.strategy, trainer.module
     state = {
-        "model": trainer.module.state_dict(),
-        "optim": {name: ow.state_dict() for name, ow in trainer.optim_wrappers.items()},
+        "model": strategy.model_state_dict(module),
+        "optim": {name: ow.state_dict(strategy.optim_state_dict(module, ow.optimizer))
+                  for name, ow in trainer.optim_wrappers.items()},
         "hooks": {key: h.state_dict() for key, h in hook_keys(trainer).items()},
         "trainer": {**counters, "metrics": dict(trainer.state.metrics)},
         "data": data,
@@ -81,6 +86,14 @@ def collect(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
     return {STATE_FILE: state, rng_file(trainer.strategy.rank): get_rng_state()}, meta
 
 
+def sharded_template(trainer: "Trainer") -> dict[str, Any]:
+    """This run's model and optimizer states as the strategy gives them (FSDP: sharded
+    DTensors, which a sharded checkpoint is read into)."""
+    strategy, module = trainer.strategy, trainer.module
+    return {"model": strategy.model_state_dict(module),
+            "optim": {name: strategy.optim_state_dict(module, ow.optimizer) for name, ow in trainer.optim_wrappers.items()}}
+
+
 def restore(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, Any]:
     """Load ``payloads`` into the trainer; returns the data position to resume from.
 
@@ -88,13 +101,15 @@ def restore(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, Any]:
     at the exact point where the interrupted run was (just before the next batch).
     """
     state = payloads[STATE_FILE]
-    trainer.module.load_state_dict(state["model"])
+    strategy, module = trainer.strategy, trainer.module
+    strategy.load_model_state_dict(module, state["model"])
     missing = set(trainer.optim_wrappers) ^ set(state["optim"])
     if missing:
         raise ValueError(f"the checkpoint's optimizers {sorted(state['optim'])} do not match this trainer's "
                          f"{sorted(trainer.optim_wrappers)}")
     for name, ow in trainer.optim_wrappers.items():
-        ow.load_state_dict(state["optim"][name])
+        ow.load_state_dict(state["optim"][name],
+                           functools.partial(strategy.load_optim_state_dict, module, ow.optimizer))
     hooks = hook_keys(trainer)
     for key, hstate in state["hooks"].items():
         if key in hooks:
@@ -104,5 +119,18 @@ def restore(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, Any]:
     s.epoch, s.iter, s.inner_iter = int(c["epoch"]), int(c["iter"]), int(c["inner_iter"])
     s.metrics = dict(c.get("metrics", {}))
     pos = dict(state["data"])
-    pos["rng"] = payloads.get(rng_file(trainer.strategy.rank))
+    pos["rng"] = payloads.get(rng_file(strategy.rank))
+    saved_world = int(pos.get("world_size", 1))
+    if saved_world != strategy.world_size:
+        # The sampler splits the data differently: keep the number of samples taken.
+        get_logger().warning(f"resuming a run saved by {saved_world} process(es) on {strategy.world_size}: "
+                             "weights, optimizer and counters are exact; the rest of the open epoch's "
+                             "order and the per-rank RNG streams cannot be, so they restart from the "
+                             "same number of samples with fresh streams")
+        if pos.get("open"):
+            pos["batch_idx"] = int(pos["batch_idx"]) * saved_world // strategy.world_size
+        if pos["rng"] is None or strategy.world_size > saved_world:
+            pos["rng"] = None
+    elif pos["rng"] is None and strategy.distributed:
+        raise FileNotFoundError(f"the checkpoint has no {rng_file(strategy.rank)}; it was not saved by this job")
     return pos

@@ -29,6 +29,8 @@ class TrainState:
     should_stop: bool = False
     stop_reason: str = ""
     preempted: bool = False  # set with should_stop by a preemption signal
+    # Several processes: a signal only asks; the ranks agree at the iteration boundary.
+    preempt_requested: bool = False
     # Host timestamps of the running iteration, set by the loop (perf_counter seconds).
     data_time: float = 0.0
     iter_start_time: float = 0.0

@@ -12,15 +12,20 @@ path has no branches for features that are off::
     optim_wrapper.update(total)                  # under DDP no_sync (forward too) when
                                                  # accumulating and not stepping
     return logged                                # detached: goes to the logger
+
+``Trainer(timer_breakdown=True)`` selects ``make_timed_train_step`` instead: the same
+computation with phase marks around it (``treadle/timing.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 from torch import Tensor, nn
 
 from treadle.optim.wrapper import OptimWrapper
+from treadle.timing import PhaseTimer
 
 Batch = Any
 StepFn = Callable[[Batch], dict[str, Tensor]]
@@ -72,8 +77,14 @@ def parse_losses(losses: Tensor | dict[str, Tensor] | list[Tensor] | tuple[Tenso
 
 
 def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_wrapper: OptimWrapper,
-                    move: Callable[[Batch], Batch] | None) -> StepFn:
-    """The default training step, specialised for this configuration."""
+                    move: Callable[[Batch], Batch] | None, timer: PhaseTimer | None = None) -> StepFn:
+    """The default training step, specialised for this configuration.
+
+    With a ``timer`` (``Trainer(timer_breakdown=True)``) the step is
+    :func:`make_timed_train_step`; without one, the closures below have no timing code.
+    """
+    if timer is not None:
+        return make_timed_train_step(model, loss_fn, optim_wrapper, move, timer)
     update = optim_wrapper.update
     amp = optim_wrapper.precision != "32"
     autocast = optim_wrapper.autocast
@@ -114,6 +125,48 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
             total, logged = parse_losses(losses)
             update(total)
             return logged
+    return step
+
+
+def make_timed_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_wrapper: OptimWrapper,
+                          move: Callable[[Batch], Batch] | None, timer: PhaseTimer) -> StepFn:
+    """The default step with phase marks (see ``treadle/timing.py``); it computes
+    exactly what the untimed step computes, in the same order.
+
+    The mark between backward and the optimizer is taken by a callback put first in
+    ``optim_wrapper.after_backward_callbacks`` (the Trainer resets that tuple before
+    it builds the step), so ``update()`` and its accumulation logic stay untouched.
+    """
+    callbacks = optim_wrapper.after_backward_callbacks
+    if timer.mark not in callbacks:
+        optim_wrapper.after_backward_callbacks = (timer.mark, *callbacks)
+    update = optim_wrapper.update
+    autocast = optim_wrapper.autocast
+    begin, mark, end = timer.begin, timer.mark, timer.end
+    if optim_wrapper.no_sync is not None and optim_wrapper.accumulate > 1:
+        context: Callable[[], Any] = optim_wrapper.optim_context  # DDP no_sync, as in the untimed step
+    else:
+        context = contextlib.nullcontext
+
+    def step(batch: Batch) -> dict[str, Tensor]:
+        begin()
+        if move is not None:
+            batch = move(batch)
+        with context():
+            with autocast():
+                if loss_fn is None:
+                    losses = model(batch)
+                    mark()  # forward; the loss phase is parse_losses only
+                else:
+                    inputs, targets = unpack_batch(batch)
+                    outputs = model(inputs)
+                    mark()
+                    losses = loss_fn(outputs, targets)
+            total, logged = parse_losses(losses)
+            mark()
+            update(total)  # the after_backward callback marks the end of backward
+        end()
+        return logged
     return step
 
 

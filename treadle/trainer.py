@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
+import secrets
+import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
 
+from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.data.feed import DataFeed
+from treadle.dist import comm
 from treadle.env import collect_env, format_env
 from treadle.hooks.base import HOOK_POINTS, Hook, build_dispatch, describe_order, get_priority, sort_hooks
 from treadle.hooks.ema import EMAHook
@@ -27,7 +33,7 @@ from treadle.logging.store import MetricStore
 from treadle.logging.writers import get_logger
 from treadle.loops import EpochLoop, EvalLoop, IterLoop, TrainLoop, check_workflow, default_workflow
 from treadle import snapshot
-from treadle.checkpoint.io import cleanup_stale_tmp, find_latest_checkpoint, load_checkpoint, save_checkpoint
+from treadle.checkpoint.io import cleanup_stale_tmp, find_latest_checkpoint
 from treadle.checkpoint.weights import load_weights
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.optim.builder import build_optimizer
@@ -37,6 +43,7 @@ from treadle.optim.wrapper import OptimWrapper, check_clip_grad, check_precision
 from treadle.seeding import seed_everything, set_deterministic
 from treadle.state import TrainState
 from treadle.step import make_eval_step, make_train_step
+from treadle.timing import PhaseTimer, PhaseTimerHook
 from treadle.strategies.base import Strategy, build_strategy
 
 
@@ -75,7 +82,9 @@ class Trainer:
         schedulers: MMEngine-style scheduler dicts or objects (a dict by optimizer
             name for several optimizers); see treadle/optim/schedulers.py.
         ema: ``dict(momentum=0.9998, interval=1, start=0)`` or ``dict(alpha=...)``.
-        strategy: "auto" | "single" | a Strategy. seed, seed_per_rank, deterministic.
+        strategy: "auto" (DDP under a multi-process launcher, else one device) | "single" |
+            "ddp" | "fsdp" | ``dict(type="ddp", find_unused_parameters=True, ...)`` | a
+            Strategy (treadle/strategies/). seed, seed_per_rank, deterministic.
         resume: False, True (newest verified checkpoint in work_dir) or a path.
         load_from: weights only, from a checkpoint, a .pt file or a .safetensors file.
         checkpoint: ``dict(interval=1, by_epoch=True, keep=3, best="val/acc", rule="max")``;
@@ -85,6 +94,10 @@ class Trainer:
         preemption: True (SIGTERM/SIGUSR1 save and exit 143), False, or a dict.
         nan_guard: "raise" (default, checked at the log interval), "skip", or False.
         log_writers: any of "jsonl", "csv", "tensorboard".
+        progress: "auto" (a live rich progress bar when stdout is a terminal, main
+            process only), True (always, main process only) or False.
+        timer_breakdown: log ``time/forward``, ``time/loss``, ``time/backward``,
+            ``time/optimizer``, ``time/hooks`` of the default step (see treadle/timing.py).
     """
 
     def __init__(
@@ -120,6 +133,8 @@ class Trainer:
         preemption: bool | dict[str, Any] = True,
         nan_guard: str | bool | dict[str, Any] = "raise",
         log_writers: tuple[Any, ...] = ("jsonl", "csv", "tensorboard"),
+        progress: bool | str = "auto",
+        timer_breakdown: bool = False,
     ) -> None:
         # -- check every argument before anything happens ---------------------------
         if not isinstance(model, nn.Module):
@@ -158,13 +173,25 @@ class Trainer:
         self.preemption = PreemptionConfig.build(preemption)
         self.strategy = build_strategy(strategy)
 
-        # -- components ----------------------------------------------------------
+        # -- process group (several processes), then components ---------------------
+        self.strategy.setup()
+        distributed = self.strategy.distributed
+        if not self.is_main:  # one copy of the console and text log: rank 0's
+            get_logger().setLevel(logging.WARNING)
+        # Ranks must agree on the data order and the run's start time: rank 0 decides.
+        self.run_timestamp, self._data_seed = comm.broadcast_object(
+            (time.strftime("%Y%m%d_%H%M%S"), seed if seed is not None else secrets.randbits(63)))
         self.seed = seed
         if seed is not None:
             seed_everything(seed, rank=self.strategy.rank, per_rank=seed_per_rank)
         if deterministic:
             set_deterministic(True)
         self.work_dir = Path(work_dir) if work_dir is not None else None
+        if distributed and self.strategy.shard_data:  # each rank reads its share
+            rank, world = self.strategy.rank, self.strategy.world_size
+            train_dataloader = shard_train_loader(train_dataloader, rank, world) if train_dataloader is not None else None
+            val_dataloader = shard_eval_loader(val_dataloader, rank, world) if val_dataloader is not None else None
+            test_dataloader = shard_eval_loader(test_dataloader, rank, world) if test_dataloader is not None else None
         self.train_dataloader = train_dataloader
         self.val_dataloader = val_dataloader
         self.test_dataloader = test_dataloader
@@ -180,21 +207,33 @@ class Trainer:
         if load_from is not None:
             get_logger().info(f"load_from {load_from}:\n{load_weights(model, load_from, strict=True)}")
         self.model = self.strategy.setup_model(model)
+        eval_model = self.strategy.eval_model(self.model)  # DDP: the module itself, no collectives
         if compile:
-            self.model = torch.compile(self.model)
+            compiled = torch.compile(self.model)
+            eval_model = compiled if eval_model is self.model else torch.compile(eval_model)
+            self.model = compiled
         self.optim_wrappers = self._build_optim_wrappers(optimizer, accumulate) if optimizer is not None else {}
+        for ow in self.optim_wrappers.values():
+            self.strategy.setup_optim_wrapper(ow, self.model)
+        # Several processes: after each iteration the ranks agree on stopping (None: one process).
+        self._agree_stop: Callable[[], None] | None = self._agree_on_stop if distributed else None
         if auto_scale_lr is not None:
             self._scale_lr(auto_scale_lr)
         extra_hooks: list[Hook] = []
         if schedulers:
             extra_hooks.append(ParamSchedulerHook(self._build_schedulers(schedulers)))
         if ema is not None:
+            if self.strategy.name == "fsdp" and distributed:
+                raise ValueError("ema= is not supported with strategy='fsdp' yet (the average would be a sharded "
+                                 "copy); use strategy='ddp', or train without EMA")
             extra_hooks.append(_ema_hook(ema))
         if checkpoint is None and work_dir is not None and train_dataloader is not None:
             extra_hooks.append(CheckpointHook(interval=None))  # the default: save when training ends
         elif checkpoint is not None and checkpoint is not False:
             extra_hooks.append(_checkpoint_hook(checkpoint))
         self._move = self.strategy.batch_mover()
+        if self.strategy.device.type == "cuda" and self.is_main:
+            _warn_if_unpinned(self.train_dataloader)
         self._custom_train_step = getattr(self.module, "train_step", None)
         custom_val = getattr(self.module, "val_step", None)
         self._custom_val_step = (lambda batch, t: custom_val(batch, t) or {}) if custom_val is not None else None
@@ -202,11 +241,19 @@ class Trainer:
             raise ValueError(f"several optimizers {sorted(self.optim_wrappers)} need a custom step: define "
                              "model.train_step(batch, trainer) that uses trainer.optim_wrappers[name]")
         autocast = make_autocast(self.precision, self.strategy.device.type)
-        self._eval_step = make_eval_step(self.model, loss_fn, autocast, self._move)
+        self._eval_step = make_eval_step(eval_model, loss_fn, autocast, self._move)
         self.hooks: list[Hook] = []
         self._dispatch: dict[str, tuple[Callable[..., Any], ...]] = {}
         if nan_guard:
             extra_hooks.append(_nan_guard_hook(nan_guard, log_interval))
+        if _progress_on(progress, self.is_main):
+            from treadle.hooks.progress import ProgressBarHook  # imports rich: only when a bar is wanted
+
+            extra_hooks.append(ProgressBarHook(force_terminal=True if progress is True else None))
+        # Set before _set_hooks, which builds the train step.
+        self._phase_timer = PhaseTimer(self.strategy.device) if _check_bool("timer_breakdown", timer_breakdown) else None
+        if self._phase_timer is not None:
+            extra_hooks.append(PhaseTimerHook(self._phase_timer))
         defaults = [IterTimerHook(), LoggerHook(interval=log_interval, writers=tuple(log_writers)), *extra_hooks]
         self._set_hooks(defaults, hooks)
         self.train_loop: TrainLoop | None = None
@@ -310,7 +357,7 @@ class Trainer:
             return lambda batch: step(batch, self) or {}
         if not self.optim_wrappers:
             return self.train_step
-        return make_train_step(self.model, self.loss_fn, self.optim_wrapper, self._move)
+        return make_train_step(self.model, self.loss_fn, self.optim_wrapper, self._move, timer=self._phase_timer)
 
     def _call(self, point: str, *args: Any) -> None:
         for fn in self._dispatch[point]:
@@ -372,15 +419,17 @@ class Trainer:
         if pos is not None and (s.iter >= s.max_iters if s.max_iters else s.epoch >= s.max_epochs):  # type: ignore[operator]
             get_logger().info(f"the run in {self.work_dir} already finished (epoch {s.epoch}, iter {s.iter}); nothing to do")
             return dict(s.metrics)
-        feed = DataFeed(self.train_dataloader, seed=pos["seed"] if pos else self.seed)
+        feed = DataFeed(self.train_dataloader, seed=pos["seed"] if pos else self._data_seed, rank=self.strategy.rank)
         total = s.max_epochs if s.by_epoch else s.max_iters
         workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
         loop_cls = EpochLoop if s.by_epoch else IterLoop
         self.train_loop = loop_cls(self, feed, workflow, resume_pos=pos)
         self.model.train()
-        handlers = PreemptionHandlers(self.preemption, s) if self.preemption else contextlib.nullcontext()
+        handlers = (PreemptionHandlers(self.preemption, s, deferred=self.strategy.distributed)
+                    if self.preemption else contextlib.nullcontext())
         with handlers:
             self._run(self._train_and_save_on_preemption)
+        self.strategy.finish_saves()  # FSDP: an asynchronous save still in flight
         if s.preempted and self.preemption is not None:
             if self.preemption.requeue and self.is_main:
                 requeue_slurm_job()
@@ -391,20 +440,35 @@ class Trainer:
         self.train_loop.run()  # type: ignore[union-attr]
         if self.state.preempted and self.work_dir is not None:
             path = self.save_checkpoint(self.work_dir / "checkpoints" / f"iter_{self.state.iter:08d}")
-            get_logger().warning(f"{self.state.stop_reason}: saved {path} at iteration {self.state.iter}")
+            comm.barrier()  # the other ranks exit only once rank 0's save is complete
+            if self.is_main:
+                get_logger().warning(f"{self.state.stop_reason}: saved {path} at iteration {self.state.iter}")
+
+    def _agree_on_stop(self) -> None:
+        """Every rank learns whether any rank must stop or was preempted (one CPU
+        all-reduce per iteration, multi-process runs only)."""
+        s = self.state
+        stop, preempted = comm.any_rank(s.should_stop or s.preempt_requested, s.preempt_requested)
+        if preempted and not s.preempted:
+            s.preempted = True
+            s.stop_reason = s.stop_reason or "preempted (signal received by another rank)"
+        if stop:
+            s.should_stop = True
 
     # -- checkpoints -------------------------------------------------------------------
-    def save_checkpoint(self, path: str | Path) -> Path:
-        """Save the complete state (atomic; see treadle/snapshot.py for what is in it)."""
+    def save_checkpoint(self, path: str | Path, writer: Callable[..., Path] | None = None) -> Path:
+        """Save the complete state (atomic; see treadle/snapshot.py for what is in it).
+
+        ``writer``: replaces ``treadle.checkpoint.io.save_checkpoint`` on rank 0, e.g. an
+        ``AsyncCheckpointer`` (which returns once the state is copied to CPU memory).
+        """
         payloads, meta = snapshot.collect(self)
         self._call("before_save_checkpoint", payloads[snapshot.STATE_FILE])
-        if not self.is_main:
-            return Path(path)
-        return save_checkpoint(path, payloads, meta=meta)
+        return self.strategy.save_checkpoint(path, payloads, meta, writer=writer)  # rank 0 writes; all ranks call
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore the complete state from ``path``; returns the data position."""
-        payloads = load_checkpoint(path)
+        payloads = self.strategy.load_checkpoint(path, template=functools.partial(snapshot.sharded_template, self))
         pos = snapshot.restore(self, payloads)
         self._call("after_load_checkpoint", payloads[snapshot.STATE_FILE])
         get_logger().info(f"resumed from {path} at epoch {self.state.epoch}, iter {self.state.iter}")
@@ -413,9 +477,11 @@ class Trainer:
     def _resume_position(self) -> dict[str, Any] | None:
         if self.resume is True:
             ckpt_dir = self.work_dir / "checkpoints"  # type: ignore[operator]
-            if ckpt_dir.is_dir():
+            path = None
+            if self.is_main and ckpt_dir.is_dir():
                 cleanup_stale_tmp(ckpt_dir)
-            path = find_latest_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
+                path = find_latest_checkpoint(ckpt_dir)
+            path = comm.broadcast_object(path)  # every rank resumes from rank 0's choice
             if path is None:
                 get_logger().info(f"resume=True: no checkpoint in {ckpt_dir}; starting from scratch")
                 return None
@@ -448,6 +514,32 @@ class Trainer:
             self._call("after_run")
 
 
+def _progress_on(progress: Any, is_main: bool) -> bool:
+    """Whether to add the progress bar: "auto" on a terminal, True always; main process only."""
+    if not (isinstance(progress, bool) or progress == "auto"):
+        raise ValueError(f"progress={progress!r}; expected 'auto' (a bar when stdout is a terminal), True or False")
+    if not is_main or progress is False:
+        return False
+    isatty = getattr(sys.stdout, "isatty", None)
+    return progress is True or bool(isatty and isatty())
+
+
+def _warn_if_unpinned(loader: Any) -> None:
+    """Batches go to the GPU with non_blocking copies, which overlap with compute only
+    from pinned host memory: say so when a CUDA run's DataLoader does not pin."""
+    from torch.utils.data import DataLoader
+
+    if isinstance(loader, DataLoader) and not loader.pin_memory:
+        get_logger().warning("the training DataLoader has pin_memory=False: on CUDA each batch copy then blocks "
+                             "the host; DataLoader(..., pin_memory=True) lets it overlap with compute")
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def _nan_guard_hook(cfg: Any, log_interval: int) -> NaNGuardHook:
     """The default checks at the log interval, when the logger syncs anyway: no sync per step."""
     if cfg is True or cfg == "raise":
@@ -469,7 +561,7 @@ def _checkpoint_hook(cfg: Any) -> CheckpointHook:
         return CheckpointHook()
     if not isinstance(cfg, dict):
         raise TypeError(f"checkpoint must be a dict such as dict(interval=1, by_epoch=True, keep=3), got {cfg!r}")
-    allowed = ("interval", "by_epoch", "keep", "best", "rule", "keep_best", "save_last")
+    allowed = ("interval", "by_epoch", "keep", "best", "rule", "keep_best", "save_last", "async_save")
     unknown = set(cfg) - set(allowed)
     if unknown:
         raise ValueError(f"checkpoint has unknown keys {sorted(unknown)}; expected some of {list(allowed)}")

@@ -10,7 +10,6 @@ import safetensors
 import torch
 from torch import nn
 
-from treadle.checkpoint import weights as ckw
 from treadle.checkpoint.io import CorruptCheckpointError, UnsafeCheckpointError, save_checkpoint
 from treadle.checkpoint.weights import (
     LoadReport,
@@ -185,7 +184,7 @@ def test_export_is_atomic(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckw.safetensors.torch, "save_file", fail)
+    monkeypatch.setattr("safetensors.torch.save_file", fail)  # weights.py imports it when exporting
     with pytest.raises(OSError, match="disk full"):
         export_safetensors(_trained(Net(), 11).state_dict(), out)
     assert out.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [out.name]

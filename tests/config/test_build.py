@@ -144,8 +144,8 @@ def test_mmengine_scope_prefix_and_torch_schedulers_are_accepted():
 
 
 def test_trainer_errors_become_config_errors():
-    with pytest.raises(ConfigError, match=r"^strategy='ddp' is not available yet"):
-        build_trainer(cfg(strategy="ddp"))
+    with pytest.raises(ConfigError, match=r"^strategy: strategy 'ddp': bad options \['bucket'\]"):
+        build_trainer(cfg(strategy={"type": "ddp", "bucket": 3}))
     with pytest.raises(ConfigError, match=r"^resume='/no/such/ckpt': no such checkpoint"):
         build_trainer(cfg(resume="/no/such/ckpt"))
     with pytest.raises(ConfigError, match=r"^schedulers\[0\] \(LinearLR\): `begin` must be smaller than `end`"):

@@ -130,3 +130,55 @@ def test_trainer_default_guard_raises_at_the_log_interval_without_per_step_sync(
     t = trainer(None, bad={2}, log_interval=4)
     with pytest.raises(FloatingPointError, match=r"iteration=2 \(epoch 0\) \(found at the check after iteration 3\)"):
         t.fit()
+
+
+def test_default_guard_shares_the_loggers_read(monkeypatch):
+    """check_interval == log interval: the guard reads nothing itself; the logger's
+    flush (one transfer per interval) is the only host read."""
+    t = trainer(None, bad=set(), log_interval=4)
+    calls = count_host_reads(monkeypatch)
+    t.fit()
+    assert calls == {"item": 0, "tolist": 4}  # 16 iterations, a record every 4
+
+
+def test_shared_check_writes_the_record_then_names_the_first_bad_iteration(tmp_path):
+    t = trainer(None, bad={5, 6}, tmp_path=tmp_path, log_interval=4)
+    with pytest.raises(FloatingPointError, match=r"iteration=5 \(epoch 0\) \(found at the check after iteration 7\)") as info:
+        t.fit()
+    assert "'loss_aux': 0.25" in str(info.value) and t.state.iter == 7
+    train = [r for r in read_jsonl(tmp_path / "log.jsonl") if r["mode"] == "train"]
+    assert [r["iter"] for r in train] == [4, 8] and train[-1]["loss"] == "nan"  # the log shows the NaN window
+
+
+def test_shared_check_raises_when_only_the_mean_over_ranks_is_nonfinite():
+    """Another rank's NaN reaches this rank only through the reduced means: raise alike."""
+    t = trainer(None, bad=set(), log_interval=4)
+
+    def reduce(values):
+        return {**values, "loss": math.nan} if t.state.iter >= 7 else values
+    t.strategy.reduce_log_values = reduce
+    with pytest.raises(FloatingPointError, match=r"between iterations 4 and 7 .*'loss': nan.*another process"):
+        t.fit()
+
+
+def test_guard_after_the_logger_keeps_its_own_checks(monkeypatch):
+    """A guard ordered after the logger cannot use the logger's flush (it would miss the
+    logged iteration's values): it reads its window itself."""
+    guard = NaNGuardHook(check_interval=4)
+    guard.priority = "LOWEST"
+    t = trainer(guard, bad={5}, log_interval=4)
+    with pytest.raises(FloatingPointError, match="iteration=5"):
+        t.fit()
+    late = NaNGuardHook(check_interval=4)
+    late.priority = "LOWEST"
+    t2 = trainer(late, bad=set(), log_interval=4)
+    calls = count_host_reads(monkeypatch)
+    t2.fit()
+    assert calls == {"item": 4, "tolist": 4}  # 16 iterations: its 4 checks, the logger's 4 records
+
+
+def test_raise_mode_is_not_called_before_optimizer_steps():
+    t = trainer(None, bad=set(), log_interval=4)
+    assert t._dispatch["before_optimizer_step"] == ()
+    t = trainer(None, bad=set(), nan_guard="skip")
+    assert len(t._dispatch["before_optimizer_step"]) == 1

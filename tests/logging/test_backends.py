@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import sys
+import time
 
 import pytest
 from torch import nn
@@ -91,9 +92,119 @@ def test_tensorboard_scalars_read_back(tmp_path, records):
 
 
 def test_tensorboard_missing_package_says_what_to_install(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    monkeypatch.setitem(sys.modules, "tensorboard.compat.proto.event_pb2", None)  # as if not installed
     with pytest.raises(ImportError, match="pip install tensorboard"):
         TensorBoardWriter(tmp_path)
+
+
+def _scalars(log_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(log_dir))
+    ea.Reload()
+    return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
+
+
+def test_tensorboard_events_are_kept_until_flush_secs_then_written_in_one_go(tmp_path, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    w = TensorBoardWriter(tmp_path, flush_secs=10)
+    for i in range(1, 200):
+        w.write({"mode": "train", "iter": 50 * i, "loss": 1.0 / i})
+    assert _scalars(tmp_path) == {}  # nothing written before flush_secs
+    clock[0] += 10
+    w.write({"mode": "train", "iter": 50 * 200, "loss": 1.0 / 200})
+    got = _scalars(tmp_path)["train/loss"]  # readable before close()
+    assert [s for s, _ in got] == [50 * i for i in range(1, 201)]
+    assert [v for _, v in got] == pytest.approx([1.0 / i for i in range(1, 201)])
+    w.write({"mode": "val", "iter": 10000, "val/acc": 0.5})
+    w.close()
+    w.close()  # idempotent
+    assert _scalars(tmp_path)["val/acc"] == [(10000, 0.5)]
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
+    with pytest.raises(ValueError, match="after close"):
+        w.write({"mode": "train", "iter": 1, "loss": 1.0})
+
+
+def test_csv_rows_are_kept_until_flush_secs(tmp_path, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    w = CsvWriter(tmp_path / "log.csv", flush_secs=10)
+    record = {"mode": "train", "iter": 1, "loss": 0.5}
+    w.write(record)
+    record["loss"] = 9.0  # the writer kept a copy
+    assert (tmp_path / "log.csv").read_text() == ""
+    clock[0] += 10
+    w.write({"mode": "val", "iter": 1, "val/acc": 0.25})
+    with open(tmp_path / "log.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows == [{"mode": "train", "iter": "1", "loss": "0.5", "val/acc": ""},
+                    {"mode": "val", "iter": "1", "loss": "", "val/acc": "0.25"}]
+    w.close()
+    with pytest.raises(ValueError, match="after close"):
+        w.write(record)
+
+
+def test_tensorboard_frames_match_tensorboards_own_record_writer(tmp_path):
+    """Byte for byte what tensorboard's RecordWriter frames (length, masked CRC32C)."""
+    import io
+
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    w = TensorBoardWriter(tmp_path)
+    w.close()
+    data = b"\x00\x01 some serialized event \xff" * 7
+    buf = io.BytesIO()
+    RecordWriter(buf).write(data)
+    assert w._frame(data) == buf.getvalue()
+
+
+def test_masked_crc32c_in_c_equals_tensorboards_and_the_fallback_frames_the_same(tmp_path, monkeypatch):
+    import os
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    from treadle.logging.backends import masked_crc32c_function
+
+    fast = masked_crc32c_function()
+    assert fast is not masked_crc32c  # google-crc32c is a dependency: its C code is used
+    for n in (0, 1, 8, 300, 4097):
+        data = os.urandom(n)
+        assert fast(data) == masked_crc32c(data)
+    monkeypatch.setitem(sys.modules, "google_crc32c", None)  # as if not installed
+    assert masked_crc32c_function() is masked_crc32c
+    w = TensorBoardWriter(tmp_path)
+    w.write({"mode": "train", "iter": 3, "loss": 0.25})
+    w.close()
+    assert _scalars(tmp_path)["train/loss"] == [(3, 0.25)]
+
+
+def test_tensorboard_write_error_is_raised_to_the_caller(tmp_path):
+    class Full:
+        closed = False
+
+        def write(self, data):
+            raise OSError("disk full")
+
+        def flush(self):
+            pass
+
+        def close(self):
+            self.closed = True
+
+    w = TensorBoardWriter(tmp_path, flush_secs=0)
+    w._file.close()
+    w._file = Full()
+    with pytest.raises(OSError, match="disk full"):
+        w.write({"mode": "train", "iter": 1, "loss": 1.0})
+    w.close()
+
+
+def test_two_tensorboard_writers_of_one_process_use_two_files(tmp_path):
+    a, b = TensorBoardWriter(tmp_path), TensorBoardWriter(tmp_path)
+    a.close()
+    b.close()
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2
 
 
 @pytest.mark.parametrize("cls,package", [(MlflowWriter, "mlflow"), (WandbWriter, "wandb")])
@@ -104,23 +215,4 @@ def test_missing_tracker_package_says_what_to_install(tmp_path, monkeypatch, cls
     assert not (tmp_path / "mlruns").exists()
 
 
-def test_mlflow_offline_store(tmp_path, records):
-    pytest.importorskip("mlflow")
-    from mlflow.tracking import MlflowClient
-
-    w = MlflowWriter(tmp_path, run_name="t")
-    for r in records:
-        w.write(r)
-    w.close()
-    history = MlflowClient(tracking_uri=w.tracking_uri).get_metric_history(w.run_id, "val/acc")
-    expected = [(r["iter"], r["val/acc"]) for r in records if r["mode"] == "val"]
-    assert [(m.step, m.value) for m in history] == pytest.approx(expected)
-
-
-def test_wandb_offline_run(tmp_path, records):
-    pytest.importorskip("wandb")
-    w = WandbWriter(tmp_path, project="treadle-test")
-    for r in records:
-        w.write(r)
-    w.close()
-    assert (tmp_path / "wandb").is_dir()
+# The MLflow and W&B writers against the real packages: tests/logging/test_trackers.py.

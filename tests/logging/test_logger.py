@@ -56,5 +56,5 @@ def test_logging_does_not_read_device_values_between_intervals(monkeypatch):
                         optimizer=dict(type="SGD", lr=0.05), max_iters=20, log_interval=10)
     calls = count_host_reads(monkeypatch)
     t.fit()
-    # per log interval: one transfer for the logged values, one for the NaN guard; none per step
-    assert calls == {"item": 2, "tolist": 2}
+    # per log interval one transfer, shared by the logger and the NaN guard; none per step
+    assert calls == {"item": 0, "tolist": 2}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -30,10 +31,12 @@ import secrets
 import shutil
 import socket
 import sys
+import threading
 import time
 import warnings
 import zipfile
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,7 @@ import torch
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "STATE_FILE",
     "CheckpointError", "CorruptCheckpointError", "UnsafeCheckpointError", "CheckpointWarning",
-    "save_checkpoint", "load_checkpoint", "read_manifest", "verify_checkpoint",
+    "save_checkpoint", "check_save_args", "load_checkpoint", "read_manifest", "verify_checkpoint",
     "is_valid_checkpoint", "list_checkpoints", "find_latest_checkpoint",
     "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",
 ]
@@ -124,8 +127,10 @@ class _HashingWriter:
         self._f.flush()
 
 
-def _write_durably(path: Path, obj: Any = None, data: bytes | None = None) -> dict[str, Any]:
-    """Write ``data`` or ``torch.save(obj)`` to ``path``, fsync it, return size and sha256."""
+def _write_durably(path: Path, obj: Any = None, data: bytes | None = None, fsync: bool = True) -> dict[str, Any]:
+    """Write ``data`` or ``torch.save(obj)`` to ``path``, fsync it, return size and sha256.
+
+    ``fsync=False`` leaves the fsync to the caller (see :func:`_fsync_all`)."""
     with open(path, "xb") as f:
         w = _HashingWriter(f)
         if data is not None:
@@ -133,13 +138,55 @@ def _write_durably(path: Path, obj: Any = None, data: bytes | None = None) -> di
         else:
             torch.save(obj, w)
         f.flush()
-        os.fsync(f.fileno())  # data must be on disk before the manifest claims it is
+        if fsync:
+            os.fsync(f.fileno())  # data must be on disk before the manifest claims it is
         if os.fstat(f.fileno()).st_size != w.size:
             raise CheckpointError(f"{path}: wrote {w.size} bytes but file has a different size")
     return {"size": w.size, "sha256": w.sha256.hexdigest()}
 
 
+_fsync_pool: ThreadPoolExecutor | None = None
+_fsync_pool_lock = threading.Lock()
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)  # fsync flushes the file, whatever the descriptor's mode
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_all(files: Iterable[Path], dirs: Iterable[Path] = ()) -> None:
+    """fsync files and directories, all at once; returns when every one is durable.
+
+    Why concurrently: each fsync waits for a journal commit (ext4, xfs), and fsyncs
+    issued together share one, so N files cost about one commit instead of N (a
+    quarter of the time for three files here). The first error is raised after all finished.
+    """
+    global _fsync_pool
+    jobs = [functools.partial(_fsync_path, p) for p in files] + [functools.partial(_fsync_dir, d) for d in dirs]
+    if len(jobs) == 1:
+        jobs[0]()
+        return
+    with _fsync_pool_lock:
+        if _fsync_pool is None:
+            _fsync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="treadle-fsync")
+        futures = [_fsync_pool.submit(job) for job in jobs]
+    errors = [f.exception() for f in futures]  # waits for each
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+
+
+# Hidden names that a checkpoint may still hold: torch.distributed.checkpoint's own
+# metadata file, in the sharded checkpoints of treadle.checkpoint.sharded.
+FOREIGN_FILE_NAMES = frozenset({".metadata"})
+
+
 def _check_payload_name(name: Any) -> str:
+    if name in FOREIGN_FILE_NAMES:
+        return name
     if (
         not isinstance(name, str) or not name or name in (".", "..") or name.startswith(".")
         or "/" in name or "\\" in name or "\0" in name or name == MANIFEST_NAME
@@ -226,17 +273,11 @@ def _install(tmp: Path, path: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def save_checkpoint(
-    path: str | os.PathLike[str], payloads: Mapping[str, Any], meta: Mapping[str, Any] | None = None
-) -> Path:
-    """Atomically write a checkpoint directory at ``path``.
-
-    Each payload is ``torch.save``-d into a hidden temp dir next to ``path``, every
-    file is fsynced, ``manifest.json`` is written last, then the dir is renamed onto
-    ``path`` and the parent is fsynced. An existing checkpoint at ``path`` is replaced
-    so that a complete old or new one is always findable (see ``_install``). On error
-    the temp dir is removed and the exception re-raised; other checkpoints are untouched.
-    """
+def check_save_args(
+    path: str | os.PathLike[str], payloads: Mapping[str, Any], meta: Mapping[str, Any] | None
+) -> tuple[Path, list[str], dict[str, Any]]:
+    """What :func:`save_checkpoint` checks before writing anything: ``(path, payload
+    names, meta as JSON)``, or a ValueError/TypeError/CheckpointError."""
     path = Path(path)
     if not path.name or path.name.startswith("."):
         raise ValueError(f"invalid checkpoint path {path}: its name must not be empty or start with '.'")
@@ -249,14 +290,32 @@ def save_checkpoint(
         raise TypeError(f"checkpoint meta must be JSON-serialisable: {e}") from e
     if os.path.lexists(path) and not _is_flat_dir(path):
         raise CheckpointError(f"refusing to replace {path}: it is not a checkpoint directory")
+    return path, names, meta_json
 
+
+def save_checkpoint(
+    path: str | os.PathLike[str], payloads: Mapping[str, Any], meta: Mapping[str, Any] | None = None
+) -> Path:
+    """Atomically write a checkpoint directory at ``path``.
+
+    Each payload is ``torch.save``-d into a hidden temp dir next to ``path``, every
+    file is fsynced, ``manifest.json`` is written last, then the dir is renamed onto
+    ``path`` and the parent is fsynced. An existing checkpoint at ``path`` is replaced
+    so that a complete old or new one is always findable (see ``_install``). On error
+    the temp dir is removed and the exception re-raised; other checkpoints are untouched.
+
+    :class:`treadle.checkpoint.async_save.AsyncCheckpointer` does the same from a
+    background thread, after copying the state to CPU memory on the caller's.
+    """
+    path, names, meta_json = check_save_args(path, payloads, meta)
     if not path.parent.is_dir():
         path.parent.mkdir(parents=True, exist_ok=True)
         _fsync_dir(path.parent.parent)  # make the new checkpoints/ dir itself durable
     tmp = path.parent / _scratch_name(path.name, "tmp")
     tmp.mkdir()
     try:
-        files = {name: _write_durably(tmp / name, obj=payloads[name]) for name in names}
+        files = {name: _write_durably(tmp / name, obj=payloads[name], fsync=False) for name in names}
+        _fsync_all(tmp / name for name in names)  # on disk before the manifest claims they are
         now = time.time()
         manifest = {
             "format": FORMAT,
@@ -268,8 +327,8 @@ def save_checkpoint(
             "files": files,
         }
         # The manifest is the commit record: written only after every payload is durable.
-        _write_durably(tmp / MANIFEST_NAME, data=json.dumps(manifest, indent=2).encode())
-        _fsync_dir(tmp)
+        _write_durably(tmp / MANIFEST_NAME, data=json.dumps(manifest, indent=2).encode(), fsync=False)
+        _fsync_all([tmp / MANIFEST_NAME], dirs=[tmp])  # the manifest and the dir's entries
         _install(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-import safetensors
-import safetensors.torch
 import torch
 from torch import nn
 
@@ -114,6 +112,12 @@ def _read_source(source: Source, key: str | None) -> tuple[dict[str, Any], str]:
     if isinstance(source, Mapping):
         return _pick_state_dict(source, key, "state dict"), "<state dict>"
     path = Path(source)
+    if path.is_dir() and (path / ".metadata").is_file():  # a sharded (FSDP, DCP) checkpoint
+        from treadle.checkpoint.sharded import consolidate  # loads DCP: only when needed
+
+        if key not in (None, "model"):
+            raise CheckpointError(f"{path}: a sharded checkpoint's weights are under 'model'; key={key!r} is not there")
+        return consolidate(path, key="model"), str(path)
     if path.is_dir():
         state = load_checkpoint(path, files=[STATE_FILE])[STATE_FILE]
         return _pick_state_dict(state, key or "model", str(path / STATE_FILE)), str(path)
@@ -230,6 +234,8 @@ def export_safetensors(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / _scratch_name(out.name, "tmp")
+    import safetensors.torch  # here, not at the top: `import treadle` stays light
+
     try:
         safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
         with open(tmp, "rb+") as f:
@@ -247,6 +253,9 @@ def export_safetensors(
 
 def read_safetensors(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Read every tensor of a ``.safetensors`` file onto the CPU."""
+    import safetensors
+    import safetensors.torch
+
     try:
         return safetensors.torch.load_file(str(path), device="cpu")
     except FileNotFoundError:

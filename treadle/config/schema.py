@@ -19,7 +19,7 @@ from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import WRITERS as _WRITERS
 from treadle.optim.wrapper import check_clip_grad, check_precision
 from treadle.preemption import PreemptionConfig
-from treadle.strategies.base import STRATEGY_NAMES
+from treadle.strategies.base import STRATEGY_NAMES, build_strategy
 
 NoneType = type(None)
 LOG_WRITERS = tuple(_WRITERS)  # names LoggerHook knows: "jsonl", "csv", "tensorboard"
@@ -72,6 +72,14 @@ def _wrap(fn: Callable[[Any], Any]) -> Check:
     return check
 
 
+def _strategy(value: Any, path: str) -> None:
+    if isinstance(value, str):
+        _choice(*STRATEGY_NAMES)(value, path)
+    else:
+        _choice(*STRATEGY_NAMES)(value.get("type"), f"{path}.type")
+        _wrap(build_strategy)(value, path)  # the constructor checks the options; nothing starts
+
+
 def _workflow(value: Any, path: str) -> None:
     for i, phase in enumerate(value or []):
         p = join_path(path, i)
@@ -107,6 +115,11 @@ def _log_writers(value: Any, path: str) -> None:
             raise ConfigError(join_path(path, i), "not a writer name", value=name,
                               expected=f"one of {', '.join(LOG_WRITERS)}")
         _choice(*LOG_WRITERS)(name, join_path(path, i))
+
+
+def _progress(value: Any, path: str) -> None:
+    if isinstance(value, str):
+        _choice("auto")(value, path)
 
 
 def check_keys(value: dict[str, Any], allowed: list[str], path: str, what: str) -> None:
@@ -164,8 +177,9 @@ TRAINER_KEYS: tuple[Key, ...] = (
     Key("ema", (dict, NoneType), f"a mapping with keys among {', '.join(_params(EMAHook))}, or null",
         "Exponential moving average of the weights (`treadle.hooks.ema.EMAHook` arguments).",
         _keys(_params(EMAHook), "ema")),
-    Key("strategy", (str,), f"one of {', '.join(STRATEGY_NAMES)}", "Device and distribution strategy.",
-        _choice(*STRATEGY_NAMES)),
+    Key("strategy", (str, dict), f"one of {', '.join(STRATEGY_NAMES)}, or {{type: ddp|fsdp, option: value}}",
+        "Device and distribution strategy; options as in `treadle.strategies.ddp.DDPStrategy` / "
+        "`treadle.strategies.fsdp.FSDPStrategy`.", _strategy),
     Key("seed", (int, NoneType), "an int >= 0, or null",
         "Seed of every RNG; the command line seeds before building the model, so initial weights repeat too.", _min(0)),
     Key("seed_per_rank", (bool,), "true or false", "Each process uses seed + rank."),
@@ -188,6 +202,10 @@ TRAINER_KEYS: tuple[Key, ...] = (
     Key("log_writers", (list,), f"a list of names among {', '.join(LOG_WRITERS)}",
         "Where logged records go besides the console and `log.txt`. (Writer objects such as MLflow or W&B "
         "take the run directory when built, so they are given in Python, not in a config file.)", _log_writers),
+    Key("progress", (str, bool), "'auto', true or false",
+        "Live progress bar (rich): auto shows it when stdout is a terminal; main process only.", _progress),
+    Key("timer_breakdown", (bool,), "true or false",
+        "Log `time/forward`, `time/loss`, `time/backward`, `time/optimizer`, `time/hooks` of the default step."),
 )
 
 SCHEMA: dict[str, Key] = {k.name: k for k in TRAINER_KEYS}

@@ -15,7 +15,7 @@ import secrets
 from typing import Any, Iterable, Iterator
 
 import torch
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from treadle.seeding import derive_seed
 
@@ -31,10 +31,12 @@ class DataFeed:
         feed.position()        # {"epoch": ..., "batch_idx": ..., "seed": ...}
     """
 
-    def __init__(self, loader: Iterable[Any], *, seed: int | None = None) -> None:
+    def __init__(self, loader: Iterable[Any], *, seed: int | None = None, rank: int = 0) -> None:
         self.loader = loader
         # Without a seed the order is still recorded (and so reproducible on resume).
+        # Several processes must agree on it: the trainer passes rank 0's seed.
         self.seed = int(seed) if seed is not None else secrets.randbits(63)
+        self.rank = rank  # salts the workers' seeds only: the shuffle order is shared
         self.epoch = 0
         self.batch_idx = 0
         self._it: Iterator[Any] | None = None
@@ -73,10 +75,12 @@ class DataFeed:
         sampler = loader.sampler
         if loader.batch_sampler is not None and not isinstance(sampler, RandomSampler):
             sampler = getattr(loader.batch_sampler, "sampler", sampler)  # a user batch_sampler
+        if isinstance(sampler, DistributedSampler):  # its order: permutation(seed + epoch)
+            sampler.seed = derive_seed(self.seed, 0) >> 2  # the same on every rank; < 2**62
         if hasattr(sampler, "set_epoch"):  # DistributedSampler and friends
             sampler.set_epoch(epoch)
         gen = torch.Generator()
-        gen.manual_seed(derive_seed(self.seed, epoch))
+        gen.manual_seed(derive_seed(self.seed, epoch, self.rank) if self.rank else derive_seed(self.seed, epoch))
         if isinstance(sampler, RandomSampler):
             sampler.generator = gen
         # The DataLoader draws the workers' base seed from its generator at iter().

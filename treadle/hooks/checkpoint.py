@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from treadle.checkpoint.async_save import AsyncCheckpointer
 from treadle.checkpoint.io import prune_checkpoints, remove_checkpoint, save_checkpoint
 from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import get_logger
@@ -29,6 +31,12 @@ class CheckpointHook(Hook):
         rule: "max" or "min" for ``best``; default: "min" when the name contains
             "loss", else "max".
         save_last: save when training ends.
+        async_save: periodic and final saves return once the state is copied to CPU
+            memory (pinned buffers on CUDA) and are written by a background thread,
+            atomically as a synchronous save is (treadle/checkpoint/async_save.py).
+            One save at a time: the next save, any other save (e.g. on preemption)
+            and the end of the run wait for it; its error is raised there. Pruning
+            (``keep``) runs after the write, in that thread. Best-K saves stay synchronous.
     Checkpoints go to ``work_dir/checkpoints/{epoch_0003,iter_00000120}/``.
     Priority VERY_LOW: hooks with a larger number run after the save.
     """
@@ -36,7 +44,7 @@ class CheckpointHook(Hook):
     priority = Priority.VERY_LOW
 
     def __init__(self, interval: int | None = 1, by_epoch: bool = True, keep: int | None = 3, best: str | None = None,
-                 rule: str | None = None, keep_best: int = 1, save_last: bool = True) -> None:
+                 rule: str | None = None, keep_best: int = 1, save_last: bool = True, async_save: bool = False) -> None:
         if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int) or interval < 1):
             raise ValueError(f"checkpoint interval must be an int >= 1 or None, got {interval!r}")
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
@@ -56,6 +64,12 @@ class CheckpointHook(Hook):
             self.disabled_points = frozenset({"after_train_iter"})
         if best is None:
             self.disabled_points = self.disabled_points | {"after_val_epoch"}
+        if not isinstance(async_save, bool):
+            raise TypeError(f"checkpoint async_save must be True or False, got {async_save!r}")
+        self.async_save = async_save
+        self._saver: AsyncCheckpointer | None = None  # built at the first asynchronous save
+        if not async_save:  # nothing to wait for
+            self.disabled_points = self.disabled_points | {"before_save_checkpoint", "after_run"}
         self.best_records: list[tuple[float, str]] = []  # (value, path), best first
         self.last_saved: str | None = None
 
@@ -89,8 +103,9 @@ class CheckpointHook(Hook):
         s = trainer.state
         metric = self.best.replace("/", "_")
         path = trainer.work_dir / "checkpoints" / "best" / f"best_{metric}_{s.iter:08d}"
+        model = trainer.strategy.full_model_state_dict(trainer.module)  # FSDP: a gather, on every rank
         if trainer.is_main:
-            weights = {"model": trainer.module.state_dict()}
+            weights = {"model": model}
             if trainer.ema is not None:
                 weights["ema"] = trainer.ema.state_dict()
             save_checkpoint(path, {"state.pt": weights}, meta={"iter": s.iter, "epoch": s.epoch, self.best: value})
@@ -101,6 +116,15 @@ class CheckpointHook(Hook):
         self.best_records = self.best_records[: self.keep_best]
         get_logger().info(f"best {self.best} = {value:.6g}: saved {path}")
 
+    # -- asynchronous saves: wait before any other save and at the end ------------------
+    def before_save_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
+        if self._saver is not None:  # e.g. a preemption save: never two writes at once
+            self._saver.wait()
+
+    def after_run(self, trainer: "Trainer") -> None:
+        if self._saver is not None:
+            self._saver.wait()  # the run ends with its checkpoints on disk (or their error)
+
     # -- how -------------------------------------------------------------------------
     def _save_periodic(self, trainer: "Trainer", name: str) -> None:
         if trainer.work_dir is None:
@@ -108,10 +132,18 @@ class CheckpointHook(Hook):
         if self.last_saved == name:  # e.g. the final save right after a periodic one
             return
         self.last_saved = name  # before saving: the hook state goes into the checkpoint
-        path = trainer.save_checkpoint(trainer.work_dir / "checkpoints" / name)
-        if trainer.is_main and self.keep:
-            prune_checkpoints(trainer.work_dir / "checkpoints", keep_last=self.keep)
-        get_logger().info(f"saved checkpoint {path}")
+        ckpt_dir = trainer.work_dir / "checkpoints"
+        prune = self.keep if trainer.is_main else None
+        if not self.async_save:
+            path = trainer.save_checkpoint(ckpt_dir / name)
+            _saved(path, ckpt_dir, prune)
+            return
+        if self._saver is None:
+            self._saver = AsyncCheckpointer()
+        path = trainer.save_checkpoint(ckpt_dir / name, writer=functools.partial(
+            self._saver.save, on_done=functools.partial(_saved, checkpoints=ckpt_dir, keep=prune)))
+        if trainer.is_main:
+            get_logger().info(f"checkpoint {path}: state copied, writing in the background")
 
     def state_dict(self) -> dict[str, Any]:
         return {"best_records": [list(r) for r in self.best_records], "last_saved": self.last_saved}
@@ -119,3 +151,11 @@ class CheckpointHook(Hook):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_records = [(float(v), str(p)) for v, p in state.get("best_records", [])]
         self.last_saved = state.get("last_saved")
+
+
+def _saved(path: Path, checkpoints: Path, keep: int | None) -> None:
+    """After a save is complete: prune to the last ``keep`` and say so (in the writer
+    thread for asynchronous saves)."""
+    if keep:
+        prune_checkpoints(checkpoints, keep_last=keep)
+    get_logger().info(f"saved checkpoint {path}")

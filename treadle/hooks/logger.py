@@ -30,6 +30,9 @@ class LoggerHook(Hook):
     ``writers``: any of "jsonl" (``log.jsonl``), "csv" (``log.csv``), "tensorboard"
     (events under ``tensorboard/``), or objects with ``write(record)``/``close()``
     (e.g. ``treadle.logging.backends.MlflowWriter``). Only rank 0 writes.
+
+    While a ``ProgressBarHook`` is live, the console lines are printed above the bar by
+    rich (see ``treadle/hooks/progress.py``); ``log.txt`` and the writers are unchanged.
     """
 
     priority = Priority.BELOW_NORMAL
@@ -47,6 +50,10 @@ class LoggerHook(Hook):
         self._writers: list[Any] = []
         self._handler: Any = None
         self._batch_size: int | None = None
+        # Called as fn(trainer, values) with each train record's flushed (and rank-reduced)
+        # values, after the record is written: the NaN guard checks these instead of
+        # reading the device itself (one host transfer per interval for both).
+        self.listeners: list[Any] = []
 
     def before_run(self, trainer: "Trainer") -> None:
         self._batch_size = getattr(trainer.train_dataloader, "batch_size", None)
@@ -85,6 +92,7 @@ class LoggerHook(Hook):
         record.update(trainer.learning_rates())
         record.update(self._optim_values(trainer))
         values = trainer.store.flush()  # after the grad norms joined the store: one transfer
+        values = trainer.strategy.reduce_log_values(values)  # several ranks: mean, max for times
         record.update(values)
         per_iter = values.get("data_time", 0.0) + values.get("step_time", 0.0)
         if per_iter and self._batch_size:
@@ -99,6 +107,8 @@ class LoggerHook(Hook):
         logger = get_logger()
         if trainer.is_main and logger.isEnabledFor(logging.INFO):
             logger.info(_format_train_line(record, state))
+        for fn in self.listeners:
+            fn(trainer, values)
 
     @staticmethod
     def _optim_values(trainer: "Trainer") -> dict[str, Any]:

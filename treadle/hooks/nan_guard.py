@@ -17,6 +17,11 @@ validation and at the end of training:
   a reference to the output tensors). The error still names the first bad iteration
   and its values, read from the kept window, but arrives up to ``N - 1`` iterations
   later, after those further steps have run.
+* ``check_interval`` equal to the ``LoggerHook``'s interval (the Trainer's default)
+  costs no host transfer of its own: the guard checks the window means the logger
+  has just read (already reduced over ranks, so every rank raises together), right
+  after that record is written. Only when one of them is non-finite does it read its
+  kept window to name the first bad iteration.
 
 ``mode="skip"``: before each optimizer step, the gradients of ``trainer.module``'s
 parameters are checked on the device (one inf-norm per tensor with
@@ -39,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from treadle.hooks.base import Hook, Priority
+from treadle.hooks.base import Hook, Priority, get_priority
 from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
@@ -74,6 +79,9 @@ class NaNGuardHook(Hook):
         self._params: list[torch.nn.Parameter] = []
         self._defer_to_scaler = False
         self._log_interval = 50
+        self._limit = check_interval  # window length that triggers a check of our own
+        if mode == "raise":  # nothing to do before optimizer steps: not even a call
+            self.disabled_points = frozenset({"before_optimizer_step"})
 
     # -- raise mode ------------------------------------------------------------------
     def before_train(self, trainer: "Trainer") -> None:
@@ -82,14 +90,25 @@ class NaNGuardHook(Hook):
         self._window.clear()
         self._params = [p for p in trainer.module.parameters() if p.requires_grad]
         self._defer_to_scaler = any(ow.scaler is not None for ow in trainer.optim_wrappers.values())
+        logger = next((h for h in trainer.hooks if isinstance(h, LoggerHook)), None)
         # nan_skipped must be in the store when the logger flushes it.
-        self._log_interval = next((h.interval for h in trainer.hooks if isinstance(h, LoggerHook)), trainer.log_interval)
+        self._log_interval = logger.interval if logger is not None else trainer.log_interval
+        self._limit = self.check_interval
+        if (self.mode == "raise" and logger is not None and logger.interval == self.check_interval > 1
+                and get_priority(self.priority) < get_priority(logger.priority)):
+            # Share the logger's read (we run first, so its flush covers our window). It
+            # empties the window every `interval` iterations; a check of our own only if
+            # that ever stops happening.
+            if self._on_log not in logger.listeners:
+                logger.listeners.append(self._on_log)
+            self._limit = 2 * self.check_interval + 1
 
     def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
         state = trainer.state
         if self.mode == "raise":
-            self._window.append((state.iter, state.epoch, outputs))
-            if len(self._window) >= self.check_interval:
+            window = self._window
+            window.append((state.iter, state.epoch, outputs))
+            if len(window) >= self._limit:
                 self._check()
             return
         done = state.iter + 1
@@ -105,14 +124,41 @@ class NaNGuardHook(Hook):
     def after_train(self, trainer: "Trainer") -> None:
         self._check()
 
+    def _on_log(self, trainer: "Trainer", values: dict[str, Any]) -> None:
+        """The logger's listener: check the window means it read (no transfer of ours).
+
+        The window holds the iterations since the last log or check, all of which the
+        logger's flush covered (this hook runs before the logger in each iteration).
+        """
+        window, self._window = self._window, []
+        isfinite = math.isfinite
+        if not window or all(isfinite(v) for v in values.values() if type(v) is float):
+            return  # the usual case: a few floats looked at, nothing else
+        keys = {k for _, _, outputs in window for k in outputs}
+        bad_keys = sorted(k for k in keys if isinstance(values.get(k), float) and not isfinite(values[k]))
+        if not bad_keys:  # e.g. a non-finite grad_norm: not the losses this hook guards
+            return
+        bad = _first_nonfinite(window)  # the failure path may read the device
+        if bad is not None:
+            self._raise(window, bad)
+        # Every value here is finite, yet the logged mean is not: it was averaged with
+        # another rank's non-finite value (or overflowed). Raise on every rank alike.
+        shown = {k: values[k] for k in bad_keys}
+        raise FloatingPointError(f"Loss became infinite or NaN between iterations {window[0][0]} and {window[-1][0]} "
+                                 f"(epoch {window[-1][1]}): the logged means {shown} are non-finite although every "
+                                 "value of this process is finite (another process's values, or an overflow)")
+
     def _check(self) -> None:
         """Raise for the first non-finite iteration in the window (one host transfer)."""
         if not self._window:
             return
         window, self._window = self._window, []
         bad = _first_nonfinite(window)
-        if bad is None:
-            return
+        if bad is not None:
+            self._raise(window, bad)
+
+    @staticmethod
+    def _raise(window: list[tuple[int, int, dict[str, Any]]], bad: int) -> None:
         it, epoch, outputs = window[bad]
         values = {k: _to_host(v) for k, v in outputs.items()}
         late = "" if window[-1][0] == it else f" (found at the check after iteration {window[-1][0]})"

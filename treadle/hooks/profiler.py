@@ -37,6 +37,7 @@ class ProfilerHook(Hook):
         out_dir: where traces go; None: ``<work_dir>/profiler``.
         record_shapes, profile_memory, with_stack: passed to ``torch.profiler.profile``
             (each adds overhead and trace size).
+        all_ranks: with several processes, trace every rank (one file each), not only rank 0.
 
     CPU activity is always recorded, CUDA activity when training on a CUDA device.
     """
@@ -46,7 +47,7 @@ class ProfilerHook(Hook):
 
     def __init__(self, wait: int = 1, warmup: int = 1, active: int = 2, repeat: int = 1,
                  out_dir: str | Path | None = None, record_shapes: bool = False, profile_memory: bool = False,
-                 with_stack: bool = False) -> None:
+                 with_stack: bool = False, all_ranks: bool = False) -> None:
         self.wait = _count("wait", wait, 0)
         self.warmup = _count("warmup", warmup, 0)
         self.active = _count("active", active, 1)
@@ -55,6 +56,7 @@ class ProfilerHook(Hook):
         self.record_shapes = record_shapes
         self.profile_memory = profile_memory
         self.with_stack = with_stack
+        self.all_ranks = all_ranks  # several processes: rank 0 only unless True (one trace per rank)
         self.trace_dir: Path | None = None  # where this run's traces went
         self._prof: Any = None
         self._steps = 0
@@ -62,6 +64,8 @@ class ProfilerHook(Hook):
     def before_train(self, trainer: "Trainer") -> None:
         import torch.profiler as tp  # torch is loaded; the profiler module only when used
 
+        if not (trainer.is_main or self.all_ranks):
+            return
         if self.out_dir is not None:
             out = self.out_dir
         elif trainer.work_dir is not None:

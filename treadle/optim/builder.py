@@ -43,12 +43,35 @@ def _resolve_type(name: Any, where: str) -> type[torch.optim.Optimizer]:
                      f"such as 'SGD', 'Adam', 'AdamW', or a dotted import path.{hint}")
 
 
+# Optimizers with a fused CUDA kernel (one launch for every parameter's update, instead
+# of torch's default foreach kernels per step phase): turned on when a config leaves the choice open.
+FUSED_BY_DEFAULT: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+
+
+def wants_fused(cls: type[torch.optim.Optimizer], kwargs: dict[str, Any], params: Any, module: nn.Module | None) -> bool:
+    """Whether to add ``fused=True``: Adam, AdamW or SGD; neither ``fused`` nor
+    ``foreach`` given (nor ``differentiable``); every parameter a floating-point CUDA
+    tensor; and no sparse embedding in ``module`` (fused kernels take no sparse grads).
+    CPU runs keep torch's own default."""
+    if cls not in FUSED_BY_DEFAULT or "fused" in kwargs or "foreach" in kwargs or kwargs.get("differentiable"):
+        return False
+    tensors = [p for item in params for p in (item["params"] if isinstance(item, dict) else [item])]
+    if not tensors or not all(p.device.type == "cuda" and p.is_floating_point() for p in tensors):
+        return False
+    if module is not None and any(getattr(m, "sparse", False) for m in module.modules()
+                                  if isinstance(m, (nn.Embedding, nn.EmbeddingBag))):
+        return False
+    return True
+
+
 def build_optimizer(cfg: torch.optim.Optimizer | dict[str, Any], params: Iterable[nn.Parameter] | nn.Module,
                     where: str = "optimizer") -> torch.optim.Optimizer:
     """An optimizer as given, or built from ``dict(type=..., **kwargs)`` over ``params``.
 
     A ``paramwise`` (or MMEngine's ``paramwise_cfg``) entry sets per-parameter lr and
-    weight decay multipliers, see :mod:`treadle.optim.paramwise`.
+    weight decay multipliers, see :mod:`treadle.optim.paramwise`. On CUDA, Adam, AdamW
+    and SGD configs that set neither ``fused`` nor ``foreach`` get ``fused=True`` (see
+    :func:`wants_fused`; give ``fused=False`` or ``foreach=True`` to choose otherwise).
     """
     if isinstance(cfg, torch.optim.Optimizer):
         return cfg
@@ -59,6 +82,7 @@ def build_optimizer(cfg: torch.optim.Optimizer | dict[str, Any], params: Iterabl
     kwargs = dict(cfg)
     cls = _resolve_type(kwargs.pop("type"), where)
     paramwise = kwargs.pop("paramwise", kwargs.pop("paramwise_cfg", None))
+    module = params if isinstance(params, nn.Module) else None
     if paramwise is not None:
         if not isinstance(params, nn.Module):
             raise TypeError(f"{where}: paramwise options need the model, not a list of parameters")
@@ -66,8 +90,14 @@ def build_optimizer(cfg: torch.optim.Optimizer | dict[str, Any], params: Iterabl
         if "lr" not in kwargs:
             raise ValueError(f"{where}: paramwise options need an explicit lr")
         params = build_param_groups(params, kwargs["lr"], kwargs.get("weight_decay"), paramwise)
-    elif isinstance(params, nn.Module):
-        params = [p for p in params.parameters() if p.requires_grad]
+    elif module is not None:
+        params = [p for p in module.parameters() if p.requires_grad]
+    params = list(params)  # type: ignore[arg-type]
+    if wants_fused(cls, kwargs, params, module):
+        try:
+            return cls(params, **kwargs, fused=True)
+        except (RuntimeError, ValueError, TypeError):  # this torch or these params: no fused kernel
+            pass
     try:
         return cls(params, **kwargs)
     except TypeError as e:

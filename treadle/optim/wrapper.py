@@ -210,8 +210,12 @@ class OptimWrapper:
         """Learning rate of each param group."""
         return [float(g["lr"]) for g in self.optimizer.param_groups]
 
-    def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "micro_step": self.micro_step,
+    def state_dict(self, optimizer_state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Optimizer, scaler, accumulation counters (and an open window's gradients).
+        ``optimizer_state``: the optimizer's state as the strategy gives it (FSDP)."""
+        if optimizer_state is None:
+            optimizer_state = self.optimizer.state_dict()
+        state: dict[str, Any] = {"optimizer": optimizer_state, "micro_step": self.micro_step,
                                  "window": self._window, "remaining": self._remaining,
                                  "step_count": self.step_count, "skipped_steps": self.skipped_steps}
         if self.scaler is not None:
@@ -223,8 +227,11 @@ class OptimWrapper:
     def _params(self) -> list[Tensor]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+    def load_state_dict(self, state: dict[str, Any],
+                        load_optimizer: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Inverse of :meth:`state_dict`; ``load_optimizer`` loads the optimizer part
+        the strategy's way (FSDP)."""
+        (load_optimizer or self.optimizer.load_state_dict)(state["optimizer"])
         self.micro_step = int(state.get("micro_step", 0))
         self._window = int(state.get("window", self.accumulate))
         self._remaining = state.get("remaining")

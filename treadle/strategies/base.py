@@ -1,16 +1,28 @@
-"""Strategy: where the model lives and how batches reach it.
+"""Strategy: where the model lives, how batches reach it, how its state is saved.
 
-A strategy owns device placement, model wrapping and (later) distributed reductions
-and state dicts. ``SingleDevice`` is the one-process case; DDP and FSDP build on the
-same interface.
+The Trainer talks to a strategy at these points, in this order::
+
+    strategy.setup()                         # process group (multi-process strategies)
+    model = strategy.setup_model(module)     # place and wrap; the optimizer is built after
+    strategy.setup_optim_wrapper(ow, model)  # e.g. DDP's no_sync for accumulation
+    move = strategy.batch_mover()            # None on CPU
+    ... training ...
+    strategy.model_state_dict(module) / optim_state_dict(module, optimizer)
+    strategy.save_checkpoint(path, payloads, meta) / load_checkpoint(path)
+
+``SingleDevice`` is the one-process case; ``DDPStrategy`` (strategies/ddp.py) and
+``FSDPStrategy`` (strategies/fsdp.py) are the multi-process ones.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from treadle.dist import comm
 
 
 def pick_device() -> torch.device:
@@ -44,11 +56,91 @@ class Strategy:
     device: torch.device = torch.device("cpu")
     rank: int = 0
     world_size: int = 1
+    local_rank: int = 0
+    #: The training loader is sharded across ranks (a DistributedSampler) unless False.
+    shard_data: bool = True
+    #: Evaluation has collectives inside forward (FSDP): ranks run equally many batches.
+    eval_in_lockstep: bool = False
 
     @property
     def is_main(self) -> bool:
         """True on the process that writes logs and checkpoints."""
         return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def setup(self) -> None:
+        """Called once by the Trainer before the model is placed."""
+
+    def setup_optim_wrapper(self, optim_wrapper: Any, model: nn.Module) -> None:
+        """Give the optimizer wrapper what the strategy needs (DDP: ``no_sync``)."""
+
+    # -- state dicts: full tensors here; FSDP returns sharded ones ---------------------
+    def model_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        return module.state_dict()
+
+    def load_model_state_dict(self, module: nn.Module, state: dict[str, Any]) -> None:
+        module.load_state_dict(state)
+
+    def full_model_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """Full (unsharded) weights for exports and best checkpoints; a collective
+        under FSDP, so every rank calls it; meaningful on rank 0."""
+        return module.state_dict()
+
+    def optim_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return optimizer.state_dict()
+
+    def load_optim_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state)
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path, payloads: dict[str, Any], meta: dict[str, Any],
+                        writer: Callable[..., Path] | None = None) -> Path:
+        """Write a checkpoint directory once, from rank 0, with every rank's RNG file.
+
+        ``payloads`` holds this rank's ``rng_rank<r>.pt``; the others are gathered
+        (a collective: every rank calls this). ``writer(path, payloads, meta=meta)``
+        replaces :func:`treadle.checkpoint.io.save_checkpoint` on rank 0, e.g. an
+        ``AsyncCheckpointer`` (treadle/checkpoint/async_save.py).
+        """
+        from treadle.checkpoint.io import save_checkpoint
+
+        write = writer or save_checkpoint
+        if self.distributed:
+            own = f"rng_rank{self.rank}.pt"
+            gathered = comm.gather_object(payloads.pop(own))
+            if not self.is_main:
+                return Path(path)
+            payloads.update({f"rng_rank{r}.pt": s for r, s in enumerate(gathered)})  # type: ignore[arg-type]
+        return write(path, payloads, meta=meta)
+
+    def finish_saves(self) -> None:
+        """Complete any save this strategy left in flight (FSDP's async DCP saves)."""
+
+    def load_checkpoint(self, path: str | Path, template: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Every payload of the checkpoint at ``path`` (verified, weights_only).
+        ``template()`` gives this run's model/optimizer states, for sharded loads."""
+        from treadle.checkpoint.io import load_checkpoint
+
+        return load_checkpoint(path)
+
+    # -- reductions ------------------------------------------------------------------
+    def reduce_log_values(self, values: dict[str, float]) -> dict[str, float]:
+        """Logged scalars from every rank made one: times as the slowest rank's (max),
+        the rest averaged. Runs at the log interval only, on host values."""
+        if not self.distributed:
+            return values
+        per_rank = comm.all_gather_object(values)
+        out: dict[str, float] = {}
+        for key in values:
+            seen = [v[key] for v in per_rank if key in v]
+            if key.endswith("_time") or key.startswith("time/"):
+                out[key] = max(seen)
+            else:
+                out[key] = sum(seen) / len(seen)
+        return out
 
     def setup_model(self, model: nn.Module) -> nn.Module:
         """Place (and wrap) the model; returns what the loop should call."""
@@ -56,6 +148,11 @@ class Strategy:
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module under any wrapper."""
+        return model
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        """What validation and test call (DDP: the module itself, so ranks may run
+        different numbers of batches without a collective inside)."""
         return model
 
     def batch_mover(self) -> Callable[[Any], Any] | None:
@@ -74,6 +171,7 @@ class SingleDevice(Strategy):
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         self.device = torch.device(device) if device is not None else pick_device()
+        self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
 
     def setup_model(self, model: nn.Module) -> nn.Module:
         return model.to(self.device)
@@ -82,13 +180,32 @@ class SingleDevice(Strategy):
 STRATEGY_NAMES = ("auto", "single", "ddp", "fsdp")
 
 
-def build_strategy(strategy: str | Strategy) -> Strategy:
-    """Resolve the ``strategy`` argument of the Trainer."""
+def build_strategy(strategy: str | dict[str, Any] | Strategy) -> Strategy:
+    """Resolve the Trainer's ``strategy``: a name, ``dict(type="ddp", ...)`` or an object.
+
+    "auto" is "ddp" when the launcher started several processes (see
+    :func:`treadle.dist.detect_launcher`), else "single".
+    """
     if isinstance(strategy, Strategy):
         return strategy
+    options: dict[str, Any] = {}
+    if isinstance(strategy, dict):
+        options = dict(strategy)
+        strategy = options.pop("type", None)  # type: ignore[assignment]
     if not isinstance(strategy, str) or strategy not in STRATEGY_NAMES:
-        raise ValueError(f"strategy={strategy!r} is not supported; expected one of {', '.join(map(repr, STRATEGY_NAMES))} or a Strategy object")
-    if strategy in ("auto", "single"):
-        return SingleDevice()
-    raise NotImplementedError(f"strategy={strategy!r} is not available yet in this version of treadle; "
-                              "use 'single' or 'auto' (multi-process strategies are being built)")
+        raise ValueError(f"strategy={strategy!r} is not supported; expected one of {', '.join(map(repr, STRATEGY_NAMES))}, "
+                         "dict(type=<name>, **options) or a Strategy object")
+    if strategy == "auto":
+        from treadle.dist.env import detect_launcher
+
+        strategy = "ddp" if detect_launcher().distributed or comm.get_world_size() > 1 else "single"
+    if strategy == "single":
+        cls: type[Strategy] = SingleDevice
+    elif strategy == "ddp":
+        from treadle.strategies.ddp import DDPStrategy as cls  # type: ignore[no-redef]
+    else:
+        from treadle.strategies.fsdp import FSDPStrategy as cls  # type: ignore[no-redef]
+    try:
+        return cls(**options)
+    except TypeError as e:
+        raise ValueError(f"strategy {strategy!r}: bad options {sorted(options)} ({e})") from None

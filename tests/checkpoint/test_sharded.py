@@ -1,0 +1,255 @@
+"""Sharded (DCP) checkpoints: 2 processes <-> 1 process, async, integrity, consolidation."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+from torch.utils._pytree import tree_map_only
+
+from dist_support import run_ranks
+from treadle.checkpoint import io
+from treadle.checkpoint.sharded import (
+    CheckpointError,
+    _SafeReader,
+    consolidate,
+    is_sharded_checkpoint,
+    load_sharded,
+    save_sharded,
+    wait_pending,
+)
+from treadle.strategies.fsdp import FSDPStrategy
+
+
+def make_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 12), nn.ReLU(), nn.Linear(12, 3))
+
+
+def batch(step: int, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
+    n = 8 // world
+    return x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+
+
+def step(model: nn.Module, opt: torch.optim.Optimizer, i: int, rank: int = 0, world: int = 1) -> None:
+    x, y = batch(i, rank, world)
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def build(strategy: FSDPStrategy, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    model = strategy.setup_model(make_model(seed))
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+
+
+def sharded_state(strategy: FSDPStrategy, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    return {"model": strategy.model_state_dict(model), "optim": strategy.optim_state_dict(model, opt)}
+
+
+def full_state(strategy: FSDPStrategy, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """A copy of the full model + optimizer state (rank 0; {} elsewhere with several ranks)."""
+    optim = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # Plain tensors (e.g. Adam's step) may be the live ones: copy before training on.
+    return tree_map_only(torch.Tensor, torch.clone, {"model": strategy.full_model_state_dict(model), "optim": optim})
+
+
+def load_into(strategy: FSDPStrategy, model: nn.Module, opt: torch.optim.Optimizer, path: Path) -> dict:
+    state, payloads = load_sharded(path, sharded_state(strategy, model, opt))
+    strategy.load_model_state_dict(model, state["model"])
+    strategy.load_optim_state_dict(model, opt, state["optim"])
+    return payloads
+
+
+def assert_state_equal(a: dict, b: dict, path: str = "") -> None:
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=path)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_state_equal(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_state_equal(x, y, f"{path}/{i}")
+    else:
+        assert a == b, path
+
+
+def two_rank_worker(rank: int, world: int, root: str) -> dict:
+    root_path = Path(root)
+    strategy = FSDPStrategy()
+    strategy.setup()
+    out: dict = {}
+    # Load the checkpoint one process wrote (a different init: the load must overwrite it).
+    model, opt = build(strategy, seed=1)
+    payloads = load_into(strategy, model, opt, root_path / "one")
+    out["from_one"], out["payloads"] = full_state(strategy, model, opt), payloads
+    step(model, opt, 10, rank, world)  # continue training on 2 ranks after the 1-process save
+    out["from_one_continued"] = full_state(strategy, model, opt)
+    # Save the same state sync and async; keep training while the async save runs.
+    step(model, opt, 11, rank, world)
+    out["saved"] = full_state(strategy, model, opt)
+    rng = {f"rng_rank{rank}.pt": {"torch": torch.tensor([rank])}}
+    strategy.save_sharded_checkpoint(root_path / "sync", sharded_state(strategy, model, opt),
+                                     {"state.pt": {"iter": 2}, **rng}, {"iter": 2}).wait()
+    pending = strategy.save_sharded_checkpoint(root_path / "async", sharded_state(strategy, model, opt),
+                                               {"state.pt": {"iter": 2}, **rng}, {"iter": 2}, async_=True)
+    step(model, opt, 12, rank, world)  # mutates parameters and optimizer state in place meanwhile
+    assert not (root_path / "async").exists()  # committed by wait() only
+    assert pending.wait() == root_path / "async"
+    out["continued"] = full_state(strategy, model, opt)
+    # A failing save (rank 0 cannot pickle a payload) leaves the previous checkpoint alone.
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (root_path / "sync").iterdir())
+    try:
+        save_sharded(root_path / "sync", sharded_state(strategy, model, opt), {"state.pt": lambda: 0})
+    except Exception as e:  # noqa: BLE001 - the type differs by rank; the message is checked
+        out["failed_save"] = f"{type(e).__name__}: {e}"
+    out["sync_untouched"] = before == sorted((p.name, p.stat().st_mtime_ns) for p in (root_path / "sync").iterdir())
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One 1-process save, then one 2-process job (load, train, save sync + async)."""
+    root = tmp_path_factory.mktemp("sharded")
+    strategy = FSDPStrategy()
+    model, opt = build(strategy)
+    step(model, opt, 0)
+    expected_one = full_state(strategy, model, opt)
+    save_sharded(root / "one", sharded_state(strategy, model, opt), {"state.pt": {"iter": 1}}, {"iter": 1})
+    ranks = run_ranks(two_rank_worker, world_size=2, args=(str(root),), timeout_s=120)
+    return {"root": root, "expected_one": expected_one, "ranks": ranks}
+
+
+def test_save_on_one_load_on_two(run: dict) -> None:
+    r0 = run["ranks"][0]
+    assert_state_equal(r0["from_one"]["model"], run["expected_one"]["model"])
+    assert_state_equal(r0["from_one"]["optim"], run["expected_one"]["optim"])
+    assert r0["payloads"] == {"state.pt": {"iter": 1}}
+    # Training continues on 2 ranks exactly as on one process with the whole batch.
+    strategy = FSDPStrategy()
+    model, opt = build(strategy, seed=1)
+    load_into(strategy, model, opt, run["root"] / "one")
+    step(model, opt, 10)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(r0["from_one_continued"]["model"][k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_save_on_two_load_on_one_and_continue(run: dict) -> None:
+    r0 = run["ranks"][0]
+    strategy = FSDPStrategy()
+    model, opt = build(strategy, seed=2)
+    payloads = load_into(strategy, model, opt, run["root"] / "sync")
+    assert_state_equal(model.state_dict(), r0["saved"]["model"])
+    assert_state_equal(get_optimizer_state_dict(model, opt), r0["saved"]["optim"])
+    assert payloads["state.pt"] == {"iter": 2}
+    assert [payloads[f"rng_rank{r}.pt"]["torch"].item() for r in (0, 1)] == [0, 1]
+    step(model, opt, 12)  # the step the 2 ranks took after saving
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, r0["continued"]["model"][k], rtol=1e-5, atol=1e-6)
+
+
+def test_async_save_equals_sync_save(run: dict) -> None:
+    sync, async_ = run["root"] / "sync", run["root"] / "async"
+    assert io.read_manifest(async_)["dcp"]["world_size"] == 2
+    assert_state_equal(consolidate(async_, key=None), consolidate(sync, key=None))
+    assert_state_equal(consolidate(async_), run["ranks"][0]["saved"]["model"])  # not the later step's
+
+
+def test_consolidate_gives_the_full_state_dict(run: dict) -> None:
+    full = consolidate(run["root"] / "sync")
+    assert_state_equal(full, run["ranks"][0]["saved"]["model"])
+    assert list(full) == list(make_model().state_dict())
+    assert all(type(t) is torch.Tensor and t.device.type == "cpu" for t in full.values())
+
+
+def test_failed_save_keeps_the_previous_checkpoint(run: dict) -> None:
+    r0, r1 = run["ranks"]
+    assert "Can't pickle" in r0["failed_save"] or "pickle" in r0["failed_save"].lower()
+    assert r1["failed_save"].startswith("CheckpointError: sharded save to") and "rank 0" in r1["failed_save"]
+    assert r0["sync_untouched"] and r1["sync_untouched"]
+    assert not [p for p in run["root"].iterdir() if p.name.startswith(".")]  # no scratch dir left
+    io.verify_checkpoint(run["root"] / "sync")
+
+
+def test_sharded_checkpoints_fit_io_discovery(run: dict, tmp_path: Path) -> None:
+    root = run["root"]
+    assert is_sharded_checkpoint(root / "sync") and is_sharded_checkpoint(root / "one")
+    io.save_checkpoint(tmp_path / "plain", {"state.pt": {"a": 1}})
+    assert not is_sharded_checkpoint(tmp_path / "plain") and not is_sharded_checkpoint(tmp_path / "nothing")
+    manifest = io.read_manifest(root / "sync")
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt", "rng_rank0.pt", "rng_rank1.pt"} <= set(
+        manifest["files"])
+    assert manifest["meta"] == {"iter": 2}
+    assert io.find_latest_checkpoint(root) in (root / "sync", root / "async")
+    with pytest.raises(CheckpointError, match="not a sharded checkpoint"):
+        load_sharded(tmp_path / "plain", {})
+
+
+@pytest.mark.parametrize("damage,file", [("flip", "__1_0.distcp"), ("truncate", "__0_0.distcp"),
+                                         ("flip", ".metadata"), ("delete", "state.pt"), ("delete", "manifest.json")])
+def test_damaged_checkpoint_is_rejected_naming_the_file(run: dict, tmp_path: Path, damage: str, file: str) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(run["root"] / "sync", ckpt)
+    target = ckpt / file
+    if damage == "delete":
+        target.unlink()
+    elif damage == "truncate":
+        target.write_bytes(target.read_bytes()[:-10])
+    else:
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        target.write_bytes(bytes(data))
+    strategy = FSDPStrategy()
+    model, opt = build(strategy)
+    with pytest.raises(io.CorruptCheckpointError, match=file.replace(".", r"\.")):
+        load_sharded(ckpt, sharded_state(strategy, model, opt))
+    with pytest.raises(io.CorruptCheckpointError, match=file.replace(".", r"\.")):
+        consolidate(ckpt)
+    assert not io.is_valid_checkpoint(ckpt)
+
+
+class Evil:
+    def __reduce__(self):  # noqa: D105
+        return (print, ("executed!",))
+
+
+def test_nothing_is_unpickled_unsafely(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # A non-tensor value DCP stores with torch.save is read back weights_only.
+    save_sharded(tmp_path / "evil", {"model": {"w": torch.ones(2)}, "extra": {"obj": Evil()}})
+    with pytest.raises(io.UnsafeCheckpointError, match="refused to load the value of 'extra.obj'.*GLOBAL print"):
+        load_sharded(tmp_path / "evil", {"model": {"w": torch.zeros(2)}, "extra": {"obj": None}})
+    # DCP's .metadata is a pickle: only DCP's own classes may be in it.
+    meta = tmp_path / "evil" / ".metadata"
+    meta.write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(CheckpointError, match="builtins.print is not allowed"):
+        _SafeReader(tmp_path / "evil").read_metadata()
+    assert "executed!" not in capsys.readouterr().out
+
+
+def test_single_process_async_save(tmp_path: Path) -> None:
+    strategy = FSDPStrategy()
+    model, opt = build(strategy)
+    step(model, opt, 0)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    pending = save_sharded(tmp_path / "a", sharded_state(strategy, model, opt), {"state.pt": {}}, async_=True)
+    step(model, opt, 1)
+    assert pending.wait() == tmp_path / "a" and pending.wait() == tmp_path / "a"
+    assert_state_equal(consolidate(tmp_path / "a"), want)
+    assert json.loads((tmp_path / "a" / "manifest.json").read_text())["dcp"]["world_size"] == 1
+    # A save still in flight is committed by the next one, or by wait_pending().
+    save_sharded(tmp_path / "b", sharded_state(strategy, model, opt), async_=True)
+    save_sharded(tmp_path / "c", sharded_state(strategy, model, opt), async_=True)
+    assert io.is_valid_checkpoint(tmp_path / "b") and not (tmp_path / "c").exists()
+    assert wait_pending() == tmp_path / "c" and wait_pending() is None
+    assert [p.name for p in io.list_checkpoints(tmp_path)] == ["a", "b", "c"]

@@ -1,0 +1,35 @@
+"""`import treadle` stays light: optional packages are imported by the feature that uses them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Each is needed by one feature only (TensorBoard writer, report plots, progress bar,
+# config files, safetensors export, trackers).
+LAZY = ("tensorboard", "torch.utils.tensorboard", "matplotlib", "rich", "yaml", "safetensors", "mlflow", "wandb")
+
+
+def _modules_after(code: str) -> list[str]:
+    probe = f"import sys\n{code}\nimport json\nprint(json.dumps([m for m in {LAZY!r} if m in sys.modules]))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_treadle_imports_no_optional_package():
+    assert _modules_after("import treadle") == []
+
+
+def test_building_a_trainer_without_a_work_dir_imports_no_optional_package():
+    code = ("import torch, treadle\n"
+            "treadle.Trainer(torch.nn.Linear(2, 2), train_dataloader=[(torch.randn(4, 2), torch.zeros(4, dtype=torch.long))],\n"
+            "                loss_fn=torch.nn.CrossEntropyLoss(), optimizer=dict(type='SGD', lr=0.1), max_iters=1, progress=False)")
+    assert _modules_after(code) == []
+
+
+def test_progress_bar_hook_is_still_reachable_from_treadle_hooks():
+    assert _modules_after("import treadle\nfrom treadle.hooks import ProgressBarHook") == ["rich"]

@@ -1,0 +1,238 @@
+"""Asynchronous checkpoint saves: copy the state on the training thread, write it in the background.
+
+::
+
+    saver = AsyncCheckpointer()
+    saver.save(path, payloads, meta)   # returns once every tensor is copied to CPU memory
+    ...                                # training goes on; the directory is being written
+    saver.wait()                       # the write is complete (its error, if any, raised here)
+
+The background thread calls :func:`treadle.checkpoint.io.save_checkpoint` on the copy,
+so the directory is written exactly as a synchronous save writes it: payloads in a
+hidden temporary directory, each fsynced, ``manifest.json`` last, one atomic rename.
+A crash during the write leaves no checkpoint rather than a damaged one.
+
+The copy (:meth:`AsyncCheckpointer.snapshot`):
+
+* keeps the payloads' structure: containers are rebuilt (same types, an
+  ``OrderedDict``'s ``_metadata`` too), tensors sharing a storage still share one, and
+  views keep their offset and strides, so a CPU state's payload files are byte for
+  byte those of a synchronous save;
+* copies CPU tensors into fresh (or reused) CPU memory, and CUDA tensors into pinned
+  host buffers with ``non_blocking`` copies ordered on the current stream: the training
+  thread does not wait for the device; the writer thread waits for the copies (a CUDA
+  event) before it writes. A CUDA tensor is therefore saved as a CPU tensor (the
+  synchronous save records its device; loading maps to ``cpu`` by default anyway);
+* reuses the previous save's buffers when the sizes match (``reuse_buffers=True``):
+  no allocation or page faults after the first save, at the price of keeping one
+  copy of the state in host memory between saves.
+
+At most one save is in flight: :meth:`save` first waits for the previous one. An
+error of the background write is logged when it happens and raised (as a
+:class:`~treadle.checkpoint.io.CheckpointError`) by the next :meth:`save`,
+:meth:`wait` or :meth:`close`, never lost. The thread is not a daemon, so a normal
+interpreter exit waits for the write to finish.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from treadle.checkpoint.io import CheckpointError, check_save_args, save_checkpoint
+
+__all__ = ["AsyncCheckpointer"]
+
+logger = logging.getLogger("treadle")
+
+# Leaves that are immutable, so the copy may share them.
+_ATOMIC = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, range,
+           type(Ellipsis))
+
+
+class AsyncCheckpointer:
+    """Checkpoint saves that block the caller only for a copy of the state.
+
+    Args:
+        reuse_buffers: copy into the previous save's buffers when the state's storages
+            have the same sizes (the usual case): saves after the first allocate nothing.
+    """
+
+    def __init__(self, reuse_buffers: bool = True) -> None:
+        self.reuse_buffers = reuse_buffers
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._path: Path | None = None  # of the save in flight or last done
+        self._buffers: list[tuple[Tensor, bool]] = []  # (uint8 buffer, pinned) of the last snapshot, in order
+
+    # -- the caller's side ---------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str], payloads: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
+             on_done: Callable[[Path], Any] | None = None) -> Path:
+        """Snapshot ``payloads`` now and write them to ``path`` in the background.
+
+        Same arguments as :func:`treadle.checkpoint.io.save_checkpoint` (and checked
+        the same way, here, before anything is copied). ``on_done(path)`` runs in the
+        background thread after the checkpoint is complete (e.g. pruning old ones);
+        its error counts as the save's. Returns ``path``.
+        """
+        self.wait()  # one save at a time; raises the previous save's error
+        path, _, meta_json = check_save_args(path, payloads, meta)
+        snap, events = self.snapshot(payloads)
+        self._path = path
+        self._thread = threading.Thread(target=self._write, args=(path, snap, meta_json, events, on_done),
+                                        name=f"treadle-checkpoint-{path.name}", daemon=False)
+        self._thread.start()
+        return path
+
+    __call__ = save  # usable wherever a save_checkpoint(path, payloads, meta=...) function is
+
+    def wait(self) -> Path | None:
+        """Block until the save in flight (if any) is written; raise its error.
+        Returns the path of the last save."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(f"asynchronous save of {self._path} failed: {type(error).__name__}: {error}") from error
+        return self._path
+
+    @property
+    def in_flight(self) -> bool:
+        """True while a background write is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def close(self) -> None:
+        """Wait for the save in flight and release the reusable buffers."""
+        try:
+            self.wait()
+        finally:
+            self._buffers = []
+
+    def __enter__(self) -> "AsyncCheckpointer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- the copy --------------------------------------------------------------------
+    def snapshot(self, payloads: Any) -> tuple[Any, list[Any]]:
+        """A copy of ``payloads`` whose tensors live in CPU memory that nothing else
+        uses, and the CUDA events that mark the end of the device-to-host copies.
+
+        Only call while no save is in flight (the reusable buffers may be in use)."""
+        if self.in_flight:
+            raise RuntimeError("AsyncCheckpointer.snapshot() while a save is in flight; call wait() first")
+        copier = _Copier(self._buffers if self.reuse_buffers else [])
+        snap = copier.copy(payloads)
+        events = []
+        for device in copier.cuda_devices:  # the copies are queued on each device's current stream
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+        self._buffers = copier.used if self.reuse_buffers else []
+        return snap, events
+
+    # -- the background thread -----------------------------------------------------------
+    def _write(self, path: Path, snap: Any, meta: dict[str, Any], events: list[Any],
+               on_done: Callable[[Path], Any] | None) -> None:
+        try:
+            for event in events:
+                event.synchronize()  # the device-to-host copies have landed
+            save_checkpoint(path, snap, meta=meta)
+            if on_done is not None:
+                on_done(path)
+        except BaseException as e:  # kept for the caller's next save()/wait(): never lost
+            self._error = e
+            logger.error("asynchronous checkpoint save of %s failed: %s: %s", path, type(e).__name__, e)
+
+
+class _Copier:
+    """One snapshot: rebuilds containers, copies each tensor storage once."""
+
+    def __init__(self, reusable: list[tuple[Tensor, bool]]) -> None:
+        self._reusable = collections.deque(reusable)
+        self.used: list[tuple[Tensor, bool]] = []
+        self.cuda_devices: set[torch.device] = set()
+        self._memo: dict[int, Any] = {}  # id(object) -> its copy: shared objects stay shared
+        self._storages: dict[Any, Any] = {}  # storage identity -> copied untyped storage
+
+    def copy(self, obj: Any) -> Any:
+        if isinstance(obj, _ATOMIC):
+            return obj
+        key = id(obj)
+        if key in self._memo:
+            return self._memo[key]
+        if isinstance(obj, Tensor):
+            out: Any = self._tensor(obj)
+        elif isinstance(obj, dict):
+            out = copy.copy(obj)  # same type; an OrderedDict keeps its attributes (state_dict _metadata)
+            self._memo[key] = out
+            if getattr(out, "__dict__", None):
+                out.__dict__ = {k: copy.deepcopy(v) for k, v in out.__dict__.items()}
+            for k, v in obj.items():
+                out[k] = self.copy(v)
+            return out
+        elif isinstance(obj, list):
+            out = []
+            self._memo[key] = out
+            out.extend(self.copy(v) for v in obj)
+            return out
+        elif isinstance(obj, tuple) and type(obj) is tuple:
+            out = tuple(self.copy(v) for v in obj)
+        elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+            out = type(obj)(*(self.copy(v) for v in obj))
+        elif isinstance(obj, (set, frozenset)):
+            out = type(obj)(self.copy(v) for v in obj)
+        else:  # anything else that torch.save would pickle: an independent copy
+            out = copy.deepcopy(obj)
+        self._memo[key] = out
+        return out
+
+    def _tensor(self, t: Tensor) -> Tensor:
+        plain = type(t) in (Tensor, nn.Parameter)
+        if not plain or t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
+            # Rare kinds (sparse, quantized, subclasses, other devices): a plain copy,
+            # on the caller's thread; storage sharing is not preserved for these.
+            return t.detach().to("cpu", copy=True)
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        # torch.save keys storages by their StorageImpl; so do we (empty ones are never shared).
+        ident = (storage.device, getattr(storage, "_cdata", storage.data_ptr())) if nbytes else None
+        copied = self._storages.get(ident) if ident is not None else None
+        if copied is None:
+            cuda = storage.device.type == "cuda"
+            buf = self._buffer(nbytes, pinned=cuda)
+            src = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+            buf.copy_(src, non_blocking=cuda)  # CUDA: into pinned memory, no wait on this thread
+            if cuda:
+                self.cuda_devices.add(storage.device)
+            copied = buf.untyped_storage()
+            if ident is not None:
+                self._storages[ident] = copied
+        out = torch.empty(0, dtype=t.dtype).set_(copied, t.storage_offset(), t.size(), t.stride())
+        if isinstance(t, nn.Parameter):
+            return nn.Parameter(out, requires_grad=t.requires_grad)
+        if t.requires_grad:
+            out.requires_grad_(True)
+        return out
+
+    def _buffer(self, nbytes: int, pinned: bool) -> Tensor:
+        """A uint8 CPU buffer: the next reusable one if it fits exactly, else a new one."""
+        if self._reusable:
+            buf, was_pinned = self._reusable.popleft()
+            if buf.numel() != nbytes or was_pinned != pinned:
+                self._reusable.clear()  # the layout changed: allocate from here on
+                buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        else:
+            buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        self.used.append((buf, pinned))
+        return buf

@@ -1,0 +1,462 @@
+"""Sharded checkpoints: torch.distributed.checkpoint (DCP) inside treadle's checkpoint dirs.
+
+    pending = save_sharded(path, {"model": msd, "optim": osd}, {"state.pt": counters}, meta)
+    pending.wait()                                    # collective; at once unless async_=True
+    state, payloads = load_sharded(path, {"model": msd_template, "optim": osd_template})
+    full = consolidate(path)                          # one process: {fqn: Tensor}
+
+Every rank writes its own shards (``__<rank>_<n>.distcp``, DCP's ``.metadata``) and
+rank 0 writes the small payloads (``torch.save``) into one hidden temporary sibling
+dir. Once all ranks' data is on disk, each rank hashes a share of the files, rank 0
+writes ``manifest.json`` (io.py's format, plus a ``"dcp"`` entry) last and renames the
+dir onto ``path`` (io.py's ``_install``: an old checkpoint at ``path`` is replaced
+atomically). So a sharded checkpoint has io.py's guarantees: a crash or an error leaves
+the previous checkpoint intact, and ``list_checkpoints``/``find_latest_checkpoint``/
+``verify_checkpoint``/``prune_checkpoints`` handle it like any other.
+
+Loading verifies every file against the manifest first (the work split over ranks),
+then reads through DCP, which reshards: the world size may differ from the save's.
+Nothing is unpickled freely: DCP's ``.metadata`` (a pickle) goes through an
+allow-list unpickler, and DCP's non-tensor values (``torch.save`` bytes) and the
+payloads are read with ``torch.load(weights_only=True)``; plain DCP uses full pickle.
+
+All ranks must see the same file system (as DCP requires).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import time
+import warnings
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+from treadle.dist import comm
+
+from .io import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    CheckpointError,
+    CorruptCheckpointError,
+    UnsafeCheckpointError,
+    _check_payload_name,
+    _fsync_dir,
+    _install,
+    _is_flat_dir,
+    _sha256_file,
+    _scratch_name,
+    _torch_reason,
+    _verify_file,
+    _write_durably,
+    load_checkpoint,
+    read_manifest,
+    verify_checkpoint,
+)
+
+__all__ = ["PendingSave", "save_sharded", "wait_pending", "load_sharded", "consolidate", "is_sharded_checkpoint"]
+
+DCP_METADATA = ".metadata"
+
+
+# ----------------------------------------------------------------------------- safe reading
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's ``Metadata`` and nothing else (dataclasses, dtypes, sizes, paths)."""
+
+    _METADATA = "torch.distributed.checkpoint.metadata"
+    _OTHERS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+               ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+               ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+               ("pathlib", "PureWindowsPath"), ("pathlib", "Path"), ("builtins", "set"), ("builtins", "frozenset")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == self._METADATA and (not name.startswith("_") or name == "_MEM_FORMAT_ENCODING"):
+            obj = super().find_class(module, name)
+            if isinstance(obj, type) and obj.__module__ == module:  # its own dataclasses and enums only
+                return obj
+        elif (module, name) in self._OTHERS:
+            return super().find_class(module, name)
+        elif module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
+                                                                           torch.memory_format)):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in DCP metadata")
+
+
+class _SafeReader(dcp.FileSystemReader):
+    """DCP's file reader with an allow-list unpickler for ``.metadata``."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        try:
+            with open(path, "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+        except pickle.UnpicklingError as e:
+            raise CheckpointError(f"{path}: refused to load DCP metadata ({e})") from None
+        if getattr(metadata, "storage_meta", None) is None:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def _load_bytes_safely(planner: DefaultLoadPlanner, read_item: Any, value: Any) -> None:
+    """DefaultLoadPlanner.load_bytes, but with weights_only=True (DCP's uses False)."""
+    try:
+        obj = torch.load(value, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UnsafeCheckpointError(f"refused to load the value of {read_item.dest_index.fqn!r}: treadle loads only "
+                                    f"tensors and plain containers; torch's reason: {_torch_reason(str(e))}") from None
+    if planner.flatten_state_dict:
+        set_element(planner.original_state_dict, planner.mappings[read_item.dest_index.fqn], obj)
+    else:
+        planner.state_dict[read_item.dest_index.fqn] = obj
+
+
+class _SafeLoadPlanner(DefaultLoadPlanner):
+    def load_bytes(self, read_item: Any, value: Any) -> None:
+        _load_bytes_safely(self, read_item, value)
+
+
+class _SafeEmptyPlanner(_EmptyStateDictLoadPlanner):
+    def load_bytes(self, read_item: Any, value: Any) -> None:
+        _load_bytes_safely(self, read_item, value)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _group() -> Any:
+    """Process group for DCP's planning collectives (gloo: no device sync); None alone."""
+    return comm._control() if comm.is_distributed() else None
+
+
+_async_pg: tuple[Any, Any] | None = None  # (the default group it belongs to, the group)
+
+
+def _async_group() -> Any:
+    """A gloo group used only by background saves: DCP's collectives then never interleave
+    with training's on the same group (which would hang or mix up messages). Collective
+    on first use; every rank reaches it in the same save_sharded call."""
+    global _async_pg
+    default = dist.distributed_c10d._get_default_group()
+    if _async_pg is None or _async_pg[0] is not default:  # a new process group: a new one
+        _async_pg = (default, dist.new_group(backend="gloo"))
+    return _async_pg[1]
+
+
+def _quiet_single_process() -> None:
+    """DCP warns on every call without a process group, one process being a normal case
+    here. A filter for that message alone, added globally (filterwarnings drops the
+    duplicate): async saves warn from DCP's thread, where ``catch_warnings`` cannot reach."""
+    warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized",
+                            category=UserWarning)
+
+
+def _as_checkpoint_error(e: BaseException, path: Path, action: str) -> CheckpointError:
+    """DCP's CheckpointException (a BaseException carrying each rank's error) as a
+    CheckpointError; treadle's own errors raised inside DCP keep their type and text."""
+    if isinstance(e, CheckpointException):
+        failures = {r: exc for r, (exc, _) in e.failures.items()}
+        for exc in failures.values():
+            if isinstance(exc, CheckpointError):
+                return type(exc)(f"{path}: {exc}")
+        rank, exc = next(iter(failures.items()))
+        return CheckpointError(f"{path}: {action} failed on rank(s) {sorted(failures)}: "
+                               f"rank {rank}: {type(exc).__name__}: {exc}")
+    if isinstance(e, CheckpointError):
+        return e
+    return CheckpointError(f"{path}: {action} failed: {type(e).__name__}: {e}")
+
+
+def _dcp_files(metadata: Any) -> list[str]:
+    return sorted({DCP_METADATA} | {info.relative_path for info in metadata.storage_data.values()})
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+class PendingSave:
+    """A sharded save in flight; :meth:`wait` commits it (manifest, then rename).
+
+    ``wait`` is a collective: every rank calls it (the next save, or the end of
+    training, must). Until it returns, the checkpoint does not exist at ``path``.
+    """
+
+    def __init__(self, path: Path, tmp: Path, payload_files: dict[str, Any], meta: dict[str, Any],
+                 task: Future) -> None:
+        self.path, self._tmp, self._payload_files, self._meta, self._task = path, tmp, payload_files, meta, task
+        self._result: Path | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        """True when this rank's data is written and hashed (waiting would not block on I/O)."""
+        return self._task.done()
+
+    def wait(self) -> Path:
+        """Commit the checkpoint once every rank's data is written; returns ``path``.
+
+        Raises :class:`CheckpointError` on every rank if any rank failed; the temporary
+        dir is then removed and whatever was at ``path`` before is untouched.
+        """
+        if self._result is not None:
+            return self._result
+        if self._error is not None:
+            raise self._error
+        try:
+            entries, error = self._task.result(), None
+        except (Exception, CheckpointException) as e:  # reported to rank 0: every rank raises the same
+            entries, error = {}, str(_as_checkpoint_error(e, self.path, "writing"))
+        gathered = comm.gather_object((entries, error))
+        outcome: str | None = None
+        if comm.get_rank() == 0:
+            outcome = self._commit(gathered)  # type: ignore[arg-type]
+        outcome = comm.broadcast_object(outcome)
+        if outcome:
+            self._error = CheckpointError(f"sharded save to {self.path} failed: {outcome}")
+            raise self._error
+        self._result = self.path
+        return self.path
+
+    def _commit(self, gathered: list[tuple[dict[str, Any], str | None]]) -> str | None:
+        """Rank 0: write the manifest last and install the dir; the error text on failure."""
+        try:
+            errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e]
+            if errors:
+                raise CheckpointError("; ".join(errors))
+            dcp_files: dict[str, Any] = {}
+            for entries, _ in gathered:
+                dcp_files.update(entries)
+            now = time.time()
+            manifest = {
+                "format": FORMAT, "format_version": FORMAT_VERSION, "created": now,
+                "created_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
+                "torch_version": torch.__version__, "meta": self._meta,
+                "files": {**self._payload_files, **dcp_files},
+                "dcp": {"files": sorted(dcp_files), "world_size": len(gathered)},
+            }
+            # The manifest is the commit record: written once every file is durable.
+            _write_durably(self._tmp / MANIFEST_NAME, data=json.dumps(manifest, indent=2).encode())
+            _fsync_dir(self._tmp)
+            _install(self._tmp, self.path)
+            return None
+        except BaseException as e:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            return str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
+
+
+_last_pending: PendingSave | None = None  # at most one save in flight per process
+
+
+def wait_pending() -> Path | None:
+    """Commit the save still in flight, if any (a collective; e.g. at the end of training).
+    Returns its path, or None when there was none. Raises its error, once."""
+    global _last_pending
+    pending, _last_pending = _last_pending, None
+    if pending is None or pending._error is not None:  # none, or its error was raised already
+        return None
+    return pending.wait()
+
+
+def _hash_share(tmp: Path, metadata: Any) -> dict[str, Any]:
+    """Size and sha256 of this rank's share of DCP's files (all ranks hash in parallel)."""
+    files = _dcp_files(metadata)[comm.get_rank()::comm.get_world_size()]
+    out = {}
+    for name in files:
+        path = tmp / name
+        out[name] = {"size": path.stat().st_size, "sha256": _sha256_file(path)}
+    return out
+
+
+def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
+                 small_payloads: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None,
+                 *, async_: bool = False) -> PendingSave:
+    """Write a sharded checkpoint dir at ``path``; a collective: every rank calls it.
+
+    ``sharded_state``: nested dicts of tensors/DTensors (e.g. FSDPStrategy's
+    ``model_state_dict``/``optim_state_dict``) and plain values; each rank writes its
+    shards. ``small_payloads`` (``{file name: object}``, used on rank 0 only) are
+    ``torch.save``-d beside them, e.g. ``state.pt`` and the gathered ``rng_rank<r>.pt``.
+    ``meta`` goes into the manifest (JSON).
+
+    Returns a :class:`PendingSave`. Sync (default): already committed, ``wait()``
+    returns at once. ``async_=True``: DCP's ``async_save`` copies the state to CPU
+    memory (the only blocking part besides planning) and writes it in a background
+    thread; the checkpoint appears at ``path`` only when every rank has called
+    ``wait()``, or :func:`wait_pending`. A new save first commits the one in flight
+    (raising its error, if it failed).
+    """
+    global _last_pending
+    wait_pending()
+    path = Path(path)
+    rank = comm.get_rank()
+    names: list[str] = []
+    payloads = dict(small_payloads or {}) if rank == 0 else {}
+    tmp: Path | None = None
+    error: str | None = None
+    failure: Exception | None = None
+    payload_files: dict[str, Any] = {}
+    meta_json: dict[str, Any] = {}
+    if rank == 0:  # checks and small files before any collective: a failure here stops every rank
+        try:
+            if not path.name or path.name.startswith("."):
+                raise ValueError(f"invalid checkpoint path {path}: its name must not be empty or start with '.'")
+            for n in payloads:
+                if _check_payload_name(n) == DCP_METADATA or n.endswith(".distcp"):
+                    raise ValueError(f"payload name {n!r} collides with DCP's files")
+                names.append(n)
+            try:
+                meta_json = json.loads(json.dumps(dict(meta or {}), allow_nan=False))
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"checkpoint meta must be JSON-serialisable: {e}") from e
+            if os.path.lexists(path) and not _is_flat_dir(path):
+                raise CheckpointError(f"refusing to replace {path}: it is not a checkpoint directory")
+            if not path.parent.is_dir():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _fsync_dir(path.parent.parent)  # the new checkpoints/ dir itself must be durable
+            tmp = path.parent / _scratch_name(path.name, "tmp")
+            tmp.mkdir()
+            payload_files = {n: _write_durably(tmp / n, obj=payloads[n]) for n in names}
+        except Exception as e:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            failure, error = e, f"{type(e).__name__}: {e}"
+    tmp, error = comm.broadcast_object((tmp, error))
+    if failure is not None:
+        raise failure  # rank 0 keeps the original type (ValueError for a bad name, ...)
+    if error:
+        raise CheckpointError(f"sharded save to {path} failed on rank 0: {error}")
+    assert tmp is not None
+    no_dist = not comm.is_distributed()
+    writer = dcp.FileSystemWriter(tmp, sync_files=True)
+    executor: ThreadPoolExecutor | None = None
+    try:
+        if async_:
+            group = None if no_dist else _async_group()
+            _quiet_single_process()
+            dcp_future = dcp.async_save(sharded_state, storage_writer=writer, process_group=group, no_dist=no_dist)
+            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-ckpt-hash")
+            task = executor.submit(lambda: _hash_share(tmp, dcp_future.result()))
+            executor.shutdown(wait=False)  # the thread ends after the task
+        else:
+            task = Future()
+            try:
+                _quiet_single_process()
+                metadata = dcp.save(sharded_state, storage_writer=writer, process_group=_group(), no_dist=no_dist)
+                task.set_result(_hash_share(tmp, metadata))
+            except (Exception, CheckpointException) as e:  # committed below as a failure on every rank
+                task.set_exception(_as_checkpoint_error(e, path, "writing"))
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    pending = PendingSave(path, tmp, payload_files, meta_json, task)
+    if async_:
+        _last_pending = pending
+    else:
+        pending.wait()
+    return pending
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _verify_distributed(path: Path, manifest: dict[str, Any]) -> None:
+    """Every file's size and sha256 against the manifest, each rank checking a share."""
+    names = sorted(manifest["files"])
+    error: str | None = None
+    try:
+        for name in names[comm.get_rank()::comm.get_world_size()]:
+            _verify_file(path, name, manifest["files"][name])
+    except CorruptCheckpointError as e:
+        error = str(e)
+    for e in comm.all_gather_object(error):  # every rank raises the same, first, error
+        if e:
+            raise CorruptCheckpointError(e)
+
+
+def _read_sharded_manifest(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint")
+    manifest = read_manifest(path)
+    if not isinstance(manifest.get("dcp"), dict):
+        raise CheckpointError(f"{path}: not a sharded checkpoint (no 'dcp' entry in its manifest); "
+                              "read it with treadle.checkpoint.io.load_checkpoint")
+    return manifest
+
+
+def load_sharded(path: str | os.PathLike[str], sharded_state_template: dict[str, Any],
+                 payloads: list[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read a sharded checkpoint into ``sharded_state_template``; a collective.
+
+    The template has the keys, shapes and shardings wanted on this run (e.g. a fresh
+    model's and optimizer's sharded state dicts); its tensors are filled in place
+    and plain values replaced, whatever the world size of the save. Every file is
+    verified against the manifest first. Returns ``(state, small_payloads)``, the
+    payloads (default: all) read with ``torch.load(weights_only=True)`` on every rank.
+    Raises :class:`CorruptCheckpointError` naming the damaged or missing file.
+    """
+    path = Path(path)
+    manifest = _read_sharded_manifest(path)
+    _verify_distributed(path, manifest)
+    dcp_files = set(manifest["dcp"]["files"])
+    names = [n for n in manifest["files"] if n not in dcp_files] if payloads is None else list(payloads)
+    try:
+        _quiet_single_process()
+        dcp.load(sharded_state_template, storage_reader=_SafeReader(path), planner=_SafeLoadPlanner(),
+                 process_group=_group(), no_dist=not comm.is_distributed())
+    except (Exception, CheckpointException) as e:  # DCP's exception is a BaseException
+        raise _as_checkpoint_error(e, path, "loading the sharded state") from None
+    small = load_checkpoint(path, files=names, verify=False) if names else {}  # verified above
+    return sharded_state_template, small
+
+
+def consolidate(path: str | os.PathLike[str], key: str | None = "model") -> dict[str, Any]:
+    """The full state under ``key`` of a sharded checkpoint (all of it for ``key=None``),
+    as plain CPU tensors, in this process alone (no process group needed; everything
+    is read into memory). Verifies the whole checkpoint first."""
+    path = Path(path)
+    _read_sharded_manifest(path)
+    verify_checkpoint(path)
+    state: dict[str, Any] = {}
+    planner = _SafeEmptyPlanner(keys=None if key is None else {key})
+    try:
+        _load_state_dict(state, storage_reader=_SafeReader(path), planner=planner, no_dist=True)
+    except (Exception, CheckpointException) as e:
+        raise _as_checkpoint_error(e, path, "consolidating") from None
+    if key is None:
+        return state
+    if key not in state:
+        raise CheckpointError(f"{path}: no {key!r} in the sharded state")
+    return state[key]
+
+
+def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """True for a sharded checkpoint dir (its manifest has a ``dcp`` entry; with no
+    manifest, a DCP ``.metadata`` file). Cheap: no hashing."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    try:
+        manifest = json.loads((path / MANIFEST_NAME).read_bytes())
+    except FileNotFoundError:
+        return (path / DCP_METADATA).is_file()
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and isinstance(manifest.get("dcp"), dict)
+

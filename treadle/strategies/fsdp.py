@@ -1,0 +1,328 @@
+"""FSDPStrategy: parameters, gradients and optimizer state sharded over the processes (FSDP2).
+
+    strategy = FSDPStrategy(wrap=("TransformerBlock",),
+                            mixed_precision=dict(param_dtype="bfloat16", reduce_dtype="float32"),
+                            reshard_after_forward=True, cpu_offload=False)
+
+``setup()`` initialises the process group as DDPStrategy does. ``setup_model`` calls
+``torch.distributed.fsdp.fully_shard`` bottom-up: on every submodule the ``wrap``
+policy selects (each becomes one all-gather/reduce-scatter group, e.g. a transformer
+block), then on the root, and returns the same module object (FSDP2 swaps its class
+and turns its parameters into DTensors sharded on dim 0). With one process the model
+is only placed on the device, as DDPStrategy does.
+
+The optimizer must be built *after* ``setup_model``: one built before holds the
+replaced parameters and would update nothing (:meth:`FSDPStrategy.check_optimizer`
+says so). State dicts go through ``torch.distributed.checkpoint.state_dict``: the
+model/optimizer ones are sharded (DTensors, for ``treadle.checkpoint.sharded``),
+:meth:`FSDPStrategy.full_model_state_dict` gathers full CPU tensors on rank 0 (exports,
+best checkpoints).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Callable, Iterator, Union
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from treadle.dist import comm
+from treadle.dist.env import detect_launcher
+from treadle.logging.writers import get_logger
+from treadle.strategies.base import Strategy
+
+WrapPolicy = Union[tuple[Union[type, str], ...], list[Union[type, str]], Callable[[nn.Module], bool], None]
+
+_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+           "half": torch.float16, "16": torch.float16, "float32": torch.float32, "fp32": torch.float32,
+           "float": torch.float32, "32": torch.float32}
+_MP_KEYS = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
+
+
+def _dtype(key: str, value: Any) -> torch.dtype | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str) and value.lower().removeprefix("torch.") in _DTYPES:
+        return _DTYPES[value.lower().removeprefix("torch.")]
+    raise ValueError(f"mixed_precision[{key!r}]={value!r}: expected a torch.dtype or one of "
+                     f"'bfloat16', 'float16', 'float32'")
+
+
+def mixed_precision_policy(config: dict[str, Any] | None) -> Any:
+    """``dict(param_dtype="bfloat16", reduce_dtype="float32", ...)`` as a ``MixedPrecisionPolicy``."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if config is None:
+        return MixedPrecisionPolicy()
+    if not isinstance(config, dict):
+        raise TypeError(f"mixed_precision must be a dict such as dict(param_dtype='bfloat16', "
+                        f"reduce_dtype='float32'), got {config!r}")
+    unknown = sorted(set(config) - set(_MP_KEYS))
+    if unknown:
+        raise ValueError(f"mixed_precision has unknown keys {unknown}; allowed: {list(_MP_KEYS)}")
+    kwargs = {k: _dtype(k, v) for k, v in config.items() if k != "cast_forward_inputs"}
+    if "cast_forward_inputs" in config:
+        kwargs["cast_forward_inputs"] = bool(config["cast_forward_inputs"])
+    return MixedPrecisionPolicy(**kwargs)
+
+
+def _wrap_predicate(wrap: WrapPolicy) -> tuple[Callable[[nn.Module], bool], list[type | str]]:
+    """A predicate for ``wrap``, and the classes/names it lists (to report unmatched ones)."""
+    if wrap is None:
+        return (lambda m: False), []
+    if callable(wrap) and not isinstance(wrap, type):
+        return wrap, []
+    items = [wrap] if isinstance(wrap, (type, str)) else list(wrap)
+    for it in items:
+        if not isinstance(it, (type, str)):
+            raise TypeError(f"wrap entries must be nn.Module classes or class names, got {it!r}")
+    classes = tuple(it for it in items if isinstance(it, type))
+    names = {it for it in items if isinstance(it, str)}
+
+    def pred(m: nn.Module) -> bool:
+        cls = type(m)
+        return isinstance(m, classes) or cls.__name__ in names or f"{cls.__module__}.{cls.__qualname__}" in names
+    return pred, items
+
+
+class FSDPStrategy(Strategy):
+    """FSDP2 (``fully_shard``) over torch.distributed (see the module docstring).
+
+    Args:
+        wrap: submodules that get their own ``fully_shard`` (before the root, which is
+            always sharded): classes or class names (``"Block"`` or ``"pkg.mod.Block"``),
+            or a predicate ``fn(module) -> bool``. Listed classes that match nothing are
+            an error (a typo would silently shard the whole model as one group).
+        mixed_precision: ``dict(param_dtype=, reduce_dtype=, output_dtype=,
+            cast_forward_inputs=)`` for ``MixedPrecisionPolicy`` (dtypes or names).
+        reshard_after_forward: free gathered parameters after forward (less memory,
+            one more all-gather in backward).
+        cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU.
+        backend, timeout_s, shard_data: as for DDPStrategy.
+    """
+
+    name = "fsdp"
+    eval_in_lockstep = True  # forward all-gathers parameters
+
+    def __init__(self, wrap: WrapPolicy = None, mixed_precision: dict[str, Any] | None = None,
+                 reshard_after_forward: bool = True, cpu_offload: bool = False,
+                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
+        if backend not in (None, "gloo", "nccl"):
+            raise ValueError(f"backend={backend!r}; expected None (nccl on CUDA, gloo on CPU), 'gloo' or 'nccl'")
+        self._wrap_pred, self._wrap_items = _wrap_predicate(wrap)
+        self.mp_policy = mixed_precision_policy(mixed_precision)  # validated now: errors before any process starts
+        self.mixed_precision = mixed_precision
+        self.reshard_after_forward = bool(reshard_after_forward)
+        self.cpu_offload = bool(cpu_offload)
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.shard_data = shard_data
+        self.device = torch.device("cpu")
+        self.mesh: Any = None
+
+    def setup(self) -> None:
+        """Initialise the process group from the launcher's environment (as DDPStrategy)."""
+        env = detect_launcher()
+        self.device = comm.init_distributed(env, backend=self.backend, timeout_s=self.timeout_s)
+        self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
+        self.local_rank = env.local_rank
+
+    # -- wrapping ------------------------------------------------------------------------
+    def setup_model(self, model: nn.Module) -> nn.Module:
+        """``fully_shard`` the policy's submodules, then the root; returns ``model`` itself."""
+        self._check_wrap_matched(model)  # on one process too: a typo should not wait for a cluster
+        if not self.cpu_offload:
+            model = model.to(self.device)
+        if not self.distributed:  # one process: nothing to shard
+            return model
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+        # Chosen before any fully_shard: it changes the classes (Block -> FSDPBlock).
+        targets = [m for m in model.modules() if m is not model and self._wrap_pred(m)]
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.cpu_offload else OffloadPolicy()
+        kwargs = dict(mesh=self.mesh, mp_policy=self.mp_policy, offload_policy=offload)
+        # Bottom-up: reversed pre-order puts every descendant before its ancestors.
+        for m in [*reversed(targets), model]:
+            fully_shard(m, reshard_after_forward=self.reshard_after_forward, **kwargs)
+        return model
+
+    def _check_wrap_matched(self, model: nn.Module) -> None:
+        seen = {type(m) for m in model.modules()}
+        unmatched = [it for it in self._wrap_items if not any(
+            (issubclass(c, it) if isinstance(it, type) else it in (c.__name__, f"{c.__module__}.{c.__qualname__}"))
+            for c in seen)]
+        if unmatched:
+            names = sorted({c.__name__ for c in seen})
+            raise ValueError(f"FSDPStrategy(wrap=...): {unmatched} match no submodule of the model; "
+                             f"its module classes are {names}")
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model  # fully_shard works in place
+
+    @staticmethod
+    def check_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
+        """Raise ValueError if ``optimizer`` holds parameters other than ``model``'s current ones.
+
+        ``setup_model`` replaces every parameter by a sharded DTensor; an optimizer
+        built before would step the old tensors and train nothing.
+        """
+        current = {id(p) for p in model.parameters()}
+        stale = [tuple(p.shape) for g in optimizer.param_groups for p in g["params"] if id(p) not in current]
+        if stale:
+            raise ValueError(
+                f"the optimizer holds {len(stale)} parameter(s) that are not the model's current parameters "
+                f"(shapes {stale[:3]}{' ...' if len(stale) > 3 else ''}): it was built before "
+                "FSDPStrategy.setup_model(), which replaces every parameter by a sharded DTensor. Build the "
+                "optimizer after wrapping: pass optimizer=dict(type='AdamW', lr=...) to the Trainer, not an "
+                "Optimizer object.")
+
+    def setup_optim_wrapper(self, optim_wrapper: Any, model: nn.Module) -> None:
+        """Accumulation: micro-batches that do not step skip the reduce-scatter."""
+        from torch.distributed.fsdp import FSDPModule
+
+        self.check_optimizer(optim_wrapper.optimizer, model)
+        if isinstance(model, FSDPModule):
+            optim_wrapper.no_sync = lambda: _no_gradient_sync(model)
+
+    # -- state dicts (collectives: every rank calls them) --------------------------------
+    def model_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """Sharded: this rank's DTensor shards, for ``treadle.checkpoint.sharded``."""
+        return get_model_state_dict(module)
+
+    def load_model_state_dict(self, module: nn.Module, state: dict[str, Any]) -> None:
+        """Load a sharded (or full) model state dict (strict)."""
+        set_model_state_dict(module, state, options=StateDictOptions(strict=True))
+
+    def optim_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Sharded optimizer state keyed by parameter names (FQNs), not ids. On an optimizer
+        that has not stepped yet, torch fills the state with a zero-lr step first."""
+        return get_optimizer_state_dict(module, optimizer)
+
+    def load_optim_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer,
+                              state: dict[str, Any]) -> None:
+        set_optimizer_state_dict(module, optimizer, state)
+
+    def full_model_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """Full (unsharded) CPU tensors on rank 0, ``{}`` on the others; a collective."""
+        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path, payloads: dict[str, Any], meta: dict[str, Any],
+                        writer: Any = None) -> Path:
+        """The Trainer's checkpoint, sharded through DCP (on one process too, so any
+        number of processes can resume it): the model and optimizer states go to DCP
+        files written by every rank; counters, hook states and RNGs to ``state.pt`` and
+        ``rng_rank<r>.pt`` by rank 0. ``writer`` (an asynchronous saver) makes it a DCP
+        ``async_save``, committed by the next save or :func:`wait_pending` at the end.
+
+        An open accumulation window's gradients are not saved (sharded gradients
+        under ``no_sync`` have no stable layout): the window restarts on resume.
+        """
+        self.finish_saves()  # an asynchronous save still in flight is committed first
+        state = dict(payloads["state.pt"])
+        sharded: dict[str, Any] = {"model": state.pop("model"), "optim": {}}
+        optim = {}
+        for name, ow_state in state["optim"].items():
+            ow_state = dict(ow_state)
+            sharded["optim"][name] = ow_state.pop("optimizer")
+            if ow_state.pop("grads", None) is not None:
+                get_logger().warning(f"FSDP checkpoint inside an accumulation window of optimizer {name!r}: "
+                                     "its partial gradients are not saved; the window restarts on resume")
+                ow_state["micro_step"] = 0
+            optim[name] = ow_state
+        state["optim"] = optim
+        where = _find_dtensor(state)
+        if where is not None:
+            raise ValueError(f"FSDP checkpoint: {where.replace('payloads', 'state')} is a sharded DTensor outside "
+                             "the model and optimizer (e.g. EMA), which is not supported with FSDP yet")
+        pending = self.save_sharded_checkpoint(path, sharded, {**payloads, "state.pt": state}, meta,
+                                               async_=writer is not None)
+        if writer is None:
+            return pending.wait()
+        # The saver's completion callback (pruning, a log line) runs once DCP's commit is done.
+        self._async_done = (getattr(writer, "keywords", {}).get("on_done"), Path(path))
+        return Path(path)
+
+    def finish_saves(self) -> None:
+        """Commit an asynchronous save still in flight (every rank calls this)."""
+        pending = getattr(self, "_async_done", None)
+        if pending is None:
+            return
+        from treadle.checkpoint.sharded import wait_pending
+
+        self._async_done = None
+        path = wait_pending() or pending[1]
+        if pending[0] is not None and self.is_main:
+            pending[0](path)
+
+    def load_checkpoint(self, path: str | Path, template: Any = None) -> dict[str, Any]:
+        """Payloads with the model and optimizer states read through DCP into
+        ``template()`` (this run's sharded states: DCP reshards across world sizes)."""
+        from treadle.checkpoint.sharded import is_sharded_checkpoint
+
+        if not is_sharded_checkpoint(path):
+            raise ValueError(f"{path} is not a sharded (FSDP) checkpoint; strategy='fsdp' resumes from its own "
+                             "checkpoints (saved by any number of processes). For weights only, use load_from=")
+        if template is None:
+            raise ValueError("FSDPStrategy.load_checkpoint needs template=, the current sharded states")
+        state, payloads = self.load_sharded_checkpoint(path, template())
+        merged = dict(payloads["state.pt"])
+        merged["model"] = state["model"]
+        merged["optim"] = {name: {**ow_state, "optimizer": state["optim"][name]}
+                           for name, ow_state in merged["optim"].items()}
+        return {**payloads, "state.pt": merged}
+
+    def save_sharded_checkpoint(self, path: str | Path, sharded_state: dict[str, Any], payloads: dict[str, Any],
+                                meta: dict[str, Any], async_: bool = False) -> Any:
+        """:func:`treadle.checkpoint.sharded.save_sharded`, with every rank's
+        ``rng_rank<r>.pt`` gathered into rank 0's payloads as ``save_checkpoint`` does.
+        Returns the ``PendingSave`` (call ``wait()`` on every rank before the next save)."""
+        from treadle.checkpoint.sharded import save_sharded
+
+        payloads = dict(payloads)
+        if self.distributed:
+            own = f"rng_rank{self.rank}.pt"
+            gathered = comm.gather_object(payloads.pop(own))
+            if self.is_main:
+                payloads.update({f"rng_rank{r}.pt": s for r, s in enumerate(gathered)})  # type: ignore[arg-type]
+        return save_sharded(path, sharded_state, payloads, meta, async_=async_)
+
+    def load_sharded_checkpoint(self, path: str | Path, template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """:func:`treadle.checkpoint.sharded.load_sharded`: ``(state, small payloads)``."""
+        from treadle.checkpoint.sharded import load_sharded
+
+        return load_sharded(path, template)
+
+
+def _find_dtensor(obj: Any, where: str = "payloads") -> str | None:
+    """Where the first DTensor inside nested dicts/lists/tuples is, or None."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(obj, DTensor):
+        return where
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for k, v in items:
+        found = _find_dtensor(v, f"{where}[{k!r}]")
+        if found is not None:
+            return found
+    return None
+
+
+@contextlib.contextmanager
+def _no_gradient_sync(model: Any) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
