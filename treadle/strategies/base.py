@@ -164,6 +164,28 @@ class Strategy:
         return lambda batch: move_to(batch, device, non_blocking)
 
 
+class ProcessGroupStrategy(Strategy):
+    """Base of the multi-process strategies: the process group from the launcher's
+    environment (treadle/dist), and the options they share."""
+
+    def __init__(self, backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
+        if backend not in (None, "gloo", "nccl"):
+            raise ValueError(f"backend={backend!r}; expected None (nccl on CUDA, gloo on CPU), 'gloo' or 'nccl'")
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.shard_data = shard_data
+        self.device = torch.device("cpu")
+
+    def setup(self) -> None:
+        """Initialise the process group (nothing to do in one process)."""
+        from treadle.dist.env import detect_launcher
+
+        env = detect_launcher()
+        self.device = comm.init_distributed(env, backend=self.backend, timeout_s=self.timeout_s)
+        self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
+        self.local_rank = env.local_rank
+
+
 class SingleDevice(Strategy):
     """One process, one device (picked automatically when not given)."""
 

@@ -19,12 +19,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from treadle.dist import comm
-from treadle.dist.env import detect_launcher
-from treadle.strategies.base import Strategy
+from treadle.strategies.base import ProcessGroupStrategy
 
 
-class DDPStrategy(Strategy):
+class DDPStrategy(ProcessGroupStrategy):
     """DistributedDataParallel over torch.distributed (see the module docstring)."""
 
     name = "ddp"
@@ -32,22 +30,11 @@ class DDPStrategy(Strategy):
     def __init__(self, find_unused_parameters: bool = False, static_graph: bool = False,
                  gradient_as_bucket_view: bool = True, sync_buffers: bool = True,
                  backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
-        if backend not in (None, "gloo", "nccl"):
-            raise ValueError(f"backend={backend!r}; expected None (nccl on CUDA, gloo on CPU), 'gloo' or 'nccl'")
+        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data)
         self.find_unused_parameters = find_unused_parameters
         self.static_graph = static_graph
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.sync_buffers = sync_buffers  # BatchNorm stats etc. from rank 0 before each forward
-        self.backend = backend
-        self.timeout_s = timeout_s
-        self.shard_data = shard_data
-        self.device = torch.device("cpu")
-
-    def setup(self) -> None:
-        env = detect_launcher()
-        self.device = comm.init_distributed(env, backend=self.backend, timeout_s=self.timeout_s)
-        self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
-        self.local_rank = env.local_rank
 
     def setup_model(self, model: nn.Module) -> nn.Module:
         model = model.to(self.device)

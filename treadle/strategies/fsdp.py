@@ -36,9 +36,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from treadle.dist import comm
-from treadle.dist.env import detect_launcher
 from treadle.logging.writers import get_logger
-from treadle.strategies.base import Strategy
+from treadle.strategies.base import ProcessGroupStrategy
 
 WrapPolicy = Union[tuple[Union[type, str], ...], list[Union[type, str]], Callable[[nn.Module], bool], None]
 
@@ -94,7 +93,7 @@ def _wrap_predicate(wrap: WrapPolicy) -> tuple[Callable[[nn.Module], bool], list
     return pred, items
 
 
-class FSDPStrategy(Strategy):
+class FSDPStrategy(ProcessGroupStrategy):
     """FSDP2 (``fully_shard``) over torch.distributed (see the module docstring).
 
     Args:
@@ -116,25 +115,13 @@ class FSDPStrategy(Strategy):
     def __init__(self, wrap: WrapPolicy = None, mixed_precision: dict[str, Any] | None = None,
                  reshard_after_forward: bool = True, cpu_offload: bool = False,
                  backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
-        if backend not in (None, "gloo", "nccl"):
-            raise ValueError(f"backend={backend!r}; expected None (nccl on CUDA, gloo on CPU), 'gloo' or 'nccl'")
+        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data)
         self._wrap_pred, self._wrap_items = _wrap_predicate(wrap)
         self.mp_policy = mixed_precision_policy(mixed_precision)  # validated now: errors before any process starts
         self.mixed_precision = mixed_precision
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
-        self.backend = backend
-        self.timeout_s = timeout_s
-        self.shard_data = shard_data
-        self.device = torch.device("cpu")
         self.mesh: Any = None
-
-    def setup(self) -> None:
-        """Initialise the process group from the launcher's environment (as DDPStrategy)."""
-        env = detect_launcher()
-        self.device = comm.init_distributed(env, backend=self.backend, timeout_s=self.timeout_s)
-        self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
-        self.local_rank = env.local_rank
 
     # -- wrapping ------------------------------------------------------------------------
     def setup_model(self, model: nn.Module) -> nn.Module:
