@@ -1,0 +1,20 @@
+"""torch.distributed set-up: launcher inference, process group, rank helpers.
+
+    env = detect_launcher()            # torchrun | slurm | mpi | none
+    init_distributed(env, timeout=...) # gloo on CPU, nccl on CUDA; one device per local rank
+    comm.all_gather_object(x)          # small objects over a CPU (gloo) group: no device sync
+"""
+
+from treadle.dist.env import DistEnv, detect_launcher
+from treadle.dist.comm import (
+    all_gather_object,
+    barrier,
+    broadcast_object,
+    get_rank,
+    get_world_size,
+    init_distributed,
+    is_distributed,
+)
+
+__all__ = ["DistEnv", "detect_launcher", "init_distributed", "is_distributed", "get_rank", "get_world_size",
+           "barrier", "broadcast_object", "all_gather_object"]

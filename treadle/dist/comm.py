@@ -1,0 +1,154 @@
+"""Process group set-up and the few collectives the engine needs.
+
+Small Python objects (log values, RNG states, stop flags, paths) travel over a
+gloo group even when training uses NCCL, so they never wait on a CUDA stream.
+Every function is a cheap no-op in a single process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from treadle.dist.env import DistEnv, detect_launcher
+
+_control_group: Any = None  # gloo group for objects; None means the default group
+
+
+def is_distributed() -> bool:
+    """True inside an initialised process group with more than one process."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def get_rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def raise_open_file_limit() -> None:
+    """Raise the soft open-file limit to the hard one (many workers x many ranks)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        if soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):  # not POSIX, or not allowed: keep the limit
+        pass
+
+
+def init_distributed(env: DistEnv | None = None, *, backend: str | None = None,
+                     timeout_s: float = 1800.0) -> torch.device:
+    """Initialise the default process group for ``env`` (detected when None).
+
+    Backend: ``nccl`` when CUDA is available, else ``gloo``. With CUDA, this process
+    uses the GPU of its local rank. Returns the device. Idempotent: an already
+    initialised group is used as it is.
+    """
+    global _control_group
+    env = env if env is not None else detect_launcher()
+    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    if use_cuda:
+        if env.local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"local rank {env.local_rank} has no GPU: only {torch.cuda.device_count()} visible; "
+                               "start at most one process per GPU on each node")
+        torch.cuda.set_device(env.local_rank)
+        device = torch.device("cuda", env.local_rank)
+    else:
+        device = torch.device("cpu")
+    if not env.distributed or dist.is_initialized():
+        return device
+    if timeout_s is None or not timeout_s > 0:
+        raise ValueError(f"the process-group timeout must be a positive number of seconds, got {timeout_s!r}")
+    backend = backend or ("nccl" if use_cuda else "gloo")
+    # env:// reads these; launchers other than torchrun do not set them all.
+    os.environ.setdefault("MASTER_ADDR", env.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(env.rank), str(env.world_size)
+    os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
+    raise_open_file_limit()
+    kwargs: dict[str, Any] = {}
+    if backend == "nccl":
+        kwargs["device_id"] = device  # binds the communicator eagerly: no lazy first-collective init
+    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    # Tear the group down before the interpreter does: a gloo group left alive at exit
+    # can abort the process ("terminate called without an active exception").
+    atexit.register(_shutdown_at_exit)
+    _control_group = dist.new_group(backend="gloo") if backend != "gloo" else None
+    return device
+
+
+def _control() -> Any:
+    """The gloo group for objects (created on first use when the user's group is NCCL)."""
+    global _control_group
+    if _control_group is None and dist.get_backend() != "gloo":
+        _control_group = dist.new_group(backend="gloo")  # collective: every rank gets here together
+    return _control_group
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier(group=_control())
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """``obj`` from rank ``src`` on every rank."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, group=_control())
+    return box[0]
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj, group=_control())
+    return out
+
+
+def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's ``obj`` on rank ``dst`` (None elsewhere)."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(obj, out, dst=dst, group=_control())
+    return out
+
+
+def any_rank(*flags: bool) -> list[bool]:
+    """For each flag: True on every rank when it is True on any (one CPU all-reduce)."""
+    if not is_distributed():
+        return list(flags)
+    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_control())
+    return [bool(v) for v in t.tolist()]
+
+
+def _shutdown_at_exit() -> None:
+    # After an uncaught error NCCL's teardown can block on the failed collectives: skip
+    # it then (the launcher stops the processes); gloo's is local and always safe.
+    if getattr(sys, "last_value", None) is not None and dist.is_initialized() and dist.get_backend() == "nccl":
+        return
+    shutdown()
+
+
+def shutdown() -> None:
+    """Destroy the process group (and the object group) if one is initialised."""
+    global _control_group
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _control_group = None

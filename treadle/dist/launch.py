@@ -1,0 +1,43 @@
+"""Start N local processes the way ``torchrun --standalone --nproc-per-node N`` does,
+through torch.distributed.run's own API (TorchElastic's agent).
+
+Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT``, which :func:`treadle.dist.detect_launcher` reads. When one process
+fails, the agent stops the others at once (no waiting for a collective timeout)
+and the failure, with the rank and the error, is reported. Multi-node runs use
+``torchrun`` or SLURM directly (see the README).
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from typing import Sequence
+
+from treadle.logging.writers import get_logger
+
+
+def launch_local(nproc: int, args: Sequence[str], *, monitor_interval: float = 0.1) -> int:
+    """Run ``python ARGS...`` in ``nproc`` processes on this machine; returns the exit
+    status: 0, the failed process's own status (143 after a preemption), or 1."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be an int >= 1, got {nproc!r}")
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"treadle-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",  # a free port, like torchrun --standalone
+        max_restarts=0, monitor_interval=monitor_interval, start_method="spawn",
+    )
+    try:
+        elastic_launch(config, entrypoint=sys.executable)(*args)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        codes = {f.exitcode for f in e.failures.values()}
+        get_logger().error(f"process of rank {rank} failed with exit code {failure.exitcode}; "
+                           f"the other processes were stopped")
+        if codes == {143} or failure.exitcode == 143:  # preempted: keep the code for requeueing
+            return 143
+        return failure.exitcode if failure.exitcode > 0 else 1
+    return 0
