@@ -1,0 +1,52 @@
+"""Launcher inference from the environment: torchrun, SLURM, MPI, none."""
+
+from __future__ import annotations
+
+import pytest
+
+from treadle.dist.env import DistEnv, detect_launcher, first_slurm_host
+
+
+def test_no_launcher_is_one_process():
+    assert detect_launcher({}) == DistEnv("none")
+    assert not detect_launcher({}).distributed
+    # A one-task SLURM allocation (e.g. salloc + python) is not a distributed run.
+    assert detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}).launcher == "none"
+
+
+def test_torchrun():
+    env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+           "MASTER_ADDR": "node0", "MASTER_PORT": "1234", "TORCHELASTIC_RUN_ID": "x"}
+    assert detect_launcher(env) == DistEnv("torchrun", 3, 8, 1, 4, "node0", 1234)
+
+
+def test_torchrun_wins_over_slurm_when_run_inside_an_allocation():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}
+    assert detect_launcher(env).launcher == "torchrun"
+
+
+def test_slurm():
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NNODES": "2",
+           "SLURM_JOB_NODELIST": "gpu[07-08]", "MASTER_PORT": "29600"}
+    got = detect_launcher(env)
+    assert (got.launcher, got.rank, got.world_size, got.local_rank, got.local_world_size, got.master_port) == \
+        ("slurm", 5, 8, 1, 4, 29600)
+    assert got.master_addr == "gpu07"  # no scontrol here: the first host expanded by hand
+
+
+def test_first_slurm_host_without_scontrol():
+    assert first_slurm_host("node[001-004,010]") == "node001"
+    assert first_slurm_host("a1,a2") == "a1"
+
+
+def test_openmpi_and_mpich():
+    ompi = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "h0"}
+    assert detect_launcher(ompi) == DistEnv("mpi", 2, 4, 0, 2, "h0", 29500)
+    mpich = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1"}
+    assert detect_launcher(mpich) == DistEnv("mpi", 1, 2, 1, 2, "127.0.0.1", 29500)
+
+
+def test_bad_values_are_named():
+    with pytest.raises(ValueError, match="WORLD_SIZE='two' must be an integer"):
+        detect_launcher({"RANK": "0", "WORLD_SIZE": "two"})
