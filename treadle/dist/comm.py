@@ -139,9 +139,14 @@ def any_rank(*flags: bool) -> list[bool]:
 
 
 def _shutdown_at_exit() -> None:
-    # After an uncaught error NCCL's teardown can block on the failed collectives: skip
-    # it then (the launcher stops the processes); gloo's is local and always safe.
-    if getattr(sys, "last_value", None) is not None and dist.is_initialized() and dist.get_backend() == "nccl":
+    """At a clean exit, wait for every rank, then tear the group down together (a rank
+    whose peers already closed their connections can abort in gloo's threads). After an
+    uncaught error, do nothing: peers may be gone or stuck, and the launcher stops them."""
+    if getattr(sys, "last_value", None) is not None or not dist.is_initialized():
+        return
+    try:
+        dist.barrier(group=_control())
+    except Exception:  # a peer is gone: nothing left to agree with
         return
     shutdown()
 
