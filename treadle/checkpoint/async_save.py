@@ -41,6 +41,7 @@ import copy
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -128,7 +129,8 @@ class AsyncCheckpointer:
         """A copy of ``payloads`` whose tensors live in CPU memory that nothing else
         uses, and the CUDA events that mark the end of the device-to-host copies.
 
-        Only call while no save is in flight (the reusable buffers may be in use)."""
+        The copy's memory is reused by the next snapshot (``reuse_buffers``), so only
+        call this while no save is in flight, and do not keep the copy past the next."""
         if self.in_flight:
             raise RuntimeError("AsyncCheckpointer.snapshot() while a save is in flight; call wait() first")
         copier = _Copier(self._buffers if self.reuse_buffers else [])
@@ -145,8 +147,9 @@ class AsyncCheckpointer:
     def _write(self, path: Path, snap: Any, meta: dict[str, Any], events: list[Any],
                on_done: Callable[[Path], Any] | None) -> None:
         try:
-            for event in events:
-                event.synchronize()  # the device-to-host copies have landed
+            for event in events:  # wait for the device-to-host copies to land; polling, not
+                while not event.query():  # cudaEventSynchronize, keeps this thread off the device's
+                    time.sleep(0.0005)  # sync accounting (set_sync_debug_mode) and the GIL free
             save_checkpoint(path, snap, meta=meta)
             if on_done is not None:
                 on_done(path)
