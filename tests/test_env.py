@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import treadle
+from treadle import env
 from treadle.env import collect_env, format_env
 
 
@@ -29,20 +30,64 @@ def test_versions_seed_and_world_size(tmp_path, monkeypatch):
     assert info["git commit"] == "not a git repository"
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
-def test_git_commit_of_the_working_directory(tmp_path, monkeypatch):
-    def git(*args):
-        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
-                              capture_output=True, text=True, check=True).stdout.strip()
+def _git(cwd, *args):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd,
+                          capture_output=True, text=True, check=True).stdout.strip()
 
-    git("init", "-q")
-    git("commit", "-q", "--allow-empty", "-m", "x")
-    monkeypatch.chdir(tmp_path)
-    head = git("rev-parse", "HEAD")
+
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
+
+@needs_git
+def test_git_commit_of_the_working_directory(tmp_path, monkeypatch):
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "commit", "-q", "--allow-empty", "-m", "x")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")  # found from a subdirectory too
+    head = _git(tmp_path, "rev-parse", "HEAD")
     assert len(head) == 40 and collect_env()["git commit"] == head
 
 
-def test_git_failures_do_not_raise(monkeypatch):
+@needs_git
+def test_git_commit_read_without_starting_git(tmp_path, monkeypatch):
+    """Loose refs, packed refs, a detached HEAD and a worktree are read from the
+    files; git itself is never run for them."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "one")
+    first = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "two")
+    second = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "worktree", "add", "-q", "--detach", str(tmp_path / "wt"), first)
+
+    def no_git(*a, **k):
+        raise AssertionError("git was started")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    assert env._git_commit(str(repo)) == second  # a loose ref
+    assert env._git_commit(str(tmp_path / "wt")) == first  # a worktree, detached
+    monkeypatch.undo()
+    _git(repo, "pack-refs", "--all")
+    _git(repo, "checkout", "-q", "-b", "other")
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "three")
+    third = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "checkout", "-q", "-")  # back on the packed branch
+    assert not any((repo / ".git" / "refs" / "heads").glob("ma*"))  # only in packed-refs
+    monkeypatch.setattr(subprocess, "run", no_git)
+    assert env._git_commit(str(repo)) == second
+    monkeypatch.undo()
+    _git(repo, "checkout", "-q", "--detach", "other")
+    monkeypatch.setattr(subprocess, "run", no_git)
+    assert env._git_commit(str(repo)) == third
+
+
+def test_git_failures_do_not_raise(tmp_path, monkeypatch):
+    # A HEAD naming a ref that the files do not hold: only git could tell, and git fails.
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("ref: refs/heads/unborn\n")
+    monkeypatch.chdir(tmp_path)
+
     def hang(*a, **k):
         raise subprocess.TimeoutExpired(cmd="git", timeout=2)
 

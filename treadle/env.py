@@ -6,6 +6,7 @@ calling it at the start of every run is safe.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -15,9 +16,18 @@ import torch
 
 
 def _git_commit(cwd: str | None = None, timeout: float = 2.0) -> str:
-    """``git rev-parse HEAD`` of ``cwd`` (default: the current directory), or why not."""
+    """The commit checked out in ``cwd`` (default: the current directory), or why not.
+
+    Read from the repository's files (``HEAD``, then the loose ref or ``packed-refs``),
+    so no process is started at the start of every run. A layout this does not know
+    (the reftable format, an unborn branch) falls back to ``git rev-parse HEAD``.
+    """
+    start = os.path.abspath(cwd or os.getcwd())
+    found = _read_head(start)
+    if found is not None:
+        return found
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or os.getcwd(), capture_output=True,
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=start, capture_output=True,
                              text=True, timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError):  # no git executable, a hang, ...
         return "unavailable"
@@ -25,6 +35,57 @@ def _git_commit(cwd: str | None = None, timeout: float = 2.0) -> str:
     return commit if out.returncode == 0 and commit else "not a git repository"
 
 
+def _read_head(start: str) -> str | None:
+    """The commit from the files of the repository holding ``start``; "not a git
+    repository" when none does; None when only git itself can tell."""
+    path = start
+    while not os.path.exists(os.path.join(path, ".git")):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return "not a git repository"
+        path = parent
+    dot_git = os.path.join(path, ".git")
+    try:
+        git_dir = dot_git
+        if os.path.isfile(dot_git):  # a worktree or submodule: "gitdir: <path>"
+            line = _read(dot_git)
+            if not line.startswith("gitdir:"):
+                return None
+            git_dir = os.path.normpath(os.path.join(path, line[len("gitdir:"):].strip()))
+        common = git_dir  # where shared refs live; a worktree names it in "commondir"
+        if os.path.isfile(os.path.join(git_dir, "commondir")):
+            common = os.path.normpath(os.path.join(git_dir, _read(os.path.join(git_dir, "commondir"))))
+        head = _read(os.path.join(git_dir, "HEAD"))
+        if not head.startswith("ref:"):
+            return head if _is_sha(head) else None  # a detached HEAD
+        ref = head[len("ref:"):].strip()
+        for base in (git_dir, common):
+            loose = os.path.join(base, *ref.split("/"))
+            if os.path.isfile(loose):
+                sha = _read(loose)
+                return sha if _is_sha(sha) else None
+        packed = os.path.join(common, "packed-refs")
+        if os.path.isfile(packed):
+            with open(packed, encoding="utf-8") as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) == 2 and parts[1] == ref and _is_sha(parts[0]):
+                        return parts[0]
+        return None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip()
+
+
+def _is_sha(text: str) -> bool:
+    return len(text) in (40, 64) and all(c in "0123456789abcdef" for c in text)
+
+
+@functools.lru_cache(maxsize=1)  # the installed version does not change while running
 def _treadle_version() -> str:
     from importlib import metadata
 
