@@ -155,6 +155,46 @@ def test_buffers_are_reused_when_the_layout_is_the_same(tmp_path):
     assert not torch.equal(load_checkpoint(tmp_path / "a")["state.pt"]["fc1.weight"], torch.full((16, 6), 3.0))
 
 
+def test_reserve_allocates_the_first_saves_buffers_in_the_background(tmp_path):
+    payloads = _payloads()
+    sync = save_checkpoint(tmp_path / "sync", payloads)
+    saver = AsyncCheckpointer()
+    saver.reserve(payloads)
+    assert saver._reserving is not None  # the allocation runs in its own thread
+    saver._wait_reserved()
+    reserved = [b.data_ptr() for b, _ in saver._buffers]
+    # one buffer per distinct storage: the view shares base's, the tied weights one
+    storages = {t.untyped_storage().data_ptr() for t in _tensors(payloads) if t.untyped_storage().nbytes()}
+    assert len(reserved) == len(storages) + sum(1 for t in _tensors(payloads) if not t.untyped_storage().nbytes())
+    saver.save(tmp_path / "async", payloads)
+    saver.wait()
+    assert [b.data_ptr() for b, _ in saver._buffers] == reserved  # the first save allocated nothing
+    for name in payloads:
+        assert _sha(tmp_path / "async" / name) == _sha(sync / name), name
+    saver.reserve(payloads)  # buffers exist already: nothing to do
+    assert saver._reserving is None
+
+
+def test_a_reservation_for_another_layout_is_not_used_wrongly(tmp_path):
+    small, big = TinyNet().state_dict(), nn.Linear(40, 30).state_dict()
+    saver = AsyncCheckpointer()
+    saver.reserve({"state.pt": small})
+    saver.save(tmp_path / "a", {"state.pt": big})  # waits for the reservation, then allocates
+    saver.wait()
+    assert torch.equal(load_checkpoint(tmp_path / "a")["state.pt"]["weight"], big["weight"])
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
 # -- through the Trainer ----------------------------------------------------------------------
 def _run(tmp_path, name, **checkpoint):
     torch.manual_seed(0)
@@ -178,6 +218,27 @@ def test_trainer_async_checkpoints_equal_sync_ones_and_prune(tmp_path):
         for file in read_manifest(a)["files"]:
             assert _sha(a / file) == _sha(s / file), (name, file)
     assert torch.equal(run.module.fc1.weight, sync.module.fc1.weight)
+
+
+def test_trainer_reserves_the_buffers_after_the_first_iteration(tmp_path, monkeypatch):
+    reserved, at_iter = [], []
+    wait_reserved, reserve = AsyncCheckpointer._wait_reserved, AsyncCheckpointer.reserve
+
+    def spy_reserve(self, payloads):
+        at_iter.append(payloads["state.pt"]["trainer"]["iter"])
+        reserve(self, payloads)
+
+    def spy_wait(self):
+        pending = self._reserving is not None
+        wait_reserved(self)
+        if pending:
+            reserved.append([b.data_ptr() for b, _ in self._buffers])
+
+    monkeypatch.setattr(AsyncCheckpointer, "reserve", spy_reserve)
+    monkeypatch.setattr(AsyncCheckpointer, "_wait_reserved", spy_wait)
+    run = _run(tmp_path, "async", async_save=True)
+    assert at_iter == [1]  # right after the first step
+    assert len(reserved) == 1 and [b.data_ptr() for b, _ in run.hooks[-1]._saver._buffers] == reserved[0]
 
 
 def test_trainer_resumes_from_an_async_checkpoint(tmp_path):

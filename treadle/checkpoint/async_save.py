@@ -25,7 +25,12 @@ The copy (:meth:`AsyncCheckpointer.snapshot`):
   synchronous save records its device; loading maps to ``cpu`` by default anyway);
 * reuses the previous save's buffers when the sizes match (``reuse_buffers=True``):
   no allocation or page faults after the first save, at the price of keeping one
-  copy of the state in host memory between saves.
+  copy of the state in host memory between saves;
+* :meth:`AsyncCheckpointer.reserve` makes the first save as cheap as the later ones:
+  it allocates the buffers for a given state (pinned ones for CUDA tensors) and
+  touches every page, in a background thread, so no save pays for first-touch page
+  faults or ``cudaHostAlloc``. ``CheckpointHook(async_save=True)`` calls it after the
+  first training iteration, when the optimizer's state exists.
 
 At most one save is in flight: :meth:`save` first waits for the previous one. An
 error of the background write is logged when it happens and raised (as a
@@ -73,6 +78,7 @@ class AsyncCheckpointer:
         self._error: BaseException | None = None
         self._path: Path | None = None  # of the save in flight or last done
         self._buffers: list[tuple[Tensor, bool]] = []  # (uint8 buffer, pinned) of the last snapshot, in order
+        self._reserving: threading.Thread | None = None  # reserve()'s allocation thread
 
     # -- the caller's side ---------------------------------------------------------------
     def save(self, path: str | os.PathLike[str], payloads: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
@@ -111,9 +117,49 @@ class AsyncCheckpointer:
         """True while a background write is running."""
         return self._thread is not None and self._thread.is_alive()
 
+    def reserve(self, payloads: Mapping[str, Any], wait: bool = False) -> None:
+        """Allocate (and fault in) the buffers that a snapshot of ``payloads`` will use,
+        in a background thread; returns at once (``wait=True``: once it is done).
+
+        Only the storages' sizes are read here, on the caller's thread; nothing is
+        copied. The next :meth:`save` waits for the allocation if it is still going on,
+        and uses the buffers if the state still has the same storage sizes (else it
+        allocates, as without a reservation). Does nothing when ``reuse_buffers`` is
+        False or buffers from an earlier save exist."""
+        if not self.reuse_buffers or self._buffers or self._reserving is not None:
+            if wait:
+                self._wait_reserved()
+            return
+        layout = _Copier([], dry=True)
+        layout.copy(payloads)
+        sizes = layout.sizes
+        reserved: list[tuple[Tensor, bool]] = []
+
+        def allocate() -> None:
+            try:
+                for nbytes, pinned in sizes:
+                    buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+                    buf.fill_(0)  # touch every page now rather than during the first copy
+                    reserved.append((buf, pinned))
+            except Exception as e:  # e.g. no pinned memory left: the save will allocate (and say so)
+                logger.warning("could not reserve checkpoint buffers in advance: %s: %s", type(e).__name__, e)
+                return
+            self._buffers = reserved
+
+        self._reserving = threading.Thread(target=allocate, name="treadle-checkpoint-reserve", daemon=True)
+        self._reserving.start()
+        if wait:
+            self._wait_reserved()
+
+    def _wait_reserved(self) -> None:
+        thread, self._reserving = self._reserving, None
+        if thread is not None:
+            thread.join()
+
     def close(self) -> None:
         """Wait for the save in flight and release the reusable buffers."""
         try:
+            self._wait_reserved()
             self.wait()
         finally:
             self._buffers = []
@@ -133,6 +179,7 @@ class AsyncCheckpointer:
         call this while no save is in flight, and do not keep the copy past the next."""
         if self.in_flight:
             raise RuntimeError("AsyncCheckpointer.snapshot() while a save is in flight; call wait() first")
+        self._wait_reserved()
         copier = _Copier(self._buffers if self.reuse_buffers else [])
         snap = copier.copy(payloads)
         events = []
@@ -161,7 +208,10 @@ class AsyncCheckpointer:
 class _Copier:
     """One snapshot: rebuilds containers, copies each tensor storage once."""
 
-    def __init__(self, reusable: list[tuple[Tensor, bool]]) -> None:
+    def __init__(self, reusable: list[tuple[Tensor, bool]], dry: bool = False) -> None:
+        # dry: copy nothing, only list the buffers a copy would need (``sizes``)
+        self.dry = dry
+        self.sizes: list[tuple[int, bool]] = []
         self._reusable = collections.deque(reusable)
         self.used: list[tuple[Tensor, bool]] = []
         self.cuda_devices: set[torch.device] = set()
@@ -205,12 +255,18 @@ class _Copier:
         if not plain or t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
             # Rare kinds (sparse, quantized, subclasses, other devices): a plain copy,
             # on the caller's thread; storage sharing is not preserved for these.
-            return t.detach().to("cpu", copy=True)
+            return t if self.dry else t.detach().to("cpu", copy=True)
         storage = t.untyped_storage()
         nbytes = storage.nbytes()
         # torch.save keys storages by their StorageImpl; so do we (empty ones are never shared).
         ident = (storage.device, getattr(storage, "_cdata", storage.data_ptr())) if nbytes else None
         copied = self._storages.get(ident) if ident is not None else None
+        if self.dry:  # the buffer this storage would take, unless it is shared
+            if copied is None:
+                self.sizes.append((nbytes, storage.device.type == "cuda"))
+                if ident is not None:
+                    self._storages[ident] = True
+            return t
         if copied is None:
             cuda = storage.device.type == "cuda"
             buf = self._buffer(nbytes, pinned=cuda)

@@ -60,7 +60,7 @@ class CheckpointHook(Hook):
         self.rule = rule or ("min" if best and "loss" in best else "max")
         self.keep_best = keep_best
         self.save_last = save_last
-        if by_epoch or not interval:  # nothing to do per iteration: not even a call
+        if (by_epoch or not interval) and not async_save:  # nothing to do per iteration: not even a call
             self.disabled_points = frozenset({"after_train_iter"})
         if best is None:
             self.disabled_points = self.disabled_points | {"after_val_epoch"}
@@ -68,6 +68,7 @@ class CheckpointHook(Hook):
             raise TypeError(f"checkpoint async_save must be True or False, got {async_save!r}")
         self.async_save = async_save
         self._saver: AsyncCheckpointer | None = None  # built at the first asynchronous save
+        self._reserve_pending = False  # async: reserve the saver's buffers after the first iteration
         if not async_save:  # nothing to wait for
             self.disabled_points = self.disabled_points | {"before_save_checkpoint", "after_run"}
         self.best_records: list[tuple[float, str]] = []  # (value, path), best first
@@ -75,6 +76,9 @@ class CheckpointHook(Hook):
 
     # -- when ------------------------------------------------------------------------
     def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
+        if self._reserve_pending:  # async saves: once, after the first step made the optimizer state
+            self._reserve_pending = False
+            self._reserve(trainer)
         if not self.by_epoch and self.interval and (trainer.state.iter + 1) % self.interval == 0:
             self._save_periodic(trainer, f"iter_{trainer.state.iter + 1:08d}")
 
@@ -116,7 +120,23 @@ class CheckpointHook(Hook):
         self.best_records = self.best_records[: self.keep_best]
         get_logger().info(f"best {self.best} = {value:.6g}: saved {path}")
 
-    # -- asynchronous saves: wait before any other save and at the end ------------------
+    # -- asynchronous saves: buffers reserved early, a wait before any other save and at the end
+    def before_train(self, trainer: "Trainer") -> None:
+        self._reserve_pending = self.async_save and trainer.work_dir is not None
+
+    def _reserve(self, trainer: "Trainer") -> None:
+        """Allocate the first save's CPU buffers in the background now, so that no save
+        blocks on allocating and faulting in memory (see AsyncCheckpointer.reserve).
+        Rank 0 writes everything but FSDP's shards, which DCP copies itself."""
+        if not trainer.is_main or trainer.strategy.name == "fsdp":
+            return
+        if self._saver is None:
+            self._saver = AsyncCheckpointer()
+        from treadle import snapshot
+
+        payloads, _ = snapshot.collect(trainer)  # references only: nothing is copied here
+        self._saver.reserve(payloads)
+
     def before_save_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
         if self._saver is not None:  # e.g. a preemption save: never two writes at once
             self._saver.wait()
