@@ -23,6 +23,23 @@ def test_store_flush_means_and_one_transfer():
     assert store.flush() == {} and store.latest["loss"] == 3.0
 
 
+def test_store_flush_int_grad_and_mixed_shape_windows(monkeypatch):
+    store = MetricStore()
+    w = torch.tensor(2.0, requires_grad=True)
+    for v in (1, 2):
+        store.put("count", torch.tensor(v))  # integer tensors: a float mean, not a floor
+        store.put("aux", w * v)  # not detached by a custom step
+    store.put("shapes", torch.tensor(1.0))
+    store.put("shapes", torch.tensor([4.0]))
+    reads = count_host_reads(monkeypatch)
+    out = store.flush()
+    assert out == {"count": 1.5, "aux": 3.0, "shapes": 2.5}
+    assert all(isinstance(v, float) for v in out.values())
+    assert reads["item"] + reads["tolist"] == 1  # every window in one transfer
+    store.put("loss", torch.tensor(0.5))
+    assert store.flush() == {"loss": 0.5} and reads["item"] + reads["tolist"] == 2  # one 0-d read
+
+
 def test_jsonl_records_equal_the_losses_computed(tmp_path):
     losses = []
 

@@ -47,14 +47,19 @@ class MetricStore:
                     stacked = torch.stack(values)
                 except RuntimeError:  # mixed shapes, e.g. () and (1,)
                     stacked = torch.stack([v.reshape(()) for v in values])
-                means.append(stacked.detach().float().mean())
+                if stacked.requires_grad:  # a custom step's value that was not detached
+                    stacked = stacked.detach()
+                if not stacked.is_floating_point():
+                    stacked = stacked.float()
+                means.append(stacked.mean())
             else:
                 out[key] = float(sum(values)) / len(values)
         if means:
             devices = {m.device for m in means}
             if len(devices) > 1:
                 means = [m.cpu() for m in means]
-            for key, value in zip(tensor_keys, torch.stack(means).tolist()):
+            fetched = [means[0].tolist()] if len(means) == 1 else torch.stack(means).tolist()
+            for key, value in zip(tensor_keys, fetched):
                 out[key] = value
         self.pending.clear()
         self.latest.update(out)

@@ -51,6 +51,9 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+_encode_finite = json.JSONEncoder(allow_nan=False).encode
+
+
 class JsonlWriter:
     """Append one JSON object per line, flushed so a crash loses nothing written."""
 
@@ -60,7 +63,11 @@ class JsonlWriter:
         self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(_jsonable(record)) + "\n")
+        try:  # the common case, all in C: finite numbers and strings
+            line = _encode_finite(record)
+        except ValueError:  # a NaN or an infinity somewhere: written as a string
+            line = json.dumps(_jsonable(record))
+        self._file.write(line + "\n")
         self._file.flush()
 
     def close(self) -> None:
