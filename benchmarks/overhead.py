@@ -1,15 +1,17 @@
 """Per-step overhead of treadle against a hand-written loop (CPU, one thread).
 
 Both train the same tiny MLP on the same in-memory batches with SGD. Each run is a
-fresh process that times both loops, alternating them ``--reps`` times and keeping each
-loop's fastest run (the least disturbed), so that what differs between processes
-(core, frequency, memory layout) cancels out of its ratio; the median over the
-processes is reported. Whole runs are timed, so treadle's fixed cost per run (the
-environment record, opening the writers, the final checkpoint) is included in the
-ratio; it is also measured alone, as the difference on a 20-step run (wall clock).
+fresh process that times both loops back to back ``--reps`` times, alternating which
+goes first; every such pair gives one ratio, taken minutes apart from other pairs but
+seconds apart from its partner, so slow drifts of the machine (frequency, other
+tenants, memory layout) cancel out of it. The figure is the median ratio over all the
+pairs of all the processes, with its interquartile range. Whole runs are timed, so
+treadle's fixed cost per run (the environment record, opening the writers, the final
+checkpoint) is included in the ratio; it is also measured alone, as the difference on
+a 20-step run (wall clock).
 
     python benchmarks/overhead.py [--runs 7] [--steps 3000] [--hooks default|none] [--clock wall|cpu]
-                                  [--reps 3] [--model mlp|linear]
+                                  [--reps 8] [--model mlp|linear]
 
 ``--hooks default``: treadle's default hooks (timer, logger every 50 iterations
 writing log.jsonl, log.csv and TensorBoard events, NaN guard, final checkpoint).
@@ -136,7 +138,7 @@ def child(args: argparse.Namespace) -> None:
             times[name].append(loops[name](args.steps) / args.steps)
     clock = time.perf_counter  # the fixed cost includes waiting for the disk (fsync)
     fixed = min(loops["treadle"](20) for _ in range(3)) - min(loops["hand"](20) for _ in range(3))
-    print(json.dumps({"hand": min(times["hand"]), "treadle": min(times["treadle"]), "fixed": fixed}))
+    print(json.dumps({**times, "fixed": fixed}))
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -153,7 +155,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--hooks", choices=("default", "none"), default="default")
     p.add_argument("--clock", choices=tuple(CLOCKS), default="wall")
-    p.add_argument("--reps", type=int, default=3, help="alternations of the two loops in each process")
+    p.add_argument("--reps", type=int, default=8, help="pairs of runs (one of each loop) in each process")
     p.add_argument("--model", choices=("mlp", "linear"), default="mlp",
                    help="linear: Linear(2, 2), batch 4, so that the figure is mostly treadle's own per-step cost")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -162,17 +164,20 @@ def main() -> None:
         child(args)
         return
     rows = [measure(args) for _ in range(args.runs)]
-    ratio = statistics.median(r["treadle"] / r["hand"] for r in rows)
-    added = statistics.median(r["treadle"] - r["hand"] for r in rows)
+    pairs = [(h, t) for r in rows for h, t in zip(r["hand"], r["treadle"])]
+    ratios = sorted(t / h for h, t in pairs)
+    q1, ratio, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    added = statistics.median(t - h for h, t in pairs)
+    h = statistics.median(h for h, _ in pairs)
     fixed = statistics.median(r["fixed"] for r in rows)
-    h = statistics.median(r["hand"] for r in rows)
     what = f"tiny MLP {DIM}-{HIDDEN}-{HIDDEN}-{CLASSES}, batch {BATCH}" if args.model == "mlp" else "Linear(2, 2), batch 4"
     print(f"{what}, SGD, CPU, 1 thread, "
-          f"{args.steps} steps, {args.runs} fresh processes x {args.reps} alternations, hooks={args.hooks}, "
+          f"{args.steps} steps, {args.runs} fresh processes x {args.reps} pairs, hooks={args.hooks}, "
           f"clock={args.clock}")
-    print(f"hand-written loop {h * 1e6:.1f} us/step; per-process ratios: "
-          + " ".join(f"{r['treadle'] / r['hand']:.3f}" for r in rows))
-    print(f"treadle/hand per-step ratio {ratio:.4f} (median)   added {added * 1e6:+.1f} us/step")
+    print(f"hand-written loop {h * 1e6:.1f} us/step; per-process median ratios: "
+          + " ".join(f"{statistics.median(t / h for h, t in zip(r['hand'], r['treadle'])):.3f}" for r in rows))
+    print(f"treadle/hand per-step ratio {ratio:.4f} (median of {len(ratios)} pairs; interquartile range "
+          f"{q1:.4f}-{q3:.4f})   added {added * 1e6:+.1f} us/step")
     print(f"fixed cost of a run about {fixed * 1e3:+.1f} ms (environment record, writers, final checkpoint),"
           f" included above")
 
