@@ -2,13 +2,14 @@
 
 Wall-clock ratios (``overhead.py``) mix the work each loop does with where its memory
 happens to lie (cache sets, page offsets, allocator state), which moves a 0.6 ms step by
-tens of microseconds either way. An instruction count is exact and repeatable: this
-runs each loop under ``valgrind --tool=callgrind`` for ``--short`` and ``--long`` steps
-(after a warm-up fit, so imports and first-use work cancel out) and reports
+tens of microseconds either way. An instruction count has no timing noise: this runs
+each loop under ``valgrind --tool=callgrind`` for ``--short`` and ``--long`` steps
+(after a warm-up, so imports and first-use work cancel out) and reports
 ``(count(long) - count(short)) / (long - short)`` per step for each, and treadle's fixed
-cost per run (its ``fit()`` at ``--short`` steps, less the hand loop's). Needs valgrind
-(not a Python package: ``apt install valgrind``); slow, several minutes per run, two
-runs at a time.
+cost per run (its ``fit()`` at ``--short`` steps, less the hand loop's). The count of one
+loop still moves by a few percent between runs (the allocator takes different paths), so
+compare repeated runs. Needs valgrind (not a Python package: ``apt install valgrind``);
+slow, several minutes per run, two runs at a time.
 
     python benchmarks/overhead_instructions.py [--short 50] [--long 150] [--hooks default|none]
 """
