@@ -40,6 +40,28 @@ def test_store_flush_int_grad_and_mixed_shape_windows(monkeypatch):
     assert store.flush() == {"loss": 0.5} and reads["item"] + reads["tolist"] == 2  # one 0-d read
 
 
+def test_store_flush_reads_every_window_in_one_stack(monkeypatch):
+    store = MetricStore()
+    for v in (1.0, 2.0, 6.0):
+        store.put("loss", torch.tensor(v))
+        store.put("aux", torch.tensor(v, dtype=torch.float64) * 10)
+    for v in ([1.0, 3.0], [5.0, 7.0]):  # vector values count by their mean
+        store.put("vec", torch.tensor(v))
+    store.put("time", 0.25)
+    stacks = []
+    stack = torch.stack
+    monkeypatch.setattr(torch, "stack", lambda ts, *a, **k: stacks.append(len(ts)) or stack(ts, *a, **k))
+    reads = count_host_reads(monkeypatch)
+    assert store.flush() == {"loss": 3.0, "aux": 30.0, "vec": 4.0, "time": 0.25}
+    assert reads["item"] + reads["tolist"] == 1
+    for v in (1.0, 2.0, 6.0):
+        store.put("loss", torch.tensor(v))
+        store.put("aux", torch.tensor(v) * 10)
+    stacks.clear()
+    assert store.flush() == {"loss": 3.0, "aux": 30.0}
+    assert stacks == [6] and reads["tolist"] == 2  # scalars: one stack of every value, one read
+
+
 def test_jsonl_records_equal_the_losses_computed(tmp_path):
     losses = []
 

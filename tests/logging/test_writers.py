@@ -4,19 +4,88 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from treadle.logging import writers
 from treadle.logging.writers import JsonlWriter, read_jsonl
 
 
-def test_records_are_valid_json_and_on_disk_at_once(tmp_path):
-    w = JsonlWriter(tmp_path / "log.jsonl")
+class Clock:
+    """Stands in for time.monotonic in the writers module."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(writers.time, "monotonic", c)
+    return c
+
+
+def test_records_are_valid_json_and_the_first_is_on_disk_at_once(tmp_path, clock):
+    path = tmp_path / "log.jsonl"
+    w = JsonlWriter(path)
     rec = {"mode": "train", "iter": 50, "loss": 0.25, "lr/pg1": 1e-3, "flag": True, "note": "x", "ids": (1, 2)}
     w.write(rec)
-    # Flushed per record: another reader sees it before close (a crash loses nothing written).
-    assert read_jsonl(tmp_path / "log.jsonl") == [{**rec, "ids": [1, 2]}]
+    rec["loss"] = 99.0  # the caller reuses its dict: what was written does not change
+    # Another reader sees it before close.
+    assert read_jsonl(path) == [{**rec, "loss": 0.25, "ids": [1, 2]}]
     w.write({"mode": "val", "iter": 50, "val/acc": 1.0})
     w.close()
-    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    lines = path.read_text().splitlines()
     assert len(lines) == 2 and all(json.loads(line) for line in lines)
+
+
+def test_records_faster_than_flush_secs_are_written_together(tmp_path, clock):
+    path = tmp_path / "log.jsonl"
+    w = JsonlWriter(path, flush_secs=1.0)
+    w.write({"iter": 1})  # the first: at once
+    clock.now += 0.4
+    w.write({"iter": 2})
+    clock.now += 0.4
+    rec3 = {"iter": 3}
+    w.write(rec3)
+    rec3["iter"] = -1  # kept as a copy
+    assert [r["iter"] for r in read_jsonl(path)] == [1]  # 0.8 s after the last write: kept
+    clock.now += 0.2
+    w.write({"iter": 4})  # 1 s after: everything kept goes out, in order
+    assert [r["iter"] for r in read_jsonl(path)] == [1, 2, 3, 4]
+    clock.now += 0.1
+    w.write({"iter": 5})
+    w.flush()
+    assert [r["iter"] for r in read_jsonl(path)] == [1, 2, 3, 4, 5]
+    clock.now += 0.1
+    w.write({"iter": 6})
+    w.close()
+    assert [r["iter"] for r in read_jsonl(path)] == [1, 2, 3, 4, 5, 6]
+    w.close()  # idempotent
+    with pytest.raises(ValueError, match="after close"):
+        w.write({"iter": 7})
+
+
+def test_flush_secs_zero_writes_every_record_at_once(tmp_path, clock):
+    path = tmp_path / "log.jsonl"
+    w = JsonlWriter(path, flush_secs=0)
+    for i in range(3):
+        w.write({"iter": i})
+        assert len(read_jsonl(path)) == i + 1
+    w.close()
+
+
+def test_a_record_that_is_not_json_names_itself_and_the_others_are_written(tmp_path, clock):
+    path = tmp_path / "log.jsonl"
+    w = JsonlWriter(path)
+    w.write({"iter": 1})
+    w.write({"iter": 2, "bad": object()})
+    w.write({"iter": 3})
+    with pytest.raises(TypeError, match="not JSON-serializable.*'iter': 2"):
+        w.close()
+    assert [r["iter"] for r in read_jsonl(path)] == [1, 3]
 
 
 def test_non_finite_values_are_written_as_strings(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from treadle.hooks.base import Hook, Priority
-from treadle.logging.writers import JsonlWriter, add_file_handler, get_logger, remove_handler
+from treadle.logging.writers import LOGGER_NAME, JsonlWriter, add_file_handler, get_logger, remove_handler
 
 if TYPE_CHECKING:
     from treadle.trainer import Trainer
@@ -50,6 +50,9 @@ class LoggerHook(Hook):
         self._writers: list[Any] = []
         self._handler: Any = None
         self._batch_size: int | None = None
+        # Looked up once (getLogger takes the logging module's lock); get_logger() has
+        # set its level and handler by the first record (the Trainer logs at start).
+        self._logger = logging.getLogger(LOGGER_NAME)
         # Called as fn(trainer, values) with each train record's flushed (and rank-reduced)
         # values, after the record is written: the NaN guard checks these instead of
         # reading the device itself (one host transfer per interval for both).
@@ -65,12 +68,18 @@ class LoggerHook(Hook):
         self._writers = [WRITERS[w](work_dir) if isinstance(w, str) else w for w in self.writer_specs]
 
     def after_run(self, trainer: "Trainer") -> None:
-        for w in self._writers:
-            w.close()
-        self._writers = []
+        writers, self._writers = self._writers, []
+        error: BaseException | None = None
+        for w in writers:  # every writer is closed (and writes what it kept), even if one fails
+            try:
+                w.close()
+            except Exception as e:
+                error = error or e
         if self._handler is not None:
             remove_handler(self._handler)
             self._handler = None
+        if error is not None:
+            raise error
 
     def _write(self, record: dict[str, Any]) -> None:
         for w in self._writers:
@@ -104,7 +113,7 @@ class LoggerHook(Hook):
 
             record["max_memory_mb"] = round(torch.cuda.max_memory_allocated(trainer.strategy.device) / 2**20, 1)
         self._write(record)
-        logger = get_logger()
+        logger = self._logger
         if trainer.is_main and logger.isEnabledFor(logging.INFO):
             logger.info(_format_train_line(record, state))
         for fn in self.listeners:

@@ -79,7 +79,7 @@ class CsvWriter:
     and at :meth:`close` (why: formatting and writing a row at each log interval, in
     code that has gone cold since the last one, cost the training thread hundreds of
     microseconds; a batch costs a few per row). A crash loses at most the last
-    ``flush_secs`` of rows; log.jsonl has every record as it happens.
+    ``flush_secs`` of rows; log.jsonl is at most a second behind.
 
     Lists and dicts are written as JSON; NaN/inf as ``nan``/``inf`` (``float()``
     reads them back).
@@ -195,7 +195,7 @@ class TensorBoardWriter:
     to 0.5 ms. Now :meth:`write` keeps a copy of the record (a microsecond); a batch is
     encoded in one go, framed with google-crc32c's C code (tensorboard's Python code
     only if that package is missing) and written with one system call. A crash loses
-    at most the last ``flush_secs`` of events; log.jsonl has every record.
+    at most the last ``flush_secs`` of events (log.jsonl, at most the last second).
     """
 
     def __init__(self, log_dir: str | Path, filename_suffix: str = "", flush_secs: float = 10.0) -> None:
