@@ -126,6 +126,18 @@ def test_tensorboard_events_are_kept_until_flush_secs_then_written_in_one_go(tmp
         w.write({"mode": "train", "iter": 1, "loss": 1.0})
 
 
+def test_csv_header_of_a_new_file_then_widened_after_rows_were_written(tmp_path):
+    path = tmp_path / "log.csv"
+    w = CsvWriter(path, flush_secs=0)
+    w.write({"mode": "train", "iter": 1, "loss": 0.5})  # an empty file: header and row appended
+    assert path.read_text().splitlines() == ["mode,iter,loss", "train,1,0.5"]
+    w.write({"mode": "val", "iter": 1, "val/acc": 0.25})  # a new column: rewritten, rows kept
+    w.write({"mode": "train", "iter": 2, "loss": 0.25})
+    w.close()
+    assert path.read_text().splitlines() == ["mode,iter,loss,val/acc", "train,1,0.5,", "val,1,,0.25",
+                                             "train,2,0.25,"]
+
+
 def test_csv_rows_are_kept_until_flush_secs(tmp_path, monkeypatch):
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])

@@ -121,6 +121,11 @@ class CsvWriter:
 
     def _widen(self, fields: list[str]) -> None:
         """Rewrite the file under a header with more columns (old rows keep their values)."""
+        if not self.fields:  # an empty file: the header is simply its first line
+            self.fields = fields
+            self._writer = csv.DictWriter(self._file, fieldnames=fields)
+            self._writer.writeheader()
+            return
         self._file.close()
         rows: list[dict[str, str]] = []
         if self.fields:
