@@ -62,7 +62,7 @@ class JsonlWriter:
     A record is written at once when the previous write is ``flush_secs`` or more ago
     -- always, at the pace of real training, where log intervals are seconds apart.
     Records that come faster are kept (a copy of each) and encoded and written
-    together with the next one due, at :meth:`flush` or at :meth:`close`: why, a
+    together with the next one due, at :meth:`flush` or at :meth:`close`. Why: a
     ``write`` system call and the encoder, run at each log interval in code the
     training steps have pushed out of the caches, cost the training thread about
     0.1 ms there and slow the next steps. So a process killed outright loses at most
