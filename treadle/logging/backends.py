@@ -24,6 +24,8 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, Callable
 
+from treadle.logging.writers import BatchedWriter
+
 # Record keys that say where a record belongs rather than what was measured.
 _META_KEYS = ("mode", "iter")
 
@@ -64,7 +66,7 @@ def _require(module: str, package: str, writer: str) -> Any:
 
 
 # -- CSV ----------------------------------------------------------------------------
-class CsvWriter:
+class CsvWriter(BatchedWriter):
     """One CSV file, one row per record, readable with ``csv.DictReader``.
 
     Design: a single file with the union of all columns (train and val rows share
@@ -76,9 +78,9 @@ class CsvWriter:
     (the JSONL writer appends too, e.g. on resume).
 
     Rows are kept in memory and written every ``flush_secs`` seconds, at :meth:`flush`
-    and at :meth:`close` (why: formatting and writing a row at each log interval, in
-    code that has gone cold since the last one, cost the training thread hundreds of
-    microseconds; a batch costs a few per row). A crash loses at most the last
+    and at :meth:`close` (see :class:`~treadle.logging.writers.BatchedWriter` for why:
+    a row formatted and written at each log interval cost the training thread hundreds
+    of microseconds, a batch a few per row). A crash loses at most the last
     ``flush_secs`` of rows; log.jsonl is at most a second behind.
 
     Lists and dicts are written as JSON; NaN/inf as ``nan``/``inf`` (``float()``
@@ -88,29 +90,15 @@ class CsvWriter:
     def __init__(self, path: str | Path, flush_secs: float = 10.0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.flush_secs = flush_secs
         self.fields: list[str] = []
         if self.path.exists() and self.path.stat().st_size > 0:
             with open(self.path, newline="", encoding="utf-8") as f:
                 self.fields = next(csv.reader(f), [])
         self._file = open(self.path, "a", newline="", encoding="utf-8")
         self._writer = csv.DictWriter(self._file, fieldnames=self.fields)
-        self._rows: list[dict[str, Any]] = []
-        self._flushed_at = time.monotonic()
+        self._start_batching(flush_secs, first_at_once=False)
 
-    def write(self, record: dict[str, Any]) -> None:
-        if self._file.closed:
-            raise ValueError(f"{self.path}: write() after close()")
-        self._rows.append(dict(record))  # a copy: the caller may reuse its dict
-        if time.monotonic() - self._flushed_at >= self.flush_secs:
-            self.flush()
-
-    def flush(self) -> None:
-        """Write the rows kept so far."""
-        self._flushed_at = time.monotonic()
-        rows, self._rows = self._rows, []
-        if not rows:
-            return
+    def _write_batch(self, rows: list[dict[str, Any]]) -> None:
         cells = [{k: _cell(v) for k, v in r.items()} for r in rows]
         known = set(self.fields)
         new = list(dict.fromkeys(k for row in cells for k in row if k not in known))
@@ -127,10 +115,8 @@ class CsvWriter:
             self._writer.writeheader()
             return
         self._file.close()
-        rows: list[dict[str, str]] = []
-        if self.fields:
-            with open(self.path, newline="", encoding="utf-8") as f:
-                rows = list(csv.DictReader(f))
+        with open(self.path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "w", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=fields)
@@ -140,13 +126,6 @@ class CsvWriter:
         self.fields = fields
         self._file = open(self.path, "a", newline="", encoding="utf-8")
         self._writer = csv.DictWriter(self._file, fieldnames=fields)
-
-    def close(self) -> None:
-        if not self._file.closed:
-            try:
-                self.flush()
-            finally:
-                self._file.close()
 
 
 def _cell(value: Any) -> Any:
@@ -182,7 +161,7 @@ def masked_crc32c_function() -> Callable[[bytes], int]:
 _file_counter = itertools.count()
 
 
-class TensorBoardWriter:
+class TensorBoardWriter(BatchedWriter):
     """Scalars into a TensorBoard event file under ``log_dir``.
 
     Each numeric value becomes the scalar ``"{mode}/{key}"`` (see :func:`scalars`)
@@ -213,7 +192,6 @@ class TensorBoardWriter:
         self._event, self._summary, self._crc = Event, Summary, masked_crc32c_function()
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.flush_secs = flush_secs
         # TensorBoard's naming; the counter keeps two writers of one process apart.
         name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
                 f"{next(_file_counter)}{filename_suffix}")
@@ -221,36 +199,20 @@ class TensorBoardWriter:
         self._file = open(self.path, "wb")
         self._file.write(self._frame(Event(wall_time=time.time(), step=0, file_version="brain.Event:2").SerializeToString()))
         self._file.flush()
-        self._pending: list[tuple[float, dict[str, Any]]] = []
-        self._flushed_at = time.monotonic()
+        self._start_batching(flush_secs, first_at_once=False)
 
-    def write(self, record: dict[str, Any]) -> None:
-        if self._file.closed:
-            raise ValueError(f"{self.path}: write() after close()")
-        self._pending.append((time.time(), dict(record)))  # a copy: the caller may reuse its dict
-        if time.monotonic() - self._flushed_at >= self.flush_secs:
-            self.flush()
+    def _keep(self, record: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        return time.time(), dict(record)  # the event's wall time is the record's
 
-    def flush(self) -> None:
-        """Write the records kept so far."""
-        self._flushed_at = time.monotonic()
-        pending, self._pending = self._pending, []
+    def _write_batch(self, kept: list[tuple[float, dict[str, Any]]]) -> None:
         frames = []
-        for wall_time, record in pending:
+        for wall_time, record in kept:
             values = scalars(record)
             if values:
                 frames.append(self._frame(self._encode(wall_time, _step(record), values).SerializeToString()))
         if frames:
-            self._file.write(b"".join(frames))
+            self._file.write(b"".join(frames))  # one system call
             self._file.flush()
-
-    def close(self) -> None:
-        """Write every kept record, then close the file (idempotent)."""
-        if not self._file.closed:
-            try:
-                self.flush()
-            finally:
-                self._file.close()
 
     def _encode(self, wall_time: float, step: int, values: dict[str, float]) -> Any:
         summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=v) for tag, v in values.items()])

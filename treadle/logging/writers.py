@@ -55,53 +55,45 @@ def _jsonable(value: Any) -> Any:
 _encode_finite = json.JSONEncoder(allow_nan=False).encode
 
 
-class JsonlWriter:
-    """Append one JSON object per line (``log.jsonl``), strict JSON (NaN and infinities
-    are written as strings).
+class BatchedWriter:
+    """Base of the file writers that keep records and write them in batches.
 
-    A record is written at once when the previous write is ``flush_secs`` or more ago
-    -- always, at the pace of real training, where log intervals are seconds apart.
-    Records that come faster are kept (a copy of each) and encoded and written
-    together with the next one due, at :meth:`flush` or at :meth:`close`. Why: a
-    ``write`` system call and the encoder, run at each log interval in code the
-    training steps have pushed out of the caches, cost the training thread about
-    0.1 ms there and slow the next steps. So a process killed outright loses at most
-    the records of its last ``flush_secs``; an exception or a preemption closes the
-    writer (the Trainer runs ``after_run`` in any case), which writes them all.
-    ``flush_secs=0`` writes each record as it comes.
+    :meth:`write` keeps a copy of the record (the caller may reuse its dict) and calls
+    :meth:`flush` when the last flush is ``flush_secs`` or more ago; :meth:`flush` hands
+    the kept records to ``_write_batch``; :meth:`close` flushes, then closes ``_file``.
+    Why batches: a system call and an encoder run at each log interval, in code the
+    training steps have pushed out of the caches, cost the training thread far more than
+    the same work done for several records in one go.
     """
 
-    def __init__(self, path: str | Path, flush_secs: float = 1.0) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    path: Path
+    _file: Any
+
+    def _start_batching(self, flush_secs: float, first_at_once: bool) -> None:
         self.flush_secs = flush_secs
-        self._file = open(self.path, "a", encoding="utf-8")
-        self._pending: list[dict[str, Any]] = []
-        self._flushed_at = -math.inf  # the first record goes out at once
+        self._pending: list[Any] = []
+        self._flushed_at = -math.inf if first_at_once else time.monotonic()
+
+    def _keep(self, record: dict[str, Any]) -> Any:
+        """What is kept of a record until the next flush."""
+        return dict(record)
+
+    def _write_batch(self, kept: list[Any]) -> None:
+        raise NotImplementedError
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file.closed:
             raise ValueError(f"{self.path}: write() after close()")
-        self._pending.append(dict(record))  # a copy: the caller may reuse its dict
+        self._pending.append(self._keep(record))
         if time.monotonic() - self._flushed_at >= self.flush_secs:
             self.flush()
 
     def flush(self) -> None:
-        """Write the records kept so far (one system call)."""
+        """Write the records kept so far."""
         self._flushed_at = time.monotonic()
-        pending, self._pending = self._pending, []
-        lines: list[str] = []
-        error: TypeError | None = None
-        for record in pending:
-            try:
-                lines.append(_line(record))
-            except TypeError as e:  # the others are still written
-                error = error or TypeError(f"{self.path}: a record is not JSON-serializable ({e}): {record!r}")
-        if lines:
-            self._file.write("".join(lines))
-            self._file.flush()
-        if error is not None:
-            raise error
+        kept, self._pending = self._pending, []
+        if kept:
+            self._write_batch(kept)
 
     def close(self) -> None:
         """Write every kept record, then close the file (idempotent)."""
@@ -110,6 +102,40 @@ class JsonlWriter:
                 self.flush()
             finally:
                 self._file.close()
+
+
+class JsonlWriter(BatchedWriter):
+    """Append one JSON object per line (``log.jsonl``), strict JSON (NaN and infinities
+    are written as strings).
+
+    A record is written at once when the previous write is ``flush_secs`` or more ago
+    -- always, at the pace of real training, where log intervals are seconds apart.
+    Records that come faster are kept and written together with the next one due, at
+    :meth:`flush` or at :meth:`close` (see :class:`BatchedWriter` for why). So a
+    process killed outright loses at most the records of its last ``flush_secs``; an
+    exception or a preemption closes the writer (the Trainer runs ``after_run`` in any
+    case), which writes them all. ``flush_secs=0`` writes each record as it comes.
+    """
+
+    def __init__(self, path: str | Path, flush_secs: float = 1.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._start_batching(flush_secs, first_at_once=True)
+
+    def _write_batch(self, kept: list[dict[str, Any]]) -> None:
+        lines: list[str] = []
+        error: TypeError | None = None
+        for record in kept:
+            try:
+                lines.append(_line(record))
+            except TypeError as e:  # the others are still written
+                error = error or TypeError(f"{self.path}: a record is not JSON-serializable ({e}): {record!r}")
+        if lines:
+            self._file.write("".join(lines))  # one system call
+            self._file.flush()
+        if error is not None:
+            raise error
 
 
 def _line(record: dict[str, Any]) -> str:
