@@ -163,12 +163,9 @@ class ProgressBarHook(Hook):
     def before_test(self, trainer: "Trainer") -> None:
         self._start_eval(trainer, "test")
 
-    def after_test_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
-        if self._eval is not None:
-            self.progress.advance(self._eval)  # type: ignore[union-attr]
-
-    def after_test(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
-        self._end_eval()
+    # A test pass advances and closes its bar exactly as a validation pass does.
+    after_test_iter = after_val_iter
+    after_test = after_val
 
     def _start_eval(self, trainer: "Trainer", mode: str) -> None:
         if self.progress is None or not self.show_eval:
