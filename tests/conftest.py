@@ -19,3 +19,13 @@ def data() -> TensorDataset:
 @pytest.fixture
 def loader(data: TensorDataset) -> DataLoader:
     return DataLoader(data, batch_size=8)
+
+
+@pytest.fixture
+def as_device(monkeypatch):
+    """Make the metric store treat CPU tensors as device tensors: the path that reads
+    them all with one transfer, which tests check by counting reads (the machine may
+    have no accelerator; on the host the store reads each value with ``item()``)."""
+    from treadle.logging import store
+
+    monkeypatch.setattr(store, "_on_host", lambda values: False)

@@ -91,7 +91,7 @@ def test_mark_callback_is_installed_once(tmp_path):
     assert t.optim_wrapper.after_backward_callbacks.count(t._phase_timer.mark) == 1
 
 
-def test_breakdown_reads_no_device_values_per_step(monkeypatch):
+def test_breakdown_reads_no_device_values_per_step(monkeypatch, as_device):
     batches = list(DataLoader(make_data(40), batch_size=4))
     t = treadle.Trainer(TinyNet(), train_dataloader=batches, loss_fn=nn.CrossEntropyLoss(),
                         optimizer=dict(type="SGD", lr=0.05), max_iters=20, log_interval=10, timer_breakdown=True)

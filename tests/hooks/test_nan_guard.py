@@ -67,7 +67,7 @@ def test_raise_mode_checks_the_last_partial_window_at_the_end():
         t.fit()
 
 
-def test_interval_check_is_sync_free_between_checks(monkeypatch):
+def test_interval_check_is_sync_free_between_checks(monkeypatch, as_device):
     t = trainer(NaNGuardHook(check_interval=4), bad=set(), log_interval=100)
     calls = count_host_reads(monkeypatch)
     t.fit()
@@ -132,7 +132,7 @@ def test_trainer_default_guard_raises_at_the_log_interval_without_per_step_sync(
         t.fit()
 
 
-def test_default_guard_shares_the_loggers_read(monkeypatch):
+def test_default_guard_shares_the_loggers_read(monkeypatch, as_device):
     """check_interval == log interval: the guard reads nothing itself; the logger's
     flush (one transfer per interval) is the only host read."""
     t = trainer(None, bad=set(), log_interval=4)
@@ -161,7 +161,7 @@ def test_shared_check_raises_when_only_the_mean_over_ranks_is_nonfinite():
         t.fit()
 
 
-def test_guard_after_the_logger_keeps_its_own_checks(monkeypatch):
+def test_guard_after_the_logger_keeps_its_own_checks(monkeypatch, as_device):
     """A guard ordered after the logger cannot use the logger's flush (it would miss the
     logged iteration's values): it reads its window itself."""
     guard = NaNGuardHook(check_interval=4)

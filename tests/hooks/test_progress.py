@@ -115,7 +115,7 @@ def test_terminal_log_lines_go_above_the_bar_while_it_is_live():
         logger.removeHandler(handler)
 
 
-def test_bar_reads_no_device_values_per_step(monkeypatch):
+def test_bar_reads_no_device_values_per_step(monkeypatch, as_device):
     console, _ = _console()
     batches = list(DataLoader(make_data(40), batch_size=4))
     t = treadle.Trainer(TinyNet(), train_dataloader=batches, loss_fn=nn.CrossEntropyLoss(),

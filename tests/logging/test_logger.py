@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader
 
 import treadle
 from treadle.logging import MetricStore, read_jsonl
+from treadle.logging import store as store_module
 
 from support import count_host_reads, TinyNet, make_data
 
@@ -23,7 +24,7 @@ def test_store_flush_means_and_one_transfer():
     assert store.flush() == {} and store.latest["loss"] == 3.0
 
 
-def test_store_flush_int_grad_and_mixed_shape_windows(monkeypatch):
+def test_store_flush_int_grad_and_mixed_shape_windows(monkeypatch, as_device):
     store = MetricStore()
     w = torch.tensor(2.0, requires_grad=True)
     for v in (1, 2):
@@ -40,7 +41,7 @@ def test_store_flush_int_grad_and_mixed_shape_windows(monkeypatch):
     assert store.flush() == {"loss": 0.5} and reads["item"] + reads["tolist"] == 2  # one 0-d read
 
 
-def test_store_flush_reads_every_window_in_one_stack(monkeypatch):
+def test_store_flush_reads_every_window_in_one_stack(monkeypatch, as_device):
     store = MetricStore()
     for v in (1.0, 2.0, 6.0):
         store.put("loss", torch.tensor(v))
@@ -60,6 +61,35 @@ def test_store_flush_reads_every_window_in_one_stack(monkeypatch):
     stacks.clear()
     assert store.flush() == {"loss": 3.0, "aux": 30.0}
     assert stacks == [6] and reads["tolist"] == 2  # scalars: one stack of every value, one read
+
+
+def test_store_flush_reads_host_values_one_by_one(monkeypatch):
+    # CPU tensors need no transfer: each is read with item(), no stack (it runs cold at
+    # each flush); the means are the same as on the device path.
+    def fill(store):
+        for v in (1, 2):
+            store.put("count", torch.tensor(v))
+            store.put("loss", torch.tensor(v * 1.5, dtype=torch.bfloat16))
+        store.put("shapes", torch.tensor(1.0))
+        store.put("shapes", torch.tensor([4.0]))
+        store.put("time", 0.25)
+
+    expected = {"count": 1.5, "loss": 2.25, "shapes": 2.5, "time": 0.25}
+    stacks = []
+    stack = torch.stack
+    monkeypatch.setattr(torch, "stack", lambda ts, *a, **k: stacks.append(len(ts)) or stack(ts, *a, **k))
+    reads = count_host_reads(monkeypatch)
+    store = MetricStore()
+    fill(store)
+    out = store.flush()
+    assert out == expected and all(type(v) is float for v in out.values())
+    assert stacks == [] and reads == {"item": 6, "tolist": 0}
+    store.put("vec", torch.tensor([1.0, 3.0]))  # a vector: read by its mean, as on a device
+    store.put("vec", torch.tensor(6.0))
+    assert store.flush() == {"vec": 4.0} and stacks
+    monkeypatch.setattr(store_module, "_on_host", lambda values: False)  # the device path agrees
+    fill(store)
+    assert store.flush() == expected
 
 
 def test_jsonl_records_equal_the_losses_computed(tmp_path):
@@ -88,7 +118,7 @@ def test_jsonl_records_equal_the_losses_computed(tmp_path):
     assert "epoch 2/2  iter 12/12" in text and "val (epoch 2, iter 12)" in text
 
 
-def test_logging_does_not_read_device_values_between_intervals(monkeypatch):
+def test_logging_does_not_read_device_values_between_intervals(monkeypatch, as_device):
     # A list of batches, not a DataLoader: the DataLoader itself draws a (CPU) seed per epoch.
     batches = list(DataLoader(make_data(40), batch_size=4))
     t = treadle.Trainer(TinyNet(), train_dataloader=batches, loss_fn=nn.CrossEntropyLoss(),
