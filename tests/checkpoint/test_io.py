@@ -119,6 +119,32 @@ def test_manifest_content(tmp_path):
     assert sorted(p.name for p in ckpt.iterdir()) == ["extra.pt", MANIFEST_NAME, "state.pt"]
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names fsynced files through /proc/self/fd")
+def test_everything_is_durable_before_the_rename_commits_it(tmp_path, monkeypatch):
+    events = []
+    fsync, rename = os.fsync, os.rename
+
+    def recording_fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return fsync(fd)
+
+    def recording_rename(src, dst):
+        events.append(("rename", str(src), str(dst)))
+        return rename(src, dst)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)  # also seen by the fsync threads
+    monkeypatch.setattr(os, "rename", recording_rename)
+    ckpt = save_checkpoint(tmp_path / "ckpts" / "iter_1", {"state.pt": _state(1.0), "extra.pt": [1, 2]})
+    renames = [i for i, e in enumerate(events) if e[0] == "rename"]
+    assert len(renames) == 1 and events[renames[0]][2] == str(ckpt)
+    tmp = events[renames[0]][1]
+    before = {e[1] for e in events[:renames[0]] if e[0] == "fsync"}
+    # every file and the dir's entries, the manifest included, before the commit ...
+    assert {f"{tmp}/state.pt", f"{tmp}/extra.pt", f"{tmp}/{MANIFEST_NAME}", tmp} <= before
+    assert str(tmp_path) in before  # ... and the new checkpoints/ dir's own entry
+    assert events[renames[0] + 1:] == [("fsync", str(ckpt.parent))]  # the rename itself, after
+
+
 @pytest.mark.parametrize("name", ["../evil.pt", "a/b.pt", "", "..", ".hidden", MANIFEST_NAME, "x\\y.pt"])
 def test_payload_names_validated(tmp_path, name):
     with pytest.raises(ValueError, match="payload name"):

@@ -298,9 +298,9 @@ def save_checkpoint(
 ) -> Path:
     """Atomically write a checkpoint directory at ``path``.
 
-    Each payload is ``torch.save``-d into a hidden temp dir next to ``path``, every
-    file is fsynced, ``manifest.json`` is written last, then the dir is renamed onto
-    ``path`` and the parent is fsynced. An existing checkpoint at ``path`` is replaced
+    Each payload is ``torch.save``-d into a hidden temp dir next to ``path`` and
+    ``manifest.json`` is written last; every file and the dir are fsynced (together, in
+    one round), then the dir is renamed onto ``path`` and the parent is fsynced. An existing checkpoint at ``path`` is replaced
     so that a complete old or new one is always findable (see ``_install``). On error
     the temp dir is removed and the exception re-raised; other checkpoints are untouched.
 
@@ -315,7 +315,6 @@ def save_checkpoint(
     tmp.mkdir()
     try:
         files = {name: _write_durably(tmp / name, obj=payloads[name], fsync=False) for name in names}
-        _fsync_all(tmp / name for name in names)  # on disk before the manifest claims they are
         now = time.time()
         manifest = {
             "format": FORMAT,
@@ -326,9 +325,11 @@ def save_checkpoint(
             "meta": meta_json,
             "files": files,
         }
-        # The manifest is the commit record: written only after every payload is durable.
         _write_durably(tmp / MANIFEST_NAME, data=json.dumps(manifest, indent=2).encode(), fsync=False)
-        _fsync_all([tmp / MANIFEST_NAME], dirs=[tmp])  # the manifest and the dir's entries
+        # The rename in _install is the commit: until it, no reader looks inside the hidden
+        # tmp dir (a crash leaves it to cleanup_stale_tmp). So the payloads, the manifest and
+        # the dir's entries need only be durable before it, and are fsynced in one round.
+        _fsync_all([*(tmp / name for name in names), tmp / MANIFEST_NAME], dirs=[tmp])
         _install(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
