@@ -12,6 +12,11 @@ data pushed out of the caches). In this benchmark an epoch is 50 batches, so the
 boundary falls on the same iteration.
 
     python benchmarks/interval_cost.py [--runs 5] [--steps 3000] [--writers jsonl,csv,tensorboard] [--no-nan-guard]
+                                      [--compare-stack-read]
+
+``--compare-stack-read`` alternates, run by run in the same process, the store's read of
+CPU values (``item()`` each) with the read it does for device values (one ``stack`` and
+one ``tolist``, which CPU values also took before the fourth round), and reports both.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--writers", default="jsonl,csv,tensorboard", help="comma-separated; empty for none")
     p.add_argument("--no-nan-guard", action="store_true")
+    p.add_argument("--compare-stack-read", action="store_true",
+                   help="alternate the store's CPU read (item each) with its device read (one stack), run by run")
     args = p.parse_args()
     import torch
 
@@ -69,20 +76,32 @@ def main() -> None:
     logging.getLogger("treadle").setLevel(logging.WARNING)  # time the work, not the terminal
     writers = tuple(w for w in args.writers.split(",") if w)
     run(500, writers, not args.no_nan_guard)  # warm-up
-    by_position: list[list[float]] = [[] for _ in range(INTERVAL)]
-    for _ in range(args.runs):
-        stamps = run(args.steps, writers, not args.no_nan_guard)
-        for i in range(2 * INTERVAL, len(stamps) - 1):  # iteration i has done i + 1 iterations when it ends
-            by_position[(i + 1) % INTERVAL].append(stamps[i + 1] - stamps[i])
-    medians = [statistics.median(d) for d in by_position]
-    base = statistics.median(medians)
-    excess = [(m - base) * 1e6 for m in medians]
+    from treadle.logging import store
+
+    on_host = store._on_host
+    reads = {"item": on_host, "stack": lambda values: False} if args.compare_stack_read else {"": on_host}
+    by_position = {name: [[] for _ in range(INTERVAL)] for name in reads}
+    for r in range(args.runs):
+        for name in (list(reads) if r % 2 == 0 else list(reads)[::-1]):
+            store._on_host = reads[name]
+            try:
+                stamps = run(args.steps, writers, not args.no_nan_guard)
+            finally:
+                store._on_host = on_host
+            for i in range(2 * INTERVAL, len(stamps) - 1):  # iteration i has done i + 1 iterations when it ends
+                by_position[name][(i + 1) % INTERVAL].append(stamps[i + 1] - stamps[i])
     print(f"overhead.py's MLP, treadle's default hooks, log every {INTERVAL} iterations, writers={writers}, "
           f"NaN guard {'off' if args.no_nan_guard else 'on'}; {args.runs} runs x {args.steps} steps, CPU, 1 thread")
-    print(f"median iteration {base * 1e6:.1f} us; excess by position after the log (0 = the iteration that logs):")
-    print("  " + "  ".join(f"{k}: {e:+.0f}" for k, e in enumerate(excess[:10])) + " us")
-    total = sum(excess[:10])
-    print(f"cost of one log interval to the training thread: {total:.0f} us = {total / INTERVAL:.1f} us per iteration")
+    for name, positions in by_position.items():
+        medians = [statistics.median(d) for d in positions]
+        base = statistics.median(medians)
+        excess = [(m - base) * 1e6 for m in medians]
+        if name:
+            print(f"store reads CPU values with {'item() each' if name == 'item' else 'one stack'}:")
+        print(f"median iteration {base * 1e6:.1f} us; excess by position after the log (0 = the iteration that logs):")
+        print("  " + "  ".join(f"{k}: {e:+.0f}" for k, e in enumerate(excess[:10])) + " us")
+        total = sum(excess[:10])
+        print(f"cost of one log interval to the training thread: {total:.0f} us = {total / INTERVAL:.1f} us per iteration")
 
 
 if __name__ == "__main__":
