@@ -33,7 +33,7 @@ from treadle.logging.store import MetricStore
 from treadle.logging.writers import get_logger
 from treadle.loops import EpochLoop, EvalLoop, IterLoop, TrainLoop, check_workflow, default_workflow
 from treadle import snapshot
-from treadle.checkpoint.io import cleanup_stale_tmp, find_latest_checkpoint
+from treadle.checkpoint.directory import cleanup_stale_tmp, find_latest_checkpoint
 from treadle.checkpoint.weights import load_weights
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.optim.builder import build_optimizer

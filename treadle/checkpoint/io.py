@@ -10,37 +10,52 @@ Payloads are always read back with ``torch.load(..., weights_only=True)``:
 tensors and plain containers only, never arbitrary code.
 
 Hidden siblings named ``.<name>.<kind>-<host>-<pid>-<token>`` are scratch space
-of this module (``tmp``: a save in progress, ``old``: a checkpoint moved aside
+of treadle's checkpoint code (``tmp``: a save in progress, ``old``: a checkpoint moved aside
 while being replaced, ``del``: a checkpoint being deleted). They are never
 listed as checkpoints; :func:`cleanup_stale_tmp` tidies the ones left by
 processes that died.
+
+The low-level durable writes (fsync rounds, atomic rename/exchange, scratch names)
+are in :mod:`treadle.checkpoint.durable`; listing, finding, pruning and cleaning up a
+directory of checkpoints is in :mod:`treadle.checkpoint.directory`, whose functions
+are re-exported here (``from treadle.checkpoint.io import find_latest_checkpoint``).
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import functools
-import hashlib
 import json
-import logging
 import os
 import pickle
 import re
-import secrets
 import shutil
-import socket
-import sys
-import threading
 import time
-import warnings
 import zipfile
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from .durable import (  # sharded.py, weights.py and tests import some of these from here
+    _fsync_all,
+    _fsync_dir,
+    _HashingWriter,
+    _host_tag,
+    _is_flat_dir,
+    _rename_exchange,
+    _scratch_name,
+    _sha256_file,
+)
+
+if TYPE_CHECKING:  # at run time these come from __getattr__ below (directory.py imports this module)
+    from .directory import (
+        _process_start_time,
+        cleanup_stale_tmp,
+        find_latest_checkpoint,
+        list_checkpoints,
+        prune_checkpoints,
+        remove_checkpoint,
+    )
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "STATE_FILE",
@@ -50,19 +65,11 @@ __all__ = [
     "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",
 ]
 
-logger = logging.getLogger("treadle")
-
 FORMAT = "treadle-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 STATE_FILE = "state.pt"  # main payload; a legacy single-file checkpoint is returned under this name
 LEGACY_SUFFIXES = (".pt", ".pth")
-_CHUNK = 1 << 20
-_SCRATCH_RE = re.compile(
-    r"^\.(?P<name>.+)\.(?P<kind>tmp|old|del)-(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)-(?P<token>[0-9a-f]{8,})$"
-)
-# Slack for clock granularity when comparing a scratch dir's mtime to a process start time.
-_START_TIME_SLACK_S = 2.0
 
 
 class CheckpointError(RuntimeError):
@@ -84,49 +91,6 @@ class CheckpointWarning(UserWarning):
 # ----------------------------------------------------------------------------- helpers
 
 
-def _warn(message: str) -> None:
-    logger.warning(message)
-    warnings.warn(message, CheckpointWarning, stacklevel=3)
-
-
-def _host_tag() -> str:
-    return re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())[:32] or "host"
-
-
-def _scratch_name(name: str, kind: str) -> str:
-    # Host and pid let cleanup_stale_tmp decide whether the owner can still be alive.
-    return f".{name}.{kind}-{_host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _fsync_dir(path: Path) -> None:
-    """fsync a directory so that renames/creations inside it survive a power loss."""
-    if not hasattr(os, "O_DIRECTORY"):  # e.g. Windows: directories cannot be fsynced
-        return
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    except OSError as e:  # some file systems do not support fsync on directories
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-    finally:
-        os.close(fd)
-
-
-class _HashingWriter:
-    """File-like wrapper hashing bytes as torch.save writes them (no second read pass)."""
-
-    def __init__(self, f: Any) -> None:
-        self._f, self.sha256, self.size = f, hashlib.sha256(), 0
-
-    def write(self, data: Any) -> int:
-        self.sha256.update(data)
-        self.size += len(memoryview(data).cast("B"))
-        return self._f.write(data)
-
-    def flush(self) -> None:
-        self._f.flush()
-
-
 def _write_durably(path: Path, obj: Any = None, data: bytes | None = None, fsync: bool = True) -> dict[str, Any]:
     """Write ``data`` or ``torch.save(obj)`` to ``path``, fsync it, return size and sha256.
 
@@ -143,40 +107,6 @@ def _write_durably(path: Path, obj: Any = None, data: bytes | None = None, fsync
         if os.fstat(f.fileno()).st_size != w.size:
             raise CheckpointError(f"{path}: wrote {w.size} bytes but file has a different size")
     return {"size": w.size, "sha256": w.sha256.hexdigest()}
-
-
-_fsync_pool: ThreadPoolExecutor | None = None
-_fsync_pool_lock = threading.Lock()
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)  # fsync flushes the file, whatever the descriptor's mode
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_all(files: Iterable[Path], dirs: Iterable[Path] = ()) -> None:
-    """fsync files and directories, all at once; returns when every one is durable.
-
-    Why concurrently: each fsync waits for a journal commit (ext4, xfs), and fsyncs
-    issued together share one, so N files cost about one commit instead of N (a
-    quarter of the time for three files here). The first error is raised after all finished.
-    """
-    global _fsync_pool
-    jobs = [functools.partial(_fsync_path, p) for p in files] + [functools.partial(_fsync_dir, d) for d in dirs]
-    if len(jobs) == 1:
-        jobs[0]()
-        return
-    with _fsync_pool_lock:
-        if _fsync_pool is None:
-            _fsync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="treadle-fsync")
-        futures = [_fsync_pool.submit(job) for job in jobs]
-    errors = [f.exception() for f in futures]  # waits for each
-    first = next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise first
 
 
 # Hidden names that a checkpoint may still hold: torch.distributed.checkpoint's own
@@ -198,48 +128,7 @@ def _check_payload_name(name: Any) -> str:
     return name
 
 
-def _is_flat_dir(path: Path) -> bool:
-    """Checkpoint dirs contain only files; refuse to replace/delete anything else."""
-    return path.is_dir() and not path.is_symlink() and all(not p.is_dir() for p in path.iterdir())
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # ----------------------------------------------------------------------------- saving
-
-_RENAME_EXCHANGE = 2
-_renameat2: Any = None
-
-
-def _rename_exchange(src: Path, dst: Path) -> bool:
-    """Atomically swap ``src`` and ``dst`` (Linux renameat2). False when unsupported."""
-    global _renameat2
-    if not sys.platform.startswith("linux"):
-        return False
-    if _renameat2 is None:
-        try:
-            fn = ctypes.CDLL(None, use_errno=True).renameat2
-        except (AttributeError, OSError):
-            fn = False
-        else:
-            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-            fn.restype = ctypes.c_int
-        _renameat2 = fn
-    if _renameat2 is False:
-        return False
-    at_fdcwd = -100
-    if _renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), str(dst))
 
 
 def _install(tmp: Path, path: Path) -> None:
@@ -490,167 +379,17 @@ def load_checkpoint(
     return out
 
 
-# ----------------------------------------------------------------------------- discovery
+# ----------------------------------------------------------------------------- re-exports
+
+_FROM_DIRECTORY = frozenset({
+    "list_checkpoints", "find_latest_checkpoint", "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",
+    "_process_start_time",
+})
 
 
-def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
-    """Checkpoint dirs (with a manifest) in ``directory``, oldest to newest.
-
-    Ordered by the manifest's ``meta["iter"]`` when every checkpoint has one,
-    otherwise by creation time. Hidden scratch dirs and symlinks are ignored.
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found: list[tuple[Any, float, str, Path]] = []
-    for p in directory.iterdir():
-        if p.name.startswith(".") or p.is_symlink() or not (p / MANIFEST_NAME).is_file():
-            continue
-        it: Any = None
-        try:
-            m = read_manifest(p)
-            created = float(m.get("created", 0.0))
-            it = m.get("meta", {}).get("iter")
-        except CheckpointError:  # still listed: find_latest_checkpoint reports it
-            created = (p / MANIFEST_NAME).stat().st_mtime
-        if isinstance(it, bool) or not isinstance(it, int):
-            it = None
-        found.append((it, created, p.name, p))
-    if all(f[0] is not None for f in found):
-        found.sort(key=lambda f: (f[0], f[1], f[2]))
-    else:
-        found.sort(key=lambda f: (f[1], f[2]))
-    return [f[3] for f in found]
-
-
-def find_latest_checkpoint(directory: str | os.PathLike[str], verify: bool = True) -> Path | None:
-    """Newest valid checkpoint in ``directory``, or None.
-
-    Corrupt or partial checkpoints are skipped with a :class:`CheckpointWarning`
-    (also logged on the ``treadle`` logger) naming the offending file. With
-    ``verify=False`` only the manifest is checked, not the payload hashes.
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        return None
-    for p in directory.iterdir():  # non-hidden dirs with payloads but no manifest
-        if (not p.name.startswith(".") and p.is_dir() and not (p / MANIFEST_NAME).exists()
-                and any(p.glob("*.pt"))):
-            _warn(f"ignoring incomplete checkpoint {p}: {p / MANIFEST_NAME} is missing")
-    for ckpt in reversed(list_checkpoints(directory)):
-        try:
-            verify_checkpoint(ckpt) if verify else read_manifest(ckpt)
-        except CheckpointError as e:
-            _warn(f"skipping checkpoint {ckpt}: {e}")
-            continue
-        return ckpt
-    return None
-
-
-# ----------------------------------------------------------------------------- removal
-
-
-def remove_checkpoint(path: str | os.PathLike[str]) -> None:
-    """Delete a checkpoint dir (or legacy file / symlink).
-
-    The dir is first renamed to a hidden ``.name.del-*`` name so that a crash
-    mid-delete never leaves a half-deleted dir that looks like a checkpoint.
-    """
-    path = Path(path)
-    if path.is_symlink() or (path.is_file() and path.suffix in LEGACY_SUFFIXES + (".safetensors",)):
-        path.unlink()
-        return
-    if not path.is_dir():
-        raise CheckpointError(f"cannot remove {path}: not a checkpoint")
-    if not _is_flat_dir(path):
-        raise CheckpointError(f"refusing to remove {path}: it contains sub-directories, not a checkpoint")
-    doomed = path.parent / _scratch_name(path.name, "del")
-    os.rename(path, doomed)
-    _fsync_dir(path.parent)
-    shutil.rmtree(doomed)
-
-
-def prune_checkpoints(
-    directory: str | os.PathLike[str], keep_last: int, protect: Iterable[str | os.PathLike[str]] = ()
-) -> list[Path]:
-    """Remove all but the newest ``keep_last`` checkpoints, never touching ``protect``.
-
-    Protected checkpoints (e.g. the best-K) do not count towards ``keep_last``.
-    Returns the removed paths, oldest first.
-    """
-    if keep_last < 0:
-        raise ValueError(f"keep_last must be >= 0, got {keep_last}")
-    ckpts = list_checkpoints(directory)
-    keep = set(ckpts[max(len(ckpts) - keep_last, 0):]) if keep_last else set()
-    protected = {Path(p).resolve() for p in protect}
-    removed = []
-    for ckpt in ckpts:
-        if ckpt in keep or ckpt.resolve() in protected:
-            continue
-        remove_checkpoint(ckpt)
-        removed.append(ckpt)
-    return removed
-
-
-def _process_start_time(pid: int) -> float | None:
-    """Wall-clock start time of ``pid`` (Linux /proc), None if unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        ticks = int(stat[stat.rindex(")") + 2:].split()[19])  # field 22: starttime
-        btime = next(int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines()
-                     if ln.startswith("btime "))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
-def _owner_may_be_alive(pid: int, mtime: float) -> bool:
-    if os.name != "posix":
-        return True  # no cheap, safe liveness probe: assume alive
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    start = _process_start_time(pid)
-    # A live pid that started after the dir was last touched is a reused pid
-    # (common in containers after a restart), not the writer.
-    return start is None or mtime >= start - _START_TIME_SLACK_S
-
-
-def cleanup_stale_tmp(directory: str | os.PathLike[str]) -> list[Path]:
-    """Remove scratch dirs/files left by saves whose process died; returns what was removed.
-
-    Conservative: only entries created on this host whose owning pid is gone, or
-    whose pid now belongs to a process started after the entry was last modified.
-    A stale ``old`` dir (crash between the two renames of a non-atomic replace)
-    is renamed back to its checkpoint name when that name is free instead of deleted.
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    removed: list[Path] = []
-    host = _host_tag()
-    for p in sorted(directory.iterdir(), key=lambda q: q.name):
-        m = _SCRATCH_RE.match(p.name)
-        if m is None or m["host"] != host or p.is_symlink():
-            continue
-        try:
-            if _owner_may_be_alive(int(m["pid"]), p.stat().st_mtime):
-                continue
-        except FileNotFoundError:
-            continue
-        target = directory / m["name"]
-        if m["kind"] == "old" and p.is_dir() and not os.path.lexists(target) and not m["name"].startswith("."):
-            os.rename(p, target)
-            _fsync_dir(directory)
-            logger.warning("restored checkpoint %s from interrupted replace (%s)", target, p.name)
-            continue
-        logger.info("removing stale checkpoint scratch %s", p)
-        if p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
-        removed.append(p)
-    return removed
+def __getattr__(name: str) -> Any:
+    # Lazy re-export: directory.py imports this module, so a top-level import would be circular.
+    if name in _FROM_DIRECTORY:
+        from treadle.checkpoint import directory
+        return getattr(directory, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from treadle.checkpoint.async_save import AsyncCheckpointer
-from treadle.checkpoint.io import prune_checkpoints, remove_checkpoint, save_checkpoint
+from treadle.checkpoint.directory import prune_checkpoints, remove_checkpoint
+from treadle.checkpoint.io import save_checkpoint
 from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import get_logger
 
