@@ -12,11 +12,14 @@ data pushed out of the caches). In this benchmark an epoch is 50 batches, so the
 boundary falls on the same iteration.
 
     python benchmarks/interval_cost.py [--runs 5] [--steps 3000] [--writers jsonl,csv,tensorboard] [--no-nan-guard]
-                                      [--compare-stack-read]
+                                      [--compare-stack-read] [--floor]
 
 ``--compare-stack-read`` alternates, run by run in the same process, the store's read of
 CPU values (``item()`` each) with the read it does for device values (one ``stack`` and
 one ``tolist``, which CPU values also took before the fourth round), and reports both.
+``--floor`` adds runs that log only at their last iteration: the measure is not zero
+without a log, since the list of 50 batches restarts at the same position (a hand-written
+loop over it shows the same); the log's own cost is the difference.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import overhead  # noqa: E402  (the same model, batches and settings)
 INTERVAL = 50
 
 
-def run(steps: int, writers: tuple[str, ...], nan_guard: bool) -> list[float]:
+def run(steps: int, writers: tuple[str, ...], nan_guard: bool, interval: int = INTERVAL) -> list[float]:
     """Start times of every iteration of one default-hooks run."""
     import torch
     from torch import nn
@@ -56,7 +59,7 @@ def run(steps: int, writers: tuple[str, ...], nan_guard: bool) -> list[float]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     with tempfile.TemporaryDirectory() as work_dir:
         treadle.Trainer(model, work_dir=work_dir, train_dataloader=batches, loss_fn=nn.CrossEntropyLoss(),
-                        optimizer=opt, max_iters=steps, log_interval=INTERVAL, progress=False, hooks=[Stamp()],
+                        optimizer=opt, max_iters=steps, log_interval=interval, progress=False, hooks=[Stamp()],
                         log_writers=writers, nan_guard=nan_guard).fit()
     return stamps
 
@@ -69,6 +72,8 @@ def main() -> None:
     p.add_argument("--no-nan-guard", action="store_true")
     p.add_argument("--compare-stack-read", action="store_true",
                    help="alternate the store's CPU read (item each) with its device read (one stack), run by run")
+    p.add_argument("--floor", action="store_true",
+                   help="also runs that log only at the end: what the measure reads with no log in the interval")
     args = p.parse_args()
     import torch
 
@@ -79,29 +84,40 @@ def main() -> None:
     from treadle.logging import store
 
     on_host = store._on_host
-    reads = {"item": on_host, "stack": lambda values: False} if args.compare_stack_read else {"": on_host}
-    by_position = {name: [[] for _ in range(INTERVAL)] for name in reads}
+    # name -> (the store's host check, the log interval); each run alternates the order
+    variants = {"default": (on_host, INTERVAL)}
+    if args.compare_stack_read:
+        variants["stack"] = (lambda values: False, INTERVAL)
+    if args.floor:
+        variants["floor"] = (on_host, args.steps)
+    labels = {"default": "as shipped:", "stack": "the store reads CPU values with one stack (as on a device):",
+              "floor": "floor: no log until the last iteration (the batch list still restarts every 50):"}
+    by_position = {name: [[] for _ in range(INTERVAL)] for name in variants}
     for r in range(args.runs):
-        for name in (list(reads) if r % 2 == 0 else list(reads)[::-1]):
-            store._on_host = reads[name]
+        for name in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+            store._on_host, interval = variants[name]
             try:
-                stamps = run(args.steps, writers, not args.no_nan_guard)
+                stamps = run(args.steps, writers, not args.no_nan_guard, interval)
             finally:
                 store._on_host = on_host
             for i in range(2 * INTERVAL, len(stamps) - 1):  # iteration i has done i + 1 iterations when it ends
                 by_position[name][(i + 1) % INTERVAL].append(stamps[i + 1] - stamps[i])
     print(f"overhead.py's MLP, treadle's default hooks, log every {INTERVAL} iterations, writers={writers}, "
           f"NaN guard {'off' if args.no_nan_guard else 'on'}; {args.runs} runs x {args.steps} steps, CPU, 1 thread")
+    totals = {}
     for name, positions in by_position.items():
         medians = [statistics.median(d) for d in positions]
         base = statistics.median(medians)
         excess = [(m - base) * 1e6 for m in medians]
-        if name:
-            print(f"store reads CPU values with {'item() each' if name == 'item' else 'one stack'}:")
+        if len(variants) > 1:
+            print(labels[name])
         print(f"median iteration {base * 1e6:.1f} us; excess by position after the log (0 = the iteration that logs):")
         print("  " + "  ".join(f"{k}: {e:+.0f}" for k, e in enumerate(excess[:10])) + " us")
-        total = sum(excess[:10])
+        totals[name] = total = sum(excess[:10])
         print(f"cost of one log interval to the training thread: {total:.0f} us = {total / INTERVAL:.1f} us per iteration")
+    if "floor" in totals:
+        extra = totals["default"] - totals["floor"]
+        print(f"the log itself, above the floor: {extra:.0f} us = {extra / INTERVAL:.1f} us per iteration")
 
 
 if __name__ == "__main__":
