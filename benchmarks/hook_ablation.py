@@ -55,7 +55,7 @@ def treadle_run(leave_out: tuple[str, ...] = (), **kwargs: Any) -> Callable[[int
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=8)
+    p.add_argument("--reps", type=int, default=8, help="runs of each configuration (at least 2 for a range)")
     p.add_argument("--steps", type=int, default=3000)
     args = p.parse_args()
     import torch
@@ -83,7 +83,7 @@ def main() -> None:
     print(f"overhead.py's MLP, {args.steps} steps, {args.reps} runs of each, alternating, one process, CPU, 1 thread")
     for name in names:
         med = statistics.median(times[name])
-        q1, _, q3 = statistics.quantiles(times[name], n=4)
+        q1, _, q3 = statistics.quantiles(times[name], n=4) if len(times[name]) > 1 else (med,) * 3
         print(f"{name:32s} {med:7.1f} us/step  {med - hand:+6.1f}  (interquartile range {q1:.0f}-{q3:.0f})")
 
 
