@@ -69,8 +69,8 @@ def _read_all(values: list[Tensor]) -> list[float]:
     if _on_host(values):
         # Nothing to transfer: read each scalar where it lies. One small method run many
         # times stays in the caches; a stack (list handling, type promotion, a new
-        # tensor) runs cold at each flush and slows the steps after it (about 70 us
-        # less per interval here, see benchmarks/README.md).
+        # tensor) runs cold at each flush and slows the steps after it (10 to 36 us per
+        # interval in interval_cost.py --compare-stack-read, see benchmarks/README.md).
         try:
             return [v.item() for v in values]
         except RuntimeError:  # a value with several elements: counts by its mean below
