@@ -1,8 +1,8 @@
 """The Trainer: holds the components, checks them, runs the loops, dispatches hooks.
 
 The flow itself lives in ``treadle/loops.py``; the default step in ``treadle/step.py``.
-Everything is checked in ``__init__``, so a bad argument fails before anything runs
-or is written.
+Everything is checked in ``__init__`` (with the checks and builders of
+``treadle/trainer_args.py``), so a bad argument fails before anything runs or is written.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import contextlib
 import functools
 import logging
 import secrets
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -26,7 +25,6 @@ from treadle.env import collect_env, format_env
 from treadle.hooks.base import HOOK_POINTS, Hook, build_dispatch, describe_order, get_priority, sort_hooks
 from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import LoggerHook
-from treadle.hooks.nan_guard import NaNGuardHook
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.timer import IterTimerHook
 from treadle.logging.store import MetricStore
@@ -36,23 +34,15 @@ from treadle import snapshot
 from treadle.checkpoint.directory import cleanup_stale_tmp, find_latest_checkpoint
 from treadle.checkpoint.weights import load_weights
 from treadle.hooks.checkpoint import CheckpointHook
-from treadle.optim.builder import build_optimizer
 from treadle.preemption import PreemptionConfig, PreemptionHandlers, requeue_slurm_job
-from treadle.optim.scheduler_builder import build_schedulers
 from treadle.optim.wrapper import OptimWrapper, check_clip_grad, check_precision, make_autocast
 from treadle.seeding import seed_everything, set_deterministic
 from treadle.state import TrainState
 from treadle.step import make_eval_step, make_train_step
 from treadle.timing import PhaseTimer, PhaseTimerHook
+from treadle.trainer_args import (build_optim_wrappers, build_scheduler_map, check_bool, check_metrics, checkpoint_hook,
+                                  ema_hook, nan_guard_hook, positive_int, progress_on, scale_lr, warn_if_unpinned)
 from treadle.strategies.base import Strategy, build_strategy
-
-
-def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class Trainer:
@@ -141,23 +131,23 @@ class Trainer:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if max_epochs is not None and max_iters is not None:
             raise ValueError(f"give either max_epochs or max_iters, not both (got max_epochs={max_epochs!r}, max_iters={max_iters!r})")
-        _positive_int("max_epochs", max_epochs, allow_none=True)
-        _positive_int("max_iters", max_iters, allow_none=True)
+        positive_int("max_epochs", max_epochs, allow_none=True)
+        positive_int("max_iters", max_iters, allow_none=True)
         if train_dataloader is not None:
             if max_epochs is None and max_iters is None:
                 raise ValueError("training needs max_epochs (epoch-based) or max_iters (iteration-based); neither was given")
             if optimizer is None:
                 raise ValueError("training needs an optimizer: an Optimizer object or e.g. dict(type='AdamW', lr=1e-3)")
-        _positive_int("val_interval", val_interval)
-        _positive_int("log_interval", log_interval)
-        _positive_int("accumulate", accumulate)
+        positive_int("val_interval", val_interval)
+        positive_int("log_interval", log_interval)
+        positive_int("accumulate", accumulate)
         self.precision = check_precision(precision)
         self.clip_grad = check_clip_grad(clip_grad)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
         if loss_fn is not None and not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable (outputs, targets) -> loss, got {type(loss_fn).__name__}")
-        self.metrics = _check_metrics(metrics)
+        self.metrics = check_metrics(metrics)
         hooks = list(hooks)
         for i, h in enumerate(hooks):
             if not isinstance(h, Hook):
@@ -212,28 +202,30 @@ class Trainer:
             compiled = torch.compile(self.model)
             eval_model = compiled if eval_model is self.model else torch.compile(eval_model)
             self.model = compiled
-        self.optim_wrappers = self._build_optim_wrappers(optimizer, accumulate) if optimizer is not None else {}
+        self.optim_wrappers = {} if optimizer is None else build_optim_wrappers(
+            optimizer, model, precision=self.precision, device_type=self.strategy.device.type, accumulate=accumulate,
+            clip_grad=self.clip_grad)
         for ow in self.optim_wrappers.values():
             self.strategy.setup_optim_wrapper(ow, self.model)
         # Several processes: after each iteration the ranks agree on stopping (None: one process).
         self._agree_stop: Callable[[], None] | None = self._agree_on_stop if distributed else None
         if auto_scale_lr is not None:
-            self._scale_lr(auto_scale_lr)
+            scale_lr(auto_scale_lr, self.optim_wrappers, self.train_dataloader, self.strategy.world_size)
         extra_hooks: list[Hook] = []
         if schedulers:
-            extra_hooks.append(ParamSchedulerHook(self._build_schedulers(schedulers)))
+            extra_hooks.append(ParamSchedulerHook(build_scheduler_map(schedulers, self.optim_wrappers, self.state)))
         if ema is not None:
             if self.strategy.name == "fsdp" and distributed:
                 raise ValueError("ema= is not supported with strategy='fsdp' yet (the average would be a sharded "
                                  "copy); use strategy='ddp', or train without EMA")
-            extra_hooks.append(_ema_hook(ema))
+            extra_hooks.append(ema_hook(ema))
         if checkpoint is None and work_dir is not None and train_dataloader is not None:
             extra_hooks.append(CheckpointHook(interval=None))  # the default: save when training ends
         elif checkpoint is not None and checkpoint is not False:
-            extra_hooks.append(_checkpoint_hook(checkpoint))
+            extra_hooks.append(checkpoint_hook(checkpoint))
         self._move = self.strategy.batch_mover()
         if self.strategy.device.type == "cuda" and self.is_main:
-            _warn_if_unpinned(self.train_dataloader)
+            warn_if_unpinned(self.train_dataloader)
         self._custom_train_step = getattr(self.module, "train_step", None)
         custom_val = getattr(self.module, "val_step", None)
         self._custom_val_step = (lambda batch, t: custom_val(batch, t) or {}) if custom_val is not None else None
@@ -245,13 +237,13 @@ class Trainer:
         self.hooks: list[Hook] = []
         self._dispatch: dict[str, tuple[Callable[..., Any], ...]] = {}
         if nan_guard:
-            extra_hooks.append(_nan_guard_hook(nan_guard, log_interval))
-        if _progress_on(progress, self.is_main):
+            extra_hooks.append(nan_guard_hook(nan_guard, log_interval))
+        if progress_on(progress, self.is_main):
             from treadle.hooks.progress import ProgressBarHook  # imports rich: only when a bar is wanted
 
             extra_hooks.append(ProgressBarHook(force_terminal=True if progress is True else None))
         # Set before _set_hooks, which builds the train step.
-        self._phase_timer = PhaseTimer(self.strategy.device) if _check_bool("timer_breakdown", timer_breakdown) else None
+        self._phase_timer = PhaseTimer(self.strategy.device) if check_bool("timer_breakdown", timer_breakdown) else None
         if self._phase_timer is not None:
             extra_hooks.append(PhaseTimerHook(self._phase_timer))
         defaults = [IterTimerHook(), LoggerHook(interval=log_interval, writers=tuple(log_writers)), *extra_hooks]
@@ -261,23 +253,6 @@ class Trainer:
         self.test_loop = EvalLoop(self, test_dataloader, "test") if test_dataloader is not None else None
 
     # -- construction helpers ------------------------------------------------------
-    def _build_optim_wrappers(self, optimizer: Any, accumulate: int) -> dict[str, OptimWrapper]:
-        device_type = self.strategy.device.type
-        if isinstance(optimizer, Mapping) and optimizer and all(isinstance(v, (Mapping, torch.optim.Optimizer)) for v in optimizer.values()):
-            built = {}
-            for name, cfg in optimizer.items():
-                params: Any = self.module
-                if not isinstance(cfg, torch.optim.Optimizer):
-                    params = getattr(self.module, str(name), None)
-                    if not isinstance(params, nn.Module):
-                        raise ValueError(f"optimizer[{name!r}] is a config, so the model needs a submodule named "
-                                         f"{name!r} to optimize; give an Optimizer object instead")
-                built[str(name)] = build_optimizer(cfg, params, where=f"optimizer[{name!r}]")
-        else:
-            built = {"default": build_optimizer(optimizer, self.module)}
-        return {name: OptimWrapper(opt, precision=self.precision, device_type=device_type, accumulate=accumulate,
-                                   clip_grad=self.clip_grad) for name, opt in built.items()}
-
     def _set_hooks(self, defaults: list[Hook], extra: Iterable[Hook]) -> None:
         """Defaults plus the user's hooks (a hook of a default's class replaces it)."""
         extra = list(extra)
@@ -294,37 +269,6 @@ class Trainer:
                 s.max_iters = s.max_epochs * s.iters_per_epoch  # type: ignore[operator]
             else:
                 s.max_epochs = -(-s.max_iters // s.iters_per_epoch)  # type: ignore[operator]
-
-    def _build_schedulers(self, schedulers: Any) -> dict[str, list[Any]]:
-        """``{optimizer name: [schedulers]}`` from a list (one optimizer) or a dict by name."""
-        if isinstance(schedulers, Mapping) and set(schedulers) <= set(self.optim_wrappers) and "type" not in schedulers:
-            per_name = dict(schedulers)
-        elif isinstance(schedulers, Mapping) and "type" not in schedulers:
-            raise ValueError(f"schedulers keys {sorted(schedulers)} must name optimizers {sorted(self.optim_wrappers)}")
-        else:
-            if len(self.optim_wrappers) != 1:
-                raise ValueError(f"with several optimizers {sorted(self.optim_wrappers)}, give schedulers as a dict by optimizer name")
-            per_name = {next(iter(self.optim_wrappers)): schedulers}
-        s = self.state
-        return {name: build_schedulers(cfgs, self.optim_wrappers[name].optimizer, epoch_length=s.iters_per_epoch,
-                                       max_epochs=s.max_epochs, max_iters=s.max_iters)
-                for name, cfgs in per_name.items()}
-
-    def _scale_lr(self, cfg: dict[str, Any]) -> None:
-        """MMEngine's auto_scale_lr: lr *= world_size * batch_size / base_batch_size."""
-        if not isinstance(cfg, dict) or "base_batch_size" not in cfg or set(cfg) - {"base_batch_size", "enable"}:
-            raise ValueError(f"auto_scale_lr={cfg!r} must be dict(base_batch_size=N[, enable=True])")
-        if not cfg.get("enable", True):
-            return
-        base = cfg["base_batch_size"]
-        batch = getattr(self.train_dataloader, "batch_size", None)
-        if isinstance(base, bool) or not isinstance(base, int) or base < 1 or not batch:
-            raise ValueError(f"auto_scale_lr needs a positive int base_batch_size (got {base!r}) and a train DataLoader with a batch_size (got {batch!r})")
-        ratio = self.strategy.world_size * batch / base
-        for ow in self.optim_wrappers.values():
-            for group in ow.param_groups:
-                group["lr"] = group["lr"] * ratio
-        get_logger().info(f"auto_scale_lr: lr scaled by {ratio:g} = {self.strategy.world_size} process(es) x batch {batch} / base {base}")
 
     @property
     def ema(self) -> nn.Module | None:
@@ -513,85 +457,6 @@ class Trainer:
         finally:
             self._call("after_run")
 
-
-def _progress_on(progress: Any, is_main: bool) -> bool:
-    """Whether to add the progress bar: "auto" on a terminal, True always; main process only."""
-    if not (isinstance(progress, bool) or progress == "auto"):
-        raise ValueError(f"progress={progress!r}; expected 'auto' (a bar when stdout is a terminal), True or False")
-    if not is_main or progress is False:
-        return False
-    isatty = getattr(sys.stdout, "isatty", None)
-    return progress is True or bool(isatty and isatty())
-
-
-def _warn_if_unpinned(loader: Any) -> None:
-    """Batches go to the GPU with non_blocking copies, which overlap with compute only
-    from pinned host memory: say so when a CUDA run's DataLoader does not pin."""
-    from torch.utils.data import DataLoader
-
-    if isinstance(loader, DataLoader) and not loader.pin_memory:
-        get_logger().warning("the training DataLoader has pin_memory=False: on CUDA each batch copy then blocks "
-                             "the host; DataLoader(..., pin_memory=True) lets it overlap with compute")
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
-def _nan_guard_hook(cfg: Any, log_interval: int) -> NaNGuardHook:
-    """The default checks at the log interval, when the logger syncs anyway: no sync per step."""
-    if cfg is True or cfg == "raise":
-        return NaNGuardHook(mode="raise", check_interval=log_interval)
-    if cfg == "skip":
-        return NaNGuardHook(mode="skip")
-    if isinstance(cfg, dict):
-        unknown = set(cfg) - {"mode", "check_interval"}
-        if unknown:
-            raise ValueError(f"nan_guard has unknown keys {sorted(unknown)}; expected mode, check_interval")
-        return NaNGuardHook(**{"check_interval": log_interval, **cfg})
-    raise ValueError(f"nan_guard={cfg!r}; expected 'raise', 'skip', False or dict(mode=..., check_interval=...)")
-
-
-def _checkpoint_hook(cfg: Any) -> CheckpointHook:
-    if isinstance(cfg, CheckpointHook):
-        return cfg
-    if cfg is True:
-        return CheckpointHook()
-    if not isinstance(cfg, dict):
-        raise TypeError(f"checkpoint must be a dict such as dict(interval=1, by_epoch=True, keep=3), got {cfg!r}")
-    allowed = ("interval", "by_epoch", "keep", "best", "rule", "keep_best", "save_last", "async_save")
-    unknown = set(cfg) - set(allowed)
-    if unknown:
-        raise ValueError(f"checkpoint has unknown keys {sorted(unknown)}; expected some of {list(allowed)}")
-    return CheckpointHook(**cfg)
-
-
-def _ema_hook(cfg: Any) -> EMAHook:
-    if isinstance(cfg, EMAHook):
-        return cfg
-    if not isinstance(cfg, dict):
-        raise TypeError(f"ema must be a dict such as dict(momentum=0.9998, interval=1, start=0), got {cfg!r}")
-    allowed = ("momentum", "interval", "start", "alpha", "use_for_val")
-    unknown = set(cfg) - set(allowed)
-    if unknown:
-        raise ValueError(f"ema has unknown keys {sorted(unknown)}; expected some of {list(allowed)}")
-    if "momentum" in cfg and "alpha" in cfg:
-        raise ValueError("ema: give momentum or alpha, not both")
-    return EMAHook(**cfg)
-
-
-def _check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
-    if metrics is None:
-        return {}
-    if not isinstance(metrics, Mapping):
-        raise TypeError(f"metrics must be a dict {{name: metric}}, got {type(metrics).__name__}")
-    for name, m in metrics.items():
-        missing = [a for a in ("update", "compute", "reset") if not callable(getattr(m, a, None))]
-        if missing:
-            raise TypeError(f"metrics[{name!r}] ({type(m).__name__}) lacks {missing}; a metric needs update(outputs, targets), compute() and reset()")
-    return dict(metrics)
 
 
 __all__ = ["Trainer", "HOOK_POINTS"]
