@@ -174,10 +174,30 @@ def test_exception_mid_write_keeps_previous(tmp_path, second_name):
 
 @pytest.mark.parametrize("exchange", [True, False])
 def test_overwrite_replaces(tmp_path, monkeypatch, exchange):
-    if not exchange:
-        monkeypatch.setattr(ckio, "_rename_exchange", lambda src, dst: False)
     save_checkpoint(tmp_path / "latest", {"state.pt": _state(1.0), "old_only.pt": 1}, meta={"iter": 1})
+    real_exchange, real_rename = ckio._rename_exchange, os.rename
+    swapped, renamed = [], []
+
+    def recording_exchange(src, dst):
+        swapped.append(real_exchange(src, dst) if exchange else False)
+        return swapped[-1]
+
+    def recording_rename(src, dst):
+        renamed.append((Path(src).name, Path(dst).name))
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(ckio, "_rename_exchange", recording_exchange)
+    monkeypatch.setattr(ckio.os, "rename", recording_rename)
     save_checkpoint(tmp_path / "latest", {"state.pt": _state(2.0)}, meta={"iter": 2})
+    if exchange and swapped == [False]:
+        pytest.skip("this filesystem has no renameat2(RENAME_EXCHANGE); the fallback case covers it")
+    # The path each branch takes: one atomic swap, or old aside then new in.
+    assert swapped == [exchange]
+    if exchange:
+        assert renamed == []
+    else:
+        (old, aside), (new, installed) = renamed
+        assert old == "latest" and ".old-" in aside and new.startswith(".") and installed == "latest"
     loaded = load_checkpoint(tmp_path / "latest")
     assert set(loaded) == {"state.pt"} and loaded["state.pt"]["iter"] == 2
     assert read_manifest(tmp_path / "latest")["meta"] == {"iter": 2}
