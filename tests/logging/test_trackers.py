@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 import treadle
 from treadle.logging import read_jsonl
-from treadle.logging.backends import MlflowWriter, WandbWriter, _mlflow_key, _wandb_default_mode
+from treadle.logging.trackers import MlflowWriter, WandbWriter, _mlflow_key, _wandb_default_mode
 
 from support import TinyNet, make_data
 

@@ -29,7 +29,7 @@ class LoggerHook(Hook):
 
     ``writers``: any of "jsonl" (``log.jsonl``), "csv" (``log.csv``), "tensorboard"
     (events under ``tensorboard/``), or objects with ``write(record)``/``close()``
-    (e.g. ``treadle.logging.backends.MlflowWriter``). Only rank 0 writes.
+    (e.g. ``treadle.logging.trackers.MlflowWriter``). Only rank 0 writes.
 
     While a ``ProgressBarHook`` is live, the console lines are printed above the bar by
     rich (see ``treadle/hooks/progress.py``); ``log.txt`` and the writers are unchanged.
