@@ -16,9 +16,9 @@ from torch.utils._pytree import tree_map_only
 
 from dist_support import run_ranks
 from treadle.checkpoint import io
+from treadle.checkpoint.dcp_safe import _SafeReader
 from treadle.checkpoint.sharded import (
     CheckpointError,
-    _SafeReader,
     consolidate,
     is_sharded_checkpoint,
     load_sharded,

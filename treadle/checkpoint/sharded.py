@@ -18,7 +18,8 @@ Loading verifies every file against the manifest first (the work split over rank
 then reads through DCP, which reshards: the world size may differ from the save's.
 Nothing is unpickled freely: DCP's ``.metadata`` (a pickle) goes through an
 allow-list unpickler, and DCP's non-tensor values (``torch.save`` bytes) and the
-payloads are read with ``torch.load(weights_only=True)``; plain DCP uses full pickle.
+payloads are read with ``torch.load(weights_only=True)`` (dcp_safe.py); plain DCP uses
+full pickle.
 
 All ranks must see the same file system (as DCP requires).
 """
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import time
 import warnings
@@ -40,26 +40,23 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from treadle.dist import comm
 
+from .dcp_safe import _SafeEmptyPlanner, _SafeLoadPlanner, _SafeReader
 from .io import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_NAME,
     CheckpointError,
     CorruptCheckpointError,
-    UnsafeCheckpointError,
     _check_payload_name,
     _fsync_dir,
     _install,
     _is_flat_dir,
     _sha256_file,
     _scratch_name,
-    _torch_reason,
     _verify_file,
     _write_durably,
     load_checkpoint,
@@ -70,72 +67,6 @@ from .io import (
 __all__ = ["PendingSave", "save_sharded", "wait_pending", "load_sharded", "consolidate", "is_sharded_checkpoint"]
 
 DCP_METADATA = ".metadata"
-
-
-# ----------------------------------------------------------------------------- safe reading
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Builds DCP's ``Metadata`` and nothing else (dataclasses, dtypes, sizes, paths)."""
-
-    _METADATA = "torch.distributed.checkpoint.metadata"
-    _OTHERS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-               ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-               ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
-               ("pathlib", "PureWindowsPath"), ("pathlib", "Path"), ("builtins", "set"), ("builtins", "frozenset")}
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module == self._METADATA and (not name.startswith("_") or name == "_MEM_FORMAT_ENCODING"):
-            obj = super().find_class(module, name)
-            if isinstance(obj, type) and obj.__module__ == module:  # its own dataclasses and enums only
-                return obj
-        elif (module, name) in self._OTHERS:
-            return super().find_class(module, name)
-        elif module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
-                                                                           torch.memory_format)):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in DCP metadata")
-
-
-class _SafeReader(dcp.FileSystemReader):
-    """DCP's file reader with an allow-list unpickler for ``.metadata``."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        try:
-            with open(path, "rb") as f:
-                metadata = _MetadataUnpickler(f).load()
-        except pickle.UnpicklingError as e:
-            raise CheckpointError(f"{path}: refused to load DCP metadata ({e})") from None
-        if getattr(metadata, "storage_meta", None) is None:
-            from torch.distributed.checkpoint.metadata import StorageMeta
-
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-def _load_bytes_safely(planner: DefaultLoadPlanner, read_item: Any, value: Any) -> None:
-    """DefaultLoadPlanner.load_bytes, but with weights_only=True (DCP's uses False)."""
-    try:
-        obj = torch.load(value, weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise UnsafeCheckpointError(f"refused to load the value of {read_item.dest_index.fqn!r}: treadle loads only "
-                                    f"tensors and plain containers; torch's reason: {_torch_reason(str(e))}") from None
-    if planner.flatten_state_dict:
-        set_element(planner.original_state_dict, planner.mappings[read_item.dest_index.fqn], obj)
-    else:
-        planner.state_dict[read_item.dest_index.fqn] = obj
-
-
-class _SafeLoadPlanner(DefaultLoadPlanner):
-    def load_bytes(self, read_item: Any, value: Any) -> None:
-        _load_bytes_safely(self, read_item, value)
-
-
-class _SafeEmptyPlanner(_EmptyStateDictLoadPlanner):
-    def load_bytes(self, read_item: Any, value: Any) -> None:
-        _load_bytes_safely(self, read_item, value)
 
 
 # ----------------------------------------------------------------------------- helpers
