@@ -41,7 +41,8 @@ from treadle.state import TrainState
 from treadle.step import make_eval_step, make_train_step
 from treadle.timing import PhaseTimer, PhaseTimerHook
 from treadle.trainer_args import (build_optim_wrappers, build_scheduler_map, check_bool, check_metrics, checkpoint_hook,
-                                  ema_hook, nan_guard_hook, positive_int, progress_on, scale_lr, warn_if_unpinned)
+                                  ema_hook, from_spec, nan_guard_hook, positive_int, progress_on, scale_lr,
+                                  warn_if_unpinned)
 from treadle.strategies.base import Strategy, build_strategy
 
 
@@ -52,6 +53,7 @@ class Trainer:
         model: the ``nn.Module``. In training mode without ``loss_fn`` it is called
             with the whole batch and returns a loss tensor or a dict of losses. It may
             define ``train_step(batch, trainer)`` / ``val_step(batch, trainer)``.
+
         work_dir: run directory for ``log.txt`` and ``log.jsonl`` (None: console only).
         train_dataloader, val_dataloader, test_dataloader: DataLoaders (or iterables).
         loss_fn: ``(outputs, targets) -> Tensor | dict``; batches are then
@@ -71,7 +73,7 @@ class Trainer:
         clip_grad: ``dict(max_norm=1.0, norm_type=2)`` or ``dict(value=0.5)``.
         schedulers: MMEngine-style scheduler dicts or objects (a dict by optimizer
             name for several optimizers); see treadle/optim/schedulers.py.
-        ema: ``dict(momentum=0.9998, interval=1, start=0)`` or ``dict(alpha=...)``.
+        ema: ``dict(momentum=0.9998, interval=1, start=0)`` (``start_iter``: the same) or ``dict(alpha=...)``.
         strategy: "auto" (DDP under a multi-process launcher, else one device) | "single" |
             "ddp" | "fsdp" | ``dict(type="ddp", find_unused_parameters=True, ...)`` | a
             Strategy (treadle/strategies/). seed, seed_per_rank, deterministic.
@@ -88,16 +90,22 @@ class Trainer:
             process only), True (always, main process only) or False.
         timer_breakdown: log ``time/forward``, ``time/loss``, ``time/backward``,
             ``time/optimizer``, ``time/hooks`` of the default step (see treadle/timing.py).
+
+    Config dicts: ``model``, the three dataloaders, ``loss_fn``, each metric and each
+    hook may also be given as the dict a config file would hold, e.g.
+    ``model=dict(type="DigitsCNN", width=32)`` or ``train_dataloader=dict(dataset=dict(type="digits"),
+    batch_size=64, shuffle=True)``; they are built as ``treadle train`` builds them
+    (treadle/config/build.py), model and data after seeding.
     """
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | Mapping[str, Any],
         work_dir: str | Path | None = None,
-        train_dataloader: Iterable[Any] | None = None,
-        val_dataloader: Iterable[Any] | None = None,
-        test_dataloader: Iterable[Any] | None = None,
-        loss_fn: Callable[..., Any] | None = None,
+        train_dataloader: Iterable[Any] | Mapping[str, Any] | None = None,
+        val_dataloader: Iterable[Any] | Mapping[str, Any] | None = None,
+        test_dataloader: Iterable[Any] | Mapping[str, Any] | None = None,
+        loss_fn: Callable[..., Any] | Mapping[str, Any] | None = None,
         optimizer: torch.optim.Optimizer | Mapping[str, Any] | None = None,
         schedulers: list[Any] | None = None,
         max_epochs: int | None = None,
@@ -105,7 +113,7 @@ class Trainer:
         val_interval: int = 1,
         workflow: list[tuple[str, int]] | None = None,
         metrics: Mapping[str, Any] | None = None,
-        hooks: Iterable[Hook] = (),
+        hooks: Iterable[Hook | Mapping[str, Any]] = (),
         precision: str = "32",
         accumulate: int = 1,
         clip_grad: dict[str, Any] | None = None,
@@ -127,8 +135,14 @@ class Trainer:
         timer_breakdown: bool = False,
     ) -> None:
         # -- check every argument before anything happens ---------------------------
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        # Config dicts become objects as in a config file (model and data: after seeding, below).
+        if not isinstance(model, (nn.Module, Mapping)):
+            raise TypeError(f"model must be a torch.nn.Module or a config dict such as dict(type='DigitsCNN'), "
+                            f"got {type(model).__name__}")
+        loss_fn = from_spec(loss_fn, "loss", "loss_fn")
+        if isinstance(metrics, Mapping):
+            metrics = {name: from_spec(m, "metric", f"metrics.{name}") for name, m in metrics.items()}
+        hooks = [from_spec(h, "hook", f"hooks[{i}]") for i, h in enumerate(hooks)]
         if max_epochs is not None and max_iters is not None:
             raise ValueError(f"give either max_epochs or max_iters, not both (got max_epochs={max_epochs!r}, max_iters={max_iters!r})")
         positive_int("max_epochs", max_epochs, allow_none=True)
@@ -148,10 +162,9 @@ class Trainer:
         if loss_fn is not None and not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable (outputs, targets) -> loss, got {type(loss_fn).__name__}")
         self.metrics = check_metrics(metrics)
-        hooks = list(hooks)
         for i, h in enumerate(hooks):
             if not isinstance(h, Hook):
-                raise TypeError(f"hooks[{i}] must be a treadle.Hook instance, got {type(h).__name__}")
+                raise TypeError(f"hooks[{i}] must be a treadle.Hook instance or a config dict, got {type(h).__name__}")
             get_priority(h.priority)
         self.workflow = check_workflow(workflow, val_dataloader is not None) if workflow is not None else None
         if resume is True and work_dir is None:
@@ -174,6 +187,14 @@ class Trainer:
         self.seed = seed
         if seed is not None:
             seed_everything(seed, rank=self.strategy.rank, per_rank=seed_per_rank)
+        specs = [isinstance(v, Mapping) for v in (model, train_dataloader, val_dataloader, test_dataloader)]
+        if any(specs):
+            model = from_spec(model, "model", "model")
+            train_dataloader = from_spec(train_dataloader, "dataloader", "train_dataloader")
+            val_dataloader = from_spec(val_dataloader, "dataloader", "val_dataloader")
+            test_dataloader = from_spec(test_dataloader, "dataloader", "test_dataloader")
+            if seed is not None:  # training's random streams do not depend on what building drew (as in a config run)
+                seed_everything(seed, rank=self.strategy.rank, per_rank=seed_per_rank)
         if deterministic:
             set_deterministic(True)
         self.work_dir = Path(work_dir) if work_dir is not None else None

@@ -86,17 +86,49 @@ def checkpoint_hook(cfg: Any) -> CheckpointHook:
 
 
 def ema_hook(cfg: Any) -> EMAHook:
+    """``ema=``: an EMAHook, or its arguments as a dict (``start_iter`` is another name for ``start``)."""
     if isinstance(cfg, EMAHook):
         return cfg
     if not isinstance(cfg, dict):
         raise TypeError(f"ema must be a dict such as dict(momentum=0.9998, interval=1, start=0), got {cfg!r}")
-    allowed = ("momentum", "interval", "start", "alpha", "use_for_val")
+    allowed = ("momentum", "interval", "start", "start_iter", "alpha", "use_for_val")
     unknown = set(cfg) - set(allowed)
     if unknown:
         raise ValueError(f"ema has unknown keys {sorted(unknown)}; expected some of {list(allowed)}")
     if "momentum" in cfg and "alpha" in cfg:
         raise ValueError("ema: give momentum or alpha, not both")
+    if "start" in cfg and "start_iter" in cfg:
+        raise ValueError("ema: give start or start_iter (the same thing), not both")
+    cfg = {("start" if k == "start_iter" else k): v for k, v in cfg.items()}
     return EMAHook(**cfg)
+
+
+#: What each kind of config dict builds into, and the builder in treadle/config/build.py.
+SPEC_KINDS = ("model", "dataloader", "loss", "metric", "hook")
+
+
+def from_spec(value: Any, kind: str, path: str) -> Any:
+    """``value`` itself, or, when it is a config dict, the object that dict describes.
+
+    The dict is built exactly as the same key of a config file is (treadle/config/build.py:
+    ``{type: Name, **kwargs}``, a registered name or dotted path; a dataloader is
+    ``{dataset: {...}, batch_size: N, ...}``), so a Python script and a config file
+    accept the same values. Errors are ConfigErrors naming ``path``.
+    """
+    if not isinstance(value, Mapping):
+        return value
+    from treadle.config import build  # the config layer: imported only when a dict is given
+
+    spec = dict(value)
+    if kind == "model":
+        return build.build_model(spec)
+    if kind == "dataloader":
+        return build.build_dataloader(spec, path)
+    if kind == "hook":
+        return build.build_hook(spec, path)
+    if kind in ("loss", "metric"):
+        return build.build_component(spec, kind, path)
+    raise ValueError(f"from_spec: kind={kind!r}; expected one of {SPEC_KINDS}")
 
 
 def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -137,6 +137,9 @@ def _params(cls: type) -> list[str]:
 # PreemptionConfig's fields, less the signals it records while running.
 _PREEMPTION_KEYS = [f.name for f in fields(PreemptionConfig) if f.name != "received"]
 
+# EMAHook's arguments, and start_iter (the design's name for its start).
+_EMA_KEYS = [*_params(EMAHook), "start_iter"]
+
 SPEC = "a component spec such as {type: Name, arg: value}, or a registered name"
 
 #: The Trainer's arguments, in its signature's order.
@@ -174,9 +177,9 @@ TRAINER_KEYS: tuple[Key, ...] = (
     Key("accumulate", (int,), "an int >= 1", "Gradient accumulation: optimizer step every this many batches.", _min(1)),
     Key("clip_grad", (dict, NoneType), "{max_norm: N[, norm_type: 2]} or {value: V}, or null",
         "Gradient clipping by norm or by value.", _wrap(check_clip_grad)),
-    Key("ema", (dict, NoneType), f"a mapping with keys among {', '.join(_params(EMAHook))}, or null",
-        "Exponential moving average of the weights (`treadle.hooks.ema.EMAHook` arguments).",
-        _keys(_params(EMAHook), "ema")),
+    Key("ema", (dict, NoneType), f"a mapping with keys among {', '.join(_EMA_KEYS)}, or null",
+        "Exponential moving average of the weights (`treadle.hooks.ema.EMAHook` arguments; `start_iter` is "
+        "another name for `start`).", _keys(_EMA_KEYS, "ema")),
     Key("strategy", (str, dict), f"one of {', '.join(STRATEGY_NAMES)}, or {{type: ddp|fsdp, option: value}}",
         "Device and distribution strategy; options as in `treadle.strategies.ddp.DDPStrategy` / "
         "`treadle.strategies.fsdp.FSDPStrategy`.", _strategy),
