@@ -6,18 +6,40 @@ shuffle order and the DataLoader's worker seeds are a pure function of
 ``(seed, epoch)``, drawn from a private ``torch.Generator`` instead of torch's global
 RNG, so the global stream (dropout, augmentation in the main process) is not
 disturbed by starting an epoch, and a resumed run can rebuild any epoch's order.
+
+The sampler and the workers get two generators with the same seed: the workers' base
+seed is drawn by each fresh DataLoader iterator, but a ``persistent_workers`` loader
+reuses its iterator and draws none, so a shared generator would give the epoch another
+order depending on whether the iterator was reused (an uninterrupted run) or new (a
+resumed one). The sampler's generator starts one draw in, where it was when it shared
+the generator with a fresh iterator: the order of a RandomSampler is unchanged.
+
+Samplers seeded this way: ``RandomSampler``, ``SubsetRandomSampler``,
+``WeightedRandomSampler`` (a generator given to them is replaced), and any sampler
+with a ``generator`` attribute that is None. ``DistributedSampler`` gets its seed and
+``set_epoch``; other samplers with ``set_epoch`` are trusted to order themselves by
+epoch. Any other sampler that draws from torch's global RNG cannot be rebuilt inside
+an epoch: resuming in one warns.
 """
 
 from __future__ import annotations
 
 import itertools
 import secrets
+import weakref
 from typing import Any, Iterable, Iterator
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler,
+                              SubsetRandomSampler, WeightedRandomSampler)
 
+from treadle.logging.writers import get_logger
 from treadle.seeding import derive_seed
+
+# torch's samplers that draw their order from ``self.generator`` (a user's one is replaced).
+_SEEDED = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+# Generators a DataFeed gave to samplers: still ours when another feed meets the sampler.
+_OURS: "weakref.WeakSet[torch.Generator]" = weakref.WeakSet()
 
 
 class DataFeed:
@@ -40,6 +62,7 @@ class DataFeed:
         self.epoch = 0
         self.batch_idx = 0
         self._it: Iterator[Any] | None = None
+        self._started = False  # the first start_epoch of a resumed run starts past (0, 0)
 
     @property
     def length(self) -> int | None:
@@ -55,13 +78,21 @@ class DataFeed:
         ``skip`` batches are passed over first (resuming inside an epoch). For a
         DataLoader with a sampler they are skipped in the batch sampler: their indices
         are drawn (the order must stay the same) but nothing is loaded from the
-        dataset. Other iterables have no way around producing them.
+        dataset. A DataLoader over an ``IterableDataset`` has no sampler, and other
+        iterables no way around producing them: their first ``skip`` batches are
+        loaded (workers, collate and all) and thrown away, so the skip costs the
+        time of loading them.
         """
+        if not self._started:
+            self._started = True
+            if epoch or skip:
+                self._warn_resumed(skip)
         self.epoch = epoch
         self.batch_idx = skip
         gen = self._seed_epoch(epoch)
         loader = self.loader
-        if skip and isinstance(loader, DataLoader) and loader.batch_sampler is not None:
+        if skip and isinstance(loader, DataLoader) and loader.batch_sampler is not None \
+                and not isinstance(loader.dataset, IterableDataset):
             self._it = iter(_clone_with_batch_sampler(loader, _SkipBatches(loader.batch_sampler, skip), gen))
         else:
             self._it = iter(loader)
@@ -72,20 +103,44 @@ class DataFeed:
         loader = self.loader
         if not isinstance(loader, DataLoader):
             return None
-        sampler = loader.sampler
-        if loader.batch_sampler is not None and not isinstance(sampler, RandomSampler):
-            sampler = getattr(loader.batch_sampler, "sampler", sampler)  # a user batch_sampler
+        sampler = _order_source(loader)
         if isinstance(sampler, DistributedSampler):  # its order: permutation(seed + epoch)
             sampler.seed = derive_seed(self.seed, 0) >> 2  # the same on every rank; < 2**62
         if hasattr(sampler, "set_epoch"):  # DistributedSampler and friends
             sampler.set_epoch(epoch)
+        seed = derive_seed(self.seed, epoch, self.rank) if self.rank else derive_seed(self.seed, epoch)
         gen = torch.Generator()
-        gen.manual_seed(derive_seed(self.seed, epoch, self.rank) if self.rank else derive_seed(self.seed, epoch))
-        if isinstance(sampler, RandomSampler):
-            sampler.generator = gen
-        # The DataLoader draws the workers' base seed from its generator at iter().
+        gen.manual_seed(seed)
+        if _takes_generator(sampler):
+            own = torch.Generator()
+            own.manual_seed(seed)
+            torch.empty((), dtype=torch.int64).random_(generator=own)  # past the workers' base seed
+            sampler.generator = own
+            _OURS.add(own)
+        # A fresh DataLoader iterator draws the workers' base seed from its generator.
         loader.generator = gen
         return gen
+
+    def _warn_resumed(self, skip: int) -> None:
+        """Resuming (the first epoch is not epoch 0 from its start): say what is not exact."""
+        loader = self.loader
+        if not isinstance(loader, DataLoader):
+            return
+        if loader.persistent_workers and loader.num_workers > 0:
+            get_logger().warning(
+                "resuming a training DataLoader with persistent_workers=True: the data order is restored, but "
+                "the workers' RNG is not: an uninterrupted run's workers keep the seeds of the first epoch they "
+                "started in, a resumed run's start from the resumed epoch's; random augmentation inside the "
+                "dataset will differ from an uninterrupted run (use persistent_workers=False for exact resume)")
+        sampler = _order_source(loader)
+        inside = skip and (self.length is None or skip < self.length)  # else: the epoch's end
+        if inside and _unseeded(sampler):
+            get_logger().warning(
+                f"resuming inside an epoch with a {type(sampler).__name__}, which treadle cannot seed (it has no "
+                "generator attribute that is None, nor set_epoch): if it draws its order from torch's global "
+                "RNG, the rest of this epoch is drawn from another state than in an uninterrupted run, so the "
+                "batches differ; give it a `generator` attribute (None) that treadle seeds per epoch, or a "
+                "set_epoch(epoch) that makes its order a function of the epoch")
 
     def __iter__(self) -> "DataFeed":
         return self
@@ -109,6 +164,32 @@ class DataFeed:
         self.epoch = int(state["epoch"])
         self.batch_idx = 0
         self._it = None
+
+
+def _order_source(loader: DataLoader) -> Any:
+    """What draws the loader's order: its sampler, a user batch sampler's sampler, a
+    user batch sampler that has none, or None (an IterableDataset orders itself)."""
+    if isinstance(loader.dataset, IterableDataset):
+        return None
+    batch_sampler = loader.batch_sampler
+    if batch_sampler is None or isinstance(loader.sampler, RandomSampler):
+        return loader.sampler
+    return getattr(batch_sampler, "sampler", batch_sampler)  # a user batch_sampler
+
+
+def _takes_generator(sampler: Any) -> bool:
+    """True for a sampler that draws its order from ``sampler.generator`` and is left to us."""
+    if isinstance(sampler, _SEEDED):
+        return True
+    gen = getattr(sampler, "generator", False)
+    return gen is None or (isinstance(gen, torch.Generator) and gen in _OURS)
+
+
+def _unseeded(sampler: Any) -> bool:
+    """A sampler whose order may not be a function of (seed, epoch)."""
+    if sampler is None or _takes_generator(sampler) or hasattr(sampler, "set_epoch"):
+        return False
+    return not isinstance(sampler, (SequentialSampler, DistributedSampler, list, tuple, range))
 
 
 class _SkipBatches:
