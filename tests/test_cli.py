@@ -257,6 +257,40 @@ def test_export_errors(tiny, trained, tmp_path, capsys):
     assert rc == 2 and "no entry 'ema'" in err and not (tmp_path / "x.safetensors").exists()
 
 
+def test_export_out_must_be_a_file_it_can_create(trained, tmp_path, capsys):
+    _, ckpt = trained
+    out_dir = tmp_path / "exports"
+    out_dir.mkdir()
+    (tmp_path / "afile").write_text("x")
+    for out, error in [(out_dir, f"--out {out_dir}: is a directory; expected the path of the file to write"),
+                       (tmp_path / "afile" / "m.safetensors", f"{tmp_path / 'afile'} is not a directory"),
+                       (tmp_path / "afile" / "sub" / "m.safetensors", f"{tmp_path / 'afile'} is not a directory")]:
+        before = sorted(p.name for p in tmp_path.iterdir())
+        rc, out_text, err = run(capsys, "export", ckpt, "--out", out)
+        assert rc == 2, err
+        assert err.startswith(f"treadle export: error: --out {out}: ") and error in err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and out_text == ""
+        assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no scratch file
+        assert list(out_dir.iterdir()) == [] and (tmp_path / "afile").read_text() == "x"
+    # A missing parent directory is created, as by export_safetensors.
+    rc, out_text, _ = run(capsys, "export", ckpt, "--out", tmp_path / "new" / "m.safetensors")
+    assert rc == 0 and read_safetensors(tmp_path / "new" / "m.safetensors")
+
+
+def test_export_write_failure_is_one_line(trained, tmp_path, capsys, monkeypatch):
+    from treadle.checkpoint import weights
+
+    _, ckpt = trained
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "m.safetensors"))
+
+    monkeypatch.setattr(weights, "export_safetensors", denied)
+    rc, _, err = run(capsys, "export", ckpt, "--out", tmp_path / "m.safetensors")
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"export to {tmp_path / 'm.safetensors'} failed: [Errno 13] Permission denied" in err
+
+
 def test_report(trained, tmp_path, capsys):
     work, _ = trained
     rc, out, _ = run(capsys, "report", work)

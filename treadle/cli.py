@@ -143,14 +143,33 @@ def _export(args: argparse.Namespace) -> int:
 
     if not Path(args.checkpoint).exists():
         raise UsageError(f"{args.checkpoint}: no such checkpoint")
+    _check_out_file(args.out)
     try:
         source = _ema_in_hook_state(args.checkpoint) if args.ema else None
         out = export_safetensors(source if source is not None else args.checkpoint, args.out,
                                  key="ema" if args.ema else "model")
     except CheckpointError as e:
         raise UsageError(str(e)) from e
+    except OSError as e:  # e.g. no permission to read or write (the file is written whole or not at all)
+        raise UsageError(f"export to {args.out} failed: {e}") from e
     print(out)
     return 0
+
+
+def _check_out_file(out: str) -> None:
+    """``--out`` must name a file that can be created: not an existing directory, and
+    with no existing non-directory among its parents (missing ones are created)."""
+    path = Path(out)
+    if path.is_dir():
+        raise UsageError(f"--out {out}: is a directory; expected the path of the file to write, "
+                         f"e.g. {path / 'model.safetensors'}")
+    if path.exists() and not path.is_file():
+        raise UsageError(f"--out {out}: exists and is not a regular file; expected the path of the file to write")
+    for parent in path.parents:  # the nearest one that exists must be a directory
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                raise UsageError(f"--out {out}: {parent} is not a directory")
+            break
 
 
 def _ema_in_hook_state(checkpoint: str) -> dict[str, Any] | None:

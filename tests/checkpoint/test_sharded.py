@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -232,9 +236,75 @@ def test_nothing_is_unpickled_unsafely(tmp_path: Path, capsys: pytest.CaptureFix
     # DCP's .metadata is a pickle: only DCP's own classes may be in it.
     meta = tmp_path / "evil" / ".metadata"
     meta.write_bytes(pickle.dumps(Evil()))
-    with pytest.raises(CheckpointError, match="builtins.print is not allowed"):
+    with pytest.raises(io.UnsafeCheckpointError, match="refused to load DCP metadata: it references the Python "
+                                                       "global 'builtins.print'"):
         _SafeReader(tmp_path / "evil").read_metadata()
     assert "executed!" not in capsys.readouterr().out
+
+
+class System:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: D105
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _rehash(ckpt: Path) -> None:
+    """Make the manifest agree with edited files: only the content is left to catch them."""
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    for name in manifest["files"]:
+        data = (ckpt / name).read_bytes()
+        manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_malicious_metadata_is_refused_naming_the_global(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    marker = tmp_path / "PWNED"
+    ckpt = tmp_path / "ck"
+    save_sharded(ckpt, {"model": make_model().state_dict()}, {"state.pt": {"iter": 0}}, {"iter": 0})
+    (ckpt / ".metadata").write_bytes(pickle.dumps(System(marker)))
+    _rehash(ckpt)
+    io.verify_checkpoint(ckpt)  # the bytes match the manifest: only the content is wrong
+    want = (rf"{re.escape(str(ckpt / '.metadata'))}: refused to load DCP metadata: it references the Python global "
+            rf"'{os.system.__module__}.system'.*nothing in the file was executed")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        with pytest.raises(io.UnsafeCheckpointError, match=want):
+            consolidate(ckpt)
+        with pytest.raises(io.UnsafeCheckpointError, match=want):
+            load_sharded(ckpt, {"model": make_model().state_dict()})
+    assert not marker.exists()
+    # Refused before DCP runs: no fallback to per-rank metadata files, no logged tracebacks.
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "Falling back" not in caplog.text and "__0.metadata" not in caplog.text
+
+
+@pytest.mark.parametrize("content,error", [(b"\x80\x04garbage", "unreadable DCP metadata"),
+                                           (pickle.dumps({"a": 1}), "not DCP metadata .holds a dict")],
+                         ids=["garbage", "a-dict"])
+def test_metadata_that_is_not_dcp_metadata_is_corrupt(tmp_path: Path, content: bytes, error: str) -> None:
+    ckpt = tmp_path / "ck"
+    save_sharded(ckpt, {"model": make_model().state_dict()})
+    (ckpt / ".metadata").write_bytes(content)
+    _rehash(ckpt)
+    with pytest.raises(io.CorruptCheckpointError, match=rf"\.metadata: {error}"):
+        consolidate(ckpt)
+
+
+def test_sharded_save_replaces_only_a_checkpoint(tmp_path: Path) -> None:
+    state = {"model": make_model().state_dict()}
+    notes = tmp_path / "epoch_0001"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("keep me")
+    with pytest.raises(CheckpointError, match=rf"refusing to replace {re.escape(str(notes))}: it has no manifest"):
+        save_sharded(notes, state, {"state.pt": {"iter": 1}})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_0001"]  # no scratch dir left
+    assert (notes / "notes.txt").read_text() == "keep me"
+    ckpt = tmp_path / "ck"
+    save_sharded(ckpt, state, {"state.pt": {"iter": 1}}, {"iter": 1})
+    save_sharded(ckpt, state, {"state.pt": {"iter": 2}}, {"iter": 2})  # a sharded checkpoint is replaced
+    assert io.read_manifest(ckpt)["meta"] == {"iter": 2} and is_sharded_checkpoint(ckpt)
 
 
 def test_single_process_async_save(tmp_path: Path) -> None:

@@ -131,6 +131,45 @@ def _check_payload_name(name: Any) -> str:
 # ----------------------------------------------------------------------------- saving
 
 
+def _not_a_checkpoint_reason(path: Path) -> str | None:
+    """Why the existing ``path`` is not a treadle checkpoint dir (None when it is one).
+
+    A checkpoint is what :func:`save_checkpoint` (or a sharded save) leaves behind: a real
+    directory, no sub-directories, and a ``manifest.json`` file whose ``format`` is treadle's.
+    A manifest that is not JSON at all counts as a damaged checkpoint of ours (it is listed
+    and reported as one); valid JSON of another format is someone else's file.
+    """
+    if path.is_symlink():
+        return "it is a symbolic link"
+    if not path.is_dir():
+        return "it is a file"
+    if not _is_flat_dir(path):
+        return "it contains sub-directories"
+    mpath = path / MANIFEST_NAME
+    if mpath.is_symlink() or not mpath.is_file():
+        return f"it has no {MANIFEST_NAME}"
+    try:
+        manifest = json.loads(mpath.read_bytes())
+    except ValueError:
+        return None  # a treadle checkpoint whose manifest was damaged: replaceable
+    except OSError as e:
+        return f"its {MANIFEST_NAME} is unreadable ({e.strerror or e})"
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        return f"its {MANIFEST_NAME} is not a treadle checkpoint manifest (no \"format\": {FORMAT!r})"
+    return None
+
+
+def _check_replaceable(path: Path) -> None:
+    """Raise :class:`CheckpointError` unless the existing ``path`` is a treadle checkpoint
+    that a save may replace: whatever else is there is left untouched."""
+    reason = _not_a_checkpoint_reason(path)
+    if reason is not None:
+        raise CheckpointError(
+            f"refusing to replace {path}: {reason}, so it is not a treadle checkpoint; "
+            "a save only replaces an existing checkpoint - move it away or save under another name"
+        )
+
+
 def _install(tmp: Path, path: Path) -> None:
     """Move the finished ``tmp`` dir to ``path``, replacing an existing checkpoint safely.
 
@@ -145,8 +184,7 @@ def _install(tmp: Path, path: Path) -> None:
         os.rename(tmp, path)
         _fsync_dir(parent)
         return
-    if not _is_flat_dir(path):
-        raise CheckpointError(f"refusing to replace {path}: it is not a checkpoint directory")
+    _check_replaceable(path)  # again: something else may have appeared there since check_save_args
     if _rename_exchange(tmp, path):
         _fsync_dir(parent)
         shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old checkpoint
@@ -177,8 +215,8 @@ def check_save_args(
         meta_json = json.loads(json.dumps(dict(meta or {}), allow_nan=False))
     except (TypeError, ValueError) as e:
         raise TypeError(f"checkpoint meta must be JSON-serialisable: {e}") from e
-    if os.path.lexists(path) and not _is_flat_dir(path):
-        raise CheckpointError(f"refusing to replace {path}: it is not a checkpoint directory")
+    if os.path.lexists(path):
+        _check_replaceable(path)
     return path, names, meta_json
 
 
@@ -190,7 +228,9 @@ def save_checkpoint(
     Each payload is ``torch.save``-d into a hidden temp dir next to ``path`` and
     ``manifest.json`` is written last; every file and the dir are fsynced (together, in
     one round), then the dir is renamed onto ``path`` and the parent is fsynced. An existing checkpoint at ``path`` is replaced
-    so that a complete old or new one is always findable (see ``_install``). On error
+    so that a complete old or new one is always findable (see ``_install``); anything else
+    at ``path`` (a file, or a directory without a treadle ``manifest.json``) is refused with
+    a :class:`CheckpointError` before anything is written, and left untouched. On error
     the temp dir is removed and the exception re-raised; other checkpoints are untouched.
 
     :class:`treadle.checkpoint.async_save.AsyncCheckpointer` does the same from a
@@ -243,9 +283,16 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CorruptCheckpointError(f"{mpath}: not a treadle checkpoint manifest")
     version = manifest.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    readable = f"format version {FORMAT_VERSION}" if FORMAT_VERSION == 1 else f"format versions 1 to {FORMAT_VERSION}"
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CorruptCheckpointError(
+            f"{mpath}: invalid format_version {version!r}: expected a positive integer "
+            f"(this treadle reads {readable})"
+        )
+    if version > FORMAT_VERSION:
         raise CheckpointError(
-            f"{mpath}: format version {version!r} is not supported (this treadle reads <= {FORMAT_VERSION})"
+            f"{mpath}: format_version {version} is not supported: this treadle reads {readable} "
+            "(was the checkpoint written by a newer treadle?)"
         )
     files = manifest.get("files")
     if not isinstance(files, dict) or not isinstance(manifest.get("meta", {}), dict):
@@ -318,21 +365,58 @@ def _verify_legacy_file(path: Path) -> None:
         raise CorruptCheckpointError(f"{path}: CRC mismatch in record {bad!r}")
 
 
+# Sentences of torch's weights-only error that are advice, not the reason: how to load
+# the file anyway (weights_only=False, add_safe_globals, "if you trust the source"),
+# links to the docs and requests to file an issue. treadle never loads unsafely, so
+# repeating them would only tell the user how to run what the file carries.
+_TORCH_ADVICE = re.compile(
+    r"weights.only|safe_globals|allowlist|trust|documentation|pytorch\.org|file an issue|two options|"
+    r"^\(?\d\)|alternatively|can still be loaded|load failed",
+    re.IGNORECASE,
+)
+_TORCH_GLOBAL = re.compile(r"\bGLOBAL\s+([A-Za-z_][\w.]*\w)")
+
+
 def _torch_reason(message: str) -> str:
+    """The reason in torch's weights-only unpickling error, without its advice.
+
+    torch's text (2.4 to 2.13 at least) wraps one sentence of reason (e.g. "Trying to
+    load unsupported GLOBAL posix.system whose module posix is blocked.") in paragraphs
+    telling how to load the file anyway; those are dropped sentence by sentence, so
+    that a new wording of the same advice is dropped too.
+    """
     message = re.sub(r"\x1b\[[0-9;]*m", "", message)
     if "WeightsUnpickler error:" in message:
         message = message.rsplit("WeightsUnpickler error:", 1)[1]
-    return message.split("Check the documentation of torch.load")[0].strip()
+    sentences = re.split(r"(?<=[.!?:])\s+|\n+", message)
+    kept = [s for s in map(str.strip, sentences) if s and not _TORCH_ADVICE.search(s)]
+    return " ".join(kept) or "the weights-only unpickler refused the file"
+
+
+def _refused_global(message: str) -> str | None:
+    """The dotted name of the global a weights-only load refused (``posix.system``), if any."""
+    m = _TORCH_GLOBAL.search(message)
+    return m.group(1) if m else None
+
+
+def _refusal(message: str) -> str:
+    """What a weights-only load refused, from torch's error text: the start of an
+    :class:`UnsafeCheckpointError`'s message, after the file's name."""
+    name = _refused_global(message)
+    if name:
+        return (f"it references the Python global {name!r}, which only an unrestricted unpickler would "
+                "import and call.")
+    return "it holds something other than tensors and plain containers."
 
 
 def _load_weights_only(fpath: Path, map_location: Any, verified: bool) -> Any:
     try:
         return torch.load(fpath, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        note = "" if verified else " (the file was not hash-verified, so it may also be corrupt)"
+        note = " The file was not hash-verified, so it may also be corrupt." if not verified else ""
         raise UnsafeCheckpointError(
-            f"{fpath}: refused to load. treadle loads only tensors and plain containers "
-            f"(torch.load weights_only=True); nothing in the file was executed{note}. "
+            f"{fpath}: refused to load: {_refusal(str(e))} treadle loads only tensors and plain containers "
+            f"(torch.load weights_only=True), with no unsafe fallback, and nothing in the file was executed.{note} "
             f"torch's reason: {_torch_reason(str(e))}"
         ) from None
     except Exception as e:

@@ -52,9 +52,9 @@ from .io import (
     CheckpointError,
     CorruptCheckpointError,
     _check_payload_name,
+    _check_replaceable,
     _fsync_dir,
     _install,
-    _is_flat_dir,
     _sha256_file,
     _scratch_name,
     _verify_file,
@@ -255,8 +255,8 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
                 meta_json = json.loads(json.dumps(dict(meta or {}), allow_nan=False))
             except (TypeError, ValueError) as e:
                 raise TypeError(f"checkpoint meta must be JSON-serialisable: {e}") from e
-            if os.path.lexists(path) and not _is_flat_dir(path):
-                raise CheckpointError(f"refusing to replace {path}: it is not a checkpoint directory")
+            if os.path.lexists(path):
+                _check_replaceable(path)  # only a treadle checkpoint is ever replaced
             if not path.parent.is_dir():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 _fsync_dir(path.parent.parent)  # the new checkpoints/ dir itself must be durable
