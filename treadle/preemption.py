@@ -28,6 +28,8 @@ from treadle.logging.writers import get_logger
 from treadle.state import TrainState
 
 PREEMPTED_EXIT_CODE = 143
+# Signals no handler can catch: the process stops (or dies) at once.
+UNCATCHABLE = frozenset(getattr(signal, n) for n in ("SIGKILL", "SIGSTOP") if hasattr(signal, n))
 
 
 @dataclass
@@ -50,11 +52,28 @@ class PreemptionConfig:
         unknown = set(cfg) - {"signals", "exit_code", "requeue"}
         if unknown:
             raise ValueError(f"preemption has unknown keys {sorted(unknown)}; expected signals, exit_code, requeue")
-        out = cls(**{k: (tuple(v) if k == "signals" else v) for k, v in cfg.items()})
-        for name in out.signals:
-            if not isinstance(getattr(signal, str(name), None), signal.Signals):
+        signals = cfg.get("signals", cls.signals)
+        if not isinstance(signals, (list, tuple)):
+            raise TypeError(f"preemption signals={signals!r}; expected a list of signal names such as "
+                            "['SIGTERM', 'SIGUSR1']")
+        for name in signals:
+            sig = getattr(signal, name, None) if isinstance(name, str) else None
+            if not isinstance(sig, signal.Signals):
                 raise ValueError(f"preemption signal {name!r} is not a signal name such as 'SIGTERM'")
-        return out
+            if sig in UNCATCHABLE:
+                raise ValueError(f"preemption signal {name!r} cannot be caught (the system stops the process at once); "
+                                 "expected signals such as 'SIGTERM', 'SIGUSR1', 'SIGINT'")
+        exit_code = cfg.get("exit_code", cls.exit_code)
+        if isinstance(exit_code, bool) or not isinstance(exit_code, int):
+            raise TypeError(f"preemption exit_code={exit_code!r} is not an int; expected an int in 0..255 such as 143 "
+                            "(128 + SIGTERM)")
+        if not 0 <= exit_code <= 255:
+            raise ValueError(f"preemption exit_code={exit_code!r} is out of range; expected an int in 0..255 such as "
+                             "143 (128 + SIGTERM)")
+        requeue = cfg.get("requeue", cls.requeue)
+        if not isinstance(requeue, bool):
+            raise TypeError(f"preemption requeue={requeue!r}; expected True (requeue the SLURM job) or False")
+        return cls(signals=tuple(signals), exit_code=exit_code, requeue=requeue)
 
 
 class PreemptionHandlers:

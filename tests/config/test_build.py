@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 import support
 from treadle import Trainer
 from treadle.config import ConfigError, build_component, build_dataloader, build_hook, build_trainer, resolve_config
-from treadle.config.build import check_optimizer, check_schedulers
+from treadle.config.build import _explain, check_optimizer, check_schedulers
 from treadle.hooks.early_stopping import EarlyStoppingHook
 
 TINY = {
@@ -152,6 +152,19 @@ def test_trainer_errors_become_config_errors():
         build_trainer(cfg(schedulers=[{"type": "LinearLR", "begin": 5, "end": 2}]))
     with pytest.raises(ConfigError, match=r"^ema: give momentum or alpha, not both"):
         build_trainer(cfg(ema={"momentum": 0.9, "alpha": 1e-5}))
+
+
+def test_trainer_error_messages_keep_their_quotes():
+    # Only a KeyError's quoting (its str() is the repr of the message) is taken off.
+    with pytest.raises(ConfigError) as info:
+        build_trainer(cfg(ema={"momentum": "0.9"}))
+    assert str(info.value) == "ema momentum='0.9' is not a number; expected a float in [0, 1] such as 0.9998"
+    with pytest.raises(ConfigError) as info:
+        build_trainer(cfg(schedulers=[{"type": "StepLR", "step_size": "2"}]))
+    assert str(info.value) == "schedulers[0] (StepLR): `step_size`='2' has the wrong type (str); expected a number"
+    assert str(_explain(KeyError("checkpoint best='x' is missing"), {})) == "checkpoint best='x' is missing"
+    assert str(_explain(TypeError("'<=' not supported between 'str' and 'int'"), {})) == \
+        "TypeError: '<=' not supported between 'str' and 'int'"
 
 
 def test_validate_mode_builds_only_what_evaluation_needs():

@@ -36,10 +36,35 @@ def test_malformed_yaml_names_line_and_column(tmp_path):
 def test_missing_file_and_bad_suffix(tmp_path):
     with pytest.raises(ConfigError, match="no such config file"):
         load_file(tmp_path / "nope.yaml")
-    with pytest.raises(ConfigError, match="unsupported config file type '.toml'"):
+    with pytest.raises(ConfigError, match="unsupported config file type '.toml'") as e:
         load_file(write(tmp_path / "c.toml", "a = 1"))
+    assert str(e.value) == "unsupported config file type '.toml'; expected .yaml or .yml or .py"  # the path: in source
+    assert e.value.source == str(tmp_path / "c.toml")
     with pytest.raises(ConfigError, match="top level of a config must be a mapping"):
         load_file(write(tmp_path / "l.yaml", "- 1\n- 2\n"))
+
+
+def test_a_key_given_twice_is_an_error_naming_it_and_both_lines(tmp_path):
+    p = write(tmp_path / "dup.yaml", """\
+        model: {type: TinyNet}
+        max_epochs: 2
+        optimizer: {type: SGD, lr: 0.1}
+        max_epochs: 3
+        """)
+    with pytest.raises(ConfigError) as e:
+        load_file(p)
+    assert str(e.value).startswith("max_epochs: duplicate key at line 4, column 1 (first given at line 2)")
+    assert e.value.source == str(p)
+    with pytest.raises(ConfigError, match=r"^lr: duplicate key at line 2, column 3 \(first given at line 1\)"):
+        parse_yaml("optimizer: {type: SGD, lr: 0.1,\n  lr: 0.2}")
+    with pytest.raises(ConfigError, match=r"^lr: duplicate key at line 3"):
+        parse_yaml("optimizer:\n  lr: 0.1\n  lr: 0.2\n")
+
+
+def test_keys_merged_with_yaml_merge_keys_may_be_overridden():
+    text = "base: &b {lr: 0.1, wd: 0.0}\noptimizer:\n  <<: *b\n  lr: 0.2\n"
+    assert parse_yaml(text)["optimizer"] == {"lr": 0.2, "wd": 0.0}
+    assert parse_yaml("a: 1\nb: {a: 1}\n") == {"a": 1, "b": {"a": 1}}  # the same key in two mappings is fine
 
 
 def test_python_config_keys(tmp_path):

@@ -120,6 +120,19 @@ def test_reduce_on_plateau_steps_on_validation_metrics():
     assert t.optimizer.param_groups[0]["lr"] < 0.1
 
 
+def test_plateau_monitor_not_among_the_validation_results_names_those_there_are():
+    with pytest.raises(KeyError, match=r"ReduceOnPlateauLR monitor='val/accc' is not among the validation results "
+                                       r"\['acc', 'loss', 'val/acc', 'val/loss'\]"):
+        run([dict(type="ReduceOnPlateauLR", monitor="val/accc")], epochs=2,
+            val_dataloader=DataLoader(make_data(4), batch_size=4), metrics={"acc": treadle.Accuracy()})
+
+
+def test_plateau_monitor_without_a_val_dataloader_is_warned_about(caplog):
+    with caplog.at_level("WARNING", logger="treadle"):
+        run([dict(type="ReduceOnPlateauLR", monitor="val/loss")], epochs=1)
+    assert "ReduceOnPlateauLR monitor='val/loss' needs validation results, but there is no val_dataloader" in caplog.text
+
+
 def test_unknown_scheduler_name_fails_at_construction(tmp_path):
     with pytest.raises(ValueError, match=r"CosineAnealingLR.*Did you mean.*CosineAnnealingLR|CosineAnnealingLR.*CosineAnealingLR"):
         run([dict(type="CosineAnealingLR", T_max=3)], epochs=1, work_dir=tmp_path / "run")

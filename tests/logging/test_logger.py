@@ -127,3 +127,54 @@ def test_logging_does_not_read_device_values_between_intervals(monkeypatch, as_d
     t.fit()
     # per log interval one transfer, shared by the logger and the NaN guard; none per step
     assert calls == {"item": 0, "tolist": 2}
+
+
+@pytest.mark.parametrize("writers,exc,match", [
+    ("jsonl", TypeError, r"LoggerHook writers='jsonl'; expected a list of writers such as \['jsonl'\]"),
+    (None, TypeError, r"LoggerHook writers=None; expected a list"),
+    (["jsonl", object()], TypeError, r"LoggerHook writers\[1\]=<object object at .*> is neither a writer name nor a "
+                                     r"writer object; expected one of \['csv', 'jsonl', 'tensorboard'\] or an object "
+                                     r"with write\(record\) and close\(\)"),
+    (["tensorbord"], ValueError, r"LoggerHook writers\[0\]='tensorbord' is not a known log writer"),
+])
+def test_bad_writers_are_refused_at_construction(writers, exc, match):
+    from treadle.hooks.logger import LoggerHook
+
+    with pytest.raises(exc, match=match):
+        LoggerHook(writers=writers)
+
+
+class _Writer:
+    def __init__(self, fail_write=False, fail_close=False):
+        self.fail_write, self.fail_close, self.records = fail_write, fail_close, []
+
+    def write(self, record):
+        if self.fail_write:
+            raise OSError("write failed: disk full")
+        self.records.append(record)
+
+    def close(self):
+        if self.fail_close:
+            raise OSError("close failed")
+
+
+def _fit_with(writers, tmp_path):
+    t = treadle.Trainer(TinyNet(), work_dir=tmp_path, train_dataloader=DataLoader(make_data(8), batch_size=4),
+                        loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), max_iters=2, log_interval=1,
+                        log_writers=writers, progress=False)
+    t.fit()
+
+
+def test_a_writers_close_error_does_not_hide_its_write_error(tmp_path, caplog):
+    broken, fine = _Writer(fail_write=True, fail_close=True), _Writer()
+    with caplog.at_level("ERROR", logger="treadle"), pytest.raises(OSError, match="write failed: disk full") as info:
+        _fit_with([broken, fine], tmp_path)
+    assert not getattr(info.value, "__notes__", None)  # the logger itself kept the first error: no later one to note
+    assert "log writer _Writer: close() failed after its write() had failed: OSError: close failed" in caplog.text
+
+
+def test_a_close_error_of_a_writer_that_wrote_is_raised(tmp_path):
+    writer = _Writer(fail_close=True)
+    with pytest.raises(OSError, match="close failed"):
+        _fit_with([writer], tmp_path)
+    assert len(writer.records) == 2

@@ -145,10 +145,20 @@ def test_alpha_sets_momentum_from_the_run():
     (dict(interval=0), r"interval must be an int >= 1"),
     (dict(decay=0.9), r"ema has unknown keys \['decay'\]"),
     (dict(momentum=0.9, alpha=1e-5), r"momentum or alpha, not both"),
+    (dict(momentum="0.9"), r"ema momentum='0.9' is not a number; expected a float in \[0, 1\]"),
+    (dict(momentum=None), r"ema momentum=None is not a number"),
+    (dict(momentum=float("nan")), r"momentum must be in \[0, 1\]"),
+    (dict(alpha=-1.0), r"ema alpha=-1.0 is out of range; expected a finite float >= 0"),
+    (dict(alpha=float("inf")), r"ema alpha=inf is out of range"),
+    (dict(alpha="x"), r"ema alpha='x' is not a number; expected a float >= 0"),
+    (dict(use_for_val="no"), r"ema use_for_val='no'; expected True .* or False"),
 ])
-def test_bad_ema_config(cfg, match):
-    with pytest.raises(ValueError, match=match):
-        treadle.Trainer(TinyNet(), ema=cfg)
+def test_bad_ema_config(cfg, match, tmp_path):
+    """Every bad value fails at construction, before training (alpha= used to fail at fit())."""
+    with pytest.raises((ValueError, TypeError), match=match):
+        treadle.Trainer(TinyNet(), train_dataloader=DataLoader(make_data(8), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
+                        optimizer=dict(type="SGD", lr=0.1), max_epochs=1, ema=cfg, work_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 def test_average_object_directly():

@@ -148,8 +148,9 @@ def test_reduce_on_plateau_matches_torch():
         want.append(read(ref_opt))
     assert_seq_close(got, want)
     assert got[-1] != got[0]  # it did reduce
-    with pytest.raises(KeyError, match="loss"):
-        ours.step({"acc": 1.0})
+    with pytest.raises(KeyError, match=r"ReduceOnPlateauLR monitor='loss' is not among the validation results "
+                                       r"\['acc', 'val/acc'\]"):
+        ours.step({"acc": 1.0, "val/acc": 1.0})
     with pytest.raises(TypeError, match="dict"):
         ours.step(0.5)  # type: ignore[arg-type]
 
@@ -465,6 +466,13 @@ def test_current_lrs_and_registry():
     (["StepLR"], TypeError, ["param_scheduler[0]", "expected a config dict"]),
     ([dict(type="StepLR", step_size=2, by_epoch="yes")], TypeError, ["`by_epoch` must be a bool"]),
     ([dict(type="StepLR", step_size=2, begin=-1)], ValueError, ["`begin` must be a non-negative number"]),
+    ([dict(type="StepLR", step_size="2")], TypeError,
+     ["param_scheduler[0] (StepLR)", "`step_size`='2' has the wrong type (str); expected a number"]),
+    ([dict(type="StepLR", step_size=2, gamma="0.5")], TypeError, ["`gamma`='0.5' has the wrong type (str)"]),
+    ([dict(type="CosineAnnealingLR", T_max="10")], TypeError, ["`T_max`='10'", "expected a number or None"]),
+    ([dict(type="StepLR", step_size=2, verbose="no")], TypeError, ["`verbose`='no'", "expected True or False"]),
+    ([dict(type="ReduceOnPlateauLR", monitor=5)], TypeError, ["`monitor`=5", "expected a string"]),
+    ([dict(type="ReduceOnPlateauLR", patience="3")], TypeError, ["`patience`='3'"]),
 ])
 def test_builder_errors_are_clear(cfgs, exc, patterns):
     with pytest.raises(exc) as info:

@@ -40,3 +40,43 @@ def test_ddp_in_one_process_does_not_wrap(monkeypatch):
     s.setup()
     model = nn.Linear(2, 2)
     assert s.setup_model(model) is model and not s.distributed and s.device == torch.device("cpu")
+
+
+def test_a_strategy_dict_without_type_says_so():
+    with pytest.raises(ValueError, match=r"strategy=\{'devices': 2\} has no 'type'; expected dict\(type=<name>"):
+        build_strategy({"devices": 2})
+
+
+def _no_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1)])
+def test_a_cuda_device_on_a_machine_without_cuda_is_a_clear_error(device, monkeypatch):
+    _no_cuda(monkeypatch)
+    with pytest.raises(ValueError, match=r"strategy 'single': device=.*cuda.*, but CUDA is not available on this "
+                                         r"machine \(torch.cuda.is_available\(\) is False\); expected 'cpu' or None"):
+        build_strategy({"type": "single", "device": device})
+
+
+def test_a_cuda_device_without_cuda_fails_in_the_trainer_before_anything_is_written(monkeypatch, tmp_path):
+    import treadle
+
+    _no_cuda(monkeypatch)
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        treadle.Trainer(nn.Linear(2, 2), work_dir=tmp_path / "run", strategy=dict(type="single", device="cuda"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_cuda_index_beyond_the_devices_and_a_bad_device_name(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"device='cuda:3', but this machine has 1 CUDA device\(s\); expected an "
+                                         r"index in 0..0"):
+        SingleDevice("cuda:3")
+    with pytest.raises(ValueError, match=r"device='gpu' is not a device name"):
+        SingleDevice("gpu")
+    with pytest.raises(TypeError, match=r"device=0; expected a device name"):
+        SingleDevice(0)  # type: ignore[arg-type]
+    assert SingleDevice("cpu").device == torch.device("cpu")

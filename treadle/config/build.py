@@ -250,7 +250,8 @@ def _explain(err: Exception, cfg: dict[str, Any]) -> ConfigError:
     """A Trainer check's error as a ConfigError. Its messages start with the argument's
     name, which becomes the key path; the scheduler builder's ``param_scheduler[i]``
     is the config's ``schedulers[i]``."""
-    text = str(err).strip("'\"")  # KeyError quotes its message
+    # str() of a KeyError is the repr of its message (quoted); any other message is kept as it is.
+    text = err.args[0] if isinstance(err, KeyError) and len(err.args) == 1 and isinstance(err.args[0], str) else str(err)
     if isinstance(cfg.get("schedulers"), list):
         text = text.replace("param_scheduler[", "schedulers[")
     first = re.match(r"[A-Za-z_]+", text)

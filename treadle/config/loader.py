@@ -35,8 +35,35 @@ class _Loader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that also reads ``1e-3`` as a float.
 
     YAML 1.1 (PyYAML) wants ``1.0e-3`` and reads ``1e-3`` as the *string* "1e-3",
-    a classic trap for learning rates. Nothing else differs from the safe loader.
+    a classic trap for learning rates. It also refuses a key given twice in one mapping.
     """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """A mapping, refusing a key given twice (PyYAML would keep the last one silently).
+
+        Keys merged in with ``<<:`` may be overridden, as YAML intends; only keys written
+        in this mapping are compared."""
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: the base class reports it
+                    continue
+                if first is not key_node:
+                    raise DuplicateKeyError(key, first.start_mark, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+class DuplicateKeyError(yaml.MarkedYAMLError):
+    """A mapping key given twice (see ``_Loader.construct_mapping``)."""
+
+    def __init__(self, key: Any, first: Any, again: Any) -> None:
+        super().__init__(problem=f"duplicate key {key!r}", problem_mark=again)
+        self.key, self.first, self.again = key, first, again
 
 
 _Loader.add_implicit_resolver(
@@ -47,6 +74,10 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
     """Parse YAML text safely; a syntax error becomes a ConfigError with line and column."""
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 -- _Loader is a SafeLoader
+    except DuplicateKeyError as e:
+        raise ConfigError(str(e.key), f"duplicate key at line {e.again.line + 1}, column {e.again.column + 1} (first "
+                          f"given at line {e.first.line + 1}); each key may appear once in a mapping, or the "
+                          "later value would silently replace the earlier one", source=source) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
@@ -102,7 +133,7 @@ def read_file(path: str | Path) -> dict[str, Any]:
         problem = "is a directory, not a config file" if path.is_dir() else "no such config file"
         raise ConfigError("", problem, source=str(path))
     if path.suffix not in SUFFIXES:
-        raise ConfigError("", f"{path}: unsupported config file type {path.suffix!r}",
+        raise ConfigError("", f"unsupported config file type {path.suffix!r}",
                           expected=" or ".join(SUFFIXES), source=str(path))
     return _read_python(path) if path.suffix == ".py" else _read_yaml(path)
 

@@ -7,6 +7,8 @@ point that no hook implements costs an empty-tuple check and nothing more.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -130,6 +132,44 @@ def _define_points() -> None:
 
 
 _define_points()
+
+
+def check_hook_points(hook: Hook, where: str = "hook") -> None:
+    """Refuse a hook whose methods could never be called as its author meant.
+
+    A public method named ``before_*`` / ``after_*`` that is not in :data:`HOOK_POINTS`
+    (``after_train_iteration``, ``before_epoch``) would silently never run: a
+    ``ValueError`` names it and the closest point. A hook point defined with
+    parameters that cannot take the point's arguments (``after_train_iter(self,
+    trainer)``) would fail mid-training: a ``TypeError`` names it and the arguments.
+    ``where`` names the hook in the message (e.g. ``hooks[0]``).
+    """
+    cls = type(hook)
+    for klass in cls.__mro__:
+        if klass is Hook or klass is object:
+            continue
+        for name in vars(klass):
+            if not name.startswith(("before_", "after_")) or name in HOOK_POINTS:
+                continue
+            if not callable(getattr(hook, name, None)):  # e.g. a setting such as after_run_timeout = 5
+                continue
+            close = difflib.get_close_matches(name, HOOK_POINTS, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"{where} ({cls.__name__}): method {name!r} looks like a hook point but is not one, so it "
+                             f"would never be called; {hint}expected one of {', '.join(HOOK_POINTS)}")
+    for point, args in HOOK_POINTS.items():
+        if not implements(hook, point):
+            continue
+        try:
+            signature = inspect.signature(getattr(hook, point))
+        except (TypeError, ValueError):  # no signature to read (e.g. some builtins): the call decides
+            continue
+        try:
+            signature.bind("trainer", *args)
+        except TypeError:
+            expected = ", ".join(("self", "trainer", *args))
+            raise TypeError(f"{where} ({cls.__name__}): {point}{signature} cannot take the hook point's arguments; "
+                            f"expected {point}({expected})") from None
 
 
 def implements(hook: Hook, point: str) -> bool:

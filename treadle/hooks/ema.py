@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import TYPE_CHECKING, Any
 
 from treadle.hooks.base import Hook, Priority
@@ -31,8 +33,17 @@ class EMAHook(Hook):
             raise ValueError(f"ema interval must be an int >= 1, got {interval!r}")
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise ValueError(f"ema start must be an int >= 0 (an iteration), got {start!r}")
+        if not _is_number(momentum):
+            raise TypeError(f"ema momentum={momentum!r} is not a number; expected a float in [0, 1] such as 0.9998")
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"ema momentum must be in [0, 1], got {momentum!r}")
+        if alpha is not None and not _is_number(alpha):
+            raise TypeError(f"ema alpha={alpha!r} is not a number; expected a float >= 0 such as 1e-5, or None")
+        if alpha is not None and not 0.0 <= alpha < math.inf:  # NaN too
+            raise ValueError(f"ema alpha={alpha!r} is out of range; expected a finite float >= 0 such as 1e-5")
+        if not isinstance(use_for_val, bool):
+            raise TypeError(f"ema use_for_val={use_for_val!r}; expected True (validate and test with the average) "
+                            "or False")
         self.momentum = momentum
         self.interval = interval
         self.start = start
@@ -104,3 +115,7 @@ class EMAHook(Hook):
             self.ema.load_state_dict(state["ema"])
         else:
             self._pending_state = state["ema"]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

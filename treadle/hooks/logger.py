@@ -41,13 +41,12 @@ class LoggerHook(Hook):
                  text_log: bool = True) -> None:
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"log interval must be an int >= 1, got {interval!r}")
-        for w in writers:
-            if isinstance(w, str) and w not in WRITERS:
-                raise ValueError(f"unknown log writer {w!r}; expected one of {sorted(WRITERS)} or an object with write()/close()")
+        check_writers("LoggerHook writers", writers)
         self.interval = interval
         self.writer_specs = tuple(writers)
         self.text_log = text_log
         self._writers: list[Any] = []
+        self._failed: set[int] = set()  # id() of writers whose write() raised
         self._handler: Any = None
         self._batch_size: int | None = None
         # Looked up once (getLogger takes the logging module's lock); get_logger() has
@@ -69,11 +68,16 @@ class LoggerHook(Hook):
 
     def after_run(self, trainer: "Trainer") -> None:
         writers, self._writers = self._writers, []
+        failed, self._failed = self._failed, set()
         error: BaseException | None = None
         for w in writers:  # every writer is closed (and writes what it kept), even if one fails
             try:
                 w.close()
             except Exception as e:
+                if id(w) in failed:  # its write() error is the one being raised: this one must not hide it
+                    get_logger().error(f"log writer {type(w).__name__}: close() failed after its write() had "
+                                       f"failed: {type(e).__name__}: {e}")
+                    continue
                 error = error or e
         if self._handler is not None:
             remove_handler(self._handler)
@@ -83,7 +87,11 @@ class LoggerHook(Hook):
 
     def _write(self, record: dict[str, Any]) -> None:
         for w in self._writers:
-            w.write(record)
+            try:
+                w.write(record)
+            except BaseException:
+                self._failed.add(id(w))
+                raise
 
     def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
         pending = trainer.store.pending
@@ -162,6 +170,22 @@ def _csv(work_dir: Path) -> Any:
 
 
 WRITERS = {"jsonl": lambda d: JsonlWriter(d / "log.jsonl"), "csv": _csv, "tensorboard": _tensorboard}
+
+
+def check_writers(name: str, writers: Any) -> None:
+    """``writers``: a list of writer names (:data:`WRITERS`) and objects with ``write(record)``
+    and ``close()``; ``name`` is the argument the messages name (e.g. ``log_writers``)."""
+    expected = f"one of {sorted(WRITERS)} or an object with write(record) and close()"
+    if not isinstance(writers, (list, tuple)):
+        example = f"[{writers!r}]" if isinstance(writers, str) else "['jsonl', 'csv']"
+        raise TypeError(f"{name}={writers!r}; expected a list of writers such as {example} ([] for none), each "
+                        f"{expected}")
+    for i, w in enumerate(writers):
+        if isinstance(w, str):
+            if w not in WRITERS:
+                raise ValueError(f"{name}[{i}]={w!r} is not a known log writer; expected {expected}")
+        elif not (callable(getattr(w, "write", None)) and callable(getattr(w, "close", None))):
+            raise TypeError(f"{name}[{i}]={w!r} is neither a writer name nor a writer object; expected {expected}")
 
 
 def _fmt(v: Any) -> str:

@@ -34,6 +34,8 @@ class ReduceOnPlateauParamScheduler(ParamScheduler):
                  verbose: bool = False) -> None:
         if not by_epoch:
             raise ValueError(f"{type(self).__name__} only supports by_epoch=True, got by_epoch={by_epoch!r}")
+        if not isinstance(monitor, str) or not monitor:
+            raise ValueError(f"`monitor` must be the name of a validation result such as 'val/loss', got {monitor!r}")
         if factor >= 1.0:
             raise ValueError(f"`factor` must be < 1.0, got {factor!r}")
         if threshold < 0:
@@ -93,7 +95,8 @@ class ReduceOnPlateauParamScheduler(ParamScheduler):
         if self.begin <= self._global_step < self.end:
             self.last_step += 1
             if self.monitor not in metrics:
-                raise KeyError(f"monitored metric {self.monitor!r} not in metrics {sorted(metrics)}")
+                raise KeyError(f"{type(self).__name__} monitor={self.monitor!r} is not among the validation results "
+                               f"{sorted(metrics)}")
             value = float(metrics[self.monitor])  # 0-dim tensors become floats
             if self._is_better(value):
                 self.best = value

@@ -97,6 +97,32 @@ def _check_args(where: str, cls: type, args: Mapping[str, Any], accepted: list[s
                         f"for {cls.__name__}.")
 
 
+# Annotations (as written in the constructors) whose values are checked by type here, so
+# that e.g. step_size="2" (a string from a config) is named instead of failing inside.
+_SCALAR_TYPES = {"int": "a number", "float": "a number", "bool": "True or False", "str": "a string"}
+
+
+def _check_types(where: str, cls: type, args: Mapping[str, Any]) -> None:
+    """Reject arguments of the wrong type for scalar parameters (int, float, bool, str)."""
+    for p in explicit_init_params(cls):
+        if p.name not in args or not isinstance(p.annotation, str):
+            continue
+        kinds = [k.strip() for k in p.annotation.split("|")]
+        optional = "None" in kinds
+        kinds = [k for k in kinds if k != "None"]
+        if len(kinds) != 1 or kinds[0] not in _SCALAR_TYPES:
+            continue  # sequences, unions of several types: the constructor checks them
+        value, kind = args[p.name], kinds[0]
+        if value is None and optional:
+            continue
+        ok = {"int": _is_number, "float": _is_number, "bool": lambda v: isinstance(v, bool),
+              "str": lambda v: isinstance(v, str)}[kind](value)
+        if not ok:
+            expected = _SCALAR_TYPES[kind] + (" or None" if optional else "")
+            raise TypeError(f"{where}: `{p.name}`={value!r} has the wrong type ({type(value).__name__}); "
+                            f"expected {expected}")
+
+
 def _required_args(cls: type) -> list[str]:
     return [p.name for p in explicit_init_params(cls) if p.default is p.empty]
 
@@ -190,6 +216,7 @@ def _build_one(index: int, cfg: dict[str, Any], optimizer: Any, epoch_length: in
     if not isinstance(by_epoch, bool):
         raise TypeError(f"{where}: `by_epoch` must be a bool, got {by_epoch!r}")
     _check_args(where, cls, cfg, init_arg_names(cls), _required_args(cls))
+    _check_types(where, cls, cfg)
 
     # MMEngine's rule: a missing `end` is the loop length in the scheduler's own unit
     # (decided before any epoch->iteration conversion).

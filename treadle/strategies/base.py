@@ -16,6 +16,7 @@ The Trainer talks to a strategy at these points, in this order::
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Callable
 
@@ -186,13 +187,37 @@ class ProcessGroupStrategy(Strategy):
         self.local_rank = env.local_rank
 
 
+def check_device(device: Any) -> torch.device:
+    """``device`` as a ``torch.device`` that exists on this machine (a clear error, not
+    torch's assertion at the first ``.to()``)."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device={device!r}; expected a device name such as 'cpu', 'cuda' or 'cuda:1', or None "
+                        "(picked automatically)")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"device={device!r} is not a device name ({e}); expected e.g. 'cpu', 'cuda' or "
+                         "'cuda:1'") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device={device!r}, but CUDA is not available on this machine "
+                             "(torch.cuda.is_available() is False); expected 'cpu' or None (picked automatically)")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"device={device!r}, but this machine has {count} CUDA device(s); expected an index "
+                             f"in 0..{count - 1}")
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"device={device!r}, but MPS is not available on this machine; expected 'cpu' or None")
+    return dev
+
+
 class SingleDevice(Strategy):
     """One process, one device (picked automatically when not given)."""
 
     name = "single"
 
     def __init__(self, device: str | torch.device | None = None) -> None:
-        self.device = torch.device(device) if device is not None else pick_device()
+        self.device = check_device(device) if device is not None else pick_device()
         self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
 
     def setup_model(self, model: nn.Module) -> nn.Module:
@@ -213,7 +238,11 @@ def build_strategy(strategy: str | dict[str, Any] | Strategy) -> Strategy:
     options: dict[str, Any] = {}
     if isinstance(strategy, dict):
         options = dict(strategy)
-        strategy = options.pop("type", None)  # type: ignore[assignment]
+        if "type" not in options:
+            raise ValueError(f"strategy={strategy!r} has no 'type'; expected dict(type=<name>, **options) with a name "
+                             f"among {', '.join(map(repr, STRATEGY_NAMES))}, e.g. "
+                             "dict(type='ddp', find_unused_parameters=True)")
+        strategy = options.pop("type")
     if not isinstance(strategy, str) or strategy not in STRATEGY_NAMES:
         raise ValueError(f"strategy={strategy!r} is not supported; expected one of {', '.join(map(repr, STRATEGY_NAMES))}, "
                          "dict(type=<name>, **options) or a Strategy object")
@@ -230,4 +259,18 @@ def build_strategy(strategy: str | dict[str, Any] | Strategy) -> Strategy:
     try:
         return cls(**options)
     except TypeError as e:
-        raise ValueError(f"strategy {strategy!r}: bad options {sorted(options)} ({e})") from None
+        if not _accepts(cls, options):
+            raise ValueError(f"strategy {strategy!r}: bad options {sorted(options)} ({e})") from None
+        raise TypeError(f"strategy {strategy!r}: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"strategy {strategy!r}: {e}") from None
+
+
+def _accepts(cls: type, options: dict[str, Any]) -> bool:
+    """Whether ``cls(**options)`` matches the constructor's signature (a TypeError then
+    came from a check of a value, not from an unknown or missing option)."""
+    try:
+        inspect.signature(cls).bind(**options)
+    except TypeError:
+        return False
+    return True
