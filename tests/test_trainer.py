@@ -237,6 +237,32 @@ def test_subclass_can_override_train_step():
     (dict(max_epochs=1, metrics={"acc": object()}), r"metrics\['acc'\] \(object\) lacks"),
     (dict(max_epochs=1, hooks=[object()]), r"hooks\[0\] must be a treadle.Hook"),
     (dict(max_epochs=1, seed=-3), r"seed must be a non-negative int"),
+    (dict(max_epochs=1, train_dataloader=5), r"train_dataloader=5 \(int\) is not iterable; expected a DataLoader"),
+    (dict(max_epochs=1, val_dataloader=5), r"val_dataloader=5 \(int\) is not iterable"),
+    (dict(max_epochs=1, test_dataloader="data/test"), r"test_dataloader='data/test' \(str\) is not iterable"),
+    (dict(max_epochs=1, metrics={"acc": treadle.Accuracy}),
+     r"metrics\['acc'\]=Accuracy is a class, not a metric object; expected an instance such as Accuracy\(\)"),
+    (dict(max_epochs=1, hooks=None), r"hooks=None; expected a list of treadle.Hook objects"),
+    (dict(max_epochs=1, hooks=treadle.hooks.EMAHook()),
+     r"hooks=EMAHook\(...\) is a single hook; expected a list of hooks, e.g. hooks=\[EMAHook"),
+    (dict(max_epochs=1, hooks=dict(type="EarlyStoppingHook")), r"hooks=\{'type': 'EarlyStoppingHook'\} is a single hook config"),
+    (dict(max_epochs=1, resume=None), r"resume=None; expected False, True .* or a checkpoint path"),
+    (dict(max_epochs=1, resume=""), r"resume=''; expected False, True"),
+    (dict(max_epochs=1, resume=0), r"resume=0; expected False, True"),
+    (dict(max_epochs=1, log_writers=None), r"log_writers=None; expected a list of writers"),
+    (dict(max_epochs=1, log_writers="jsonl"), r"log_writers='jsonl'; expected a list of writers such as \['jsonl'\]"),
+    (dict(max_epochs=1, log_writers=("jsonl", object())),
+     r"log_writers\[1\]=<object object at .*> is neither a writer name nor a writer object; expected one of"),
+    (dict(max_epochs=1, log_writers=["jsonl", "jsonll"]), r"log_writers\[1\]='jsonll' is not a known log writer"),
+    (dict(max_epochs=1, deterministic="false"), r"deterministic must be True or False, got 'false'"),
+    (dict(max_epochs=1, compile="no"), r"compile must be True or False, got 'no'"),
+    (dict(max_epochs=1, seed_per_rank="no"), r"seed_per_rank must be True or False, got 'no'"),
+    (dict(max_epochs=1, nan_guard=0), r"nan_guard=0; expected 'raise', 'skip', False, True or dict"),
+    (dict(max_epochs=1, nan_guard=None), r"nan_guard=None; expected"),
+    (dict(max_epochs=1, nan_guard=dict(check_interval=0)), r"nan_guard=\{'check_interval': 0\}: check_interval must be"),
+    (dict(max_epochs=1, auto_scale_lr=dict(base_batch_size=4, enable="no")),
+     r"auto_scale_lr enable must be True or False, got 'no'"),
+    (dict(max_epochs=1, strategy=dict(devices=2)), r"strategy=\{'devices': 2\} has no 'type'"),
 ])
 def test_bad_arguments_fail_before_training_with_clear_message(kwargs, match, tmp_path):
     args = dict(train_dataloader=DataLoader(make_data(8), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
@@ -275,3 +301,60 @@ def test_optimizer_object_and_any_torch_optim_class():
     t2 = treadle.Trainer(TinyNet(), train_dataloader=[1], loss_fn=nn.CrossEntropyLoss(),
                          optimizer=dict(type="Adagrad", lr=0.5), max_iters=1)
     assert isinstance(t2.optimizer, torch.optim.Adagrad) and t2.optimizer.param_groups[0]["lr"] == 0.5
+
+
+class _FailsAtIter(treadle.Hook):
+    def after_train_iter(self, trainer, batch, outputs):
+        raise RuntimeError("the run failed")
+
+
+class _FailsAtRunEnd(treadle.Hook):
+    def after_run(self, trainer):
+        raise OSError("closing failed")
+
+
+class _RunEnd(treadle.Hook):
+    def __init__(self):
+        self.called = False
+
+    def after_run(self, trainer):
+        self.called = True
+
+
+def _trainer_with(*hooks):
+    return treadle.Trainer(TinyNet(), train_dataloader=DataLoader(make_data(8), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
+                           optimizer=dict(type="SGD", lr=0.1), max_epochs=1, hooks=list(hooks), progress=False)
+
+
+def test_an_after_run_failure_does_not_hide_the_error_of_the_run(caplog):
+    last = _RunEnd()
+    t = _trainer_with(_FailsAtIter(), _FailsAtRunEnd(), last)
+    with caplog.at_level("ERROR", logger="treadle"), pytest.raises(RuntimeError, match="the run failed") as info:
+        t.fit()
+    assert info.value.__notes__ == ["_FailsAtRunEnd.after_run also failed: OSError: closing failed"]
+    assert "_FailsAtRunEnd.after_run also failed: OSError: closing failed" in caplog.text
+    assert last.called  # the other after_run hooks still ran (they close files, wait for saves)
+
+
+def test_an_after_run_failure_is_raised_when_the_run_succeeded():
+    last = _RunEnd()
+    t = _trainer_with(_FailsAtRunEnd(), last)
+    with pytest.raises(OSError, match="closing failed"):
+        t.fit()
+    assert last.called
+
+
+def test_monitors_without_a_val_dataloader_are_warned_about_at_construction(caplog):
+    args = dict(train_dataloader=DataLoader(make_data(8), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
+                optimizer=dict(type="SGD", lr=0.1), max_epochs=1, progress=False)
+    with caplog.at_level("WARNING", logger="treadle"):
+        treadle.Trainer(TinyNet(), checkpoint=dict(best="val/acc"),
+                        schedulers=[dict(type="ReduceOnPlateauLR", monitor="val/loss")], **args)
+    assert ("ReduceOnPlateauLR monitor='val/loss', checkpoint best='val/acc' need validation results, but there is "
+            "no val_dataloader, so they will never act") in caplog.text  # in hook priority order
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="treadle"):
+        treadle.Trainer(TinyNet(), checkpoint=dict(best="val/acc"), val_dataloader=DataLoader(make_data(4), batch_size=4),
+                        **args)
+        treadle.Trainer(TinyNet(), **args)
+    assert "needs validation results" not in caplog.text

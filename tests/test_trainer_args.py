@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -97,3 +98,29 @@ def test_ema_start_and_start_iter_together_is_an_error():
     with pytest.raises(ValueError, match="ema: give start or start_iter"):
         treadle.Trainer(TinyNet(), train_dataloader=[], loss_fn=nn.CrossEntropyLoss(), max_iters=1,
                         optimizer=dict(type="SGD", lr=0.1), ema=dict(start=1, start_iter=1))
+
+
+def test_loaders_are_checked_for_iterability_only():
+    from treadle.trainer_args import check_loader
+
+    class Indexed:  # iterable through __getitem__, as Python's iter() allows
+        def __getitem__(self, i):
+            raise IndexError
+
+    for ok in ([(torch.zeros(1), torch.zeros(1))], (b for b in []), Indexed(), DataLoader(make_data(4)),
+               dict(dataset=dict(type="support.make_data"))):  # a dict is a config, checked when it is built
+        check_loader("train_dataloader", ok)
+    for bad, shown in ((5, "5 (int)"), ("data/", "'data/' (str)"), (object(), "<object object at")):
+        with pytest.raises(TypeError, match=re.escape(f"train_dataloader={shown}")):
+            check_loader("train_dataloader", bad)
+
+
+def test_resume_accepts_bools_and_paths_only(tmp_path):
+    from treadle.trainer_args import check_resume
+
+    assert check_resume(False) is False and check_resume(True) is True
+    assert check_resume(tmp_path) == tmp_path and check_resume("ckpt") == "ckpt"
+    for bad in (None, "", 0, 1, ["ckpt"]):
+        with pytest.raises(TypeError, match=r"resume=.*; expected False, True \(the newest checkpoint in work_dir\) or a "
+                                            r"checkpoint path"):
+            check_resume(bad)

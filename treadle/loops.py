@@ -27,14 +27,18 @@ gives MMEngine's rule for free: validate every ``val_interval`` epochs/iteration
 and after the last one. A given workflow follows mmcv: ``[("train", 2), ("val", 1)]``
 trains 2 epochs (iterations) then validates 1 pass (iteration), until training ends.
 A hook that calls ``trainer.state.request_stop()`` ends training at the next
-iteration boundary; the open epoch still gets its ``after_train_epoch``. A preemption
-(``state.preempted``) also stops at the boundary but leaves the epoch open, so the
-checkpoint taken there resumes inside it.
+iteration boundary; the open epoch still gets its ``after_train_epoch`` (but counts as
+unfinished: the final checkpoint resumes inside it). A preemption (``state.preempted``)
+also stops at the boundary but leaves the epoch open, so the checkpoint taken there
+resumes inside it.
 
 Resuming: the loop starts from the counters in ``trainer.state`` and the position
-``resume_pos`` (epoch, batches taken, whether that epoch was open). Phases of the
-workflow already done are skipped; an open epoch is reopened (``before_train_epoch``
-runs again) with its first ``batch_idx`` batches skipped in the sampler.
+``resume_pos``: epoch, batches taken, whether that epoch was open, and the workflow
+phase with the units done in it (``phase``). It first finishes the interrupted cycle
+from that phase, so a validation that was due right after the checkpoint still runs,
+and an epoch left open in the very last iteration is still closed and validated. An
+open epoch is reopened (``before_train_epoch`` runs again) with its first
+``batch_idx`` batches skipped in the sampler.
 """
 
 from __future__ import annotations
@@ -65,6 +69,16 @@ class EvalLoop:
         self.feed = DataFeed(loader, seed=trainer.seed)
         self.feed.start_epoch(0)
         self._passes = 0
+
+    def position(self) -> dict[str, int]:
+        """Passes done and where the feed is: iteration workflows validate ``k`` batches
+        at a time and go on where the last phase stopped; checkpoints record it."""
+        return {"passes": self._passes, "epoch": self.feed.epoch, "batch_idx": self.feed.batch_idx}
+
+    def restore(self, pos: dict[str, Any]) -> None:
+        """Inverse of :meth:`position` (on resume)."""
+        self._passes = int(pos["passes"])
+        self.feed.start_epoch(int(pos["epoch"]), skip=int(pos["batch_idx"]))
 
     def run(self, num_iters: int | None = None) -> dict[str, Any]:
         """A full pass (``num_iters=None``) or ``num_iters`` batches from an endless
@@ -186,6 +200,11 @@ class TrainLoop:
         self.resume_pos = resume_pos
         self._epoch_open = False
         self._closing_complete = False  # True while after_train_epoch runs for a complete epoch
+        self._stopped_inside_epoch = False  # a stop closed the epoch early: a checkpoint resumes inside it
+        # Where the workflow is: the phase running (or next, once a val phase is done) and
+        # the units done before the train phase began; checkpoints record it (snapshot.py).
+        self.phase = 0
+        self.phase_base = 0
 
     def run(self) -> None:
         t, s = self.trainer, self.trainer.state
@@ -196,29 +215,63 @@ class TrainLoop:
         t._call("before_train")
         if self.resume_pos and not self.resume_pos["open"]:
             self._restore_rng(self.resume_pos)  # resuming between epochs: the next batch is near
-        # Units (epochs or iterations) already trained inside the current workflow cycle.
-        cycle = sum(k for m, k in self.workflow if m == "train")
-        skip = self._units_done() % cycle if cycle else 0  # type: ignore[operator]
-        while not self._done() and not s.should_stop:
-            for mode, k in self.workflow:
+        phase, done = self._start_point()
+        # A resumed run first finishes the interrupted cycle (e.g. the validation that was
+        # due right after the checkpoint), even when no training is left.
+        pending = bool(phase or done)
+        while pending or (not self._done() and not s.should_stop):
+            pending = False
+            for i in range(phase, len(self.workflow)):
                 if s.should_stop:
                     break
+                mode, k = self.workflow[i]
+                self.phase, self.phase_base = i, self._units_done() - done
                 if mode == "train":
-                    if skip >= k:  # this phase was finished before the interruption
-                        skip -= k  # type: ignore[operator]
-                        continue
-                    self.train_phase(k - skip)  # type: ignore[operator]
-                    skip = 0
-                elif not skip:
+                    self.train_phase(k - done)  # type: ignore[operator]
+                else:
                     self.val_phase(k)
                     s.mode = "train"
+                    self.phase, self.phase_base = i + 1, self._units_done()  # this validation is done
+                done = 0
+            phase = done = 0
         if s.preempted:  # leave the epoch open: the checkpoint resumes inside it
             return
+        if self.resume_pos is not None and self.resume_pos["open"]:
+            self._open_epoch()  # resumed inside the last epoch with nothing left to train: close it below
         if self._epoch_open:  # ended inside an epoch: keep epoch hooks paired
             feed = self.feed
             self._close_epoch(complete=feed.length is not None and feed.batch_idx >= feed.length)
+        self.phase, self.phase_base = len(self.workflow), self._units_done()  # nothing left but after_train
         t._call("after_train")
         s.mode = "idle"
+
+    def _start_point(self) -> tuple[int, int]:
+        """``(phase, units done in it)`` to start from: the checkpoint's, or for a fresh run
+        (and checkpoints older than the record) derived from the units done so far."""
+        pos = self.resume_pos
+        if pos is not None and pos.get("phase") is not None:
+            phase, done = (int(v) for v in pos["phase"])
+            if phase >= len(self.workflow):  # the cycle was complete
+                return 0, 0
+            return phase, done
+        cycle = sum(k for m, k in self.workflow if m == "train")
+        skip = self._units_done() % cycle if cycle else 0  # type: ignore[operator]
+        for i, (mode, k) in enumerate(self.workflow):
+            if mode == "train":
+                if skip >= k:  # this phase was finished before the interruption
+                    skip -= k  # type: ignore[operator]
+                    continue
+                return i, skip
+            if not skip:
+                return i, 0
+        return 0, 0
+
+    def phase_position(self, units: int) -> tuple[list[int], bool]:
+        """The workflow position a checkpoint taken now records (``units``: epochs or
+        iterations done at that point), and whether a validation is still due in this cycle."""
+        phase = self.phase
+        val_due = any(m == "val" for m, _ in self.workflow[phase:])
+        return [phase, units - self.phase_base], val_due
 
     def _done(self) -> bool:
         raise NotImplementedError
@@ -235,6 +288,7 @@ class TrainLoop:
     def _open_epoch(self) -> None:
         s = self.trainer.state
         pos, self.resume_pos = self.resume_pos, None
+        self._stopped_inside_epoch = False
         skip = pos["batch_idx"] if pos and pos["open"] and pos["epoch"] == s.epoch else 0
         s.inner_iter = skip
         self.feed.start_epoch(s.epoch, skip=skip)
@@ -255,6 +309,7 @@ class TrainLoop:
         """after_train_epoch; the epoch counts as done only if all its batches ran."""
         self._epoch_open = False
         self._closing_complete = complete
+        self._stopped_inside_epoch = not complete
         self.trainer._call("after_train_epoch")
         self._closing_complete = False
         if complete:
@@ -305,7 +360,8 @@ class EpochLoop(TrainLoop):
     def train_phase(self, k: int) -> None:
         s = self.trainer.state
         for _ in range(k):
-            if self._done() or s.should_stop:
+            resuming_inside = self.resume_pos is not None and self.resume_pos["open"]
+            if (self._done() and not resuming_inside) or s.should_stop:
                 return
             self._open_epoch()
             exhausted = self._run_batches(None)

@@ -5,8 +5,11 @@ A checkpoint directory (see ``treadle.checkpoint.io``) holds ``state.pt``::
     model      the module's state_dict (unwrapped)
     optim      {name: OptimWrapper.state_dict()}  optimizer, GradScaler, accumulation
     hooks      {key: hook.state_dict()}           schedulers, EMA, best-K, ...
-    trainer    counters: epoch, iter, inner_iter, metrics
-    data       the feed's position: epoch, batch_idx, open, seed, world_size
+    trainer    counters: epoch, iter, inner_iter, metrics; run (the run's id);
+               log_windows (the values the next log line averages)
+    data       the feed's position: epoch, batch_idx, open, seed, world_size; the
+               workflow's: phase (index, units done in it), val_due (a validation
+               of this cycle has not run yet)
 
 and ``rng_rank<r>.pt`` with every RNG of rank r. The position is that of an
 iteration boundary: called from ``after_train_iter`` it already counts the running
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import functools
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 import treadle
 from treadle.checkpoint.rng import get_rng_state
@@ -55,7 +60,7 @@ def position(trainer: "Trainer") -> tuple[dict[str, int], dict[str, Any]]:
         return counters, data
     feed = loop.feed
     data["seed"] = feed.seed
-    if loop._epoch_open:
+    if loop._epoch_open or loop._stopped_inside_epoch:  # a stop that closed the epoch early resumes inside it
         pending = feed.batch_idx - s.inner_iter  # 1 while the iteration's after_train_iter runs
         counters.update(iter=s.iter + pending, inner_iter=feed.batch_idx)
         data.update(epoch=s.epoch, batch_idx=feed.batch_idx, open=True)
@@ -63,6 +68,10 @@ def position(trainer: "Trainer") -> tuple[dict[str, int], dict[str, Any]]:
         done_epoch = s.epoch + (1 if loop._closing_complete else 0)  # inside after_train_epoch
         counters["epoch"] = done_epoch
         data["epoch"] = done_epoch
+    if trainer.val_loop is not None:  # validation passes and their feed go on from here too
+        data["val"] = trainer.val_loop.position()
+    # Where the workflow is, so that a validation due right after this point still runs.
+    data["phase"], data["val_due"] = loop.phase_position(counters["epoch"] if loop.by_epoch else counters["iter"])
     return counters, data
 
 
@@ -75,14 +84,16 @@ def collect(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
         "optim": {name: ow.state_dict(strategy.optim_state_dict(module, ow.optimizer))
                   for name, ow in trainer.optim_wrappers.items()},
         "hooks": {key: h.state_dict() for key, h in hook_keys(trainer).items()},
-        "trainer": {**counters, "metrics": dict(trainer.state.metrics)},
+        "trainer": {**counters, "metrics": dict(trainer.state.metrics), "run": trainer.run_id,
+                    "log_windows": trainer.store.state_dict()},
         "data": data,
         "treadle": treadle.__version__,
     }
     s = trainer.state
-    finished = (s.max_iters is not None and counters["iter"] >= s.max_iters) or (
-        s.by_epoch and s.max_epochs is not None and counters["epoch"] >= s.max_epochs)
-    meta = {"epoch": counters["epoch"], "iter": counters["iter"], "finished": bool(finished)}
+    finished = ((s.max_iters is not None and counters["iter"] >= s.max_iters) or (
+        s.by_epoch and s.max_epochs is not None and counters["epoch"] >= s.max_epochs)) and not (
+        data["open"] or data.get("val_due"))
+    meta = {"epoch": counters["epoch"], "iter": counters["iter"], "finished": bool(finished), "run": trainer.run_id}
     return {STATE_FILE: state, rng_file(trainer.strategy.rank): get_rng_state()}, meta
 
 
@@ -94,19 +105,82 @@ def sharded_template(trainer: "Trainer") -> dict[str, Any]:
             "optim": {name: strategy.optim_state_dict(module, ow.optimizer) for name, ow in trainer.optim_wrappers.items()}}
 
 
+_PARTS = {"model": dict, "optim": dict, "hooks": dict, "trainer": dict, "data": dict}
+
+
+def check_restorable(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's state, once it is known to fit this trainer; nothing is changed
+    before that. Raises CheckpointError naming what does not fit."""
+    from treadle.checkpoint.io import CheckpointError
+    from treadle.checkpoint.weights import LoadReport, WeightsMismatchError
+
+    state = payloads.get(STATE_FILE)
+    hint = ("a weights-only checkpoint (e.g. checkpoints/best/...) or a state dict restores weights with "
+            "load_from=, not resume=")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"not a training checkpoint: it has no {STATE_FILE} dict of the training state; {hint}")
+    for part, kind in _PARTS.items():
+        if not isinstance(state.get(part), kind):
+            raise CheckpointError(f"not a complete training checkpoint: {STATE_FILE} has no {part!r} "
+                                  f"{kind.__name__} (it has {sorted(state)}); {hint}")
+    for key in ("epoch", "iter", "inner_iter"):
+        value = state["trainer"].get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CheckpointError(f"{STATE_FILE}: trainer[{key!r}] is {value!r}; expected an int >= 0")
+    if set(trainer.optim_wrappers) != set(state["optim"]):
+        raise CheckpointError(f"the checkpoint's optimizers {sorted(state['optim'])} do not match this trainer's "
+                              f"{sorted(trainer.optim_wrappers)}")
+    model_sd = trainer.module.state_dict()
+    saved = state["model"]
+    if all(type(v) is torch.Tensor for v in (*model_sd.values(), *saved.values())):  # sharded states: DCP checks
+        report = LoadReport()
+        report.missing = [k for k in model_sd if k not in saved]
+        report.unexpected = [k for k in saved if k not in model_sd]
+        report.mismatched = [(k, tuple(v.shape), tuple(model_sd[k].shape)) for k, v in saved.items()
+                             if k in model_sd and v.shape != model_sd[k].shape]
+        if not report.ok:
+            err = WeightsMismatchError(report)
+            details = "\n".join(str(report).splitlines()[1:])  # without the "loaded 0 entries" line
+            err.args = (f"resume needs the model the checkpoint was saved from; nothing was loaded:\n{details}",)
+            raise err
+    for name, ow in trainer.optim_wrappers.items():
+        _check_optimizer(name, ow.optimizer, state["optim"][name])
+    return state
+
+
+def _check_optimizer(name: str, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """The saved optimizer state is of the same kind and shape as ``optimizer``'s (torch
+    would take another optimizer's hyperparameters and fail at the first step)."""
+    from treadle.checkpoint.io import CheckpointError
+
+    where = f"optimizer {name!r}"
+    kind = saved.get("type")  # recorded since this check exists; older checkpoints have none
+    if isinstance(kind, str) and kind != type(optimizer).__name__:
+        raise CheckpointError(f"{where}: the checkpoint was saved by {kind}, this trainer has "
+                              f"{type(optimizer).__name__}; resume needs the same optimizer (load_from= takes "
+                              "the weights alone)")
+    opt = saved.get("optimizer")
+    groups = opt.get("param_groups") if isinstance(opt, dict) else None
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+        return  # a strategy's own layout (FSDP): its loader checks it
+    if len(groups) != len(optimizer.param_groups):
+        raise CheckpointError(f"{where}: the checkpoint has {len(groups)} param group(s), this optimizer "
+                              f"{len(optimizer.param_groups)}")
+    for i, (g, mine) in enumerate(zip(groups, optimizer.param_groups)):
+        if len(g["params"]) != len(mine["params"]):
+            raise CheckpointError(f"{where}: param group {i} has {len(g['params'])} parameters in the checkpoint, "
+                                  f"{len(mine['params'])} here")
+
+
 def restore(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, Any]:
     """Load ``payloads`` into the trainer; returns the data position to resume from.
 
     The RNG state is not applied here but handed to the train loop, which sets it
     at the exact point where the interrupted run was (just before the next batch).
     """
-    state = payloads[STATE_FILE]
+    state = check_restorable(trainer, payloads)
     strategy, module = trainer.strategy, trainer.module
     strategy.load_model_state_dict(module, state["model"])
-    missing = set(trainer.optim_wrappers) ^ set(state["optim"])
-    if missing:
-        raise ValueError(f"the checkpoint's optimizers {sorted(state['optim'])} do not match this trainer's "
-                         f"{sorted(trainer.optim_wrappers)}")
     for name, ow in trainer.optim_wrappers.items():
         ow.load_state_dict(state["optim"][name],
                            functools.partial(strategy.load_optim_state_dict, module, ow.optimizer))
@@ -118,7 +192,13 @@ def restore(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, Any]:
     c = state["trainer"]
     s.epoch, s.iter, s.inner_iter = int(c["epoch"]), int(c["iter"]), int(c["inner_iter"])
     s.metrics = dict(c.get("metrics", {}))
+    if isinstance(c.get("log_windows"), dict):  # the values logged at the next interval
+        trainer.store.load_state_dict(c["log_windows"])
+    if isinstance(c.get("run"), str):  # the same run goes on (older checkpoints have no run: a new one starts)
+        trainer.run_id = c["run"]
     pos = dict(state["data"])
+    if trainer.val_loop is not None and isinstance(pos.get("val"), dict):
+        trainer.val_loop.restore(pos["val"])
     pos["rng"] = payloads.get(rng_file(strategy.rank))
     saved_world = int(pos.get("world_size", 1))
     if saved_world != strategy.world_size:

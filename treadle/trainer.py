@@ -22,27 +22,29 @@ from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.data.feed import DataFeed
 from treadle.dist import comm
 from treadle.env import collect_env, format_env
-from treadle.hooks.base import HOOK_POINTS, Hook, build_dispatch, describe_order, get_priority, sort_hooks
+from treadle.hooks.base import (HOOK_POINTS, Hook, build_dispatch, check_hook_points, describe_order, get_priority,
+                                sort_hooks)
 from treadle.hooks.ema import EMAHook
-from treadle.hooks.logger import LoggerHook
+from treadle.hooks.logger import LoggerHook, check_writers
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.timer import IterTimerHook
 from treadle.logging.store import MetricStore
 from treadle.logging.writers import get_logger
 from treadle.loops import EpochLoop, EvalLoop, IterLoop, TrainLoop, check_workflow, default_workflow
 from treadle import snapshot
-from treadle.checkpoint.directory import cleanup_stale_tmp, find_latest_checkpoint
 from treadle.checkpoint.weights import load_weights
 from treadle.hooks.checkpoint import CheckpointHook
+from treadle.resume import check_resume_dir, latest_to_resume, note_other_runs
 from treadle.preemption import PreemptionConfig, PreemptionHandlers, requeue_slurm_job
 from treadle.optim.wrapper import OptimWrapper, check_clip_grad, check_precision, make_autocast
 from treadle.seeding import seed_everything, set_deterministic
 from treadle.state import TrainState
 from treadle.step import make_eval_step, make_train_step
 from treadle.timing import PhaseTimer, PhaseTimerHook
-from treadle.trainer_args import (build_optim_wrappers, build_scheduler_map, check_bool, check_metrics, checkpoint_hook,
-                                  ema_hook, from_spec, nan_guard_hook, positive_int, progress_on, scale_lr,
-                                  warn_if_unpinned)
+from treadle.trainer_args import (build_optim_wrappers, build_scheduler_map, check_bool, check_hook_list,
+                                  check_loader, check_metrics, check_resume, checkpoint_hook, ema_hook, from_spec,
+                                  nan_guard_hook, positive_int, progress_on, scale_lr, warn_if_unpinned,
+                                  warn_without_validation)
 from treadle.strategies.base import Strategy, build_strategy
 
 
@@ -142,7 +144,10 @@ class Trainer:
         loss_fn = from_spec(loss_fn, "loss", "loss_fn")
         if isinstance(metrics, Mapping):
             metrics = {name: from_spec(m, "metric", f"metrics.{name}") for name, m in metrics.items()}
-        hooks = [from_spec(h, "hook", f"hooks[{i}]") for i, h in enumerate(hooks)]
+        hooks = [from_spec(h, "hook", f"hooks[{i}]") for i, h in enumerate(check_hook_list(hooks))]
+        for name, loader in (("train_dataloader", train_dataloader), ("val_dataloader", val_dataloader),
+                             ("test_dataloader", test_dataloader)):
+            check_loader(name, loader)
         if max_epochs is not None and max_iters is not None:
             raise ValueError(f"give either max_epochs or max_iters, not both (got max_epochs={max_epochs!r}, max_iters={max_iters!r})")
         positive_int("max_epochs", max_epochs, allow_none=True)
@@ -166,14 +171,24 @@ class Trainer:
             if not isinstance(h, Hook):
                 raise TypeError(f"hooks[{i}] must be a treadle.Hook instance or a config dict, got {type(h).__name__}")
             get_priority(h.priority)
+            check_hook_points(h, f"hooks[{i}]")
         self.workflow = check_workflow(workflow, val_dataloader is not None) if workflow is not None else None
+        resume = check_resume(resume)
         if resume is True and work_dir is None:
             raise ValueError("resume=True looks for the latest checkpoint in work_dir, but work_dir is None")
         if resume not in (True, False) and not Path(resume).exists():  # type: ignore[arg-type]
             raise FileNotFoundError(f"resume={str(resume)!r}: no such checkpoint")
+        if resume not in (True, False):
+            check_resume_dir(Path(resume))  # type: ignore[arg-type]
         if load_from is not None and not Path(load_from).exists():
             raise FileNotFoundError(f"load_from={str(load_from)!r}: no such file or checkpoint")
         self.preemption = PreemptionConfig.build(preemption)
+        for name, flag in (("seed_per_rank", seed_per_rank), ("deterministic", deterministic), ("compile", compile)):
+            check_bool(name, flag)
+        check_writers("log_writers", log_writers)
+        guard = nan_guard_hook(nan_guard, log_interval)
+        ema_h = ema_hook(ema) if ema is not None else None
+        checkpoint_h = checkpoint_hook(checkpoint) if checkpoint is not None and checkpoint is not False else None
         self.strategy = build_strategy(strategy)
 
         # -- process group (several processes), then components ---------------------
@@ -182,8 +197,11 @@ class Trainer:
         if not self.is_main:  # one copy of the console and text log: rank 0's
             get_logger().setLevel(logging.WARNING)
         # Ranks must agree on the data order and the run's start time: rank 0 decides.
-        self.run_timestamp, self._data_seed = comm.broadcast_object(
-            (time.strftime("%Y%m%d_%H%M%S"), seed if seed is not None else secrets.randbits(63)))
+        self.run_timestamp, self._data_seed, token = comm.broadcast_object(
+            (time.strftime("%Y%m%d_%H%M%S"), seed if seed is not None else secrets.randbits(63), secrets.token_hex(4)))
+        # Names this run's checkpoints (their meta "run"); a resume carries it on. A run
+        # prunes only its own checkpoints (treadle/hooks/checkpoint.py).
+        self.run_id = f"{self.run_timestamp}-{token}"
         self.seed = seed
         if seed is not None:
             seed_everything(seed, rank=self.strategy.rank, per_rank=seed_per_rank)
@@ -239,11 +257,11 @@ class Trainer:
             if self.strategy.name == "fsdp" and distributed:
                 raise ValueError("ema= is not supported with strategy='fsdp' yet (the average would be a sharded "
                                  "copy); use strategy='ddp', or train without EMA")
-            extra_hooks.append(ema_hook(ema))
+            extra_hooks.append(ema_h)  # type: ignore[arg-type]
         if checkpoint is None and work_dir is not None and train_dataloader is not None:
             extra_hooks.append(CheckpointHook(interval=None))  # the default: save when training ends
-        elif checkpoint is not None and checkpoint is not False:
-            extra_hooks.append(checkpoint_hook(checkpoint))
+        elif checkpoint_h is not None:
+            extra_hooks.append(checkpoint_h)
         self._move = self.strategy.batch_mover()
         if self.strategy.device.type == "cuda" and self.is_main:
             warn_if_unpinned(self.train_dataloader)
@@ -257,8 +275,8 @@ class Trainer:
         self._eval_step = make_eval_step(eval_model, loss_fn, autocast, self._move)
         self.hooks: list[Hook] = []
         self._dispatch: dict[str, tuple[Callable[..., Any], ...]] = {}
-        if nan_guard:
-            extra_hooks.append(nan_guard_hook(nan_guard, log_interval))
+        if guard is not None:
+            extra_hooks.append(guard)
         if progress_on(progress, self.is_main):
             from treadle.hooks.progress import ProgressBarHook  # imports rich: only when a bar is wanted
 
@@ -269,6 +287,8 @@ class Trainer:
             extra_hooks.append(PhaseTimerHook(self._phase_timer))
         defaults = [IterTimerHook(), LoggerHook(interval=log_interval, writers=tuple(log_writers)), *extra_hooks]
         self._set_hooks(defaults, hooks)
+        if train_dataloader is not None and val_dataloader is None and self.is_main:
+            warn_without_validation(self.hooks)
         self.train_loop: TrainLoop | None = None
         self.val_loop = EvalLoop(self, val_dataloader, "val") if val_dataloader is not None else None
         self.test_loop = EvalLoop(self, test_dataloader, "test") if test_dataloader is not None else None
@@ -301,7 +321,10 @@ class Trainer:
 
     def register_hook(self, hook: Hook) -> None:
         """Add one hook after construction."""
+        if not isinstance(hook, Hook):
+            raise TypeError(f"register_hook(hook={hook!r}); expected a treadle.Hook instance")
         get_priority(hook.priority)
+        check_hook_points(hook, "register_hook(hook)")
         self.hooks = sort_hooks([*self.hooks, hook])
         self._rebuild_dispatch()
 
@@ -380,8 +403,11 @@ class Trainer:
             (self.work_dir / "env.txt").write_text(env + "\n", encoding="utf-8")
             get_logger().info("environment:\n" + env)
         pos = self._resume_position() if self.resume else None
+        if pos is None and self.work_dir is not None and self.is_main:
+            note_other_runs(self.work_dir / "checkpoints")
         s = self.state
-        if pos is not None and (s.iter >= s.max_iters if s.max_iters else s.epoch >= s.max_epochs):  # type: ignore[operator]
+        trained = s.iter >= s.max_iters if s.max_iters else s.epoch >= s.max_epochs  # type: ignore[operator]
+        if pos is not None and trained and not (pos["open"] or pos.get("val_due")):  # else: finish the last cycle
             get_logger().info(f"the run in {self.work_dir} already finished (epoch {s.epoch}, iter {s.iter}); nothing to do")
             return dict(s.metrics)
         feed = DataFeed(self.train_dataloader, seed=pos["seed"] if pos else self._data_seed, rank=self.strategy.rank)
@@ -441,14 +467,8 @@ class Trainer:
 
     def _resume_position(self) -> dict[str, Any] | None:
         if self.resume is True:
-            ckpt_dir = self.work_dir / "checkpoints"  # type: ignore[operator]
-            path = None
-            if self.is_main and ckpt_dir.is_dir():
-                cleanup_stale_tmp(ckpt_dir)
-                path = find_latest_checkpoint(ckpt_dir)
-            path = comm.broadcast_object(path)  # every rank resumes from rank 0's choice
+            path = latest_to_resume(self.work_dir / "checkpoints", self.is_main)  # type: ignore[operator]
             if path is None:
-                get_logger().info(f"resume=True: no checkpoint in {ckpt_dir}; starting from scratch")
                 return None
         else:
             path = Path(self.resume)  # type: ignore[arg-type]
@@ -474,9 +494,31 @@ class Trainer:
         try:
             if self.is_main:
                 get_logger().info(describe_order(self.hooks))
-            return body()
-        finally:
-            self._call("after_run")
+            result = body()
+        except BaseException as error:
+            self._after_run(error)
+            raise  # the body's error, not a later one of an after_run hook (logged and noted on it)
+        self._after_run(None)
+        return result
+
+    def _after_run(self, error: BaseException | None) -> None:
+        """Call every ``after_run`` hook, even when one fails (they close files, wait for saves).
+
+        The body's ``error`` stays the one raised: a hook's failure is then logged and
+        added to it as a note. Without one, the first hook failure is raised."""
+        raised = error
+        for fn in self._dispatch["after_run"]:
+            try:
+                fn(self)
+            except Exception as e:
+                if raised is None:
+                    raised = e
+                    continue
+                what = f"{type(getattr(fn, '__self__', None)).__name__}.after_run also failed: {type(e).__name__}: {e}"
+                get_logger().error(f"{what} (raising the earlier {type(raised).__name__})", exc_info=e)
+                raised.add_note(what)
+        if raised is not None and raised is not error:
+            raise raised
 
 
 

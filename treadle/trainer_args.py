@@ -7,15 +7,19 @@ the public face is the Trainer's signature (treadle/trainer.py).
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 from torch import nn
 
+from treadle.hooks.base import Hook
 from treadle.hooks.checkpoint import CheckpointHook
+from treadle.hooks.early_stopping import EarlyStoppingHook
 from treadle.hooks.ema import EMAHook
 from treadle.hooks.nan_guard import NaNGuardHook
+from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.logging.writers import get_logger
 from treadle.optim.builder import build_optimizer
 from treadle.optim.scheduler_builder import build_schedulers
@@ -57,8 +61,13 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
-def nan_guard_hook(cfg: Any, log_interval: int) -> NaNGuardHook:
-    """The default checks at the log interval, when the logger syncs anyway: no sync per step."""
+def nan_guard_hook(cfg: Any, log_interval: int) -> NaNGuardHook | None:
+    """The default checks at the log interval, when the logger syncs anyway: no sync per step.
+
+    None for ``nan_guard=False``; values are told apart by type, so ``0`` or ``None`` is an
+    error, not a quiet "off"."""
+    if cfg is False:
+        return None
     if cfg is True or cfg == "raise":
         return NaNGuardHook(mode="raise", check_interval=log_interval)
     if cfg == "skip":
@@ -67,8 +76,45 @@ def nan_guard_hook(cfg: Any, log_interval: int) -> NaNGuardHook:
         unknown = set(cfg) - {"mode", "check_interval"}
         if unknown:
             raise ValueError(f"nan_guard has unknown keys {sorted(unknown)}; expected mode, check_interval")
-        return NaNGuardHook(**{"check_interval": log_interval, **cfg})
-    raise ValueError(f"nan_guard={cfg!r}; expected 'raise', 'skip', False or dict(mode=..., check_interval=...)")
+        try:
+            return NaNGuardHook(**{"check_interval": log_interval, **cfg})
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"nan_guard={cfg!r}: {e}") from None
+    raise ValueError(f"nan_guard={cfg!r}; expected 'raise', 'skip', False, True or dict(mode=..., check_interval=...)")
+
+
+def check_resume(resume: Any) -> bool | str | os.PathLike[str]:
+    """``resume``: False, True or a checkpoint path (told apart by type: 0, None or '' are errors)."""
+    if isinstance(resume, bool):
+        return resume
+    if not isinstance(resume, (str, os.PathLike)) or not os.fspath(resume):
+        raise TypeError(f"resume={resume!r}; expected False, True (the newest checkpoint in work_dir) or a "
+                        "checkpoint path")
+    return resume
+
+
+def check_hook_list(hooks: Any) -> list[Any]:
+    """``hooks``: a list (or tuple) of Hook objects or config dicts, not one hook on its own."""
+    if isinstance(hooks, Hook):
+        name = type(hooks).__name__
+        raise TypeError(f"hooks={name}(...) is a single hook; expected a list of hooks, e.g. hooks=[{name}(...)]")
+    if isinstance(hooks, Mapping):
+        raise TypeError(f"hooks={dict(hooks)!r} is a single hook config; expected a list, e.g. hooks=[{dict(hooks)!r}]")
+    if isinstance(hooks, (str, bytes)) or not isinstance(hooks, Iterable):
+        raise TypeError(f"hooks={hooks!r}; expected a list of treadle.Hook objects or hook config dicts "
+                        "(an empty list for none)")
+    return list(hooks)
+
+
+def check_loader(name: str, loader: Any) -> None:
+    """A DataLoader or any iterable of batches (a config dict is built later, and checked there)."""
+    if loader is None or isinstance(loader, Mapping):
+        return
+    iterable = isinstance(loader, Iterable) or callable(getattr(type(loader), "__getitem__", None))
+    if isinstance(loader, (str, bytes)) or not iterable:
+        raise TypeError(f"{name}={loader!r} ({type(loader).__name__}) is not iterable; expected a DataLoader, "
+                        "another iterable of batches, or a dataloader config dict such as "
+                        "dict(dataset=dict(type=...), batch_size=32)")
 
 
 def checkpoint_hook(cfg: Any) -> CheckpointHook:
@@ -137,6 +183,9 @@ def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(metrics, Mapping):
         raise TypeError(f"metrics must be a dict {{name: metric}}, got {type(metrics).__name__}")
     for name, m in metrics.items():
+        if isinstance(m, type):
+            raise TypeError(f"metrics[{name!r}]={m.__name__} is a class, not a metric object; expected an instance "
+                            f"such as {m.__name__}()")
         missing = [a for a in ("update", "compute", "reset") if not callable(getattr(m, a, None))]
         if missing:
             raise TypeError(f"metrics[{name!r}] ({type(m).__name__}) lacks {missing}; a metric needs update(outputs, targets), compute() and reset()")
@@ -183,7 +232,7 @@ def scale_lr(cfg: Any, optim_wrappers: Mapping[str, OptimWrapper], loader: Any, 
     """MMEngine's auto_scale_lr: lr *= world_size * batch_size / base_batch_size."""
     if not isinstance(cfg, dict) or "base_batch_size" not in cfg or set(cfg) - {"base_batch_size", "enable"}:
         raise ValueError(f"auto_scale_lr={cfg!r} must be dict(base_batch_size=N[, enable=True])")
-    if not cfg.get("enable", True):
+    if not check_bool("auto_scale_lr enable", cfg.get("enable", True)):
         return
     base = cfg["base_batch_size"]
     batch = getattr(loader, "batch_size", None)
@@ -194,3 +243,21 @@ def scale_lr(cfg: Any, optim_wrappers: Mapping[str, OptimWrapper], loader: Any, 
         for group in ow.param_groups:
             group["lr"] = group["lr"] * ratio
     get_logger().info(f"auto_scale_lr: lr scaled by {ratio:g} = {world_size} process(es) x batch {batch} / base {base}")
+
+
+def warn_without_validation(hooks: list[Hook]) -> None:
+    """Say so when something waits for validation results that no validation will produce."""
+    waiting = []
+    for h in hooks:
+        if isinstance(h, CheckpointHook) and h.best is not None:
+            waiting.append(f"checkpoint best={h.best!r}")
+        elif isinstance(h, EarlyStoppingHook):
+            waiting.append(f"EarlyStoppingHook monitor={h.monitor!r}")
+        elif isinstance(h, ParamSchedulerHook):
+            waiting += [f"{type(sch).__name__} monitor={getattr(sch, 'monitor', None)!r}"
+                        for scheds in h.schedulers.values() for sch in scheds
+                        if getattr(sch, "need_val_args", False)]
+    if waiting:
+        needs, it, them = ("needs", "it", "it") if len(waiting) == 1 else ("need", "they", "them")
+        get_logger().warning(f"{', '.join(waiting)} {needs} validation results, but there is no val_dataloader, "
+                             f"so {it} will never act; give a val_dataloader (or leave {them} out)")

@@ -9,7 +9,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import treadle
-from treadle.hooks.base import HOOK_POINTS, Hook, Priority, build_dispatch, describe_order, get_priority, implements
+from treadle.hooks.base import (HOOK_POINTS, Hook, Priority, build_dispatch, check_hook_points, describe_order, get_priority,
+                                implements)
 
 from support import TinyNet, make_data
 
@@ -118,5 +119,72 @@ def test_disabled_points_are_not_dispatched():
     by_iter = CheckpointHook(by_epoch=False, interval=5, best="val/acc")
     table = build_dispatch([by_epoch, by_iter])
     assert table["after_train_iter"] == (by_iter.after_train_iter,)
-    assert table["after_val_epoch"] == (by_iter.after_val_epoch,)
+    assert table["before_save_checkpoint"] == ()  # only asynchronous saves wait there
     assert not implements(by_epoch, "after_train_iter") and implements(by_epoch, "after_train_epoch")
+
+
+def _trainer(**kw):
+    return treadle.Trainer(TinyNet(), train_dataloader=DataLoader(make_data(4), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
+                           optimizer=dict(type="SGD", lr=0.1), max_iters=1, progress=False, **kw)
+
+
+@pytest.mark.parametrize("name,closest", [("after_train_iteration", "after_train_iter"),
+                                          ("after_val_epochs", "after_val_epoch"),
+                                          ("before_epoch", "before_val_epoch"),
+                                          ("before_training", "before_train")])
+def test_a_method_named_like_a_hook_point_that_is_not_one_is_refused(name, closest, tmp_path):
+    Typo = type("Typo", (Hook,), {name: lambda self, trainer, *args: None})
+    with pytest.raises(ValueError, match=rf"hooks\[0\] \(Typo\): method '{name}' looks like a hook point but is not "
+                                         rf"one, so it would never be called; did you mean '{closest}'\?"):
+        _trainer(hooks=[Typo()], work_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    t = _trainer()
+    with pytest.raises(ValueError, match=rf"register_hook\(hook\) \(Typo\): method '{name}'"):
+        t.register_hook(Typo())
+    assert not any(isinstance(h, Typo) for h in t.hooks)
+
+
+def test_a_typo_in_a_base_class_is_found_too():
+    class Base(Hook):
+        def after_train_iteration(self, trainer, batch, outputs):
+            pass
+
+    class Child(Base):
+        def after_train_iter(self, trainer, batch, outputs):
+            pass
+
+    with pytest.raises(ValueError, match=r"method 'after_train_iteration'"):
+        check_hook_points(Child())
+
+
+def test_helper_methods_and_attributes_are_not_taken_for_hook_points():
+    class Fine(Hook):
+        after_run_timeout = 5.0  # not a method
+
+        def _after_train_iter_impl(self):  # private
+            pass
+
+        def afterwards(self):  # no before_/after_ prefix
+            pass
+
+        def summarize(self, trainer):
+            pass
+
+        def after_train_iter(self, trainer, *args):  # takes any arguments
+            pass
+
+        def after_val(self, trainer, metrics=None, extra=0):
+            pass
+
+    check_hook_points(Fine())
+    _trainer(hooks=[Fine()]).fit()
+
+
+def test_a_hook_point_that_cannot_take_its_arguments_is_refused():
+    class WrongArity(Hook):
+        def after_train_iter(self, trainer):
+            pass
+
+    with pytest.raises(TypeError, match=r"hooks\[0\] \(WrongArity\): after_train_iter\(trainer\) cannot take the hook "
+                                        r"point's arguments; expected after_train_iter\(self, trainer, batch, outputs\)"):
+        _trainer(hooks=[WrongArity()])

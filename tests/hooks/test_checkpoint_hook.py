@@ -155,3 +155,55 @@ def test_a_saved_checkpoint_holds_only_safe_data(tmp_path):
     # weights_only=True loads every file: the state is tensors and plain containers only
     for f in ("state.pt", "rng_rank0.pt"):
         torch.load(ckpt / f, weights_only=True)
+
+
+def test_a_new_run_prunes_only_its_own_checkpoints_and_resume_finds_it(tmp_path, caplog):
+    make(tmp_path, checkpoint=dict(interval=1, keep=1)).fit()  # an earlier, longer run
+    first = read_manifest(tmp_path / "checkpoints" / "epoch_0004")
+    with caplog.at_level("WARNING", logger="treadle"):
+        second = make(tmp_path, max_epochs=2, checkpoint=dict(interval=1, keep=1))
+        second.fit()
+    assert "already holds 1 checkpoint(s) of another run (the last saved: epoch_0004)" in caplog.text
+    # Its own epoch_0001 was pruned, its epoch_0002 kept; the first run's epoch_0004 untouched.
+    assert names(tmp_path) == ["epoch_0002", "epoch_0004"]
+    assert read_manifest(tmp_path / "checkpoints" / "epoch_0004") == first
+    assert read_manifest(tmp_path / "checkpoints" / "epoch_0002")["meta"]["run"] == second.run_id != first["meta"]["run"]
+    # resume=True continues the run that saved last (the second), not the finished first one.
+    caplog.clear()
+    with caplog.at_level("INFO", logger="treadle"):
+        resumed = make(tmp_path, max_epochs=3, checkpoint=dict(interval=1, keep=1), resume=True)
+        resumed.fit()
+    assert "epoch_0002 at epoch 2" in caplog.text and resumed.state.epoch == 3
+    assert resumed.run_id == second.run_id
+    assert names(tmp_path) == ["epoch_0003", "epoch_0004"]  # the second run's epoch_0002 pruned, the first's kept
+    assert read_manifest(tmp_path / "checkpoints" / "epoch_0004") == first
+
+
+def test_resume_true_refuses_to_start_over_when_every_checkpoint_is_corrupt(tmp_path):
+    make(tmp_path, max_epochs=1).fit()
+    payload = tmp_path / "checkpoints" / "epoch_0001" / "state.pt"
+    payload.write_bytes(payload.read_bytes()[:-10])
+    with pytest.warns(treadle.checkpoint.io.CheckpointWarning, match="skipping checkpoint"):
+        with pytest.raises(treadle.checkpoint.io.CheckpointError, match=r"none of the 1 checkpoint\(s\) in .* passed"):
+            make(tmp_path, max_epochs=2, resume=True).fit()
+
+
+@pytest.mark.parametrize("cfg,match", [
+    (dict(best=123), r"checkpoint best=123; expected the name of a validation result such as 'val/acc', or None"),
+    (dict(best=""), r"checkpoint best=''; expected the name of a validation result"),
+    (dict(by_epoch="no"), r"checkpoint by_epoch='no'; expected True or False"),
+    (dict(save_last="no"), r"checkpoint save_last='no'; expected True or False"),
+    (dict(save_last=0), r"checkpoint save_last=0; expected True or False"),
+])
+def test_checkpoint_argument_types_fail_at_construction(cfg, match, tmp_path):
+    with pytest.raises(TypeError, match=match):
+        make(tmp_path / "run", checkpoint=cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_best_not_among_the_validation_results_names_those_there_are(tmp_path):
+    t = make(tmp_path, checkpoint=dict(interval=1, best="val/accc"), metrics={"acc": treadle.Accuracy()},
+             val_dataloader=DataLoader(make_data(4), batch_size=4))
+    with pytest.raises(KeyError, match=r"checkpoint best='val/accc' is not among the validation results "
+                                       r"\['val/acc', 'val/loss'\]"):
+        t.fit()

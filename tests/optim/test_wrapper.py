@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 import treadle
 from support import TinyNet, make_data
 from treadle.logging.writers import read_jsonl
-from treadle.optim.wrapper import OptimWrapper
+from treadle.optim.wrapper import OptimWrapper, check_clip_grad
 from treadle.seeding import seed_everything
 
 
@@ -407,6 +407,11 @@ def test_fp16_clips_after_unscaling(tmp_path):
     (dict(max_norm="1"), "positive"),
     (dict(max_norm=1.0, foo=2), "unknown keys"),
     (dict(value=1.0, norm_type=2), "unknown keys"),
+    (dict(max_norm=1.0, norm_type="fro2"), r"clip_grad norm_type='fro2' is not supported; expected a positive number"),
+    (dict(max_norm=1.0, norm_type="2"), r"norm_type='2' is not supported"),
+    (dict(max_norm=1.0, norm_type=0), r"norm_type=0 is not supported"),
+    (dict(max_norm=1.0, norm_type=True), r"norm_type=True is not supported"),
+    (dict(max_norm=1.0, norm_type=float("nan")), r"norm_type=nan is not supported"),
 ])
 def test_bad_clip_grad_is_a_clear_error(clip_grad, match):
     """A malformed clip_grad fails at construction, in the Trainer and the wrapper."""
@@ -416,6 +421,20 @@ def test_bad_clip_grad_is_a_clear_error(clip_grad, match):
                         optimizer=dict(type="SGD", lr=0.1), max_epochs=1, clip_grad=clip_grad)
     with pytest.raises(ValueError, match=match):
         OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), clip_grad=clip_grad)
+
+
+@pytest.mark.parametrize("norm_type", [1, 2.0, 3, "inf", float("inf")])
+def test_clip_grad_norm_types_torch_accepts_are_accepted(norm_type):
+    assert check_clip_grad(dict(max_norm=1.0, norm_type=norm_type))["norm_type"] == norm_type
+
+
+@pytest.mark.parametrize("clip_grad, match", [
+    (dict(max_norm=1.0, error_if_nonfinite="yes"), r"clip_grad error_if_nonfinite='yes'; expected True or False"),
+    (dict(value=1.0, foreach=1), r"clip_grad foreach=1; expected True, False or None"),
+])
+def test_clip_grad_flags_are_checked_by_type(clip_grad, match):
+    with pytest.raises(TypeError, match=match):
+        check_clip_grad(clip_grad)
 
 
 def test_bad_wrapper_arguments_are_clear_errors():

@@ -14,11 +14,13 @@ import os
 import shutil
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .durable import _SCRATCH_RE, _fsync_dir, _host_tag, _is_flat_dir, _scratch_name
-from .io import LEGACY_SUFFIXES, MANIFEST_NAME, CheckpointError, CheckpointWarning, read_manifest, verify_checkpoint
+from .durable import _SCRATCH_RE, _fsync_dir, _host_tag, _scratch_name
+from .io import (LEGACY_SUFFIXES, MANIFEST_NAME, CheckpointError, CheckpointWarning, _not_a_checkpoint_reason,
+                 read_manifest, verify_checkpoint)
 
 __all__ = [
     "list_checkpoints", "find_latest_checkpoint", "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",
@@ -38,38 +40,58 @@ def _warn(message: str) -> None:
 # ----------------------------------------------------------------------------- discovery
 
 
-def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
+def list_checkpoints(directory: str | os.PathLike[str], order: str = "iter") -> list[Path]:
     """Checkpoint dirs (with a manifest) in ``directory``, oldest to newest.
 
-    Ordered by the manifest's ``meta["iter"]`` when every checkpoint has one,
-    otherwise by creation time. Hidden scratch dirs and symlinks are ignored.
+    ``order="iter"``: by the manifest's ``meta["iter"]`` when every checkpoint has one,
+    otherwise by creation time. ``order="created"``: by creation time (the manifest's
+    ``created``), i.e. the order they were saved in, whatever their iterations; the
+    Trainer uses it, so that a run started again from an earlier point, or a new run
+    in the same directory, counts its own saves as the newest. Hidden scratch dirs and
+    symlinks are ignored.
     """
-    directory = Path(directory)
+    if order not in ("iter", "created"):
+        raise ValueError(f"order={order!r}; expected 'iter' or 'created'")
+    return [f.path for f in _scan(Path(directory), order)]
+
+
+@dataclass(frozen=True)
+class _Found:
+    iter: int | None
+    created: float
+    run: str | None
+    path: Path
+
+
+def _scan(directory: Path, order: str) -> list[_Found]:
     if not directory.is_dir():
         return []
-    found: list[tuple[Any, float, str, Path]] = []
+    found: list[_Found] = []
     for p in directory.iterdir():
-        if p.name.startswith(".") or p.is_symlink() or not (p / MANIFEST_NAME).is_file():
+        if p.name.startswith(".") or _not_a_checkpoint_reason(p) is not None:  # e.g. another tool's manifest.json
             continue
         it: Any = None
+        run: Any = None
         try:
             m = read_manifest(p)
             created = float(m.get("created", 0.0))
-            it = m.get("meta", {}).get("iter")
+            meta = m.get("meta", {})
+            it, run = meta.get("iter"), meta.get("run")
         except CheckpointError:  # still listed: find_latest_checkpoint reports it
             created = (p / MANIFEST_NAME).stat().st_mtime
         if isinstance(it, bool) or not isinstance(it, int):
             it = None
-        found.append((it, created, p.name, p))
-    if all(f[0] is not None for f in found):
-        found.sort(key=lambda f: (f[0], f[1], f[2]))
+        found.append(_Found(it, created, run if isinstance(run, str) else None, p))
+    if order == "iter" and all(f.iter is not None for f in found):
+        found.sort(key=lambda f: (f.iter, f.created, f.path.name))
     else:
-        found.sort(key=lambda f: (f[1], f[2]))
-    return [f[3] for f in found]
+        found.sort(key=lambda f: (f.created, f.path.name))
+    return found
 
 
-def find_latest_checkpoint(directory: str | os.PathLike[str], verify: bool = True) -> Path | None:
-    """Newest valid checkpoint in ``directory``, or None.
+def find_latest_checkpoint(directory: str | os.PathLike[str], verify: bool = True,
+                           order: str = "iter") -> Path | None:
+    """Newest valid checkpoint in ``directory`` (``order`` as in :func:`list_checkpoints`), or None.
 
     Corrupt or partial checkpoints are skipped with a :class:`CheckpointWarning`
     (also logged on the ``treadle`` logger) naming the offending file. With
@@ -82,7 +104,7 @@ def find_latest_checkpoint(directory: str | os.PathLike[str], verify: bool = Tru
         if (not p.name.startswith(".") and p.is_dir() and not (p / MANIFEST_NAME).exists()
                 and any(p.glob("*.pt"))):
             _warn(f"ignoring incomplete checkpoint {p}: {p / MANIFEST_NAME} is missing")
-    for ckpt in reversed(list_checkpoints(directory)):
+    for ckpt in reversed(list_checkpoints(directory, order)):
         try:
             verify_checkpoint(ckpt) if verify else read_manifest(ckpt)
         except CheckpointError as e:
@@ -107,25 +129,39 @@ def remove_checkpoint(path: str | os.PathLike[str]) -> None:
         return
     if not path.is_dir():
         raise CheckpointError(f"cannot remove {path}: not a checkpoint")
-    if not _is_flat_dir(path):
-        raise CheckpointError(f"refusing to remove {path}: it contains sub-directories, not a checkpoint")
+    reason = _not_a_checkpoint_reason(path)
+    if reason is not None and not _partial_checkpoint(path):
+        raise CheckpointError(f"refusing to remove {path}: {reason}, so it is not a treadle checkpoint")
     doomed = path.parent / _scratch_name(path.name, "del")
     os.rename(path, doomed)
     _fsync_dir(path.parent)
     shutil.rmtree(doomed)
 
 
+def _partial_checkpoint(path: Path) -> bool:
+    """Payloads of a save that never wrote its manifest (``find_latest_checkpoint`` warns
+    about these): files of the kinds a save writes, and nothing else."""
+    files = list(path.iterdir()) if path.is_dir() and not path.is_symlink() else []
+    return bool(files) and not (path / MANIFEST_NAME).exists() and all(
+        f.is_file() and (f.suffix in (".pt", ".distcp") or f.name == ".metadata") for f in files)
+
+
 def prune_checkpoints(
-    directory: str | os.PathLike[str], keep_last: int, protect: Iterable[str | os.PathLike[str]] = ()
+    directory: str | os.PathLike[str], keep_last: int, protect: Iterable[str | os.PathLike[str]] = (),
+    run: str | None = None, order: str = "iter",
 ) -> list[Path]:
     """Remove all but the newest ``keep_last`` checkpoints, never touching ``protect``.
 
     Protected checkpoints (e.g. the best-K) do not count towards ``keep_last``.
-    Returns the removed paths, oldest first.
+    ``run``: only checkpoints whose manifest says ``meta["run"] == run`` count and may
+    be removed; any other (an earlier run's, one without a run) is left alone. ``order``
+    as in :func:`list_checkpoints`. Returns the removed paths, oldest first.
     """
     if keep_last < 0:
         raise ValueError(f"keep_last must be >= 0, got {keep_last}")
-    ckpts = list_checkpoints(directory)
+    if order not in ("iter", "created"):
+        raise ValueError(f"order={order!r}; expected 'iter' or 'created'")
+    ckpts = [f.path for f in _scan(Path(directory), order) if run is None or f.run == run]
     keep = set(ckpts[max(len(ckpts) - keep_last, 0):]) if keep_last else set()
     protected = {Path(p).resolve() for p in protect}
     removed = []

@@ -26,7 +26,8 @@ class CheckpointHook(Hook):
         by_epoch: epochs or iterations. Epoch checkpoints are taken in
             ``after_train_epoch`` (after the epoch's scheduler steps), iteration ones
             in ``after_train_iter``; both resume exactly (see treadle/snapshot.py).
-        keep: keep the last ``keep`` periodic checkpoints (None or 0: keep all).
+        keep: keep the last ``keep`` periodic checkpoints of this run (None or 0: keep
+            all); an earlier run's checkpoints in the same directory are never removed.
         best: a validation metric such as "val/acc": also keep the ``keep_best`` best
             weights (model and EMA, not the full state) under ``checkpoints/best/``.
         rule: "max" or "min" for ``best``; default: "min" when the name contains
@@ -54,6 +55,12 @@ class CheckpointHook(Hook):
             raise ValueError(f"checkpoint rule must be 'max' or 'min', got {rule!r}")
         if isinstance(keep_best, bool) or not isinstance(keep_best, int) or keep_best < 1:
             raise ValueError(f"checkpoint keep_best must be an int >= 1, got {keep_best!r}")
+        if best is not None and (not isinstance(best, str) or not best):
+            raise TypeError(f"checkpoint best={best!r}; expected the name of a validation result such as 'val/acc', "
+                            "or None")
+        for name, flag in (("by_epoch", by_epoch), ("save_last", save_last)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"checkpoint {name}={flag!r}; expected True or False")
         self.interval = interval
         self.by_epoch = by_epoch
         self.keep = keep
@@ -63,8 +70,6 @@ class CheckpointHook(Hook):
         self.save_last = save_last
         if (by_epoch or not interval) and not async_save:  # nothing to do per iteration: not even a call
             self.disabled_points = frozenset({"after_train_iter"})
-        if best is None:
-            self.disabled_points = self.disabled_points | {"after_val_epoch"}
         if not isinstance(async_save, bool):
             raise TypeError(f"checkpoint async_save must be True or False, got {async_save!r}")
         self.async_save = async_save
@@ -74,6 +79,7 @@ class CheckpointHook(Hook):
             self.disabled_points = self.disabled_points | {"before_save_checkpoint", "after_run"}
         self.best_records: list[tuple[float, str]] = []  # (value, path), best first
         self.last_saved: str | None = None
+        self._moved_since_save = False  # an epoch closed or a validation ran after the last save
 
     # -- when ------------------------------------------------------------------------
     def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
@@ -84,16 +90,21 @@ class CheckpointHook(Hook):
             self._save_periodic(trainer, f"iter_{trainer.state.iter + 1:08d}")
 
     def after_train_epoch(self, trainer: "Trainer") -> None:
-        if self.by_epoch and self.interval and (trainer.state.epoch + 1) % self.interval == 0:
+        self._moved_since_save = True  # the state a final save records is no longer the last save's
+        complete = trainer.train_loop is None or trainer.train_loop._closing_complete
+        if complete and self.by_epoch and self.interval and (trainer.state.epoch + 1) % self.interval == 0:
             self._save_periodic(trainer, f"epoch_{trainer.state.epoch + 1:04d}")
 
     def after_train(self, trainer: "Trainer") -> None:
         if self.save_last and not trainer.state.preempted:
             s = trainer.state
-            name = f"epoch_{s.epoch:04d}" if self.by_epoch and s.by_epoch else f"iter_{s.iter:08d}"
+            inside = trainer.train_loop is not None and trainer.train_loop._stopped_inside_epoch  # a stop mid-epoch
+            name = f"epoch_{s.epoch:04d}" if self.by_epoch and s.by_epoch and not inside else f"iter_{s.iter:08d}"
             self._save_periodic(trainer, name)
 
     def after_val_epoch(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+        if trainer.state.mode == "val":
+            self._moved_since_save = True  # hook states (best, plateau, early stopping) changed
         if self.best is None or trainer.state.mode != "val" or trainer.work_dir is None:
             return
         if self.best not in metrics:
@@ -150,19 +161,22 @@ class CheckpointHook(Hook):
     def _save_periodic(self, trainer: "Trainer", name: str) -> None:
         if trainer.work_dir is None:
             return
-        if self.last_saved == name:  # e.g. the final save right after a periodic one
+        # The final save right after a periodic one of the same name is skipped, unless an
+        # epoch closed or a validation ran in between: then it records that (finished) state.
+        if self.last_saved == name and not self._moved_since_save:
             return
         self.last_saved = name  # before saving: the hook state goes into the checkpoint
+        self._moved_since_save = False
         ckpt_dir = trainer.work_dir / "checkpoints"
         prune = self.keep if trainer.is_main else None
         if not self.async_save:
             path = trainer.save_checkpoint(ckpt_dir / name)
-            _saved(path, ckpt_dir, prune)
+            _saved(path, ckpt_dir, prune, trainer.run_id)
             return
         if self._saver is None:
             self._saver = AsyncCheckpointer()
         path = trainer.save_checkpoint(ckpt_dir / name, writer=functools.partial(
-            self._saver.save, on_done=functools.partial(_saved, checkpoints=ckpt_dir, keep=prune)))
+            self._saver.save, on_done=functools.partial(_saved, checkpoints=ckpt_dir, keep=prune, run=trainer.run_id)))
         if trainer.is_main:
             get_logger().info(f"checkpoint {path}: state copied, writing in the background")
 
@@ -174,9 +188,14 @@ class CheckpointHook(Hook):
         self.last_saved = state.get("last_saved")
 
 
-def _saved(path: Path, checkpoints: Path, keep: int | None) -> None:
+def _saved(path: Path, checkpoints: Path, keep: int | None, run: str) -> None:
     """After a save is complete: prune to the last ``keep`` and say so (in the writer
-    thread for asynchronous saves)."""
+    thread for asynchronous saves).
+
+    Only this run's checkpoints are pruned, in the order they were saved: an earlier
+    run's in the same directory are never deleted, and after a resume from an earlier
+    point the new saves count as the newest.
+    """
     if keep:
-        prune_checkpoints(checkpoints, keep_last=keep)
+        prune_checkpoints(checkpoints, keep_last=keep, run=run, order="created")
     get_logger().info(f"saved checkpoint {path}")

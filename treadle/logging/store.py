@@ -64,6 +64,32 @@ class MetricStore:
         return out
 
 
+    def state_dict(self) -> dict[str, dict[str, list[float]]]:
+        """The windows not flushed yet, as numbers (one host read for all the tensors,
+        at checkpoints only), so that a resumed run logs the same means as an
+        uninterrupted one. ``{"tensors": {name: [...]}, "numbers": {name: [...]}}``."""
+        windows = {k: values for k, values in self.pending.items() if values}
+        tensors = {k: values for k, values in windows.items() if isinstance(values[0], Tensor)}
+        flat = [v for values in tensors.values() for v in values]
+        host = _read_all(flat) if flat else []
+        out: dict[str, dict[str, list[float]]] = {"tensors": {}, "numbers": {}}
+        i = 0
+        for k, values in tensors.items():
+            out["tensors"][k] = host[i:i + len(values)]
+            i += len(values)
+        out["numbers"] = {k: list(values) for k, values in windows.items() if k not in tensors}
+        return out
+
+    def load_state_dict(self, state: dict[str, dict[str, list[float]]]) -> None:
+        """Inverse of :meth:`state_dict`; a tensor window's values come back as float64
+        CPU scalars, which ``flush`` reads to the same numbers."""
+        self.pending.clear()
+        for k, values in state.get("tensors", {}).items():
+            self.pending[k].extend(torch.tensor(v, dtype=torch.float64) for v in values)
+        for k, values in state.get("numbers", {}).items():
+            self.pending[k].extend(values)
+
+
 def _read_all(values: list[Tensor]) -> list[float]:
     """One number per tensor (its mean), with one host transfer in the usual cases."""
     if _on_host(values):

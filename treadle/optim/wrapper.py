@@ -63,6 +63,16 @@ def check_clip_grad(clip_grad: dict[str, Any] | None) -> dict[str, Any] | None:
     bound = clip_grad.get("max_norm", clip_grad.get("value"))
     if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:  # NaN too
         raise ValueError(f"clip_grad bound must be a positive number, got {bound!r}")
+    if "norm_type" in keys:
+        norm_type = clip_grad["norm_type"]
+        number = not isinstance(norm_type, bool) and isinstance(norm_type, (int, float))
+        if not (norm_type == "inf" or (number and norm_type > 0)):  # NaN fails too
+            raise ValueError(f"clip_grad norm_type={norm_type!r} is not supported; expected a positive number "
+                             "(2: the Euclidean norm) or 'inf' (the largest absolute value)")
+    if "error_if_nonfinite" in keys and not isinstance(clip_grad["error_if_nonfinite"], bool):
+        raise TypeError(f"clip_grad error_if_nonfinite={clip_grad['error_if_nonfinite']!r}; expected True or False")
+    if clip_grad.get("foreach") is not None and not isinstance(clip_grad["foreach"], bool):
+        raise TypeError(f"clip_grad foreach={clip_grad['foreach']!r}; expected True, False or None")
     return dict(clip_grad)
 
 
@@ -215,13 +225,18 @@ class OptimWrapper:
         ``optimizer_state``: the optimizer's state as the strategy gives it (FSDP)."""
         if optimizer_state is None:
             optimizer_state = self.optimizer.state_dict()
-        state: dict[str, Any] = {"optimizer": optimizer_state, "micro_step": self.micro_step,
+        state: dict[str, Any] = {"optimizer": optimizer_state, "type": type(self.optimizer).__name__,
+                                 "micro_step": self.micro_step,
                                  "window": self._window, "remaining": self._remaining,
                                  "step_count": self.step_count, "skipped_steps": self.skipped_steps}
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
-        if self.micro_step:  # inside an accumulation window: the gradients so far are state too
-            state["grads"] = [p.grad.detach().clone() if p.grad is not None else None for p in self._params()]
+        # Gradients the next step will add to are state too: an open accumulation window's,
+        # or those a custom step leaves (a GAN's generator loss reaching the discriminator).
+        # The default step sets them to None after each update: then nothing is copied.
+        grads = [p.grad for p in self._params()]
+        if self.micro_step or any(g is not None for g in grads):
+            state["grads"] = [g.detach().clone() if g is not None else None for g in grads]
         return state
 
     def _params(self) -> list[Tensor]:

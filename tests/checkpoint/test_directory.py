@@ -1,0 +1,63 @@
+"""Listing and pruning a directory of checkpoints: the order they were saved in, and
+pruning that keeps to one run's checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+
+from treadle.checkpoint.directory import find_latest_checkpoint, list_checkpoints, prune_checkpoints
+from treadle.checkpoint.io import save_checkpoint
+
+
+def _save(directory, name, it, run=None):
+    meta = {"iter": it} if run is None else {"iter": it, "run": run}
+    return save_checkpoint(directory / name, {"state.pt": it}, meta=meta)
+
+
+def test_created_order_is_the_order_of_saving_whatever_the_iterations(tmp_path):
+    for name, it in (("late", 400), ("early", 10), ("middle", 200)):
+        _save(tmp_path, name, it)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["early", "middle", "late"]
+    assert [p.name for p in list_checkpoints(tmp_path, order="created")] == ["late", "early", "middle"]
+    assert find_latest_checkpoint(tmp_path).name == "late"
+    assert find_latest_checkpoint(tmp_path, order="created").name == "middle"
+    with pytest.raises(ValueError, match="order='newest'; expected 'iter' or 'created'"):
+        list_checkpoints(tmp_path, order="newest")
+
+
+def test_prune_with_a_run_removes_only_that_runs_checkpoints(tmp_path):
+    old = [_save(tmp_path, f"old_{i}", i, run="a") for i in (100, 200)]
+    legacy = _save(tmp_path, "legacy", 300)  # saved before runs were recorded
+    mine = [_save(tmp_path, f"mine_{i}", i, run="b") for i in (1, 2, 3)]
+    removed = prune_checkpoints(tmp_path, keep_last=1, run="b", order="created")
+    assert removed == mine[:2]
+    assert sorted(p.name for p in list_checkpoints(tmp_path)) == sorted(p.name for p in [*old, legacy, mine[2]])
+    # Without a run, every checkpoint counts (by iteration here): the old behaviour.
+    assert prune_checkpoints(tmp_path, keep_last=1) == [mine[2], *old]
+    assert list_checkpoints(tmp_path) == [legacy]
+
+
+def test_another_tools_directories_are_neither_listed_nor_removed(tmp_path):
+    import json
+
+    from treadle.checkpoint.directory import remove_checkpoint
+    from treadle.checkpoint.io import CheckpointError
+
+    mine = _save(tmp_path, "mine", 1, run="r")
+    foreign = tmp_path / "exported"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text(json.dumps({"format": "some-other-tool", "files": []}))
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("keep me")
+    assert list_checkpoints(tmp_path) == [mine]
+    assert prune_checkpoints(tmp_path, keep_last=0) == [mine]
+    for path, reason in ((foreign, "is not a treadle checkpoint manifest"), (notes, "has no manifest.json")):
+        with pytest.raises(CheckpointError, match=f"refusing to remove .*{path.name}: .*{reason}"):
+            remove_checkpoint(path)
+    assert (foreign / "manifest.json").exists() and (notes / "todo.txt").read_text() == "keep me"
+    partial = tmp_path / "iter_9"  # payloads of a save that never wrote its manifest: removable
+    partial.mkdir()
+    (partial / "state.pt").write_bytes(b"x")
+    remove_checkpoint(partial)
+    assert not partial.exists()

@@ -1,0 +1,131 @@
+"""What a checkpoint must hold to be resumed into a trainer: refused, with the reason,
+before anything is changed; and the gradients a custom step leaves are part of it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+import treadle
+from treadle.checkpoint.io import CheckpointError, load_checkpoint, save_checkpoint
+from treadle.checkpoint.weights import WeightsMismatchError
+from treadle.seeding import seed_everything
+
+from support import TinyNet, make_data
+
+
+def _trainer(work_dir, model=None, **kw):
+    args = dict(work_dir=work_dir, train_dataloader=DataLoader(make_data(16), batch_size=4),
+                loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1, momentum=0.9), max_epochs=1,
+                seed=0, log_writers=(), progress=False)
+    args.update(kw)
+    return treadle.Trainer(model if model is not None else TinyNet(), **args)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    _trainer(tmp_path / "src").fit()
+    return tmp_path / "src" / "checkpoints" / "epoch_0001"
+
+
+def _resume_fails(tmp_path, path, error, match, **kw):
+    model = kw.pop("model", None) or TinyNet()
+    before = copy.deepcopy(model.state_dict())
+    t = _trainer(tmp_path / "dst", model=model, resume=path, max_epochs=2, **kw)
+    with pytest.raises(error, match=match):
+        t.fit()
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # nothing was loaded
+
+
+def test_a_weights_only_checkpoint_is_refused_naming_load_from(tmp_path, saved):
+    weights = save_checkpoint(tmp_path / "best", {"state.pt": {"model": load_checkpoint(saved)["state.pt"]["model"]}})
+    _resume_fails(tmp_path, weights, CheckpointError, r"not a complete training checkpoint: state.pt has no "
+                  r"'optim' dict \(it has \['model'\]\); .*load_from=")
+
+
+def test_a_broken_counter_is_refused(tmp_path, saved):
+    state = load_checkpoint(saved)
+    state["state.pt"]["trainer"]["epoch"] = "one"
+    _resume_fails(tmp_path, save_checkpoint(tmp_path / "bad", state), CheckpointError,
+                  r"state.pt: trainer\['epoch'\] is 'one'; expected an int >= 0")
+
+
+def test_another_model_shape_is_refused_before_anything_is_loaded(tmp_path, saved):
+    other = TinyNet()
+    other.fc2 = nn.Linear(other.fc2.in_features, 5)
+    _resume_fails(tmp_path, saved, WeightsMismatchError,
+                  r"(?s)resume needs the model the checkpoint was saved from; nothing was loaded:.*fc2.weight: "
+                  r"checkpoint \(3, \d+\) vs model \(5, \d+\)", model=other)
+
+
+def test_another_optimizer_is_refused(tmp_path, saved):
+    _resume_fails(tmp_path, saved, CheckpointError, r"optimizer 'default': the checkpoint was saved by SGD, this "
+                  r"trainer has Adam", optimizer=dict(type="Adam", lr=1e-3))
+
+
+def test_other_param_groups_are_refused(tmp_path, saved):
+    model = TinyNet()
+    opt = torch.optim.SGD([{"params": model.fc1.parameters()}, {"params": model.fc2.parameters()}], lr=0.1,
+                          momentum=0.9)
+    _resume_fails(tmp_path, saved, CheckpointError, r"the checkpoint has 1 param group\(s\), this optimizer 2",
+                  model=model, optimizer=opt)
+
+
+@pytest.mark.parametrize("inner", ["", "checkpoints"])
+def test_a_run_directory_is_not_a_checkpoint(tmp_path, saved, inner):
+    with pytest.raises(FileNotFoundError, match=r"is a directory but not a checkpoint .*the last saved is "
+                                                r".*epoch_0001\), or resume=True"):
+        _trainer(tmp_path / "dst", resume=tmp_path / "src" / inner)
+
+
+class StaleGrads(nn.Module):
+    """A GAN-like custom step: the first update leaves gradients on ``b``, which the
+    second update adds to (as a generator loss does on the discriminator)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def train_step(self, batch, trainer):
+        x, y = batch
+        loss_a = nn.functional.cross_entropy(self.b(self.a(x)), y)
+        trainer.optim_wrappers["a"].update(loss_a)  # also leaves grads on b
+        loss_b = nn.functional.cross_entropy(self.b(self.a(x).detach()), y)
+        loss_b.backward()
+        trainer.optim_wrappers["b"].optimizer.step()
+        return {"loss": loss_b}
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAt(treadle.Hook):
+    priority = "LOWEST"
+
+    def after_train_iter(self, trainer, batch, outputs):
+        if trainer.state.iter + 1 == 7:
+            raise Crash()
+
+
+def test_gradients_a_custom_step_leaves_are_saved_and_restored(tmp_path):
+    def run(work_dir, hooks=(), resume=False):
+        seed_everything(0)
+        t = _trainer(work_dir, model=StaleGrads(), loss_fn=None, max_epochs=None, max_iters=12, hooks=list(hooks),
+                     optimizer={"a": dict(type="SGD", lr=0.1), "b": dict(type="SGD", lr=0.1)}, resume=resume,
+                     checkpoint=dict(interval=1, by_epoch=False, keep=1))
+        try:
+            t.fit()
+        except Crash:
+            pass
+        return t
+
+    ref = run(tmp_path / "ref")
+    run(tmp_path / "run", hooks=[CrashAt()])
+    resumed = run(tmp_path / "run", resume=True)
+    for name, value in ref.module.state_dict().items():
+        assert torch.equal(value, resumed.module.state_dict()[name]), name
