@@ -132,6 +132,10 @@ def test_resume(tiny, tmp_path, capsys):
     assert (work / "checkpoints" / "epoch_0002").is_dir()
     rc, _, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "other", "--resume", tmp_path / "missing")
     assert rc == 2 and "no such checkpoint" in err and not (tmp_path / "other").exists()
+    rc, _, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "wider", "--resume", work / "checkpoints" / "epoch_0002",
+                     "--set", "model.classes=5")  # a checkpoint that does not fit: one line, status 2
+    assert rc == 2 and err.startswith("treadle train: error: resume needs the model the checkpoint was saved from")
+    assert "Traceback" not in err
 
 
 # -- errors: one message, status 2, nothing written ------------------------------------------

@@ -234,11 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from treadle.checkpoint.io import CheckpointError
     from treadle.config import ConfigError
 
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, UsageError) as e:
+    except (ConfigError, UsageError, CheckpointError) as e:  # e.g. --resume of a checkpoint that does not fit
         return _fail(args, e)
 
 
