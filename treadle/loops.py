@@ -66,8 +66,7 @@ class EvalLoop:
     def __init__(self, trainer: "Trainer", loader: Iterable[Any], mode: str) -> None:
         self.trainer = trainer
         self.mode = mode  # "val" | "test"
-        self.feed = DataFeed(loader, seed=trainer.seed)
-        self.feed.start_epoch(0)
+        self.feed = DataFeed(loader, seed=trainer.seed)  # started at the first pass: no workers before
         self._passes = 0
 
     def position(self) -> dict[str, int]:

@@ -498,8 +498,16 @@ class Trainer:
         except BaseException as error:
             self._after_run(error)
             raise  # the body's error, not a later one of an after_run hook (logged and noted on it)
+        finally:
+            self._close_feeds()
         self._after_run(None)
         return result
+
+    def _close_feeds(self) -> None:
+        """Stop the loaders' worker processes when a run ends (see DataFeed.close)."""
+        for loop in (self.train_loop, self.val_loop, self.test_loop):
+            if loop is not None:
+                loop.feed.close()
 
     def _after_run(self, error: BaseException | None) -> None:
         """Call every ``after_run`` hook, even when one fails (they close files, wait for saves).

@@ -73,3 +73,28 @@ def test_state_dict_round_trip():
     other.load_state_dict(state)
     assert other.seed == 9 and other.epoch == 4
     assert epoch_order(other, 4) == epoch_order(feed, 4)
+
+
+def test_worker_processes_stop_when_fit_ends_and_do_not_start_before_they_are_needed():
+    import multiprocessing
+
+    from torch import nn
+
+    import treadle
+    from support import TinyNet, make_data
+
+    def workers():
+        return [p for p in multiprocessing.active_children() if p.is_alive()]
+
+    data = make_data(32)
+    train = DataLoader(data, batch_size=8, shuffle=True, num_workers=2, persistent_workers=True)
+    val = DataLoader(data, batch_size=8, num_workers=2, persistent_workers=True)
+    t = treadle.Trainer(TinyNet(), train_dataloader=train, val_dataloader=val, loss_fn=nn.CrossEntropyLoss(),
+                        optimizer=dict(type="SGD", lr=0.1), max_epochs=2, progress=False, log_writers=())
+    assert workers() == []  # constructing the trainer starts no loader (the val one did)
+    t.fit()
+    # Persistent workers are stopped at the end of fit, not whenever the trainer is
+    # garbage collected (which takes about 5 s per worker).
+    assert train._iterator is None and val._iterator is None and workers() == []
+    t.validate()
+    assert val._iterator is None and workers() == []
