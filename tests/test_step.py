@@ -26,6 +26,12 @@ def test_unpack_errors_name_what_was_given(batch, got):
         unpack_batch(batch)
 
 
+def test_a_total_loss_entry_is_the_total_not_one_more_term():
+    parts = {"loss_cls": torch.tensor(1.0), "loss_box": torch.tensor(2.0), "total_loss": torch.tensor(3.0)}
+    total, logged = parse_losses(parts)
+    assert total.item() == 3.0 and logged["loss"].item() == 3.0 and logged["loss_box"].item() == 2.0
+
+
 def test_parse_losses_tensor_dict_and_list():
     t = torch.tensor(2.0, requires_grad=True)
     total, logged = parse_losses(t)

@@ -3,8 +3,10 @@ protocol (torchmetrics objects follow the same protocol and work unchanged)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import torch
 from torch import Tensor
 
 
@@ -12,8 +14,11 @@ class Accuracy:
     """Top-k classification accuracy over everything seen since ``reset()``.
 
     ``outputs`` are logits or scores of shape (N, C); ``targets`` are class indices
-    (N,) or one-hot/soft labels (N, C), reduced with argmax. Counts stay on the
-    device until ``compute()``.
+    (N,) or one-hot/soft labels (N, C), reduced with argmax. A single output per
+    sample, (N,) or (N, 1), is a binary classifier: probabilities in [0, 1] count as 1
+    from 0.5, other values as logits (1 from 0), as torchmetrics' BinaryAccuracy does;
+    targets are 0/1 of the same number of samples. Counts stay on the device until
+    ``compute()``.
     """
 
     def __init__(self, topk: int = 1) -> None:
@@ -27,12 +32,28 @@ class Accuracy:
         self.total = 0
 
     def update(self, outputs: Tensor, targets: Tensor) -> None:
+        if outputs.dim() == 1 or outputs.shape[-1] == 1:
+            self._update_binary(outputs.reshape(-1), targets)
+            return
         if targets.dim() == outputs.dim():
             targets = targets.argmax(dim=-1)
+        if targets.shape != outputs.shape[:-1]:
+            raise ValueError(f"Accuracy: outputs of shape {tuple(outputs.shape)} (N, C) need targets of shape "
+                             f"{tuple(outputs.shape[:-1])} (class indices) or {tuple(outputs.shape)} (one-hot), "
+                             f"got {tuple(targets.shape)}")
         k = min(self.topk, outputs.shape[-1])
         top = outputs.topk(k, dim=-1).indices
         self.correct = self.correct + (top == targets.unsqueeze(-1)).any(dim=-1).sum()
         self.total += targets.numel()
+
+    def _update_binary(self, scores: Tensor, targets: Tensor) -> None:
+        if targets.numel() != scores.numel():
+            raise ValueError(f"Accuracy: a binary output of {scores.numel()} values needs as many 0/1 targets, "
+                             f"got shape {tuple(targets.shape)}")
+        probabilities = ((scores >= 0) & (scores <= 1)).all()  # a tensor: no host read
+        predicted = torch.where(probabilities, scores >= 0.5, scores >= 0)
+        self.correct = self.correct + (predicted == targets.reshape(-1).bool()).sum()
+        self.total += scores.numel()
 
     def compute(self) -> float:
         """Accuracy over everything seen; with several processes, over every rank's
@@ -45,6 +66,25 @@ class Accuracy:
 
     def __repr__(self) -> str:
         return f"Accuracy(topk={self.topk})"
+
+
+# Words in a metric's name that say which way is better (MMEngine infers the same way,
+# and refuses to guess for other names). Lower: losses and errors; higher: scores.
+_LOWER = {"loss", "err", "error", "errors", "mae", "mse", "rmse", "wer", "cer", "ppl", "perplexity", "nll", "fid",
+          "lpips", "eer", "distance"}
+_HIGHER = {"acc", "accuracy", "top", "auc", "auroc", "ap", "map", "ar", "iou", "miou", "dice", "mdice", "macc", "aacc",
+           "precision", "recall", "f", "fscore", "psnr", "ssim", "bleu", "rouge", "r", "score"}
+
+
+def higher_is_better(name: str) -> bool | None:
+    """Whether a larger value of the metric ``name`` is better, from the words in its
+    name (``val/top1_err``: no; ``val/mAP``: yes); None when the name does not say."""
+    words = re.findall(r"[a-z]+", name.lower().rsplit("/", 1)[-1])
+    if "loss" in name.lower() or any(w in _LOWER for w in words):
+        return False
+    if any(w in _HIGHER for w in words):
+        return True
+    return None
 
 
 def sum_over_ranks(*values: float) -> list[float]:

@@ -56,13 +56,14 @@ def unpack_batch(batch: Batch) -> tuple[Any, Any]:
 def parse_losses(losses: Tensor | dict[str, Tensor] | list[Tensor] | tuple[Tensor, ...]) -> tuple[Tensor, dict[str, Tensor]]:
     """Total loss and the detached values to log.
 
-    A dict's entries whose key contains "loss" are summed into the total (the
-    detectron2/basecls rule) and logged as "loss"; every entry is logged.
+    A dict's entries whose key contains "loss" are summed into the total (MMEngine's
+    rule) and logged as "loss"; every entry is logged. A ``total_loss`` entry is the
+    total itself (basecls' rule), never added to its parts.
     """
     if isinstance(losses, Tensor):
         return losses, {"loss": losses.detach()}
     if isinstance(losses, dict):
-        terms = [v for k, v in losses.items() if "loss" in k]
+        terms = [losses["total_loss"]] if "total_loss" in losses else [v for k, v in losses.items() if "loss" in k]
         if not terms:
             raise ValueError(f"the loss dict has no key containing 'loss' (keys: {sorted(losses)}); "
                              "entries whose name contains 'loss' are summed into the total")

@@ -45,7 +45,7 @@ def test_best_k_by_a_validation_metric(tmp_path):
         def compute(self): return next(scores)
 
     t = make(tmp_path, val_dataloader=DataLoader(make_data(4), batch_size=4), metrics={"s": Score()},
-             checkpoint=dict(interval=1, keep=1, best="val/s", keep_best=2))
+             checkpoint=dict(interval=1, keep=1, best="val/s", rule="max", keep_best=2))
     t.fit()
     best = sorted(p.name for p in (tmp_path / "checkpoints" / "best").iterdir())
     assert best == ["best_val_s_00000008", "best_val_s_00000016"]  # 0.9 (epoch 2) and 0.7 (epoch 4)
@@ -202,7 +202,7 @@ def test_checkpoint_argument_types_fail_at_construction(cfg, match, tmp_path):
 
 
 def test_best_not_among_the_validation_results_names_those_there_are(tmp_path):
-    t = make(tmp_path, checkpoint=dict(interval=1, best="val/accc"), metrics={"acc": treadle.Accuracy()},
+    t = make(tmp_path, checkpoint=dict(interval=1, best="val/accc", rule="max"), metrics={"acc": treadle.Accuracy()},
              val_dataloader=DataLoader(make_data(4), batch_size=4))
     with pytest.raises(KeyError, match=r"checkpoint best='val/accc' is not among the validation results "
                                        r"\['val/acc', 'val/loss'\]"):

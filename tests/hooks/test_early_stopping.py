@@ -73,13 +73,13 @@ def test_non_finite_value_ignored_when_asked():
 
 
 def test_missing_key_warns_once_or_raises_when_strict():
-    t = make_trainer(EarlyStoppingHook(monitor="val/nope"), max_epochs=3)
+    t = make_trainer(EarlyStoppingHook(monitor="val/nope", rule="less"), max_epochs=3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t.fit()
     assert t.state.iter == 12
     assert len([w for w in caught if "val/nope" in str(w.message)]) == 1
-    t = make_trainer(EarlyStoppingHook(monitor="val/nope", strict=True), max_epochs=3)
+    t = make_trainer(EarlyStoppingHook(monitor="val/nope", rule="less", strict=True), max_epochs=3)
     with pytest.raises(KeyError, match="val/nope"):
         t.fit()
 

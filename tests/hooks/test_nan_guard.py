@@ -182,3 +182,14 @@ def test_raise_mode_is_not_called_before_optimizer_steps():
     assert t._dispatch["before_optimizer_step"] == ()
     t = trainer(None, bad=set(), nan_guard="skip")
     assert len(t._dispatch["before_optimizer_step"]) == 1
+
+
+def test_no_checkpoint_is_written_after_a_nonfinite_loss(tmp_path):
+    from treadle.checkpoint.io import list_checkpoints
+
+    # The default guard checks every log_interval (20 here) and at epoch ends, but the
+    # iteration checkpoint at 10 comes first: the save checks the window and fails before writing.
+    t = trainer(None, bad={9}, tmp_path=tmp_path, log_interval=20, checkpoint=dict(interval=5, by_epoch=False))
+    with pytest.raises(FloatingPointError, match="iteration=9"):
+        t.fit()  # epochs of 8 iterations: the epoch-end check would come at 16, after the save at 10
+    assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["iter_00000005"]

@@ -12,6 +12,7 @@ from treadle.checkpoint.directory import prune_checkpoints, remove_checkpoint
 from treadle.checkpoint.io import save_checkpoint
 from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import get_logger
+from treadle.metrics import higher_is_better
 
 if TYPE_CHECKING:
     from treadle.trainer import Trainer
@@ -30,8 +31,10 @@ class CheckpointHook(Hook):
             all); an earlier run's checkpoints in the same directory are never removed.
         best: a validation metric such as "val/acc": also keep the ``keep_best`` best
             weights (model and EMA, not the full state) under ``checkpoints/best/``.
-        rule: "max" or "min" for ``best``; default: "min" when the name contains
-            "loss", else "max".
+        rule: "max" or "min" for ``best``; default: inferred from the name ("min" for
+            losses and errors such as ``val/loss`` or ``val/top1_err``, "max" for scores
+            such as ``val/acc`` or ``val/mAP``, see treadle.metrics.higher_is_better),
+            and an error when the name does not say.
         save_last: save when training ends.
         async_save: periodic and final saves return once the state is copied to CPU
             memory (pinned buffers on CUDA) and are written by a background thread,
@@ -65,7 +68,13 @@ class CheckpointHook(Hook):
         self.by_epoch = by_epoch
         self.keep = keep
         self.best = best
-        self.rule = rule or ("min" if best and "loss" in best else "max")
+        if best is not None and rule is None:
+            higher = higher_is_better(best)
+            if higher is None:
+                raise ValueError(f"checkpoint best={best!r}: its name does not say whether higher or lower is "
+                                 "better; give rule='max' or rule='min'")
+            rule = "max" if higher else "min"
+        self.rule = rule or "max"
         self.keep_best = keep_best
         self.save_last = save_last
         if (by_epoch or not interval) and not async_save:  # nothing to do per iteration: not even a call

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import get_logger
+from treadle.metrics import higher_is_better
 
 if TYPE_CHECKING:
     from treadle.trainer import Trainer
@@ -21,8 +22,9 @@ class EarlyStoppingHook(Hook):
 
     Args:
         monitor: key of the validation metrics, e.g. "val/loss" or "val/acc".
-        rule: "less" (lower is better), "greater", or None: "less" when the name
-            contains "loss", else "greater".
+        rule: "less" (lower is better), "greater", or None: inferred from the name
+            (losses and errors "less", scores such as accuracy "greater", see
+            treadle.metrics.higher_is_better); an error when the name does not say.
         patience: validations without improvement before stopping (>= 1).
         min_delta: an improvement must beat the best by more than this (>= 0).
         stop_on_nonfinite: a NaN/inf monitored value stops training at once.
@@ -43,7 +45,11 @@ class EarlyStoppingHook(Hook):
         if not isinstance(monitor, str) or not monitor:
             raise ValueError(f"monitor must be a metric name such as 'val/loss', got {monitor!r}")
         if rule is None:
-            rule = "less" if "loss" in monitor else "greater"
+            higher = higher_is_better(monitor)
+            if higher is None:
+                raise ValueError(f"EarlyStoppingHook monitor={monitor!r}: its name does not say whether higher or "
+                                 "lower is better; give rule='greater' or rule='less'")
+            rule = "greater" if higher else "less"
         if rule not in RULES:
             raise ValueError(f"rule must be one of {RULES} or None (inferred from the name), got {rule!r}")
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:

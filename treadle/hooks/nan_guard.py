@@ -124,6 +124,12 @@ class NaNGuardHook(Hook):
     def after_train(self, trainer: "Trainer") -> None:
         self._check()
 
+    def before_save_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
+        # A checkpoint must not keep weights a non-finite loss already spoiled: check the
+        # window now (a save reads the state to the host anyway), and fail before writing.
+        if self.mode == "raise":
+            self._check()
+
     def _on_log(self, trainer: "Trainer", values: dict[str, Any]) -> None:
         """The logger's listener: check the window means it read (no transfer of ours).
 
