@@ -129,3 +129,13 @@ def test_gradients_a_custom_step_leaves_are_saved_and_restored(tmp_path):
     resumed = run(tmp_path / "run", resume=True)
     for name, value in ref.module.state_dict().items():
         assert torch.equal(value, resumed.module.state_dict()[name]), name
+
+
+def test_validate_and_test_start_from_the_resumed_checkpoint(tmp_path, saved):
+    val = DataLoader(make_data(8, seed=1), batch_size=4)
+    reference = _trainer(tmp_path / "ref", val_dataloader=val, test_dataloader=val, load_from=saved)
+    fresh = _trainer(tmp_path / "dst", val_dataloader=val, test_dataloader=val, resume=saved)
+    assert fresh.validate() == reference.validate() and fresh.test() == reference.test()
+    assert fresh.state.epoch == 1  # the counters came back too
+    unloaded = _trainer(tmp_path / "other", val_dataloader=val)
+    assert unloaded.validate() != reference.validate()

@@ -233,6 +233,7 @@ class Trainer:
         self.store = MetricStore()
         self.module = model  # the user's module, unwrapped
         self.resume = resume
+        self._resume_loaded = False  # validate/test load `resume` too, unless fit already did
         if load_from is not None:
             get_logger().info(f"load_from {load_from}:\n{load_weights(model, load_from, strict=True)}")
         self.model = self.strategy.setup_model(model)
@@ -403,6 +404,7 @@ class Trainer:
             (self.work_dir / "env.txt").write_text(env + "\n", encoding="utf-8")
             get_logger().info("environment:\n" + env)
         pos = self._resume_position() if self.resume else None
+        self._resume_loaded = True
         if pos is None and self.work_dir is not None and self.is_main:
             note_other_runs(self.work_dir / "checkpoints")
         s = self.state
@@ -465,6 +467,13 @@ class Trainer:
         get_logger().info(f"resumed from {path} at epoch {self.state.epoch}, iter {self.state.iter}")
         return pos
 
+    def _load_resume(self) -> None:
+        """validate()/test() before any fit start from what ``resume`` names, as fit does
+        (MMEngine's val/test resume too); after a fit they use the trained weights."""
+        if self.resume and not self._resume_loaded:
+            self._resume_position()
+            self._resume_loaded = True
+
     def _resume_position(self) -> dict[str, Any] | None:
         if self.resume is True:
             path = latest_to_resume(self.work_dir / "checkpoints", self.is_main)  # type: ignore[operator]
@@ -475,15 +484,19 @@ class Trainer:
         return self.load_checkpoint(path)
 
     def validate(self) -> dict[str, Any]:
-        """One pass over ``val_dataloader``; returns ``{"val/<name>": value}``."""
+        """One pass over ``val_dataloader``; returns ``{"val/<name>": value}``. Before any
+        ``fit()``, the checkpoint ``resume`` names is loaded first."""
         if self.val_loop is None:
             raise ValueError("validate() needs a val_dataloader")
+        self._load_resume()
         return self._run(self.val_loop.run)
 
     def test(self) -> dict[str, Any]:
-        """One pass over ``test_dataloader``; returns ``{"test/<name>": value}``."""
+        """One pass over ``test_dataloader``; returns ``{"test/<name>": value}`` (from the
+        ``resume`` checkpoint, as :meth:`validate`)."""
         if self.test_loop is None:
             raise ValueError("test() needs a test_dataloader")
+        self._load_resume()
         return self._run(self.test_loop.run)
 
     def _run(self, body: Callable[[], Any]) -> Any:

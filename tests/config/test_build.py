@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 import support
 from treadle import Trainer
 from treadle.config import ConfigError, build_component, build_dataloader, build_hook, build_trainer, resolve_config
+from treadle.config.build import build_model
 from treadle.config.build import _explain, check_optimizer, check_schedulers
 from treadle.hooks.early_stopping import EarlyStoppingHook
 
@@ -172,3 +173,26 @@ def test_validate_mode_builds_only_what_evaluation_needs():
     trainer = build_trainer(c, "validate")  # the broken training loader is not built
     assert trainer.train_dataloader is None and trainer.optim_wrappers == {}
     assert set(trainer.validate()) == {"val/loss", "val/acc"}
+
+
+class WithInit(torch.nn.Module):
+    """An mmcv-style model: its weights are set by init_weights(), not by the constructor."""
+
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+        self.fail = fail
+
+    def init_weights(self):
+        if self.fail:
+            raise OSError("no pretrained weights offline")
+        torch.nn.init.constant_(self.fc.weight, 0.5)
+
+
+def test_build_model_calls_init_weights_as_mmengine_does():
+    model = build_model({"type": WithInit})
+    assert torch.equal(model.fc.weight, torch.full((2, 2), 0.5))
+    with pytest.raises(ConfigError, match=r"model: WithInit.init_weights\(\) failed: OSError: no pretrained weights"):
+        build_model({"type": WithInit, "fail": True})
+    trainer = Trainer(model={"type": WithInit}, progress=False)  # a config dict given to the Trainer: the same
+    assert torch.equal(trainer.module.fc.weight, torch.full((2, 2), 0.5))

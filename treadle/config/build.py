@@ -79,9 +79,17 @@ def build_component(spec: Any, kind: str, path: str) -> Any:
 
 
 def build_model(spec: Any) -> nn.Module:
+    """The model a spec describes; its ``init_weights()``, when it has one, is called as
+    MMEngine's runner does (mmcv/MMEngine models set their initial or pretrained weights there)."""
     model = build_component(spec, "model", "model")
     if not isinstance(model, nn.Module):
         raise ConfigError("model", f"built a {type(model).__name__}, not a torch.nn.Module", value=spec)
+    init_weights = getattr(model, "init_weights", None)
+    if callable(init_weights):
+        try:
+            init_weights()
+        except Exception as e:
+            raise ConfigError("model", f"{type(model).__name__}.init_weights() failed: {type(e).__name__}: {e}") from e
     return model
 
 
