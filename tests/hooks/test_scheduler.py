@@ -157,3 +157,31 @@ def test_auto_scale_happens_before_schedulers_record_initial_lr():
     lrs, _ = run([dict(type="StepLR", step_size=1, gamma=0.5, by_epoch=True)], epochs=2, bs=8,
                  auto_scale_lr=dict(base_batch_size=4))
     assert lrs == pytest.approx([0.2, 0.2, 0.1, 0.1])
+
+
+@pytest.mark.parametrize("begin,expected", [(0, [0.1, 0.05, 0.025, 0.0125, 0.00625, 0.00625]),
+                                            (2, [0.1, 0.1, 0.05, 0.025, 0.0125, 0.0125])])
+def test_plateau_window_counts_training_epochs(begin, expected):
+    """A metric that never improves, patience 0: the lr halves at every validation inside
+    [begin, end), end being max_epochs. The window counts training epochs, as MMEngine's
+    (the first validation in it only sets the best)."""
+    class Const:
+        def reset(self): pass
+        def update(self, o, t): pass
+        def compute(self): return 1.0
+
+    lrs = []
+
+    class AfterVal(treadle.Hook):
+        priority = "LOWEST"
+
+        def after_val(self, trainer, metrics):
+            lrs.append(trainer.optimizer.param_groups[0]["lr"])
+
+    t = treadle.Trainer(TinyNet(), train_dataloader=DataLoader(make_data(8), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
+                        val_dataloader=DataLoader(make_data(4), batch_size=4), metrics={"const": Const()},
+                        optimizer=dict(type="SGD", lr=0.1), max_epochs=6, hooks=[AfterVal()], progress=False,
+                        schedulers=[dict(type="ReduceOnPlateauLR", monitor="val/const", rule="less", factor=0.5,
+                                         patience=0, begin=begin)])
+    t.fit()
+    assert lrs == pytest.approx(expected, rel=1e-12)

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 class ParamSchedulerHook(Hook):
     """Steps the schedulers (built by the Trainer, ``{optimizer name: [schedulers]}``): iteration-based ones after every iteration whose optimizer step
     was not skipped by the fp16 GradScaler, ``by_epoch`` ones after every training
-    epoch, and ReduceOnPlateau ones with the metrics after every validation.
+    epoch, and ReduceOnPlateau ones with the metrics after every validation (and without,
+    after every training epoch, which counts the epochs of their begin/end window).
 
     With accumulation, iteration-based
     schedulers still step every iteration (MMEngine's rule).
@@ -51,6 +52,8 @@ class ParamSchedulerHook(Hook):
 
     def after_train_epoch(self, trainer: "Trainer") -> None:
         for sch in self._epoch_based:
+            sch.step()
+        for sch in self._on_val:  # counts the epoch for its begin/end window (MMEngine does the same)
             sch.step()
 
     def after_val_epoch(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
