@@ -222,6 +222,20 @@ def test_validate_and_test_a_checkpoint(trained, capsys):
     assert rc == 2 and "--checkpoint" in err and "no such file" in err
 
 
+def test_validate_of_an_ema_run_uses_the_averaged_weights_as_training_did(trained, capsys):
+    from treadle.logging import read_jsonl
+
+    work, ckpt = trained
+    last = [r for r in read_jsonl(work / "log.jsonl") if r.get("mode") == "val"][-1]
+    results = {}
+    for flag in ([], ["--ema"], ["--no-ema"]):
+        rc, _, _ = run(capsys, "validate", work / "config.yaml", "--checkpoint", ckpt, "--work-dir", work / "v", *flag)
+        assert rc == 0
+        results[tuple(flag)] = [r for r in read_jsonl(work / "v" / "log.jsonl") if r.get("mode") == "val"][-1]
+    assert results[()]["val/loss"] == results[("--ema",)]["val/loss"] == pytest.approx(last["val/loss"], rel=1e-6)
+    assert results[("--no-ema",)]["val/loss"] != results[()]["val/loss"]
+
+
 def test_validate_uses_the_checkpoint_weights(trained, tmp_path, capsys):
     work, ckpt = trained
     # Random weights and the trained ones give different losses: the weights were loaded.

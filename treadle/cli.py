@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
         config_args(p)
         p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint directory or weights file")
         p.add_argument("--work-dir", help="write logs here (default: console only)")
+        p.add_argument("--ema", action=argparse.BooleanOptionalAction, default=None,
+                       help="evaluate the checkpoint's EMA weights (default: when the config has `ema` with "
+                            "use_for_val, as validation during training does)")
     p = add("report", "plots and a summary of one or more runs", "treadle report runs/a runs/b --out runs/compare")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with log.jsonl)")
     p.add_argument("--out", help="output directory (default: FIRST_RUN_DIR/report)")
@@ -118,7 +121,24 @@ def _evaluate(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides, mode=args.command)
     if not Path(args.checkpoint).exists():
         raise UsageError(f"--checkpoint {args.checkpoint}: no such file or directory")
-    trainer = build_trainer(cfg, args.command, load_from=args.checkpoint, work_dir=args.work_dir)
+    ema_cfg = cfg.get("ema")
+    use_ema = args.ema if args.ema is not None else (
+        isinstance(ema_cfg, dict) and ema_cfg.get("use_for_val", True) is not False)
+    if not use_ema:
+        trainer = build_trainer(cfg, args.command, load_from=args.checkpoint, work_dir=args.work_dir)
+    else:  # the averaged weights, as the run's own validations used them
+        from treadle.checkpoint.io import CheckpointError
+        from treadle.checkpoint.weights import load_weights
+
+        trainer = build_trainer(cfg, args.command, work_dir=args.work_dir)
+        source = _ema_in_hook_state(args.checkpoint) or args.checkpoint
+        try:
+            report = load_weights(trainer.module, source, strict=True, key="ema")
+        except (CheckpointError, KeyError, ValueError) as e:
+            raise UsageError(f"--checkpoint {args.checkpoint}: no EMA weights to evaluate ({e}); pass --no-ema "
+                             "for the model's own weights") from e
+        if trainer.is_main:
+            print(f"EMA weights: {report}")
     metrics = trainer.validate() if args.command == "validate" else trainer.test()
     if trainer.is_main:  # under torchrun every rank evaluates its share; rank 0 reports
         _print_metrics(metrics, f"{args.command}: {args.checkpoint}")
