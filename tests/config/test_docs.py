@@ -66,3 +66,11 @@ def test_loop_doc_names_every_hook_point():
     text = (DOCS / "loop.md").read_text()
     for point in HOOK_POINTS:
         assert point in text, point
+
+
+def test_config_page_describes_the_nproc_launch():
+    """`treadle train CONFIG --nproc 2` launches two processes (tests/test_cli.py): the page says so."""
+    text = (DOCS / "config.md").read_text()
+    command_line = text.split("## Command line", 1)[1].split("\n## ", 1)[0]
+    sentence = next(s for s in re.split(r"(?<=\.)\s", command_line) if "`--nproc" in s)
+    assert "refused" not in sentence and "starts N processes on this machine" in sentence, sentence

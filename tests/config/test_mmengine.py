@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
 
 import pytest
 
-from treadle.config import ConfigError, is_mmengine_style, load_config, translate
+from treadle.config import ConfigError, build_trainer, is_mmengine_style, load_config, resolve_config, translate
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mmengine_style" / "digits_mmengine.yaml"
 
@@ -80,3 +82,106 @@ def test_overrides_use_mmengine_names_before_translation(tmp_path):
     assert cfg["max_epochs"] == 1 and cfg["optimizer"]["lr"] == 0.01
     with pytest.raises(ConfigError, match="train_cfg.max_epochs: sets 'max_epochs'"):
         load_config(EXAMPLE, ["max_epochs=1"], mode="train")
+
+
+# -- MMEngine's defaults and semantics that differ from treadle's -------------------------
+TINY_MM = {
+    "model": {"type": "support.TinyNet"},
+    "train_dataloader": {"dataset": {"type": "support.make_data", "n": 16}, "batch_size": 8,
+                         "sampler": {"type": "DefaultSampler", "shuffle": False}},
+    "loss_fn": {"type": "CrossEntropyLoss"},
+    "optim_wrapper": {"optimizer": {"type": "SGD", "lr": 0.1}},
+    "train_cfg": {"by_epoch": True, "max_epochs": 2},
+    "default_hooks": {"logger": {"type": "LoggerHook", "interval": 1}},
+    "log_writers": ["jsonl"],
+    "progress": False,
+}
+
+
+def _mm(**changes):
+    return {**TINY_MM, **changes}
+
+
+def test_auto_scale_lr_without_enable_is_off_as_in_mmengine():
+    out = translate(_mm(auto_scale_lr={"base_batch_size": 256}))
+    assert out["auto_scale_lr"] == {"base_batch_size": 256, "enable": False}
+    for enable in (True, False):  # given: kept as it is
+        assert translate(_mm(auto_scale_lr={"base_batch_size": 256, "enable": enable}))["auto_scale_lr"] == \
+            {"base_batch_size": 256, "enable": enable}
+    assert translate(_mm(auto_scale_lr=None))["auto_scale_lr"] is None
+    # The built optimizer keeps the configured lr (MMEngine leaves it at 0.1 too).
+    trainer = build_trainer(resolve_config(_mm(auto_scale_lr={"base_batch_size": 256}), mode="train"))
+    assert trainer.optimizer.param_groups[0]["lr"] == 0.1
+    trainer = build_trainer(resolve_config(_mm(auto_scale_lr={"base_batch_size": 256, "enable": True}), mode="train"))
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 8 / 256)
+
+
+@pytest.mark.parametrize("hook, keep", [
+    ({"type": "CheckpointHook", "interval": 1}, None),  # MMEngine's default max_keep_ckpts=-1 keeps all
+    ({"type": "CheckpointHook", "interval": 1, "max_keep_ckpts": -1}, None),
+    ({"type": "CheckpointHook", "interval": 1, "max_keep_ckpts": 2}, 2),
+])
+def test_checkpoint_keep_follows_max_keep_ckpts(hook, keep):
+    assert translate({"default_hooks": {"checkpoint": hook}})["checkpoint"] == {"interval": 1, "keep": keep}
+
+
+def test_checkpoint_hook_without_max_keep_ckpts_keeps_every_checkpoint(tmp_path):
+    cfg = _mm(work_dir=str(tmp_path), train_cfg={"max_epochs": 5},
+              default_hooks={"checkpoint": {"type": "CheckpointHook", "interval": 1}})
+    build_trainer(resolve_config(cfg, mode="train")).fit()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("epoch_")) == \
+        [f"epoch_{i:04d}" for i in range(1, 6)]
+
+
+def test_resume_true_with_load_from_resumes_from_it(tmp_path):
+    first = tmp_path / "first"
+    build_trainer(resolve_config(_mm(work_dir=str(first), default_hooks={
+        "checkpoint": {"type": "CheckpointHook", "interval": 1}}), mode="train")).fit()
+    ckpt = str(first / "checkpoints" / "epoch_0001")
+    out = translate(_mm(resume=True, load_from=ckpt))
+    assert out["resume"] == ckpt and "load_from" not in out
+    # MMEngine: the full state of epoch 1 (iteration 2) is restored and only epoch 2 is trained.
+    second = tmp_path / "second"
+    trainer = build_trainer(resolve_config(_mm(work_dir=str(second), resume=True, load_from=ckpt), mode="train"))
+    trainer.fit()
+    records = [json.loads(line) for line in (second / "log.jsonl").read_text().splitlines()]
+    assert [r["iter"] for r in records if r["mode"] == "train"] == [3, 4]
+    assert (trainer.state.epoch, trainer.state.iter) == (2, 4)
+
+
+def test_load_from_without_resume_stays_weights_only(tmp_path):
+    for cfg in (_mm(load_from="ckpt"), _mm(resume=False, load_from="ckpt")):
+        out = translate(cfg)
+        assert out["load_from"] == "ckpt" and out.get("resume", False) is False
+    assert translate(_mm(resume=True))["resume"] is True  # no load_from: the latest checkpoint in work_dir
+
+
+def test_ema_update_buffers():
+    # treadle averages buffers: what MMEngine does with update_buffers=True.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = translate({"custom_hooks": [{"type": "EMAHook", "momentum": 0.001, "update_buffers": True}]})
+    assert out == {"ema": {"momentum": 0.999}}
+    with pytest.raises(ConfigError) as e:  # copying buffers is not something treadle's EMA can do
+        translate({"custom_hooks": [{"type": "EMAHook", "update_buffers": False}]})
+    assert str(e.value).startswith("custom_hooks[0].update_buffers: option has no treadle equivalent for this value "
+                                   "(got False); expected update_buffers: true (what treadle does), or no "
+                                   "update_buffers. treadle's EMA averages the buffers")
+    # MMEngine's default (False) differs from treadle's averaging: said, not dropped silently.
+    with pytest.warns(UserWarning, match=r"custom_hooks\[0\]: EMAHook without update_buffers: MMEngine then copies"):
+        assert translate({"custom_hooks": [{"type": "EMAHook", "momentum": 0.001}]}) == {"ema": {"momentum": 0.999}}
+
+
+def test_logger_hook_options_treadle_matches_are_dropped_and_the_others_refused():
+    hook = {"type": "LoggerHook", "interval": 5, "ignore_last": True, "log_metric_by_epoch": False,
+            "interval_exp_name": 100}
+    assert translate({"default_hooks": {"logger": hook}}) == {"log_interval": 5}
+    for key, value, why in [("ignore_last", False, "never logs the iterations left over at the end of an epoch"),
+                            ("log_metric_by_epoch", True, "validation results at the iteration")]:
+        with pytest.raises(ConfigError) as e:
+            translate({"default_hooks": {"logger": {"type": "LoggerHook", key: value}}})
+        assert str(e.value).startswith(f"default_hooks.logger.{key}: option has no treadle equivalent for this value "
+                                       f"(got {value!r}); expected {key}: {str(not value).lower()} (what treadle does)")
+        assert why in str(e.value)
+    with pytest.raises(ConfigError, match="ignore_last: option has no treadle equivalent"):  # 1 is not True
+        translate({"default_hooks": {"logger": {"type": "LoggerHook", "ignore_last": 1}}})

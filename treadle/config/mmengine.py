@@ -18,32 +18,47 @@ MMEngine                                               treadle
 ``train_cfg.by_epoch`` / ``type``, ``val_begin: 1``    checked, then dropped
 ``val_cfg``, ``test_cfg`` (no options)                 dropped
 ``default_hooks`` CheckpointHook                       ``checkpoint``: ``interval`` (-1: null),
-                                                       ``by_epoch``, ``max_keep_ckpts`` -> ``keep``,
-                                                       ``save_last``, ``save_best`` -> ``best``,
-                                                       ``rule`` greater/less -> max/min
-``default_hooks`` LoggerHook ``interval``              ``log_interval``
+                                                       ``by_epoch``, ``max_keep_ckpts`` -> ``keep``
+                                                       (absent or negative: null, keep all, as
+                                                       MMEngine's default -1), ``save_last``,
+                                                       ``save_best`` -> ``best``, ``rule``
+                                                       greater/less -> max/min; ``save_optimizer``
+                                                       / ``save_param_scheduler``: true, dropped
+``default_hooks`` LoggerHook ``interval``              ``log_interval``; ``ignore_last: true``,
+                                                       ``log_metric_by_epoch: false`` (what treadle
+                                                       does), ``interval_exp_name``: dropped
 ``default_hooks`` IterTimerHook, ParamSchedulerHook,   dropped: treadle always times steps, steps
 DistSamplerSeedHook, RuntimeInfoHook, or null          its schedulers, seeds samplers, logs lr
 ``custom_hooks`` EMAHook                               ``ema``: ``momentum`` -> ``1 - momentum``
                                                        (MMEngine weighs the new value), ``interval``,
-                                                       ``begin_iter`` -> ``start``
+                                                       ``begin_iter`` -> ``start``;
+                                                       ``update_buffers: true`` (treadle averages
+                                                       buffers), ``strict_load``, ``priority``:
+                                                       dropped; no ``update_buffers``: a warning
 ``custom_hooks`` EarlyStoppingHook                     ``hooks``: ``check_finite`` ->
                                                        ``stop_on_nonfinite``, the rest as is
 other ``default_hooks`` / ``custom_hooks``             ``hooks`` (treadle hook types and arguments)
 ``randomness.seed`` / ``deterministic`` /              ``seed`` / ``deterministic`` /
 ``diff_rank_seed``                                     ``seed_per_rank``
-``*_dataloader.sampler: {type: DefaultSampler,         ``*_dataloader.shuffle``
-shuffle: ...}``
+``*_dataloader.sampler: {type: DefaultSampler,         ``*_dataloader.shuffle`` (sampler ``seed``
+shuffle: ...}``                                        dropped: treadle seeds samplers)
+``auto_scale_lr`` without ``enable``                   ``auto_scale_lr`` with ``enable: false``
+                                                       (MMEngine scales only with ``enable: true``)
+``resume: true`` with ``load_from: PATH``              ``resume: PATH`` (full state), no
+                                                       ``load_from``
 ``default_scope``                                      dropped
 =====================================================  =====================================
 
-Everything else (``model``, ``*_dataloader``, ``work_dir``, ``load_from``, ``resume``,
-``auto_scale_lr``) has the same name in both. Options treadle cannot honour are
-errors, never silently dropped.
+Everything else (``model``, ``*_dataloader``, ``work_dir``, ``load_from`` alone or with
+``resume: false`` (weights only), ``resume``, ``auto_scale_lr`` with ``enable``) has the
+same name and meaning in both. Any other option, or a value treadle cannot honour
+(``update_buffers: false``, ``ignore_last: false``, ``log_metric_by_epoch: true``...),
+is an error: only the entries marked "dropped" above are left out.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from treadle.config.errors import ConfigError, join_path
@@ -59,11 +74,18 @@ NOT_TRANSLATED = {
     "env_cfg": "treadle sets up its environment itself; remove env_cfg",
     "log_processor": "treadle's LoggerHook averages over log_interval; remove log_processor",
     "visualizer": "treadle writes log.jsonl and TensorBoard logs itself; remove visualizer",
-    "launcher": "launch several processes with torchrun; remove launcher",
+    "launcher": "launch several processes with treadle train --nproc N (or torchrun); remove launcher",
     "log_level": "remove log_level",
 }
 
 _DROPPED_HOOKS = ("IterTimerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "RuntimeInfoHook")
+
+_LOGGER_WHY = {
+    "ignore_last": "treadle logs every log_interval iterations counted over the whole run (and at the last one); "
+                   "it never logs the iterations left over at the end of an epoch.",
+    "log_metric_by_epoch": "treadle's log.jsonl records carry both epoch and iter, and its TensorBoard logs put "
+                           "validation results at the iteration (MMEngine's log_metric_by_epoch=False).",
+}
 
 
 def is_mmengine_style(cfg: dict[str, Any]) -> bool:
@@ -84,20 +106,36 @@ class _Out:
         self.cfg[key] = value
 
 
-def _take(spec: dict[str, Any], path: str, mapping: dict[str, str], dropped: dict[str, Any]) -> dict[str, Any]:
+def _take(spec: dict[str, Any], path: str, mapping: dict[str, str], dropped: dict[str, Any],
+          why: dict[str, str] | None = None) -> dict[str, Any]:
     """Rename ``spec``'s keys by ``mapping``; keys in ``dropped`` must hold the given value
-    (None: any) and are left out; anything else is an error."""
+    (None: any) and are left out; anything else is an error. ``why`` explains, per
+    dropped key, why treadle can honour only that value (the error's hint)."""
     out: dict[str, Any] = {}
     for key, value in spec.items():
         if key in mapping:
             out[mapping[key]] = value
-        elif key in dropped and (dropped[key] is None or value == dropped[key]):
+        elif key in dropped and (dropped[key] is None or _same(value, dropped[key])):
             continue
+        elif key in dropped:  # a value treadle does not honour
+            raise ConfigError(join_path(path, key), "option has no treadle equivalent for this value", value=value,
+                              expected=f"{key}: {_yaml(dropped[key])} (what treadle does), or no {key}",
+                              hint=(why or {}).get(key, ""))
         else:
             supported = sorted(mapping) + sorted(k for k, v in dropped.items())
             raise ConfigError(join_path(path, key), "option has no treadle equivalent", value=value,
                               expected=f"options among {', '.join(supported)}")
     return out
+
+
+def _yaml(value: Any) -> str:
+    """``value`` as a config file writes it (``true``, ``1``, ``'x'``)."""
+    return {True: "true", False: "false"}[value] if isinstance(value, bool) else repr(value)
+
+
+def _same(value: Any, expected: Any) -> bool:
+    """``value == expected``, but True and 1 (or False and 0) are not the same option value."""
+    return value == expected and isinstance(value, bool) == isinstance(expected, bool)
 
 
 def _optim_wrapper(spec: Any, out: _Out) -> None:
@@ -154,8 +192,9 @@ def _checkpoint(spec: dict[str, Any], path: str, out: _Out) -> None:
                {"type": None, "save_optimizer": True, "save_param_scheduler": True})
     if ck.get("interval") == -1:
         ck["interval"] = None
-    if ck.get("keep") == -1:
-        ck["keep"] = None
+    keep = ck.get("keep")
+    if keep is None or (isinstance(keep, int) and not isinstance(keep, bool) and keep < 0):
+        ck["keep"] = None  # MMEngine's default (-1) keeps every checkpoint; treadle's default keeps 3
     if ck.get("best") == "auto":
         raise ConfigError(join_path(path, "save_best"), "'auto' is not supported", value="auto",
                           expected="the name of a validation metric such as val/acc")
@@ -172,8 +211,16 @@ def _ema(spec: dict[str, Any], path: str, out: _Out) -> None:
         raise ConfigError(join_path(path, "ema_type"), "unsupported average", value=spec["ema_type"],
                           expected="ExponentialMovingAverage")
     ema = _take(spec, path, {"momentum": "momentum", "interval": "interval", "begin_iter": "start"},
-                {"type": None, "ema_type": None, "update_buffers": None, "strict_load": None, "priority": None,
-                 "begin_epoch": 0})
+                {"type": None, "ema_type": None, "update_buffers": True, "strict_load": None, "priority": None,
+                 "begin_epoch": 0},
+                {"update_buffers": "treadle's EMA averages the buffers (BatchNorm statistics) as it averages the "
+                                   "weights; it cannot copy them from the model as MMEngine does with "
+                                   "update_buffers=False. Write update_buffers: true to train with averaged buffers."})
+    if "update_buffers" not in spec:
+        warnings.warn(f"{path}: EMAHook without update_buffers: MMEngine then copies the model's buffers (BatchNorm "
+                      "statistics) into the average, but treadle averages them like the weights (MMEngine's "
+                      "update_buffers=True). The two differ for models with BatchNorm. Write update_buffers: true "
+                      "to accept treadle's averaging and silence this warning.", UserWarning, stacklevel=4)
     if "momentum" in ema:
         m = ema["momentum"]
         if isinstance(m, bool) or not isinstance(m, (int, float)):
@@ -202,7 +249,8 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> None:
             _checkpoint(spec, path, out)
         elif kind == "LoggerHook":
             log = _take(spec, path, {"interval": "interval"},
-                        {"type": None, "ignore_last": None, "log_metric_by_epoch": None, "interval_exp_name": None})
+                        {"type": None, "ignore_last": True, "log_metric_by_epoch": False, "interval_exp_name": None},
+                        _LOGGER_WHY)
             if "interval" in log:
                 out.set("log_interval", log["interval"], join_path(path, "interval"))
         elif kind == "EMAHook":
@@ -250,6 +298,11 @@ def translate(cfg: dict[str, Any]) -> dict[str, Any]:
     for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
         if key in out.cfg:
             out.cfg[key] = _dataloader(out.cfg[key], key)
+    scale = out.cfg.get("auto_scale_lr")
+    if isinstance(scale, dict) and "enable" not in scale:
+        out.cfg["auto_scale_lr"] = {**scale, "enable": False}  # MMEngine scales only with enable=True
+    if out.cfg.get("resume") is True and out.cfg.get("load_from") is not None:
+        out.cfg["resume"] = out.cfg.pop("load_from")  # MMEngine resumes from load_from (full state)
     return out.cfg
 
 
