@@ -391,6 +391,12 @@ class IterLoop(TrainLoop):
 
     def train_phase(self, k: int) -> None:
         s = self.trainer.state
+        pos = self.resume_pos
+        if pos is not None and pos["open"] and self.feed.length is not None and pos["batch_idx"] >= self.feed.length:
+            # Resumed right after an epoch's last batch (a preemption there): close that
+            # epoch first, as the run would have before anything else.
+            self._open_epoch()
+            self._close_epoch(complete=True)
         remaining = min(k, s.max_iters - s.iter)  # type: ignore[operator]
         while remaining > 0 and not s.should_stop:
             if not self._epoch_open:

@@ -33,6 +33,21 @@ class LoggerHook(Hook):
 
     While a ``ProgressBarHook`` is live, the console lines are printed above the bar by
     rich (see ``treadle/hooks/progress.py``); ``log.txt`` and the writers are unchanged.
+
+    Log files across runs (writers with ``drop_after``/``move_aside``: the JSONL and CSV
+    writers), done at ``before_train``, so only ``fit()`` does it:
+
+    * a run resumed from a checkpoint (``after_load_checkpoint`` notes its position)
+      first drops, from ``log.jsonl`` and ``log.csv``, the records the interrupted run
+      wrote after that position (rewriting each file atomically), since the resumed run
+      writes them again: the files then equal the uninterrupted run's, record for record
+      (timestamps and timings aside). ``log.txt`` keeps every line of both processes;
+      records this trainer wrote itself (a ``validate()`` before ``fit()``) stay.
+    * a fresh ``fit()`` (not resumed, iteration 0) in a ``work_dir`` whose log files hold
+      an earlier run's records moves those to ``log.<time>.jsonl`` / ``log.<time>.csv``
+      (``<time>``: when that run last wrote, ``%Y%m%d_%H%M%S``), so ``log.jsonl`` holds
+      one run; records this trainer wrote before (a ``validate()`` before ``fit()``) stay.
+    * ``validate()``/``test()`` alone append (e.g. an evaluation of a finished run).
     """
 
     priority = Priority.BELOW_NORMAL
@@ -56,6 +71,18 @@ class LoggerHook(Hook):
         # values, after the record is written: the NaN guard checks these instead of
         # reading the device itself (one host transfer per interval for both).
         self.listeners: list[Any] = []
+        # Log files across runs (see the class docstring): the position of a checkpoint
+        # loaded since the last fit() began, records written by this hook, the newest
+        # modification time of the log files before this hook first opened them.
+        self._resume_at: tuple[int, bool] | None = None
+        self._records = 0
+        self._earlier_mtime: float | None = None
+        self._opened = False
+        self._fit_started = False
+
+    def after_load_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
+        counters, data = checkpoint.get("trainer") or {}, checkpoint.get("data") or {}
+        self._resume_at = (int(counters.get("iter", 0)), bool(data.get("val_due", False)))
 
     def before_run(self, trainer: "Trainer") -> None:
         self._batch_size = getattr(trainer.train_dataloader, "batch_size", None)
@@ -65,6 +92,39 @@ class LoggerHook(Hook):
         if self.text_log:
             self._handler = add_file_handler(work_dir / "log.txt")
         self._writers = [WRITERS[w](work_dir) if isinstance(w, str) else w for w in self.writer_specs]
+        if not self._opened:  # before this trainer wrote anything there: an earlier run's files
+            self._opened = True
+            mtimes = [p.stat().st_mtime for p in self._log_files() if p.is_file() and p.stat().st_size > 0]
+            self._earlier_mtime = max(mtimes, default=None)
+
+    def _log_files(self) -> list[Path]:
+        return [Path(w.path) for w in self._writers
+                if callable(getattr(w, "move_aside", None)) and getattr(w, "path", None) is not None]
+
+    def before_train(self, trainer: "Trainer") -> None:
+        resume, self._resume_at = self._resume_at, None
+        fresh = resume is None and not self._fit_started and trainer.state.iter == 0
+        self._fit_started = True
+        if not self._writers:
+            return
+        logger = get_logger()
+        if resume is not None:  # the interrupted run's records after the checkpoint are written again
+            iteration, val_due = resume
+            for w in self._writers:
+                drop = getattr(w, "drop_after", None)
+                if callable(drop):
+                    n = drop(iteration, val_due, keep_last=self._records)
+                    if n:
+                        logger.info(f"{_file_name(w)}: dropped {n} record(s) the interrupted run wrote after its "
+                                    f"checkpoint at iteration {iteration}; this run writes them again")
+        elif fresh and self._earlier_mtime is not None:
+            stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(self._earlier_mtime))
+            for w in self._writers:
+                move = getattr(w, "move_aside", None)
+                if callable(move):
+                    dest = move(stamp, keep_last=self._records)
+                    if dest is not None:
+                        logger.info(f"{_file_name(w)}: an earlier run's records moved to {dest.name}")
 
     def after_run(self, trainer: "Trainer") -> None:
         writers, self._writers = self._writers, []
@@ -86,6 +146,8 @@ class LoggerHook(Hook):
             raise error
 
     def _write(self, record: dict[str, Any]) -> None:
+        if self._writers:
+            self._records += 1
         for w in self._writers:
             try:
                 w.write(record)
@@ -155,6 +217,11 @@ class LoggerHook(Hook):
         if trainer.is_main:
             shown = "  ".join(f"{k} {_fmt(v)}" for k, v in metrics.items())
             get_logger().info(f"{mode} (epoch {state.epoch}, iter {state.iter})  {shown}")
+
+
+def _file_name(writer: Any) -> str:
+    path = getattr(writer, "path", None)
+    return Path(path).name if path is not None else type(writer).__name__
 
 
 def _tensorboard(work_dir: Path) -> Any:

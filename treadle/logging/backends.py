@@ -13,6 +13,7 @@ mlflow, wandb) are imported when a writer is built, never when treadle is.
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import json
 import math
@@ -24,7 +25,7 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, Callable
 
-from treadle.logging.writers import BatchedWriter
+from treadle.logging.writers import BatchedWriter, aside_path, fsync_dir, replace_atomically, written_after
 
 # Record keys that say where a record belongs rather than what was measured.
 _META_KEYS = ("mode", "iter")
@@ -75,7 +76,8 @@ class CsvWriter(BatchedWriter):
     and the first val record -- the file is rewritten once with the wider header
     (to a temporary file, then renamed, so a crash never leaves half a file);
     otherwise rows are appended. An existing file is appended to, its header adopted
-    (the JSONL writer appends too, e.g. on resume).
+    (the JSONL writer appends too). :meth:`drop_after` (a resumed run) and
+    :meth:`move_aside` (a fresh run) rewrite it first, as ``JsonlWriter``'s do.
 
     Rows are kept in memory and written every ``flush_secs`` seconds, at :meth:`flush`
     and at :meth:`close` (see :class:`~treadle.logging.writers.BatchedWriter` for why:
@@ -117,15 +119,86 @@ class CsvWriter(BatchedWriter):
         self._file.close()
         with open(self.path, newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
+
+        def fill(f: Any) -> None:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
             w.writerows(rows)
-        os.replace(tmp, self.path)
+        replace_atomically(self.path, fill, newline="")
         self.fields = fields
+        self._reopen()
+
+    def _reopen(self) -> None:
+        self._file.close()  # already closed unless reading it failed
         self._file = open(self.path, "a", newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._file, fieldnames=fields)
+        self._writer = csv.DictWriter(self._file, fieldnames=self.fields)
+
+    def _read_rows(self) -> tuple[list[str], list[list[str]], bool]:
+        """Write what is kept, close the file and return its header, its complete rows,
+        and whether they are the file as it is (a last row cut short by a killed process
+        is left out)."""
+        self.flush()
+        self._file.close()
+        if not self.path.exists():
+            return [], [], True
+        with open(self.path, newline="", encoding="utf-8") as f:
+            text = f.read()
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+        intact = not text or text.endswith("\n")
+        if not intact and len(rows) > 1:
+            rows.pop()
+        header = rows[0] if rows else []
+        return header, rows[1:], intact
+
+    def _write_rows(self, path: Path, header: list[str], rows: list[list[str]]) -> None:
+        def fill(f: Any) -> None:
+            w = csv.writer(f)
+            if header:
+                w.writerow(header)
+            w.writerows(rows)
+        replace_atomically(path, fill, newline="")
+
+    def drop_after(self, iteration: int, val_due: bool = False, keep_last: int = 0) -> int:
+        """Resuming from a checkpoint taken at ``iteration`` (``val_due``: a validation
+        was still due there): rewrite the file atomically without the rows written after
+        that position (see :func:`treadle.logging.writers.written_after`) but the last
+        ``keep_last`` (this run's own); the header is kept. Returns how many rows were
+        dropped."""
+        try:
+            header, rows, intact = self._read_rows()
+            older = max(len(rows) - keep_last, 0)
+            kept = [r for r in rows[:older] if not written_after(dict(zip(header, r)), iteration, val_due)]
+            kept += rows[older:]
+            if len(kept) != len(rows) or not intact:
+                self._write_rows(self.path, header, kept)
+            self.fields = header
+            return len(rows) - len(kept)
+        finally:
+            self._reopen()
+
+    def move_aside(self, stamp: str, keep_last: int = 0) -> Path | None:
+        """A fresh run starts: move the rows of earlier runs to ``log.<stamp>.csv`` and
+        leave this run's last ``keep_last`` rows under the same header. Returns the new
+        file, or None when there was nothing earlier."""
+        try:
+            header, rows, _ = self._read_rows()
+            if keep_last <= 0:  # the whole file, as it is: one rename
+                if not (self.path.exists() and self.path.stat().st_size > 0):
+                    return None
+                dest = aside_path(self.path, stamp)
+                os.replace(self.path, dest)
+                fsync_dir(self.path.parent)
+                self.fields = []  # the next batch writes a header
+                return dest
+            older = len(rows) - keep_last
+            if older <= 0:
+                return None
+            dest = aside_path(self.path, stamp)
+            self._write_rows(dest, header, rows[:older])
+            self._write_rows(self.path, header, rows[older:])
+            return dest
+        finally:
+            self._reopen()
 
 
 def _cell(value: Any) -> Any:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable, Mapping
 
 LOGGER_NAME = "treadle"
 _FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -53,6 +54,73 @@ def _jsonable(value: Any) -> Any:
 
 
 _encode_finite = json.JSONEncoder(allow_nan=False).encode
+
+
+# -- log files on resume and at a fresh run ----------------------------------------------
+def written_after(record: Mapping[str, Any], iteration: int, val_due: bool) -> bool:
+    """Whether a log record belongs after the position of a checkpoint taken when
+    ``iteration`` iterations were done, with ``val_due`` (its ``data["val_due"]``):
+    a validation of that cycle had not run yet.
+
+    Train records count the iterations done when they were logged, so those with
+    ``iter <= iteration`` came before the checkpoint (the record at the checkpoint's own
+    iteration too: the resumed run goes on from its window). A val record at
+    ``iteration`` came after it when a validation was still due there (the resumed run
+    runs it again), before it otherwise. Test records and other modes follow the
+    train rule. ``iter`` may be a string (a CSV cell); a record without a readable
+    ``iter`` is kept.
+    """
+    try:
+        step = int(float(record.get("iter")))  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return False
+    if step != iteration:
+        return step > iteration
+    return record.get("mode") == "val" and bool(val_due)
+
+
+def replace_atomically(path: Path, fill: Callable[[IO[str]], None], newline: str | None = None) -> None:
+    """Write ``path`` anew: ``fill(f)`` writes a temporary file in the same directory,
+    which is flushed, fsynced and renamed over ``path`` (``os.replace``), so a crash
+    leaves the old file or the new one, never a mix or half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline=newline) as f:
+            fill(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (where the platform allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def aside_path(path: Path, stamp: str) -> Path:
+    """``log.<stamp>.jsonl`` beside ``log.jsonl`` (``log.<stamp>-2.jsonl``, ... if taken)."""
+    candidate = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
+    n = 2
+    while candidate.exists():
+        candidate = path.with_name(f"{path.stem}.{stamp}-{n}{path.suffix}")
+        n += 1
+    return candidate
 
 
 class BatchedWriter:
@@ -108,6 +176,9 @@ class JsonlWriter(BatchedWriter):
     """Append one JSON object per line (``log.jsonl``), strict JSON (NaN and infinities
     are written as strings).
 
+    An existing file is appended to. :meth:`drop_after` (a resumed run) and
+    :meth:`move_aside` (a fresh run) rewrite it first; ``LoggerHook`` calls them.
+
     A record is written at once when the previous write is ``flush_secs`` or more ago
     -- always, at the pace of real training, where log intervals are seconds apart.
     Records that come faster are kept and written together with the next one due, at
@@ -136,6 +207,77 @@ class JsonlWriter(BatchedWriter):
             self._file.flush()
         if error is not None:
             raise error
+
+    def _read_lines(self) -> tuple[list[str], bool]:
+        """Write what is kept, close the file and return its complete lines, and whether
+        they are the file as it is (a last line cut short by a killed process is
+        completed, or left out when it is no JSON)."""
+        self.flush()
+        self._file.close()
+        if not self.path.exists():
+            return [], True
+        with open(self.path, encoding="utf-8") as f:
+            lines = f.readlines()
+        if lines and not lines[-1].endswith("\n"):
+            try:
+                json.loads(lines[-1])
+                lines[-1] += "\n"
+            except ValueError:
+                lines.pop()
+            return lines, False
+        return lines, True
+
+    def _reopen(self) -> None:
+        self._file.close()  # already closed unless reading it failed
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def drop_after(self, iteration: int, val_due: bool = False, keep_last: int = 0) -> int:
+        """Resuming from a checkpoint taken at ``iteration`` (``val_due``: a validation
+        was still due there): rewrite the file atomically without the records written
+        after that position (see :func:`written_after`), which the resumed run writes
+        again. The last ``keep_last`` records (this run's own, e.g. of a ``validate()``
+        before ``fit()``) stay. Returns how many were dropped."""
+        try:
+            lines, intact = self._read_lines()
+            older = max(len(lines) - keep_last, 0)
+            kept = [line for line in lines[:older] if not _line_after(line, iteration, val_due)] + lines[older:]
+            if len(kept) != len(lines) or not intact:
+                replace_atomically(self.path, lambda f: f.write("".join(kept)))
+            return len(lines) - len(kept)
+        finally:
+            self._reopen()
+
+    def move_aside(self, stamp: str, keep_last: int = 0) -> Path | None:
+        """A fresh run starts: move the records of earlier runs to ``log.<stamp>.jsonl``
+        (see :func:`aside_path`) and leave this run's last ``keep_last`` records (e.g. of
+        a ``validate()`` before ``fit()``) in ``log.jsonl``. Returns the new file, or None
+        when there was nothing earlier."""
+        try:
+            lines, _ = self._read_lines()
+            if keep_last <= 0:  # the whole file, as it is: one rename
+                if not (self.path.exists() and self.path.stat().st_size > 0):
+                    return None
+                dest = aside_path(self.path, stamp)
+                os.replace(self.path, dest)
+                fsync_dir(self.path.parent)
+                return dest
+            older = len(lines) - keep_last
+            if older <= 0:
+                return None
+            dest = aside_path(self.path, stamp)
+            replace_atomically(dest, lambda f: f.write("".join(lines[:older])))
+            replace_atomically(self.path, lambda f: f.write("".join(lines[older:])))
+            return dest
+        finally:
+            self._reopen()
+
+
+def _line_after(line: str, iteration: int, val_due: bool) -> bool:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False  # not a record of ours: left as it is
+    return isinstance(record, dict) and written_after(record, iteration, val_due)
 
 
 def _line(record: dict[str, Any]) -> str:
