@@ -156,3 +156,14 @@ def test_validation_goes_on_where_it_was_after_a_resume(tmp_path, kw):
     _trainer(tmp_path / "run", hooks=[vals], resume=True, checkpoint=dict(interval=1, by_epoch=False), **kw).fit()
     later = [r for r in ref_vals.results if r[0] >= 8]
     assert later and vals.results == later
+
+
+def test_a_stop_at_an_epochs_last_iteration_keeps_the_due_validation(tmp_path):
+    ref_vals, vals = Vals(), Vals()
+    ref = _trainer(tmp_path / "ref", hooks=[ref_vals])
+    ref.fit()
+    _interrupt(tmp_path / "run", 5, "stop")  # the stop skips the validation due after epoch 1 ...
+    resumed = _trainer(tmp_path / "run", hooks=[vals], resume=True)
+    resumed.fit()
+    assert ref_vals.at == [5, 10, 15] and vals.at == [5, 10, 15]  # ... so the resumed run does it first
+    _assert_same(resumed, ref)

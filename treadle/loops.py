@@ -240,7 +240,8 @@ class TrainLoop:
         if self._epoch_open:  # ended inside an epoch: keep epoch hooks paired
             feed = self.feed
             self._close_epoch(complete=feed.length is not None and feed.batch_idx >= feed.length)
-        self.phase, self.phase_base = len(self.workflow), self._units_done()  # nothing left but after_train
+        if self._done():  # nothing left but after_train (a stop keeps its place: a due validation stays due)
+            self.phase, self.phase_base = len(self.workflow), self._units_done()
         t._call("after_train")
         s.mode = "idle"
 
