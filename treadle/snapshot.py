@@ -5,14 +5,15 @@ A checkpoint directory (see ``treadle.checkpoint.io``) holds ``state.pt``::
     model      the module's state_dict (unwrapped)
     optim      {name: OptimWrapper.state_dict()}  optimizer, GradScaler, accumulation
     hooks      {key: hook.state_dict()}           schedulers, EMA, best-K, ...
-    trainer    counters: epoch, iter, inner_iter, metrics; run (the run's id);
-               log_windows (the values the next log line averages)
+    trainer    counters: epoch, iter, inner_iter, metrics; run (the run's id)
     data       the feed's position: epoch, batch_idx, open, seed, world_size; the
                workflow's: phase (index, units done in it), val_due (a validation
                of this cycle has not run yet)
 
-and ``rng_rank<r>.pt`` with every RNG of rank r. The position is that of an
-iteration boundary: called from ``after_train_iter`` it already counts the running
+and ``rng_rank<r>.pt`` with every RNG of rank r and, under ``rank_state``, what else
+differs between ranks: the open log windows (the values the next log line averages),
+the validation feed's place, an open accumulation window's gradients. The position is
+that of an iteration boundary: called from ``after_train_iter`` it already counts the running
 iteration (its step is done), and from ``after_train_epoch`` it counts the epoch.
 """
 
@@ -84,8 +85,7 @@ def collect(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
         "optim": {name: ow.state_dict(strategy.optim_state_dict(module, ow.optimizer))
                   for name, ow in trainer.optim_wrappers.items()},
         "hooks": {key: h.state_dict() for key, h in hook_keys(trainer).items()},
-        "trainer": {**counters, "metrics": dict(trainer.state.metrics), "run": trainer.run_id,
-                    "log_windows": trainer.store.state_dict()},
+        "trainer": {**counters, "metrics": dict(trainer.state.metrics), "run": trainer.run_id},
         "data": data,
         "treadle": treadle.__version__,
     }
@@ -94,7 +94,24 @@ def collect(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
         s.by_epoch and s.max_epochs is not None and counters["epoch"] >= s.max_epochs)) and not (
         data["open"] or data.get("val_due"))
     meta = {"epoch": counters["epoch"], "iter": counters["iter"], "finished": bool(finished), "run": trainer.run_id}
-    return {STATE_FILE: state, rng_file(trainer.strategy.rank): get_rng_state()}, meta
+    own = get_rng_state()
+    own["rank_state"] = _rank_state(trainer, state, data)
+    return {STATE_FILE: state, rng_file(trainer.strategy.rank): own}, meta
+
+
+def _rank_state(trainer: "Trainer", state: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """What differs from one process to the next, for this process's own file (rank 0
+    writes ``state.pt`` alone): the open log windows, the validation feed's place (each
+    rank reads its own shard), and gradients of an open accumulation window (under DDP's
+    ``no_sync`` each rank holds its own). Moved out of ``state``/``data``."""
+    local: dict[str, Any] = {"log_windows": trainer.store.state_dict()}
+    if "val" in data:
+        local["val"] = data.pop("val")
+    if trainer.strategy.name != "fsdp":  # FSDP's gradients are shards: they stay in its sharded state
+        grads = {name: st.pop("grads") for name, st in state["optim"].items() if "grads" in st}
+        if grads:
+            local["grads"] = grads
+    return local
 
 
 def sharded_template(trainer: "Trainer") -> dict[str, Any]:
@@ -180,10 +197,16 @@ def restore(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, Any]:
     """
     state = check_restorable(trainer, payloads)
     strategy, module = trainer.strategy, trainer.module
+    own = payloads.get(rng_file(strategy.rank))
+    local = own.get("rank_state") if isinstance(own, dict) else None
+    if not isinstance(local, dict):  # older checkpoints: in state.pt; another world size: none for this rank
+        local = {"log_windows": state["trainer"].get("log_windows"), "val": state["data"].get("val")}
     strategy.load_model_state_dict(module, state["model"])
     for name, ow in trainer.optim_wrappers.items():
-        ow.load_state_dict(state["optim"][name],
-                           functools.partial(strategy.load_optim_state_dict, module, ow.optimizer))
+        st = state["optim"][name]
+        if name in local.get("grads", {}):
+            st = {**st, "grads": local["grads"][name]}
+        ow.load_state_dict(st, functools.partial(strategy.load_optim_state_dict, module, ow.optimizer))
     hooks = hook_keys(trainer)
     for key, hstate in state["hooks"].items():
         if key in hooks:
@@ -192,14 +215,14 @@ def restore(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, Any]:
     c = state["trainer"]
     s.epoch, s.iter, s.inner_iter = int(c["epoch"]), int(c["iter"]), int(c["inner_iter"])
     s.metrics = dict(c.get("metrics", {}))
-    if isinstance(c.get("log_windows"), dict):  # the values logged at the next interval
-        trainer.store.load_state_dict(c["log_windows"])
+    if isinstance(local.get("log_windows"), dict):  # the values logged at the next interval
+        trainer.store.load_state_dict(local["log_windows"])
     if isinstance(c.get("run"), str):  # the same run goes on (older checkpoints have no run: a new one starts)
         trainer.run_id = c["run"]
     pos = dict(state["data"])
-    if trainer.val_loop is not None and isinstance(pos.get("val"), dict):
-        trainer.val_loop.restore(pos["val"])
-    pos["rng"] = payloads.get(rng_file(strategy.rank))
+    if trainer.val_loop is not None and isinstance(local.get("val"), dict):
+        trainer.val_loop.restore(local["val"])
+    pos["rng"] = own
     saved_world = int(pos.get("world_size", 1))
     if saved_world != strategy.world_size:
         # The sampler splits the data differently: keep the number of samples taken.

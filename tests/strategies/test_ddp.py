@@ -125,3 +125,18 @@ def test_an_exception_on_rank_1_ends_every_rank_quickly_with_that_error(tmp_path
     assert "boom on rank 1 at iteration 3" in proc.stdout + proc.stderr
     assert elapsed < 60, f"took {elapsed:.0f} s"
     assert not (tmp_path / "out" / "final_rank0.pt").exists()
+
+
+def test_ddp_resume_inside_an_accumulation_window_restores_each_ranks_gradients(tmp_path):
+    """Under no_sync each rank holds its own gradients of the open window: each rank's
+    file keeps them (state.pt is rank 0's alone), so the resumed all-reduce sums the same."""
+    out, work = tmp_path / "out", tmp_path / "run"
+    common = ["--work-dir", str(work), "--shuffle", "--accumulate", "2", "--interval", "3"]
+    results = _run(out, *common, "--term-at", "3", expect=None)  # saved after iteration 3: a window half done
+    assert [code for code, _ in results] == [143, 143], results[0][1][-3000:]
+    _run(out, *common, "--resume")
+    whole = tmp_path / "whole"
+    _run(whole, "--work-dir", str(tmp_path / "whole_run"), "--shuffle", "--accumulate", "2", "--interval", "3")
+    for k, v in _final(whole).items():
+        assert torch.equal(_final(out)[k], v), k
+        assert torch.equal(_final(out, 1)[k], v), k

@@ -35,6 +35,9 @@ class ShardSampler(Sampler[int]):
     def __len__(self) -> int:
         return len(range(self.rank, self.length, self.world_size))
 
+    def set_epoch(self, epoch: int) -> None:
+        """The order is the same every epoch; this says so to DataFeed (no resume warning)."""
+
 
 def _rebuild(loader: DataLoader, sampler: Sampler[int]) -> DataLoader:
     """The same loader (dataset, batch size, workers, collate, pinning) over ``sampler``."""
