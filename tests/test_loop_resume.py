@@ -124,13 +124,14 @@ def test_the_log_window_open_at_the_checkpoint_is_resumed_too(tmp_path):
     from treadle.logging import read_jsonl
 
     kw = dict(max_epochs=None, max_iters=12, log_interval=4, log_writers=("jsonl",), val=False,
-              checkpoint=dict(interval=5, by_epoch=False))
+              checkpoint=dict(interval=5, by_epoch=False), clip_grad=dict(max_norm=1.0))  # grad_norm is logged
     _trainer(tmp_path / "ref", **kw).fit()
     _interrupt(tmp_path / "run", 7, "crash", **kw)  # saved at 5, inside the window of iterations 5-8
     _trainer(tmp_path / "run", resume=True, **kw).fit()
 
     def losses(run):
-        return {r["iter"]: r["loss"] for r in read_jsonl(tmp_path / run / "log.jsonl") if r.get("mode") == "train"}
+        return {r["iter"]: (r["loss"], r["grad_norm"]) for r in read_jsonl(tmp_path / run / "log.jsonl")
+                if r.get("mode") == "train"}
 
     ref, resumed = losses("ref"), losses("run")
     assert sorted(ref) == [4, 8, 12] and resumed[8] == ref[8] and resumed[12] == ref[12]

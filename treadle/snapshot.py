@@ -65,6 +65,7 @@ def position(trainer: "Trainer") -> tuple[dict[str, int], dict[str, Any]]:
         pending = feed.batch_idx - s.inner_iter  # 1 while the iteration's after_train_iter runs
         counters.update(iter=s.iter + pending, inner_iter=feed.batch_idx)
         data.update(epoch=s.epoch, batch_idx=feed.batch_idx, open=True)
+        data["batch_size"] = getattr(feed.loader, "batch_size", None)  # to resume on another world size
     else:
         done_epoch = s.epoch + (1 if loop._closing_complete else 0)  # inside after_train_epoch
         counters["epoch"] = done_epoch
@@ -105,6 +106,9 @@ def _rank_state(trainer: "Trainer", state: dict[str, Any], data: dict[str, Any])
     rank reads its own shard), and gradients of an open accumulation window (under DDP's
     ``no_sync`` each rank holds its own). Moved out of ``state``/``data``."""
     local: dict[str, Any] = {"log_windows": trainer.store.state_dict()}
+    norms = {name: [float(v) for v in ow.grad_norms] for name, ow in trainer.optim_wrappers.items() if ow.grad_norms}
+    if norms:  # clipping's norms since the last log line (read here, at a save, not per step)
+        local["grad_norms"] = norms
     if "val" in data:
         local["val"] = data.pop("val")
     if trainer.strategy.name != "fsdp":  # FSDP's gradients are shards: they stay in its sharded state
@@ -217,6 +221,9 @@ def restore(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, Any]:
     s.metrics = dict(c.get("metrics", {}))
     if isinstance(local.get("log_windows"), dict):  # the values logged at the next interval
         trainer.store.load_state_dict(local["log_windows"])
+    for name, norms in (local.get("grad_norms") or {}).items():
+        if name in trainer.optim_wrappers:
+            trainer.optim_wrappers[name].grad_norms.extend(torch.tensor(v, dtype=torch.float64) for v in norms)
     if isinstance(c.get("run"), str):  # the same run goes on (older checkpoints have no run: a new one starts)
         trainer.run_id = c["run"]
     pos = dict(state["data"])
@@ -230,8 +237,11 @@ def restore(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, Any]:
                              "weights, optimizer and counters are exact; the rest of the open epoch's "
                              "order and the per-rank RNG streams cannot be, so they restart from the "
                              "same number of samples with fresh streams")
-        if pos.get("open"):
-            pos["batch_idx"] = int(pos["batch_idx"]) * saved_world // strategy.world_size
+        if pos.get("open"):  # the samples already taken, in this run's batches
+            saved_batch, batch = pos.get("batch_size"), getattr(trainer.train_dataloader, "batch_size", None)
+            if not (isinstance(saved_batch, int) and isinstance(batch, int) and saved_batch > 0 and batch > 0):
+                saved_batch = batch = 1  # unknown (older checkpoints): the per-process batch is assumed unchanged
+            pos["batch_idx"] = int(pos["batch_idx"]) * saved_world * saved_batch // (strategy.world_size * batch)
         if pos["rng"] is None or strategy.world_size > saved_world:
             pos["rng"] = None
     elif pos["rng"] is None and strategy.distributed:

@@ -113,6 +113,17 @@ def test_resume_with_another_world_size(tmp_path, direction):
         torch.testing.assert_close(final[k], v, rtol=1e-5, atol=1e-6)
 
 
+def test_resume_inside_an_epoch_with_another_world_size_takes_up_the_same_samples(tmp_path):
+    """Preempted after 3 of epoch 1's 6 iterations on 2 processes (batch 4 each), resumed on
+    one process with batch 8 (the global batch kept): it goes on at sample 24, not 48."""
+    out, work = tmp_path / "out", tmp_path / "run"
+    results = _run(out, "--work-dir", str(work), "--term-at", "3", expect=None)
+    assert [code for code, _ in results] == [143, 143], results[0][1][-3000:]
+    final = _single_process(work, batch=8, epochs=2, resume=True)
+    for k, v in _reference(shuffle=False, accumulate=1).items():
+        torch.testing.assert_close(final[k], v, rtol=1e-5, atol=1e-6)
+
+
 def test_an_exception_on_rank_1_ends_every_rank_quickly_with_that_error(tmp_path):
     """Through the --nproc launcher (torch.distributed.run's API): the agent stops
     rank 0 at once instead of letting it wait for the 30-minute collective timeout."""
