@@ -25,7 +25,7 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, Callable
 
-from treadle.logging.writers import BatchedWriter, aside_path, fsync_dir, replace_atomically, written_after
+from treadle.logging.writers import BatchedWriter, aside_path, move_whole_aside, replace_atomically, written_after
 
 # Record keys that say where a record belongs rather than what was measured.
 _META_KEYS = ("mode", "iter")
@@ -183,13 +183,10 @@ class CsvWriter(BatchedWriter):
         try:
             header, rows, _ = self._read_rows()
             if keep_last <= 0:  # the whole file, as it is: one rename
-                if not (self.path.exists() and self.path.stat().st_size > 0):
-                    return None
-                dest = aside_path(self.path, stamp)
-                os.replace(self.path, dest)
-                fsync_dir(self.path.parent)
-                self.fields = []  # the next batch writes a header
-                return dest
+                moved = move_whole_aside(self.path, stamp)
+                if moved is not None:
+                    self.fields = []  # the next batch writes a header
+                return moved
             older = len(rows) - keep_last
             if older <= 0:
                 return None

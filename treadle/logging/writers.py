@@ -123,6 +123,17 @@ def aside_path(path: Path, stamp: str) -> Path:
     return candidate
 
 
+def move_whole_aside(path: Path, stamp: str) -> Path | None:
+    """Rename a non-empty log file to its :func:`aside_path` (one durable rename); None
+    when there is nothing to move."""
+    if not (path.exists() and path.stat().st_size > 0):
+        return None
+    dest = aside_path(path, stamp)
+    os.replace(path, dest)
+    fsync_dir(path.parent)
+    return dest
+
+
 class BatchedWriter:
     """Base of the file writers that keep records and write them in batches.
 
@@ -255,12 +266,7 @@ class JsonlWriter(BatchedWriter):
         try:
             lines, _ = self._read_lines()
             if keep_last <= 0:  # the whole file, as it is: one rename
-                if not (self.path.exists() and self.path.stat().st_size > 0):
-                    return None
-                dest = aside_path(self.path, stamp)
-                os.replace(self.path, dest)
-                fsync_dir(self.path.parent)
-                return dest
+                return move_whole_aside(self.path, stamp)
             older = len(lines) - keep_last
             if older <= 0:
                 return None
