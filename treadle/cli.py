@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
 
 # -- commands ---------------------------------------------------------------------------
 def _train(args: argparse.Namespace) -> int:
-    from treadle.config import build_trainer, load_config, save_config
+    from treadle.config import build_trainer, load_config
+    from treadle.config.resolve import config_text
 
     if args.nproc < 1:
         raise UsageError(f"--nproc {args.nproc}: must be >= 1")
@@ -93,8 +94,11 @@ def _train(args: argparse.Namespace) -> int:
         return launch_local(args.nproc, ["-m", "treadle", *_without_nproc(sys.argv[1:] if args.argv is None else args.argv)])
     trainer = build_trainer(cfg, "train")  # everything is built and checked before the work dir exists
     main_rank = trainer.is_main
+    path = Path(cfg["work_dir"]) / "config.yaml"
+    # Written by fit() once the work_dir is locked and a resume is known to fit: a refused
+    # resume leaves the earlier config.yaml as it was.
+    trainer.run_files["config.yaml"] = config_text(cfg, path)
     if main_rank:
-        path = save_config(cfg, Path(cfg["work_dir"]) / "config.yaml")
         print(f"treadle train: run directory {cfg['work_dir']} (resolved config: {path})")
     metrics = trainer.fit()
     if main_rank:
@@ -231,7 +235,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
-def _fail(args: argparse.Namespace, err: Exception) -> int:
+def _fail(args: argparse.Namespace, err: Exception, status: int = 2) -> int:
     from treadle.config import ConfigError
 
     if getattr(args, "debug", False):
@@ -240,7 +244,7 @@ def _fail(args: argparse.Namespace, err: Exception) -> int:
     where = f"{source}: " if source else ""
     kind = "config error" if isinstance(err, ConfigError) else "error"
     print(f"treadle {args.command}: {kind}: {where}{err}", file=sys.stderr)
-    return 2
+    return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -256,11 +260,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from treadle.checkpoint.io import CheckpointError
     from treadle.config import ConfigError
+    from treadle.run_dir import WorkDirBusyError
 
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, UsageError, CheckpointError) as e:  # e.g. --resume of a checkpoint that does not fit
+    except (ConfigError, UsageError, CheckpointError, WorkDirBusyError) as e:  # e.g. a resume that does not fit
         return _fail(args, e)
+    except FloatingPointError as e:  # training diverged (NaN guard, or non-finite weights at a save)
+        return _fail(args, e, status=1)
+    except KeyboardInterrupt as e:  # a second Ctrl-C during fit, or one outside it
+        if getattr(args, "debug", False):
+            traceback.print_exception(e)
+        print(f"treadle {args.command}: interrupted ({e or 'Ctrl-C'}); the last complete checkpoint is intact",
+              file=sys.stderr)
+        return 130
 
 
 __all__ = ["COMMANDS", "EPILOG", "UsageError", "main"]

@@ -12,6 +12,13 @@ iterations. So it only sets ``state.preempt_requested``; after every iteration t
 ranks all-reduce their stop and preemption flags (one small CPU all-reduce), and all
 of them stop at the same boundary. Rank 0 writes the checkpoint; the others wait
 for it at a barrier before exiting, so the launcher never kills a half-written save.
+
+Ctrl-C (SIGINT, unless listed in ``signals``) is a clean stop too: the first one stops
+at the next iteration boundary and saves like a preemption, then exits with 130
+(128 + SIGINT) and never requeues; a second one raises ``KeyboardInterrupt`` at once
+(a save it cuts short leaves scratch files only, never a damaged checkpoint).
+``interrupt=False`` leaves SIGINT to Python. Several processes agree on it as on
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from types import FrameType
@@ -28,6 +36,7 @@ from treadle.logging.writers import get_logger
 from treadle.state import TrainState
 
 PREEMPTED_EXIT_CODE = 143
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
 # Signals no handler can catch: the process stops (or dies) at once.
 UNCATCHABLE = frozenset(getattr(signal, n) for n in ("SIGKILL", "SIGSTOP") if hasattr(signal, n))
 
@@ -39,6 +48,7 @@ class PreemptionConfig:
     signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
     exit_code: int = PREEMPTED_EXIT_CODE
     requeue: bool = True
+    interrupt: bool = True  # the first Ctrl-C stops at the iteration boundary, saves, exits 130
     received: list[str] = field(default_factory=list)
 
     @classmethod
@@ -49,9 +59,10 @@ class PreemptionConfig:
             return cls()
         if not isinstance(cfg, dict):
             raise TypeError(f"preemption must be True, False or dict(signals=..., exit_code=..., requeue=...), got {cfg!r}")
-        unknown = set(cfg) - {"signals", "exit_code", "requeue"}
+        unknown = set(cfg) - {"signals", "exit_code", "requeue", "interrupt"}
         if unknown:
-            raise ValueError(f"preemption has unknown keys {sorted(unknown)}; expected signals, exit_code, requeue")
+            raise ValueError(f"preemption has unknown keys {sorted(unknown)}; expected signals, exit_code, requeue, "
+                             "interrupt")
         signals = cfg.get("signals", cls.signals)
         if not isinstance(signals, (list, tuple)):
             raise TypeError(f"preemption signals={signals!r}; expected a list of signal names such as "
@@ -73,35 +84,68 @@ class PreemptionConfig:
         requeue = cfg.get("requeue", cls.requeue)
         if not isinstance(requeue, bool):
             raise TypeError(f"preemption requeue={requeue!r}; expected True (requeue the SLURM job) or False")
-        return cls(signals=tuple(signals), exit_code=exit_code, requeue=requeue)
+        interrupt = cfg.get("interrupt", cls.interrupt)
+        if not isinstance(interrupt, bool):
+            raise TypeError(f"preemption interrupt={interrupt!r}; expected True (Ctrl-C saves and exits 130) or False "
+                            "(Ctrl-C raises KeyboardInterrupt at once)")
+        return cls(signals=tuple(signals), exit_code=exit_code, requeue=requeue, interrupt=interrupt)
 
 
 class PreemptionHandlers:
     """Context manager installing the handlers (main thread only) and restoring them."""
 
-    def __init__(self, cfg: PreemptionConfig, state: TrainState, deferred: bool = False) -> None:
+    def __init__(self, cfg: PreemptionConfig, state: TrainState, deferred: bool = False, verbose: bool = True) -> None:
         self.cfg = cfg
         self.state = state
         # deferred (several processes): only record the request; the loop's agreement
         # step turns it into a stop on every rank at the same iteration boundary.
         self.deferred = deferred
+        self.verbose = verbose  # say so on the console when Ctrl-C is pressed (rank 0)
         self._previous: dict[signal.Signals, Any] = {}
+        self._pid = os.getpid()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         self.cfg.received.append(name)
+        self._stop(f"preempted by {name}")
+
+    def _stop(self, reason: str) -> None:
         if self.deferred:
             self.state.preempt_requested = True
-            self.state.stop_reason = f"preempted by {name}"
+            self.state.stop_reason = reason
             return
         self.state.preempted = True
-        self.state.request_stop(f"preempted by {name}")
+        self.state.request_stop(reason)
+
+    def _interrupt(self, signum: int, frame: FrameType | None) -> None:
+        """The first Ctrl-C: stop at the iteration boundary and save, as a preemption
+        does, then exit 130. A second one aborts at once (KeyboardInterrupt): a save it
+        cuts short leaves only scratch files, never a damaged checkpoint."""
+        if os.getpid() != self._pid:  # a loader worker forked with this handler: the Ctrl-C is its parent's
+            return
+        self.cfg.received.append("SIGINT")
+        signal.signal(signal.SIGINT, self._abort)
+        self.state.interrupted = True
+        self._stop("interrupted (Ctrl-C)")
+        if self.verbose:
+            print("treadle: Ctrl-C: stopping after this iteration and saving; press Ctrl-C again to abort at once",
+                  file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _abort(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt("a second Ctrl-C: aborted without saving")
 
     def __enter__(self) -> "PreemptionHandlers":
+        self._pid = os.getpid()
         if threading.current_thread() is threading.main_thread():
             for name in self.cfg.signals:
                 sig = getattr(signal, name)
                 self._previous[sig] = signal.signal(sig, self._handle)
+            # Ctrl-C stops cleanly, unless the application handles SIGINT itself (or ignores
+            # it, as a shell does for a background job) or lists it as a preemption signal.
+            if self.cfg.interrupt and signal.SIGINT not in self._previous and \
+                    signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -54,8 +54,9 @@ def note_other_runs(ckpt_dir: Path) -> None:
     others = list_checkpoints(ckpt_dir, order="created")
     if others:
         get_logger().warning(f"{ckpt_dir} already holds {len(others)} checkpoint(s) of another run (the last saved: "
-                             f"{others[-1].name}); this run starts from scratch, never removes them, and "
-                             "resume=True will continue from whichever run saved last")
+                             f"{others[-1].name}); this run starts from scratch and never removes or replaces "
+                             "them (a name they hold gets -v1, -v2, ...); resume=True will continue from "
+                             "whichever run saved last")
 
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import treadle
+from treadle.checkpoint.finite import first_nonfinite, named_tensors
 from treadle.checkpoint.rng import get_rng_state
 from treadle.logging.writers import get_logger
 
@@ -98,6 +99,24 @@ def collect(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
     own = get_rng_state()
     own["rank_state"] = _rank_state(trainer, state, data)
     return {STATE_FILE: state, rng_file(trainer.strategy.rank): own}, meta
+
+
+def nonfinite_entry(trainer: "Trainer", state: dict[str, Any]) -> str | None:
+    """The first model weight or optimizer state entry of ``state`` (as :func:`collect`
+    made it) that holds NaN or inf, said so that a person can find it; None when all are
+    finite. This process's share only (FSDP: its shards): the caller combines ranks."""
+    named = [(f"model weight {k!r}", t) for k, t in named_tensors(state["model"])]
+    names = {id(p): n for n, p in trainer.module.named_parameters()}
+    for opt_name, ow_state in state["optim"].items():
+        optimizer = trainer.optim_wrappers[opt_name].optimizer
+        order = [names.get(id(p), f"#{i}") for i, p in
+                 enumerate(p for g in optimizer.param_groups for p in g["params"])]
+        where = "the optimizer" if len(state["optim"]) == 1 else f"optimizer {opt_name!r}"
+        per_param = (ow_state.get("optimizer") or {}).get("state") or {}
+        for key, entries in per_param.items():  # torch: {index: {"exp_avg": ...}}; FSDP: {fqn: ...}
+            param = order[key] if isinstance(key, int) and 0 <= key < len(order) else key
+            named += [(f"{where}'s {k!r} of parameter {param!r}", t) for k, t in named_tensors(entries)]
+    return first_nonfinite(named)
 
 
 def _rank_state(trainer: "Trainer", state: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ class TrainState:
     should_stop: bool = False
     stop_reason: str = ""
     preempted: bool = False  # set with should_stop by a preemption signal
+    interrupted: bool = False  # the stop came from Ctrl-C: save, exit 130, no requeue
     # Several processes: a signal only asks; the ranks agree at the iteration boundary.
     preempt_requested: bool = False
     # Host timestamps of the running iteration, set by the loop (perf_counter seconds).

@@ -32,10 +32,13 @@ from treadle.logging.store import MetricStore
 from treadle.logging.writers import get_logger
 from treadle.loops import EpochLoop, EvalLoop, IterLoop, TrainLoop, check_workflow, default_workflow
 from treadle import snapshot
+from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.weights import load_weights
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.resume import check_resume_dir, latest_to_resume, note_other_runs
-from treadle.preemption import PreemptionConfig, PreemptionHandlers, requeue_slurm_job
+from treadle.preemption import INTERRUPTED_EXIT_CODE, PreemptionConfig, PreemptionHandlers, requeue_slurm_job
+from treadle.run_dir import WorkDirLock, write_run_file
+from treadle.checkpoint.directory import check_writable_dir, claim_checkpoint_path
 from treadle.optim.wrapper import OptimWrapper, check_clip_grad, check_precision, make_autocast
 from treadle.seeding import seed_everything, set_deterministic
 from treadle.state import TrainState
@@ -203,6 +206,11 @@ class Trainer:
         # prunes only its own checkpoints (treadle/hooks/checkpoint.py).
         self.run_id = f"{self.run_timestamp}-{token}"
         self.seed = seed
+        # Files written into work_dir when fit() starts, once the resume checks have passed
+        # (`treadle train` adds "config.yaml"); see treadle/run_dir.py write_run_file.
+        self.run_files: dict[str, str] = {}
+        self._lock: WorkDirLock | None = None
+        self._lock_depth = 0
         if seed is not None:
             seed_everything(seed, rank=self.strategy.rank, per_rank=seed_per_rank)
         specs = [isinstance(v, Mapping) for v in (model, train_dataloader, val_dataloader, test_dataloader)]
@@ -397,16 +405,21 @@ class Trainer:
         """
         if self.train_dataloader is None:
             raise ValueError("fit() needs a train_dataloader")
-        if self.work_dir is not None and self.is_main:
-            self.work_dir.mkdir(parents=True, exist_ok=True)
-        if self.work_dir is not None and self.is_main:
-            env = format_env(collect_env(seed=self.seed, world_size=self.strategy.world_size))
-            (self.work_dir / "env.txt").write_text(env + "\n", encoding="utf-8")
-            get_logger().info("environment:\n" + env)
+        with self._work_dir_lock():
+            return self._fit()
+
+    def _fit(self) -> dict[str, Any]:
+        # Nothing in work_dir changes before the resume checks pass (a misfit is refused first).
         pos = self._resume_position() if self.resume else None
         self._resume_loaded = True
-        if pos is None and self.work_dir is not None and self.is_main:
-            note_other_runs(self.work_dir / "checkpoints")
+        if self.work_dir is not None and self.is_main:
+            env = format_env(collect_env(seed=self.seed, world_size=self.strategy.world_size))
+            get_logger().info("environment:\n" + env)
+            for name, text in {"env.txt": env + "\n", **self.run_files}.items():
+                write_run_file(self.work_dir, name, text)
+            if pos is None:
+                note_other_runs(self.work_dir / "checkpoints")
+        self._check_checkpoint_dirs()
         s = self.state
         trained = s.iter >= s.max_iters if s.max_iters else s.epoch >= s.max_epochs  # type: ignore[operator]
         if pos is not None and trained and not (pos["open"] or pos.get("val_due")):  # else: finish the last cycle
@@ -418,12 +431,14 @@ class Trainer:
         loop_cls = EpochLoop if s.by_epoch else IterLoop
         self.train_loop = loop_cls(self, feed, workflow, resume_pos=pos)
         self.model.train()
-        handlers = (PreemptionHandlers(self.preemption, s, deferred=self.strategy.distributed)
+        handlers = (PreemptionHandlers(self.preemption, s, deferred=self.strategy.distributed, verbose=self.is_main)
                     if self.preemption else contextlib.nullcontext())
         with handlers:
             self._run(self._train_and_save_on_preemption)
         self.strategy.finish_saves()  # FSDP: an asynchronous save still in flight
         if s.preempted and self.preemption is not None:
+            if s.interrupted:  # Ctrl-C: the user stopped it; nothing to requeue
+                raise SystemExit(INTERRUPTED_EXIT_CODE)
             if self.preemption.requeue and self.is_main:
                 requeue_slurm_job()
             raise SystemExit(self.preemption.exit_code)
@@ -431,22 +446,98 @@ class Trainer:
 
     def _train_and_save_on_preemption(self) -> None:
         self.train_loop.run()  # type: ignore[union-attr]
-        if self.state.preempted and self.work_dir is not None:
-            path = self.save_checkpoint(self.work_dir / "checkpoints" / f"iter_{self.state.iter:08d}")
+        s = self.state
+        if s.preempted and self.work_dir is not None:
+            path = self.save_checkpoint(self.checkpoint_path(f"iter_{s.iter:08d}"))
             comm.barrier()  # the other ranks exit only once rank 0's save is complete
             if self.is_main:
-                get_logger().warning(f"{self.state.stop_reason}: saved {path} at iteration {self.state.iter}")
+                how = (f"treadle train {self.work_dir / 'config.yaml'} --resume" if "config.yaml" in self.run_files
+                       else f"resume=True with work_dir={str(self.work_dir)!r}")
+                get_logger().warning(f"{s.stop_reason}: saved {path} at iteration {s.iter}; continue with {how}")
+        elif s.preempted and self.is_main:
+            get_logger().warning(f"{s.stop_reason}: stopped at iteration {s.iter}; nothing saved (no work_dir)")
 
     def _agree_on_stop(self) -> None:
-        """Every rank learns whether any rank must stop or was preempted (one CPU
-        all-reduce per iteration, multi-process runs only)."""
+        """Every rank learns whether any rank must stop, was preempted or interrupted
+        (one CPU all-reduce per iteration, multi-process runs only)."""
         s = self.state
-        stop, preempted = comm.any_rank(s.should_stop or s.preempt_requested, s.preempt_requested)
+        stop, preempted, interrupted = comm.any_rank(s.should_stop or s.preempt_requested, s.preempt_requested,
+                                                     s.interrupted)
         if preempted and not s.preempted:
             s.preempted = True
             s.stop_reason = s.stop_reason or "preempted (signal received by another rank)"
+        if interrupted and not s.interrupted:
+            s.interrupted = True
+            s.stop_reason = "interrupted (Ctrl-C received by another rank)"
         if stop:
             s.should_stop = True
+
+    # -- the run directory -------------------------------------------------------------
+    @contextlib.contextmanager
+    def _work_dir_lock(self) -> Any:
+        """Hold work_dir's lock while fit/validate/test run (rank 0 takes it, every rank
+        learns whether it could: a second run in the same work_dir is refused at once)."""
+        if self.work_dir is None or self._lock_depth:
+            self._lock_depth += 1
+            try:
+                yield
+            finally:
+                self._lock_depth -= 1
+            return
+        error = None
+        if self.is_main:
+            self._lock = WorkDirLock(self.work_dir, self.run_id)
+            try:
+                self._lock.acquire()
+            except Exception as e:  # e.g. WorkDirBusyError, or no permission to create work_dir
+                error = e
+        failed = comm.broadcast_object(None if error is None else f"{type(error).__name__}: {error}")
+        if error is not None:
+            raise error
+        if failed is not None:
+            raise RuntimeError(f"rank 0 could not lock work_dir {self.work_dir}: {failed}")
+        self._lock_depth = 1
+        try:
+            yield
+        finally:
+            self._lock_depth = 0
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def _check_checkpoint_dirs(self) -> None:
+        """Before training: every directory a checkpoint will be written to can take one,
+        so that a run does not find out at its first save, after the work is done."""
+        if self.work_dir is None:
+            return
+        dirs = []
+        checkpoint_hooks = [h for h in self.hooks if isinstance(h, CheckpointHook)]
+        if checkpoint_hooks or self.preemption is not None:
+            dirs.append(self.work_dir / "checkpoints")
+        if any(h.best is not None for h in checkpoint_hooks):
+            dirs.append(self.work_dir / "checkpoints" / "best")
+        error = None
+        if self.is_main:
+            try:
+                for d in dirs:
+                    check_writable_dir(d)
+            except Exception as e:
+                error = f"{e}"
+        error = comm.broadcast_object(error)
+        if error is not None:
+            raise CheckpointError(f"{error}; nothing was trained")
+
+    def checkpoint_path(self, name: str) -> Path:
+        """Where this run saves the checkpoint it calls ``name`` (e.g. "epoch_0003", or
+        "best/best_val_acc_00000120"): ``work_dir/checkpoints/<name>``, or ``<name>-v1``,
+        ``<name>-v2``, ... when that name holds something this run did not save: another
+        run's checkpoint is never replaced. Every rank gets rank 0's answer."""
+        if self.work_dir is None:
+            raise ValueError("checkpoint_path() needs a work_dir")
+        path = self.work_dir / "checkpoints" / name
+        if self.is_main:
+            path = claim_checkpoint_path(path, self.run_id)
+        return comm.broadcast_object(path)
 
     # -- checkpoints -------------------------------------------------------------------
     def save_checkpoint(self, path: str | Path, writer: Callable[..., Path] | None = None) -> Path:
@@ -456,8 +547,28 @@ class Trainer:
         ``AsyncCheckpointer`` (which returns once the state is copied to CPU memory).
         """
         payloads, meta = snapshot.collect(self)
-        self._call("before_save_checkpoint", payloads[snapshot.STATE_FILE])
+        state = payloads[snapshot.STATE_FILE]
+        self._call("before_save_checkpoint", state)
+        # Checked on every rank (FSDP: each its shards), agreed on, raised everywhere alike.
+        problems = comm.all_gather_object((snapshot.nonfinite_entry(self, state),
+                                           self._foreign_at(path) if self.is_main else None))
+        bad = next((b for b, _ in problems if b is not None), None)
+        if bad is not None:
+            raise FloatingPointError(f"refusing to save {path}: {bad} holds NaN or inf at iteration {meta['iter']} "
+                                     "(a non-finite gradient with a finite loss does this); the checkpoints saved "
+                                     "before are kept. nan_guard='skip' skips such steps; clip_grad or a lower lr "
+                                     "may avoid them")
+        if problems[0][1] is not None:
+            raise CheckpointError(problems[0][1])
         return self.strategy.save_checkpoint(path, payloads, meta, writer=writer)  # rank 0 writes; all ranks call
+
+    def _foreign_at(self, path: str | Path) -> str | None:
+        """Why ``path`` must not be written by this run (it holds what another run saved), or None."""
+        try:
+            claim_checkpoint_path(path, self.run_id, rename=False)
+        except CheckpointError as e:
+            return str(e)
+        return None
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore the complete state from ``path``; returns the data position."""
@@ -488,16 +599,18 @@ class Trainer:
         ``fit()``, the checkpoint ``resume`` names is loaded first."""
         if self.val_loop is None:
             raise ValueError("validate() needs a val_dataloader")
-        self._load_resume()
-        return self._run(self.val_loop.run)
+        with self._work_dir_lock():
+            self._load_resume()
+            return self._run(self.val_loop.run)
 
     def test(self) -> dict[str, Any]:
         """One pass over ``test_dataloader``; returns ``{"test/<name>": value}`` (from the
         ``resume`` checkpoint, as :meth:`validate`)."""
         if self.test_loop is None:
             raise ValueError("test() needs a test_dataloader")
-        self._load_resume()
-        return self._run(self.test_loop.run)
+        with self._work_dir_lock():
+            self._load_resume()
+            return self._run(self.test_loop.run)
 
     def _run(self, body: Callable[[], Any]) -> Any:
         if self.work_dir is not None and self.is_main:

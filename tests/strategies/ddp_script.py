@@ -2,7 +2,7 @@
 with torchrun's environment variables).
 
     python ddp_script.py OUT_DIR [--work-dir D] [--batch B] [--shuffle] [--accumulate N]
-        [--dropout P] [--max-iters N] [--kill-at N] [--term-at N] [--raise-at N] [--resume]
+        [--dropout P] [--max-iters N] [--kill-at N] [--term-at N] [--int-at N] [--raise-at N] [--resume]
         [--interval K] [--val]
 
 Writes OUT_DIR/final_rank<r>.pt (weights), OUT_DIR/result_rank<r>.pt (metrics,
@@ -40,6 +40,8 @@ class Fault(treadle.Hook):
             os.kill(os.getpid(), signal.SIGKILL)
         if done == self.a.term_at and rank == 1:
             os.kill(os.getpid(), signal.SIGTERM)
+        if done == self.a.int_at and rank == 1:  # Ctrl-C
+            os.kill(os.getpid(), signal.SIGINT)
         if done == self.a.raise_at and rank == 1:
             raise RuntimeError(f"boom on rank 1 at iteration {done}")
 
@@ -55,6 +57,7 @@ def main():
     p.add_argument("--max-epochs", type=int, default=2)
     p.add_argument("--kill-at", type=int)
     p.add_argument("--term-at", type=int)
+    p.add_argument("--int-at", type=int)
     p.add_argument("--raise-at", type=int)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--interval", type=int)

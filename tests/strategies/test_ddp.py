@@ -86,6 +86,21 @@ def test_ddp_preemption_of_one_rank_then_sigkill_then_resume_is_exact(tmp_path, 
         assert torch.equal(_final(out, 1)[k], v), k
 
 
+def test_ctrl_c_on_one_rank_stops_both_which_save_and_exit_130(tmp_path, uninterrupted):
+    """SIGINT reaches rank 1 only: the ranks agree on it as on SIGTERM, stop after the
+    same iteration, rank 0 saves, both exit 130 (no requeue); resumed, the run ends
+    with the uninterrupted weights."""
+    out, work = tmp_path / "out", tmp_path / "run"
+    common = ["--work-dir", str(work), "--shuffle", "--dropout", "0.3", "--interval", "2"]
+    results = _run(out, *common, "--int-at", "5", expect=None)
+    assert [code for code, _ in results] == [130, 130], results[0][1][-3000:]
+    assert "interrupted (Ctrl-C received by another rank): saved" in results[0][1]
+    assert (work / "checkpoints" / "iter_00000005" / "manifest.json").exists()
+    _run(out, *common, "--resume")
+    for k, v in uninterrupted.items():
+        assert torch.equal(_final(out)[k], v), k
+
+
 def _single_process(work: Path, batch: int, epochs: int, resume: bool) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = TinyNet()

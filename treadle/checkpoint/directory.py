@@ -24,6 +24,7 @@ from .io import (LEGACY_SUFFIXES, MANIFEST_NAME, CheckpointError, CheckpointWarn
 
 __all__ = [
     "list_checkpoints", "find_latest_checkpoint", "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",
+    "checkpoint_run", "claim_checkpoint_path", "remove_own_checkpoint", "check_writable_dir",
 ]
 
 logger = logging.getLogger("treadle")
@@ -136,6 +137,81 @@ def remove_checkpoint(path: str | os.PathLike[str]) -> None:
     os.rename(path, doomed)
     _fsync_dir(path.parent)
     shutil.rmtree(doomed)
+
+
+def checkpoint_run(path: str | os.PathLike[str]) -> str | None:
+    """The run that saved the checkpoint at ``path`` (its manifest's ``meta["run"]``), or
+    None: no such checkpoint, not a treadle checkpoint, or saved without a run id."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        return None
+    try:
+        run = read_manifest(path).get("meta", {}).get("run")
+    except (CheckpointError, OSError):
+        return None
+    return run if isinstance(run, str) else None
+
+
+def claim_checkpoint_path(path: str | os.PathLike[str], run: str, rename: bool = True) -> Path:
+    """Where run ``run`` may save the checkpoint it would call ``path``.
+
+    ``path`` itself when nothing is there, or when it holds a checkpoint that ``run``
+    saved (a run replaces only its own). Anything else there (another run's checkpoint,
+    one saved without a run id, a symlink, a file, a directory of another tool) is never
+    replaced: with ``rename``, the first free (or own) name among ``<name>-v1``,
+    ``<name>-v2``, ... is returned instead; without, a :class:`CheckpointError` says
+    what holds the name.
+    """
+    path = Path(path)
+    candidate, n = path, 0
+    while os.path.lexists(candidate) and checkpoint_run(candidate) != run:
+        if not rename:
+            owner = checkpoint_run(candidate)
+            what = (f"a checkpoint of another run ({owner})" if owner else "a symlink" if candidate.is_symlink()
+                    else "a checkpoint saved without a run id" if _is_checkpoint(candidate) else "something that "
+                    "is not a treadle checkpoint")
+            raise CheckpointError(f"refusing to save to {candidate}: it holds {what}, and a run replaces only "
+                                  "its own checkpoints; save under another name")
+        n += 1
+        candidate = path.with_name(f"{path.name}-v{n}")
+    return candidate
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return not path.is_symlink() and path.is_dir() and _not_a_checkpoint_reason(path) is None
+
+
+def remove_own_checkpoint(path: str | os.PathLike[str], run: str, within: str | os.PathLike[str]) -> None:
+    """Delete the checkpoint at ``path`` only if run ``run`` saved it and it lies directly
+    inside ``within`` (symlinks resolved); otherwise raise :class:`CheckpointError` and
+    touch nothing. For paths that come from restored state (best-K records), which are
+    input like any other: a record must never make a run delete what it did not write."""
+    path, within = Path(path), Path(within)
+    if path.is_symlink() or path.resolve().parent != within.resolve():
+        raise CheckpointError(f"not removing {path}: it is not a checkpoint directly inside {within}")
+    owner = checkpoint_run(path)
+    if owner != run:
+        what = f"run {owner}" if owner else "no recorded run"
+        raise CheckpointError(f"not removing {path}: it was saved by {what}, not by this run ({run})")
+    remove_checkpoint(path)
+
+
+def check_writable_dir(directory: str | os.PathLike[str]) -> None:
+    """Prove that a checkpoint can be written in ``directory`` without creating it: a
+    hidden scratch dir is made and removed in it or, when it does not exist yet, in its
+    nearest existing parent. So a run finds out before training, not at its first save.
+    Raises :class:`CheckpointError` naming the obstacle."""
+    directory = Path(directory)
+    existing = next((p for p in (directory, *directory.parents) if os.path.lexists(p)), Path("."))
+    if not existing.is_dir():
+        raise CheckpointError(f"checkpoints cannot be written to {directory}: {existing} is not a directory")
+    try:
+        probe = existing / _scratch_name("probe", "tmp")
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as e:
+        raise CheckpointError(f"checkpoints cannot be written to {directory}: {e.strerror or e} "
+                              f"(in {existing})") from None
 
 
 def _partial_checkpoint(path: Path) -> bool:

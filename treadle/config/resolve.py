@@ -127,16 +127,23 @@ def dump_config(cfg: dict[str, Any]) -> str:
     return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
+def config_text(cfg: dict[str, Any], path: str | Path) -> str:
+    """The text of ``config.yaml`` at ``path``: a comment saying how to run it again, then
+    the resolved config."""
+    return "# resolved by treadle; run again with: treadle train " + str(path) + "\n" + dump_config(cfg)
+
+
 def save_config(cfg: dict[str, Any], path: str | Path) -> Path:
-    """Write the resolved config as YAML; ``treadle train`` of that file runs it again."""
+    """Write the resolved config as YAML; ``treadle train`` of that file runs it again.
+    (``treadle train`` itself hands the text to the Trainer, which writes it once the
+    resume checks have passed: see ``Trainer.run_files``.)"""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("# resolved by treadle; run again with: treadle train " + str(path) + "\n" + dump_config(cfg),
-                   encoding="utf-8")
+    tmp.write_text(config_text(cfg, path), encoding="utf-8")
     os.replace(tmp, path)  # never a half-written config next to a run
     return path
 
 
-__all__ = ["MODES", "dump_config", "load_config", "resolve_config", "save_config", "to_plain", "validate_config",
+__all__ = ["MODES", "config_text", "dump_config", "load_config", "resolve_config", "save_config", "to_plain", "validate_config",
            "with_defaults"]

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from treadle.checkpoint.async_save import AsyncCheckpointer
-from treadle.checkpoint.directory import prune_checkpoints, remove_checkpoint
-from treadle.checkpoint.io import save_checkpoint
+from treadle.checkpoint.directory import prune_checkpoints, remove_own_checkpoint
+from treadle.checkpoint.io import CheckpointError, save_checkpoint
+from treadle.checkpoint.finite import first_nonfinite, named_tensors
+from treadle.dist import comm
 from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import get_logger
 from treadle.metrics import higher_is_better
@@ -42,7 +44,11 @@ class CheckpointHook(Hook):
             One save at a time: the next save, any other save (e.g. on preemption)
             and the end of the run wait for it; its error is raised there. Pruning
             (``keep``) runs after the write, in that thread. Best-K saves stay synchronous.
-    Checkpoints go to ``work_dir/checkpoints/{epoch_0003,iter_00000120}/``.
+    Checkpoints go to ``work_dir/checkpoints/{epoch_0003,iter_00000120}/``. A run never
+    replaces or deletes what it did not save: a name that holds another run's checkpoint
+    (or anything else) gets ``-v1``, ``-v2``... (see ``Trainer.checkpoint_path``); best-K
+    records are kept relative to the work_dir, and one is deleted only when it lies in
+    ``checkpoints/best/`` and its manifest names this run.
     Priority VERY_LOW: hooks with a larger number run after the save.
     """
 
@@ -86,7 +92,9 @@ class CheckpointHook(Hook):
         self._reserve_pending = False  # async: reserve the saver's buffers after the first iteration
         if not async_save:  # nothing to wait for
             self.disabled_points = self.disabled_points | {"before_save_checkpoint", "after_run"}
-        self.best_records: list[tuple[float, str]] = []  # (value, path), best first
+        # (value, path relative to work_dir), best first; "" for a best this run does not
+        # track (a record from an older checkpoint that points elsewhere): ranked, never deleted.
+        self.best_records: list[tuple[float, str]] = []
         self.last_saved: str | None = None
         self._moved_since_save = False  # an epoch closed or a validation ran after the last save
 
@@ -127,17 +135,24 @@ class CheckpointHook(Hook):
             return
         s = trainer.state
         metric = self.best.replace("/", "_")
-        path = trainer.work_dir / "checkpoints" / "best" / f"best_{metric}_{s.iter:08d}"
+        path = trainer.checkpoint_path(f"best/best_{metric}_{s.iter:08d}")
         model = trainer.strategy.full_model_state_dict(trainer.module)  # FSDP: a gather, on every rank
+        weights = {"model": model}
+        if trainer.ema is not None:
+            weights["ema"] = trainer.ema.state_dict()
+        # Not a best worth keeping, whatever the metric says (rank 0 holds the full weights).
+        bad = comm.broadcast_object(first_nonfinite(named_tensors(weights)) if trainer.is_main else None)
+        if bad is not None:
+            get_logger().warning(f"best {self.best} = {value:.6g}: not saved, weight {bad!r} holds NaN or inf")
+            return
         if trainer.is_main:
-            weights = {"model": model}
-            if trainer.ema is not None:
-                weights["ema"] = trainer.ema.state_dict()
-            save_checkpoint(path, {"state.pt": weights}, meta={"iter": s.iter, "epoch": s.epoch, self.best: value})
-        self.best_records = sorted([*self.best_records, (value, str(path))], key=lambda r: sign * r[0])
+            save_checkpoint(path, {"state.pt": weights},
+                            meta={"iter": s.iter, "epoch": s.epoch, self.best: value, "run": trainer.run_id})
+        relative = path.relative_to(trainer.work_dir).as_posix()
+        self.best_records = sorted([*self.best_records, (value, relative)], key=lambda r: sign * r[0])
         for _, old in self.best_records[self.keep_best:]:
-            if trainer.is_main and Path(old).exists():
-                remove_checkpoint(old)
+            if trainer.is_main and old:
+                _remove_best(trainer, old)
         self.best_records = self.best_records[: self.keep_best]
         get_logger().info(f"best {self.best} = {value:.6g}: saved {path}")
 
@@ -178,23 +193,78 @@ class CheckpointHook(Hook):
         self._moved_since_save = False
         ckpt_dir = trainer.work_dir / "checkpoints"
         prune = self.keep if trainer.is_main else None
+        if self._saver is not None:  # the name is claimed once the save before is on disk
+            self._saver.wait()
+        path = trainer.checkpoint_path(name)
         if not self.async_save:
-            path = trainer.save_checkpoint(ckpt_dir / name)
+            path = trainer.save_checkpoint(path)
             _saved(path, ckpt_dir, prune, trainer.run_id)
             return
         if self._saver is None:
             self._saver = AsyncCheckpointer()
-        path = trainer.save_checkpoint(ckpt_dir / name, writer=functools.partial(
+        path = trainer.save_checkpoint(path, writer=functools.partial(
             self._saver.save, on_done=functools.partial(_saved, checkpoints=ckpt_dir, keep=prune, run=trainer.run_id)))
         if trainer.is_main:
             get_logger().info(f"checkpoint {path}: state copied, writing in the background")
+
+    def after_load_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
+        # Checkpoints of older treadles hold absolute paths: those inside this work_dir's
+        # checkpoints/best/ become relative; any other is kept for ranking but untracked.
+        records = []
+        for value, path in self.best_records:
+            if path and Path(path).is_absolute():
+                best_dir = (Path(trainer.work_dir) / BEST_DIR).resolve() if trainer.work_dir is not None else None
+                p = Path(path)
+                if best_dir is not None and p.parent.resolve() == best_dir and not p.name.startswith("."):
+                    path = f"{BEST_DIR}/{p.name}"
+                else:
+                    get_logger().warning(f"checkpoint best record {path} is outside this run's {BEST_DIR}/: it "
+                                         "still ranks, but this run will never delete it")
+                    path = ""
+            records.append((value, path))
+        self.best_records = records
 
     def state_dict(self) -> dict[str, Any]:
         return {"best_records": [list(r) for r in self.best_records], "last_saved": self.last_saved}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best_records = [(float(v), str(p)) for v, p in state.get("best_records", [])]
-        self.last_saved = state.get("last_saved")
+        """Restored state is input: a best record is ``[value, "checkpoints/best/<name>"]``
+        (or an absolute path of an older checkpoint, sorted out in after_load_checkpoint);
+        anything else stays out of the records (with a warning), and so is never deleted."""
+        records = []
+        for record in state.get("best_records", []):
+            value, path = record if isinstance(record, (list, tuple)) and len(record) == 2 else (None, None)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not isinstance(path, str):
+                get_logger().warning(f"ignoring a malformed best record in the checkpoint: {record!r}")
+                continue
+            if path and not Path(path).is_absolute() and not _is_best_name(path):
+                get_logger().warning(f"checkpoint best record {path!r} is not a name in {BEST_DIR}/: it still "
+                                     "ranks, but this run will never delete it")
+                path = ""
+            records.append((float(value), path))
+        self.best_records = records
+        last = state.get("last_saved")
+        self.last_saved = last if isinstance(last, str) else None
+
+
+BEST_DIR = "checkpoints/best"
+
+
+def _is_best_name(relative: str) -> bool:
+    """``checkpoints/best/<one plain name>``: nothing else may be a record to delete."""
+    head, _, name = relative.rpartition("/")
+    return head == BEST_DIR and bool(name) and not name.startswith(".") and "\\" not in name and "\0" not in name
+
+
+def _remove_best(trainer: "Trainer", relative: str) -> None:
+    """Delete a best checkpoint that fell out of the best K, if this run saved it."""
+    path = Path(trainer.work_dir) / relative
+    if not path.exists() and not path.is_symlink():
+        return  # e.g. a record carried over from another work_dir (a resume from elsewhere)
+    try:
+        remove_own_checkpoint(path, trainer.run_id, within=Path(trainer.work_dir) / BEST_DIR)
+    except CheckpointError as e:
+        get_logger().warning(f"checkpoint best-K: {e}")
 
 
 def _saved(path: Path, checkpoints: Path, keep: int | None, run: str) -> None:

@@ -1,0 +1,139 @@
+"""The run directory (``work_dir``): one run at a time, and the files a run writes there.
+
+* :class:`WorkDirLock`: an OS file lock on ``work_dir/.treadle.lock`` (``flock``), held by
+  rank 0 while ``fit()``, ``validate()`` or ``test()`` runs. The kernel releases it when
+  the process dies, however it dies, so there is never a stale lock to clean up. A second
+  run in the same ``work_dir`` is refused in one line naming the holder (pid, host, run).
+* :func:`write_run_file`: ``config.yaml``, ``env.txt``; an earlier run's file of that
+  name with other content is moved aside (``config.<time>.yaml``), never overwritten.
+
+Nothing here knows the Trainer; it calls these once the resume checks have passed, so a
+refused resume leaves the directory as it was.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import IO, Any
+
+try:
+    import fcntl
+except ImportError:  # not POSIX (Windows): no lock, said once in the log
+    fcntl = None  # type: ignore[assignment]
+
+from treadle.logging.writers import get_logger, move_whole_aside, replace_atomically
+
+LOCK_NAME = ".treadle.lock"
+
+__all__ = ["LOCK_NAME", "WorkDirBusyError", "WorkDirLock", "read_holder", "write_run_file"]
+
+
+class WorkDirBusyError(RuntimeError):
+    """Another process holds the ``work_dir``'s lock: its run is still going on."""
+
+
+def read_holder(work_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What the lock file says about the process that holds (or last held) it."""
+    try:
+        data = json.loads((Path(work_dir) / LOCK_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class WorkDirLock:
+    """An exclusive, non-blocking lock on a run directory.
+
+    ``flock`` locks belong to the open file: a second ``WorkDirLock`` on the same
+    directory fails even in the same process, and the lock goes away with the process.
+    (Loader workers forked while it is held share it until they exit, which they do
+    with their parent.) On file systems without ``flock`` the run goes on unlocked, with
+    a warning.
+    """
+
+    def __init__(self, work_dir: str | os.PathLike[str], run: str = "") -> None:
+        self.work_dir = Path(work_dir)
+        self.run = run
+        self._file: IO[str] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._file is not None
+
+    def acquire(self) -> None:
+        """Take the lock or raise :class:`WorkDirBusyError` naming its holder."""
+        if self._file is not None:
+            return
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if fcntl is None:
+            get_logger().warning(f"{self.work_dir}: no file locks on this platform; make sure no other run uses "
+                                 "this work_dir at the same time")
+            return
+        f = open(self.work_dir / LOCK_NAME, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            f.close()
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise WorkDirBusyError(self._busy_message()) from None
+            get_logger().warning(f"{self.work_dir}: cannot lock it ({e.strerror}); make sure no other run uses "
+                                 "this work_dir at the same time")
+            return
+        f.seek(0)
+        f.truncate()
+        json.dump({"pid": os.getpid(), "host": socket.gethostname(), "run": self.run,
+                   "since": time.strftime("%Y-%m-%d %H:%M:%S")}, f)
+        f.flush()
+        self._file = f
+
+    def _busy_message(self) -> str:
+        holder = None
+        for _ in range(20):  # the holder writes its details right after locking
+            holder = read_holder(self.work_dir)
+            if holder:
+                break
+            time.sleep(0.01)
+        who = "another process"
+        if holder:
+            who = f"pid {holder.get('pid')} on host {holder.get('host')}"
+            if holder.get("run"):
+                who += f" (run {holder['run']}, since {holder.get('since')})"
+        return (f"work_dir {self.work_dir} is in use by {who}; two runs in one work_dir would replace each "
+                "other's checkpoints and mix their logs: wait for it to finish, or choose another work_dir")
+
+    def release(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()  # closing the file releases the lock
+
+    def __enter__(self) -> "WorkDirLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def write_run_file(work_dir: str | os.PathLike[str], name: str, text: str) -> Path | None:
+    """Write ``work_dir/name`` (atomically). An existing file with other content is
+    first moved to ``<stem>.<time it was last written><suffix>``; returns where it went,
+    or None when nothing was moved."""
+    path = Path(work_dir) / name
+    moved = None
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return None
+    except (OSError, UnicodeDecodeError):
+        pass  # missing, or unreadable: then kept aside all the same
+    if path.exists():
+        stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(path.stat().st_mtime))
+        moved = move_whole_aside(path, stamp)
+        if moved is not None:
+            get_logger().info(f"{name}: the earlier one moved to {moved.name}")
+    replace_atomically(path, lambda f: f.write(text))
+    return moved
