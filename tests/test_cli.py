@@ -203,6 +203,82 @@ def test_error_from_a_real_process_has_no_traceback(tiny, tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+# -- --safe: configs from less trusted places run no code ---------------------------------
+SAFE_REFUSAL = "safe mode allows only registered names and torch.nn / torch.optim classes, not this dotted import path"
+
+
+def os_system_config(marker):
+    """TINY with ``os.system("touch MARKER")`` as its model."""
+    return TINY.replace("model: {type: support.TinyNet}", f'model: {{type: os.system, command: "touch {marker}"}}')
+
+
+def _marker_module(tmp_path, monkeypatch, marker, name):
+    """A module on sys.path that writes ``marker`` when imported (it must never be)."""
+    (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef collate(b):\n    return b\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+@pytest.mark.parametrize("attack", ["os.system", "--set Popen", "collate_fn"])
+def test_safe_refuses_code_a_config_names(tiny, tmp_path, capsys, monkeypatch, attack):
+    marker, work = tmp_path / "MARKER", tmp_path / "run"
+    config, args = tiny, []
+    if attack == "os.system":
+        config = tmp_path / "evil.yaml"
+        config.write_text(os_system_config(marker))
+        key = "model.type"
+    elif attack == "--set Popen":
+        args, key = ["--set", "model.type=subprocess.Popen", f"model.args=[touch, {marker}]"], "model.type"
+    else:
+        _marker_module(tmp_path, monkeypatch, marker, "cli_collate_marker")
+        config = ROOT / "examples/digits/digits.yaml"  # every other name in it is allowed
+        args, key = ["--set", "train_dataloader.collate_fn=cli_collate_marker.collate"], "train_dataloader.collate_fn"
+    rc, out, err = run(capsys, "train", config, "--safe", "--work-dir", work, *args)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
+    assert err.startswith(f"treadle train: config error: {config}: {key}: {SAFE_REFUSAL} (got "), err
+    assert not marker.exists() and not work.exists()
+
+
+def test_without_safe_a_config_is_code(tmp_path, capsys):
+    """What docs/config.md says ("Configs are code"): a dotted type is imported and called."""
+    marker = tmp_path / "MARKER"
+    config = tmp_path / "evil.yaml"
+    config.write_text(os_system_config(marker))
+    rc, _, err = run(capsys, "train", config, "--work-dir", tmp_path / "run")
+    assert rc == 2 and "model: built a int, not a torch.nn.Module" in err
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("command", ["train", "validate", "test"])
+def test_safe_refuses_python_configs_and_bases(tmp_path, capsys, command):
+    marker = tmp_path / "MARKER"
+    (tmp_path / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    top = tmp_path / "top.yaml"
+    top.write_text("_base_: evil.py\nmodel: {type: DigitsCNN}\n")
+    extra = [] if command == "train" else ["--checkpoint", tmp_path]
+    rc, _, err = run(capsys, command, top, "--safe", *extra)
+    assert rc == 2 and err.strip() == (f"treadle {command}: config error: {top}: _base_: safe mode refuses the Python "
+                                       "base 'evil.py': loading it would run its code; expected YAML bases "
+                                       "(.yaml, .yml)")
+    rc, _, err = run(capsys, command, tmp_path / "evil.py", "--safe", *extra)
+    assert rc == 2 and err.strip() == (f"treadle {command}: config error: {tmp_path / 'evil.py'}: safe mode refuses "
+                                       "Python config files: loading one runs its code; expected a YAML config "
+                                       "(.yaml, .yml)")
+    assert not marker.exists()
+
+
+def test_safe_trains_and_validates_with_registered_names_and_torch_classes(tmp_path, capsys):
+    work = tmp_path / "run"
+    rc, _, err = run(capsys, "train", ROOT / "examples/digits/digits.yaml", "--safe", "--work-dir", work, "--set",
+                     "max_epochs=null", "max_iters=2", "val_interval=2", "loss_fn.type=torch.nn.CrossEntropyLoss",
+                     "log_writers=[jsonl]", "progress=false", "val_dataloader.dataset.type=digits")
+    assert rc == 0, err
+    assert saved(work)["loss_fn"] == {"type": "torch.nn.CrossEntropyLoss"}
+    rc, out, err = run(capsys, "validate", work / "config.yaml", "--safe", "--checkpoint",
+                       find_latest_checkpoint(work / "checkpoints"))
+    assert rc == 0 and "val/acc" in out, err
+
+
 # -- validate, test, export, report --------------------------------------------------------
 @pytest.fixture
 def trained(tiny, tmp_path, capsys):

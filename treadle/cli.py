@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("config", metavar="CONFIG", help="a .yaml/.yml or .py config file")
         p.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                        help="override config keys, e.g. --set max_epochs=3 optimizer.lr=1e-3")
+        p.add_argument("--safe", action="store_true",
+                       help="for configs from less trusted places: run no code they name (refuse .py "
+                            "configs and bases, collate_fn paths, dotted types but torch.nn/torch.optim classes)")
 
     p = add("train", "train a model from a config", "treadle train examples/digits/digits.yaml --set max_epochs=3")
     config_args(p)
@@ -84,15 +87,15 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.nproc < 1:
         raise UsageError(f"--nproc {args.nproc}: must be >= 1")
-    cfg = load_config(args.config, args.overrides, mode="train", work_dir=args.work_dir, seed=args.seed,
-                      resume=args.resume)
+    cfg = load_config(args.config, args.overrides, mode="train", safe=args.safe, work_dir=args.work_dir,
+                      seed=args.seed, resume=args.resume)
     if cfg["work_dir"] is None:
         cfg["work_dir"] = str(Path("runs") / Path(args.config).stem)
     if args.nproc > 1:  # the config is checked above; each process builds its own trainer
         from treadle.dist.launch import launch_local
 
         return launch_local(args.nproc, ["-m", "treadle", *_without_nproc(sys.argv[1:] if args.argv is None else args.argv)])
-    trainer = build_trainer(cfg, "train")  # everything is built and checked before the work dir exists
+    trainer = build_trainer(cfg, "train", safe=args.safe)  # everything is built and checked before the work dir exists
     main_rank = trainer.is_main
     path = Path(cfg["work_dir"]) / "config.yaml"
     # Written by fit() once the work_dir is locked and a resume is known to fit: a refused
@@ -122,19 +125,19 @@ def _without_nproc(argv: Sequence[str]) -> list[str]:
 def _evaluate(args: argparse.Namespace) -> int:
     from treadle.config import build_trainer, load_config
 
-    cfg = load_config(args.config, args.overrides, mode=args.command)
+    cfg = load_config(args.config, args.overrides, mode=args.command, safe=args.safe)
     if not Path(args.checkpoint).exists():
         raise UsageError(f"--checkpoint {args.checkpoint}: no such file or directory")
     ema_cfg = cfg.get("ema")
     use_ema = args.ema if args.ema is not None else (
         isinstance(ema_cfg, dict) and ema_cfg.get("use_for_val", True) is not False)
     if not use_ema:
-        trainer = build_trainer(cfg, args.command, load_from=args.checkpoint, work_dir=args.work_dir)
+        trainer = build_trainer(cfg, args.command, safe=args.safe, load_from=args.checkpoint, work_dir=args.work_dir)
     else:  # the averaged weights, as the run's own validations used them
         from treadle.checkpoint.io import CheckpointError
         from treadle.checkpoint.weights import load_weights
 
-        trainer = build_trainer(cfg, args.command, work_dir=args.work_dir)
+        trainer = build_trainer(cfg, args.command, safe=args.safe, work_dir=args.work_dir)
         source = _ema_in_hook_state(args.checkpoint) or args.checkpoint
         try:
             report = load_weights(trainer.module, source, strict=True, key="ema")

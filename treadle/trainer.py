@@ -95,6 +95,9 @@ class Trainer:
             process only), True (always, main process only) or False.
         timer_breakdown: log ``time/forward``, ``time/loss``, ``time/backward``,
             ``time/optimizer``, ``time/hooks`` of the default step (see treadle/timing.py).
+        safe: config dicts below name only registered names and torch.nn / torch.optim
+            classes; other dotted ``type`` paths and ``collate_fn`` strings are refused
+            before anything is imported (treadle/config/safe.py). Objects are not affected.
 
     Config dicts: ``model``, the three dataloaders, ``loss_fn``, each metric and each
     hook may also be given as the dict a config file would hold, e.g.
@@ -138,16 +141,18 @@ class Trainer:
         log_writers: tuple[Any, ...] = ("jsonl", "csv", "tensorboard"),
         progress: bool | str = "auto",
         timer_breakdown: bool = False,
+        safe: bool = False,
     ) -> None:
         # -- check every argument before anything happens ---------------------------
         # Config dicts become objects as in a config file (model and data: after seeding, below).
         if not isinstance(model, (nn.Module, Mapping)):
             raise TypeError(f"model must be a torch.nn.Module or a config dict such as dict(type='DigitsCNN'), "
                             f"got {type(model).__name__}")
-        loss_fn = from_spec(loss_fn, "loss", "loss_fn")
+        check_bool("safe", safe)
+        loss_fn = from_spec(loss_fn, "loss", "loss_fn", safe=safe)
         if isinstance(metrics, Mapping):
-            metrics = {name: from_spec(m, "metric", f"metrics.{name}") for name, m in metrics.items()}
-        hooks = [from_spec(h, "hook", f"hooks[{i}]") for i, h in enumerate(check_hook_list(hooks))]
+            metrics = {name: from_spec(m, "metric", f"metrics.{name}", safe=safe) for name, m in metrics.items()}
+        hooks = [from_spec(h, "hook", f"hooks[{i}]", safe=safe) for i, h in enumerate(check_hook_list(hooks))]
         for name, loader in (("train_dataloader", train_dataloader), ("val_dataloader", val_dataloader),
                              ("test_dataloader", test_dataloader)):
             check_loader(name, loader)
@@ -215,10 +220,10 @@ class Trainer:
             seed_everything(seed, rank=self.strategy.rank, per_rank=seed_per_rank)
         specs = [isinstance(v, Mapping) for v in (model, train_dataloader, val_dataloader, test_dataloader)]
         if any(specs):
-            model = from_spec(model, "model", "model")
-            train_dataloader = from_spec(train_dataloader, "dataloader", "train_dataloader")
-            val_dataloader = from_spec(val_dataloader, "dataloader", "val_dataloader")
-            test_dataloader = from_spec(test_dataloader, "dataloader", "test_dataloader")
+            model = from_spec(model, "model", "model", safe=safe)
+            train_dataloader = from_spec(train_dataloader, "dataloader", "train_dataloader", safe=safe)
+            val_dataloader = from_spec(val_dataloader, "dataloader", "val_dataloader", safe=safe)
+            test_dataloader = from_spec(test_dataloader, "dataloader", "test_dataloader", safe=safe)
             if seed is not None:  # training's random streams do not depend on what building drew (as in a config run)
                 seed_everything(seed, rank=self.strategy.rank, per_rank=seed_per_rank)
         if deterministic:
@@ -252,7 +257,7 @@ class Trainer:
             self.model = compiled
         self.optim_wrappers = {} if optimizer is None else build_optim_wrappers(
             optimizer, model, precision=self.precision, device_type=self.strategy.device.type, accumulate=accumulate,
-            clip_grad=self.clip_grad)
+            clip_grad=self.clip_grad, safe=safe)
         for ow in self.optim_wrappers.values():
             self.strategy.setup_optim_wrapper(ow, self.model)
         # Several processes: after each iteration the ranks agree on stopping (None: one process).

@@ -153,13 +153,14 @@ def ema_hook(cfg: Any) -> EMAHook:
 SPEC_KINDS = ("model", "dataloader", "loss", "metric", "hook")
 
 
-def from_spec(value: Any, kind: str, path: str) -> Any:
+def from_spec(value: Any, kind: str, path: str, *, safe: bool = False) -> Any:
     """``value`` itself, or, when it is a config dict, the object that dict describes.
 
     The dict is built exactly as the same key of a config file is (treadle/config/build.py:
     ``{type: Name, **kwargs}``, a registered name or dotted path; a dataloader is
     ``{dataset: {...}, batch_size: N, ...}``), so a Python script and a config file
-    accept the same values. Errors are ConfigErrors naming ``path``.
+    accept the same values. Errors are ConfigErrors naming ``path``. ``safe``: names
+    only registered names and torch classes (treadle/config/safe.py).
     """
     if not isinstance(value, Mapping):
         return value
@@ -167,13 +168,13 @@ def from_spec(value: Any, kind: str, path: str) -> Any:
 
     spec = dict(value)
     if kind == "model":
-        return build.build_model(spec)
+        return build.build_model(spec, safe=safe)
     if kind == "dataloader":
-        return build.build_dataloader(spec, path)
+        return build.build_dataloader(spec, path, safe=safe)
     if kind == "hook":
-        return build.build_hook(spec, path)
+        return build.build_hook(spec, path, safe=safe)
     if kind in ("loss", "metric"):
-        return build.build_component(spec, kind, path)
+        return build.build_component(spec, kind, path, safe=safe)
     raise ValueError(f"from_spec: kind={kind!r}; expected one of {SPEC_KINDS}")
 
 
@@ -192,13 +193,25 @@ def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(metrics)
 
 
+def check_optimizer_type(cfg: Any, where: str) -> None:
+    """Safe mode: an optimizer config's ``type`` must be a torch.optim name or class,
+    checked before the optimizer builder would import a dotted path."""
+    if isinstance(cfg, Mapping) and isinstance(cfg.get("type"), str):
+        from treadle.config.registry import check_name  # the config layer: only for config dicts
+
+        check_name("optimizer", cfg["type"], f"{where}.type")
+
+
 def build_optim_wrappers(optimizer: Any, module: nn.Module, *, precision: str, device_type: str, accumulate: int,
-                         clip_grad: dict[str, Any] | None) -> dict[str, OptimWrapper]:
-    """``{name: OptimWrapper}`` from an Optimizer, a config dict, or a dict of those by name."""
+                         clip_grad: dict[str, Any] | None, safe: bool = False) -> dict[str, OptimWrapper]:
+    """``{name: OptimWrapper}`` from an Optimizer, a config dict, or a dict of those by name
+    (``safe``: see :func:`check_optimizer_type`)."""
     if isinstance(optimizer, Mapping) and optimizer and all(isinstance(v, (Mapping, torch.optim.Optimizer)) for v in optimizer.values()):
         built = {}
         for name, cfg in optimizer.items():
             params: Any = module
+            if safe:
+                check_optimizer_type(cfg, f"optimizer.{name}")
             if not isinstance(cfg, torch.optim.Optimizer):
                 params = getattr(module, str(name), None)
                 if not isinstance(params, nn.Module):
@@ -206,6 +219,8 @@ def build_optim_wrappers(optimizer: Any, module: nn.Module, *, precision: str, d
                                      f"{name!r} to optimize; give an Optimizer object instead")
             built[str(name)] = build_optimizer(cfg, params, where=f"optimizer[{name!r}]")
     else:
+        if safe:
+            check_optimizer_type(optimizer, "optimizer")
         built = {"default": build_optimizer(optimizer, module)}
     return {name: OptimWrapper(opt, precision=precision, device_type=device_type, accumulate=accumulate,
                                clip_grad=clip_grad) for name, opt in built.items()}

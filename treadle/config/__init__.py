@@ -14,10 +14,15 @@ Modules, in the order a file goes through them:
 * :mod:`~treadle.config.schema`: the table of Trainer keys, types and ranges;
 * :mod:`~treadle.config.resolve`: plain data, checks, defaults: the resolved config;
 * :mod:`~treadle.config.registry`: ``type:`` names, one plain dict per kind;
-* :mod:`~treadle.config.build`: components and the Trainer.
+* :mod:`~treadle.config.build`: components and the Trainer;
+* :mod:`~treadle.config.safe`: what ``safe=True`` allows.
 
 Every problem is a :class:`ConfigError` naming the key path, the value and what was
-expected, raised before anything runs or is written.
+expected, raised before training starts or anything is written. A config is trusted
+like code: building it imports and calls the dotted ``type:`` paths it names, and
+``.py`` configs run. ``load_config(..., safe=True)`` and ``build_trainer(cfg, safe=True)``
+(``treadle train --safe``) run no code a config names: only registered names and
+torch.nn / torch.optim classes, no ``.py`` files.
 """
 
 from treadle.config.build import build_component, build_dataloader, build_hook, build_trainer, trainer_kwargs

@@ -6,20 +6,24 @@ its key path and the accepted names. Optimizer and scheduler configs are checked
 here (type names, argument names, value ranges) but given to the Trainer unchanged:
 the Trainer builds them over the model's parameters. Nested dicts inside kwargs are
 passed as dicts: a component builds its own parts.
+
+``safe=True`` (everywhere here) accepts only registered names and torch.nn /
+torch.optim classes, and no ``collate_fn`` string: :mod:`treadle.config.safe`.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from treadle.config.errors import ConfigError, did_you_mean, join_path
-from treadle.config.registry import import_object, resolve_type
+from treadle.config.registry import check_name, import_object, resolve_type
+from treadle.config.safe import refused
 from treadle.config.schema import DATALOADER_SCHEMA, SCHEMA, check_table
 from treadle.hooks.base import Hook, get_priority
 from treadle.hooks.scheduler import ParamSchedulerHook
@@ -61,11 +65,11 @@ def call(fn: Callable[..., Any], kwargs: dict[str, Any], path: str) -> Any:
         raise ConfigError(path, f"{getattr(fn, '__name__', fn)}({args}) failed: {type(e).__name__}: {e}") from e
 
 
-def build_component(spec: Any, kind: str, path: str) -> Any:
+def build_component(spec: Any, kind: str, path: str, *, safe: bool = False) -> Any:
     """``{type: Name, **kwargs}`` -> the object; a bare name builds with no arguments
     (for ``loss`` a name of a function gives the function itself)."""
     if isinstance(spec, str):
-        target = resolve_type(kind, spec, path)
+        target = resolve_type(kind, spec, path, safe=safe)
         if kind == "loss" and not inspect.isclass(target):
             return target
         return call(target, {}, path)
@@ -75,13 +79,13 @@ def build_component(spec: Any, kind: str, path: str) -> Any:
         raise ConfigError(join_path(path, "type"), "missing required key", expected=f"the {kind}'s registered name "
                           "or dotted import path")
     kwargs = {k: v for k, v in spec.items() if k != "type"}
-    return call(resolve_type(kind, spec["type"], join_path(path, "type")), kwargs, path)
+    return call(resolve_type(kind, spec["type"], join_path(path, "type"), safe=safe), kwargs, path)
 
 
-def build_model(spec: Any) -> nn.Module:
+def build_model(spec: Any, *, safe: bool = False) -> nn.Module:
     """The model a spec describes; its ``init_weights()``, when it has one, is called as
     MMEngine's runner does (mmcv/MMEngine models set their initial or pretrained weights there)."""
-    model = build_component(spec, "model", "model")
+    model = build_component(spec, "model", "model", safe=safe)
     if not isinstance(model, nn.Module):
         raise ConfigError("model", f"built a {type(model).__name__}, not a torch.nn.Module", value=spec)
     init_weights = getattr(model, "init_weights", None)
@@ -93,13 +97,15 @@ def build_model(spec: Any) -> nn.Module:
     return model
 
 
-def build_dataloader(spec: dict[str, Any], path: str) -> DataLoader:
+def build_dataloader(spec: dict[str, Any], path: str, *, safe: bool = False) -> DataLoader:
     """``{dataset: {...}, batch_size: N, shuffle: bool, ...}`` -> a ``torch.utils.data.DataLoader``."""
     check_table(spec, DATALOADER_SCHEMA, path, "a dataloader")
     if "dataset" not in spec:
         raise ConfigError(join_path(path, "dataset"), "missing required key", expected="{type: digits, ...}")
     kwargs = {k: v for k, v in spec.items() if k != "dataset"}
-    dataset = build_component(spec["dataset"], "dataset", join_path(path, "dataset"))
+    if safe and isinstance(kwargs.get("collate_fn"), str):
+        raise _refused_collate(kwargs["collate_fn"], join_path(path, "collate_fn"))
+    dataset = build_component(spec["dataset"], "dataset", join_path(path, "dataset"), safe=safe)
     if isinstance(kwargs.get("collate_fn"), str):
         try:
             kwargs["collate_fn"] = import_object(kwargs["collate_fn"])
@@ -111,7 +117,13 @@ def build_dataloader(spec: dict[str, Any], path: str) -> DataLoader:
         raise ConfigError(path, f"DataLoader rejected the options: {type(e).__name__}: {e}") from e
 
 
-def build_hook(spec: Any, path: str) -> Hook:
+def _refused_collate(value: Any, path: str) -> ConfigError:
+    return refused(path, value, "no collate_fn (torch's default collate)",
+                   hint="Pass the function itself from Python or, if you trust the config as code, load it without "
+                        "safe mode.")
+
+
+def build_hook(spec: Any, path: str, *, safe: bool = False) -> Hook:
     """A hook from its spec; ``priority:`` (a name or 0..100) overrides the class's."""
     priority = spec.get("priority") if isinstance(spec, dict) else None
     if isinstance(spec, dict):
@@ -119,7 +131,7 @@ def build_hook(spec: Any, path: str) -> Hook:
         if spec.get("type") in ("ParamSchedulerHook", ParamSchedulerHook):
             raise ConfigError(join_path(path, "type"), "is added by the Trainer when `schedulers` is set",
                               value=spec["type"], expected="a `schedulers:` list instead")
-    hook = build_component(spec, "hook", path)
+    hook = build_component(spec, "hook", path, safe=safe)
     if not isinstance(hook, Hook):
         raise ConfigError(path, f"built a {type(hook).__name__}, not a treadle.Hook", value=spec)
     if priority is not None:
@@ -135,12 +147,12 @@ def build_hook(spec: Any, path: str) -> Hook:
 _NON_NEGATIVE = ("lr", "weight_decay", "eps", "momentum", "dampening")
 
 
-def _check_optimizer(spec: Any, path: str) -> None:
+def _check_optimizer(spec: Any, path: str, safe: bool) -> None:
     if not isinstance(spec, dict):
         raise ConfigError(path, "not an optimizer spec", value=spec, expected="{type: AdamW, lr: 0.001}")
     if "type" not in spec:
         raise ConfigError(join_path(path, "type"), "missing required key", expected="a torch.optim class name such as AdamW")
-    cls = resolve_type("optimizer", spec["type"], join_path(path, "type"))
+    cls = resolve_type("optimizer", spec["type"], join_path(path, "type"), safe=safe)
     if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)):
         raise ConfigError(join_path(path, "type"), "is not a torch.optim.Optimizer subclass", value=spec["type"])
     kwargs = {k: v for k, v in spec.items() if k not in ("type", "paramwise", "paramwise_cfg")}
@@ -158,15 +170,21 @@ def _check_optimizer(spec: Any, path: str) -> None:
         raise ConfigError(join_path(path, "betas"), "out of range", value=betas, expected="two numbers in [0, 1)")
 
 
-def check_optimizer(spec: Any) -> list[str] | None:
+def _per_optimizer(spec: Any) -> bool:
+    """Whether ``optimizer`` is a mapping of optimizer specs by submodule name."""
+    return (isinstance(spec, dict) and "type" not in spec and bool(spec)
+            and all(isinstance(v, dict) for v in spec.values()))
+
+
+def check_optimizer(spec: Any, *, safe: bool = False) -> list[str] | None:
     """Check ``optimizer``; returns the optimizer names of a per-submodule mapping."""
     if spec is None:
         return None
-    if isinstance(spec, dict) and "type" not in spec and spec and all(isinstance(v, dict) for v in spec.values()):
+    if _per_optimizer(spec):
         for name, sub in spec.items():
-            _check_optimizer(sub, join_path("optimizer", name))
+            _check_optimizer(sub, join_path("optimizer", name), safe)
         return list(spec)
-    _check_optimizer(spec, "optimizer")
+    _check_optimizer(spec, "optimizer", safe)
     return None
 
 
@@ -174,7 +192,7 @@ def check_optimizer(spec: Any) -> list[str] | None:
 _SCHEDULER_EXTRA = ["convert_to_iter_based", "epoch_length", "_scope_"]
 
 
-def _check_scheduler_list(specs: Any, path: str) -> None:
+def _check_scheduler_list(specs: Any, path: str, safe: bool) -> None:
     if not isinstance(specs, list):
         specs = [specs]  # the Trainer accepts a single spec too
         path_of = lambda i: path  # noqa: E731
@@ -195,14 +213,14 @@ def _check_scheduler_list(specs: Any, path: str) -> None:
                                       expected=f"arguments among {', '.join(accepted)}", hint=did_you_mean(key, accepted))
             continue
         if "." in kind:
-            resolve_type("scheduler", kind, join_path(p, "type"))  # a torch scheduler by import path
+            resolve_type("scheduler", kind, join_path(p, "type"), safe=safe)  # a torch scheduler by import path
             continue
         raise ConfigError(join_path(p, "type"), "unknown scheduler type", value=kind,
                           expected="a name of treadle.optim.scheduler_builder.SCHEDULERS such as LinearLR or "
                                    "CosineAnnealingLR", hint=did_you_mean(kind, SCHEDULERS))
 
 
-def check_schedulers(spec: Any, optimizer_names: list[str] | None) -> None:
+def check_schedulers(spec: Any, optimizer_names: list[str] | None, *, safe: bool = False) -> None:
     """Check scheduler type names (arguments are checked by the Trainer's builder)."""
     if spec is None:
         return
@@ -213,18 +231,78 @@ def check_schedulers(spec: Any, optimizer_names: list[str] | None) -> None:
                 raise ConfigError(join_path("schedulers", name), "is not an optimizer name", value=specs,
                                   expected=f"a mapping by optimizer name ({', '.join(names)}) or a list",
                                   hint=did_you_mean(name, names))
-            _check_scheduler_list(specs, join_path("schedulers", name))
+            _check_scheduler_list(specs, join_path("schedulers", name), safe)
         return
-    _check_scheduler_list(spec, "schedulers")
+    _check_scheduler_list(spec, "schedulers", safe)
+
+
+# -- safe mode: every name checked before anything is built ---------------------------
+def _spec_name(spec: Any, path: str) -> tuple[Any, str]:
+    """The name a component spec gives (a bare name or its ``type``) and its key path."""
+    if isinstance(spec, Mapping):
+        return spec.get("type"), join_path(path, "type")
+    return spec, path
+
+
+def named_types(cfg: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
+    """``(kind, name, key path)`` for every name that building ``cfg`` resolves: the
+    components' types, each loader's ``collate_fn`` (kind "collate_fn"), optimizer and
+    scheduler types. Follows :func:`trainer_kwargs`; a test checks the two agree."""
+    if cfg.get("model") is not None:
+        yield ("model", *_spec_name(cfg["model"], "model"))
+    for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
+        loader = cfg.get(key)
+        if isinstance(loader, Mapping):
+            if "dataset" in loader:
+                yield ("dataset", *_spec_name(loader["dataset"], join_path(key, "dataset")))
+            if loader.get("collate_fn") is not None:
+                yield "collate_fn", loader["collate_fn"], join_path(key, "collate_fn")
+    if cfg.get("loss_fn") is not None:
+        yield ("loss", *_spec_name(cfg["loss_fn"], "loss_fn"))
+    metrics = cfg.get("metrics")
+    for name, spec in (metrics.items() if isinstance(metrics, Mapping) else ()):
+        yield ("metric", *_spec_name(spec, join_path("metrics", name)))
+    hooks = cfg.get("hooks")
+    for i, spec in enumerate(hooks if isinstance(hooks, list) else ()):
+        yield ("hook", *_spec_name(spec, join_path("hooks", i)))
+    optimizer = cfg.get("optimizer")
+    if _per_optimizer(optimizer):
+        for name, sub in optimizer.items():
+            yield "optimizer", sub.get("type"), join_path(join_path("optimizer", name), "type")
+    elif isinstance(optimizer, Mapping):
+        yield "optimizer", optimizer.get("type"), "optimizer.type"
+    schedulers = cfg.get("schedulers")
+    by_name = isinstance(schedulers, Mapping) and "type" not in schedulers
+    for name, specs in (schedulers.items() if by_name else [("", schedulers)]):
+        base = join_path("schedulers", name) if name else "schedulers"
+        items = list(enumerate(specs)) if isinstance(specs, list) else [(None, specs)]
+        for i, spec in items:
+            path = base if i is None else join_path(base, i)
+            if isinstance(spec, Mapping):
+                yield "scheduler", spec.get("type"), join_path(path, "type")
+
+
+def check_safe(cfg: Mapping[str, Any]) -> None:
+    """Safe mode's check of a whole config, before anything is built or imported: every
+    name is registered or a torch.nn / torch.optim class, and no ``collate_fn`` is a string."""
+    for kind, name, path in named_types(cfg):
+        if kind == "collate_fn":
+            if isinstance(name, str):
+                raise _refused_collate(name, path)
+        elif kind == "scheduler" and isinstance(name, str) and name.rsplit(".", 1)[-1] in SCHEDULERS:
+            continue  # a treadle scheduler (an MMEngine scope prefix is dropped, never imported)
+        else:
+            check_name(kind, name, path)
 
 
 # -- the Trainer ------------------------------------------------------------------------
-def trainer_kwargs(cfg: dict[str, Any], mode: str = "train") -> dict[str, Any]:
+def trainer_kwargs(cfg: dict[str, Any], mode: str = "train", *, safe: bool = False) -> dict[str, Any]:
     """The Trainer's arguments with every component built. ``cfg`` is resolved (see
     :func:`treadle.config.resolve.load_config`). For ``mode`` "validate"/"test" the
     training-only keys are left at their defaults and only the needed loader is built.
 
     With a ``seed``, the RNGs are seeded first, so the model's initial weights repeat.
+    ``safe``: see :mod:`treadle.config.safe`; every name is checked before anything is built.
     """
     from treadle.seeding import seed_everything
 
@@ -237,20 +315,22 @@ def trainer_kwargs(cfg: dict[str, Any], mode: str = "train") -> dict[str, Any]:
         for key in ("val_dataloader", "test_dataloader"):
             if key != keep:
                 kw[key] = None
-    optimizer_names = check_optimizer(kw.get("optimizer"))
-    check_schedulers(kw.get("schedulers"), optimizer_names)
+    if safe:
+        check_safe(kw)
+    optimizer_names = check_optimizer(kw.get("optimizer"), safe=safe)
+    check_schedulers(kw.get("schedulers"), optimizer_names, safe=safe)
     if kw.get("seed") is not None:
         seed_everything(kw["seed"], per_rank=bool(kw.get("seed_per_rank")))
-    kw["model"] = build_model(kw["model"])
+    kw["model"] = build_model(kw["model"], safe=safe)
     for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
         if kw.get(key) is not None:
-            kw[key] = build_dataloader(kw[key], key)
+            kw[key] = build_dataloader(kw[key], key, safe=safe)
     if kw.get("loss_fn") is not None:
-        kw["loss_fn"] = build_component(kw["loss_fn"], "loss", "loss_fn")
+        kw["loss_fn"] = build_component(kw["loss_fn"], "loss", "loss_fn", safe=safe)
     if kw.get("metrics") is not None:
-        kw["metrics"] = {name: build_component(spec, "metric", join_path("metrics", name))
+        kw["metrics"] = {name: build_component(spec, "metric", join_path("metrics", name), safe=safe)
                          for name, spec in kw["metrics"].items()}
-    kw["hooks"] = [build_hook(spec, join_path("hooks", i)) for i, spec in enumerate(kw.get("hooks") or [])]
+    kw["hooks"] = [build_hook(spec, join_path("hooks", i), safe=safe) for i, spec in enumerate(kw.get("hooks") or [])]
     return kw
 
 
@@ -268,16 +348,18 @@ def _explain(err: Exception, cfg: dict[str, Any]) -> ConfigError:
     return ConfigError("", f"{type(err).__name__}: {text}")
 
 
-def build_trainer(cfg: dict[str, Any], mode: str = "train", **overrides: Any) -> Any:
+def build_trainer(cfg: dict[str, Any], mode: str = "train", *, safe: bool = False, **overrides: Any) -> Any:
     """Build every component and the ``treadle.Trainer``; nothing is written yet (the
     Trainer creates ``work_dir`` in fit/validate/test). ``overrides`` replace Trainer
-    arguments after the build (e.g. ``load_from=`` for ``treadle validate``)."""
+    arguments after the build (e.g. ``load_from=`` for ``treadle validate``). ``safe``:
+    only registered names and torch classes (:mod:`treadle.config.safe`), for the
+    Trainer's own optimizer build too."""
     from treadle.trainer import Trainer
 
-    kw = trainer_kwargs(cfg, mode)
+    kw = trainer_kwargs(cfg, mode, safe=safe)
     kw.update(overrides)
     try:
-        return Trainer(**kw)
+        return Trainer(**kw, safe=safe)
     except ConfigError:
         raise
     except (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError, RuntimeError) as e:
@@ -285,4 +367,4 @@ def build_trainer(cfg: dict[str, Any], mode: str = "train", **overrides: Any) ->
 
 
 __all__ = ["TRAINING_ONLY", "build_component", "build_dataloader", "build_hook", "build_model", "build_trainer",
-           "call", "check_args", "check_optimizer", "check_schedulers", "trainer_kwargs"]
+           "call", "check_args", "check_optimizer", "check_safe", "check_schedulers", "named_types", "trainer_kwargs"]

@@ -1,10 +1,12 @@
 """Read config files (YAML or Python), follow ``_base_``, apply ``--set`` overrides.
 
-YAML is read with a safe loader only (no Python objects can be created from YAML).
-A Python config is code that runs: it is executed like a script (its directory first
-on ``sys.path``) and its module-level names become the keys. Names starting with an
-underscore, modules, classes and functions are not keys (they are imports and
-helpers); ``_base_`` is the one underscore name that is read.
+YAML is read with a safe loader only: the YAML parser creates no Python objects
+(the config built from it still can: a dotted ``type:`` imports and calls what it
+names, see :mod:`treadle.config.safe`). A Python config is code that runs: it is
+executed like a script (its directory first on ``sys.path``) and its module-level
+names become the keys (with ``safe=True`` it is refused instead, as a base too).
+Names starting with an underscore, modules, classes and functions are not keys
+(they are imports and helpers); ``_base_`` is the one underscore name that is read.
 
 ``_base_: path`` (or a list of paths, relative to the file) names configs this one
 builds on. Bases are merged in order, then the file itself: dicts merge key by key,
@@ -25,6 +27,7 @@ from typing import Any, Iterable
 import yaml
 
 from treadle.config.errors import ConfigError
+from treadle.config.safe import refused_python_file
 
 BASE_KEY = "_base_"
 DELETE_KEY = "_delete_"
@@ -126,8 +129,9 @@ def _read_python(path: Path) -> dict[str, Any]:
             if (k == BASE_KEY or not k.startswith("_")) and not _is_helper(v)}
 
 
-def read_file(path: str | Path) -> dict[str, Any]:
-    """One config file as a dict, ``_base_`` not yet followed."""
+def read_file(path: str | Path, *, safe: bool = False) -> dict[str, Any]:
+    """One config file as a dict, ``_base_`` not yet followed; ``safe``: a ``.py`` file
+    is refused, not run."""
     path = Path(path)
     if not path.is_file():
         problem = "is a directory, not a config file" if path.is_dir() else "no such config file"
@@ -135,6 +139,8 @@ def read_file(path: str | Path) -> dict[str, Any]:
     if path.suffix not in SUFFIXES:
         raise ConfigError("", f"unsupported config file type {path.suffix!r}",
                           expected=" or ".join(SUFFIXES), source=str(path))
+    if safe and path.suffix == ".py":
+        raise refused_python_file(str(path))
     return _read_python(path) if path.suffix == ".py" else _read_yaml(path)
 
 
@@ -160,13 +166,14 @@ def strip_delete(value: Any) -> Any:
     return value
 
 
-def load_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A config file with its ``_base_`` chain merged in (errors name the file)."""
+def load_file(path: str | Path, _chain: tuple[Path, ...] = (), *, safe: bool = False) -> dict[str, Any]:
+    """A config file with its ``_base_`` chain merged in (errors name the file).
+    ``safe``: ``.py`` files are refused, the top-level one and every base, before any runs."""
     path = Path(path).resolve() if _chain else Path(path)
     if path.resolve() in [p.resolve() for p in _chain]:
         cycle = " -> ".join(str(p) for p in (*_chain, path))
         raise ConfigError(BASE_KEY, f"inheritance cycle: {cycle}", source=str(_chain[0]))
-    data = read_file(path)
+    data = read_file(path, safe=safe)
     bases = data.pop(BASE_KEY, None)
     if bases is None:
         return strip_delete(data)
@@ -175,12 +182,16 @@ def load_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]
     if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
         raise ConfigError(BASE_KEY, "must be a path or a list of paths", value=bases,
                           expected="e.g. _base_: ../base.yaml", source=str(path))
+    if safe:  # every base of this file is checked before the first is read
+        for base in bases:
+            if Path(base).suffix == ".py":
+                raise refused_python_file(base, listed_in=str(path))
     merged: dict[str, Any] = {}
     for base in bases:
         base_path = (path.parent / base)
         if not base_path.is_file():
             raise ConfigError(BASE_KEY, f"base config {base!r} not found (looked at {base_path})", source=str(path))
-        merged = merge(merged, load_file(base_path, (*_chain, path)))
+        merged = merge(merged, load_file(base_path, (*_chain, path), safe=safe))
     return merge(merged, data)
 
 

@@ -76,6 +76,9 @@ NOT_TRANSLATED = {
     "visualizer": "treadle writes log.jsonl and TensorBoard logs itself; remove visualizer",
     "launcher": "launch several processes with treadle train --nproc N (or torchrun); remove launcher",
     "log_level": "remove log_level",
+    # MMEngine imports these modules while reading the config; treadle never imports for a key.
+    "custom_imports": "treadle imports no modules for a config; name classes by dotted type paths (trusted configs) "
+                      "or register them from Python (treadle.config.registry) and remove custom_imports",
 }
 
 _DROPPED_HOOKS = ("IterTimerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "RuntimeInfoHook")

@@ -2,7 +2,9 @@
 
 Jump from a name to its class with your editor: every entry below is the class (or
 function) itself, except the examples' components, which name their file. A ``type``
-that is not registered may be a dotted import path such as ``my_pkg.models.Net``.
+that is not registered may be a dotted import path such as ``my_pkg.models.Net``,
+which imports that module: a config is trusted like code. With ``safe=True`` only
+registered names and torch's own classes are accepted (see :mod:`treadle.config.safe`).
 To register your own names, add entries to these dicts before building a config
 (``MODELS["Net"] = Net``); there is no decorator and no scope.
 """
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 
 from treadle.config.errors import ConfigError, did_you_mean
+from treadle.config.safe import refused, torch_class
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.early_stopping import EarlyStoppingHook
 from treadle.hooks.ema import EMAHook
@@ -134,12 +137,16 @@ def _known(registry: dict[str, Any], limit: int = 12) -> str:
     return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
 
 
-def resolve_type(kind: str, type_: Any, path: str) -> Any:
+def resolve_type(kind: str, type_: Any, path: str, *, safe: bool = False) -> Any:
     """The class or function a ``type`` names: a registered name, a dotted import path,
-    or (Python configs) the object itself. Errors name ``path`` (e.g. ``model.type``)."""
+    or (Python configs) the object itself. Errors name ``path`` (e.g. ``model.type``).
+
+    ``safe``: a dotted path must name a torch.nn / torch.optim class, found without
+    importing anything (:func:`treadle.config.safe.torch_class`); any other is refused.
+    """
     registry = REGISTRIES[kind]
     if callable(type_) and not isinstance(type_, str):
-        return type_
+        return type_  # an object given from Python: code is trusted
     if not isinstance(type_, str) or not type_:
         raise ConfigError(path, f"a {kind} type must be a name or a dotted import path", value=type_,
                           expected=f"one of {_known(registry)}")
@@ -149,15 +156,32 @@ def resolve_type(kind: str, type_: Any, path: str) -> Any:
             return entry.load() if isinstance(entry, ExampleRef) else entry
         except Exception as e:
             raise ConfigError(path, f"cannot load {kind} {type_!r}: {type(e).__name__}: {e}") from e
+    if "." in type_ and safe:
+        return _torch_class_or_refuse(kind, type_, path)
     if "." in type_:
         try:
             return import_object(type_)
         except (ImportError, AttributeError) as e:
             raise ConfigError(path, f"cannot import {type_!r}: {e}",
                               expected="an importable dotted path such as my_pkg.models.Net") from e
-    raise ConfigError(path, f"unknown {kind} type", value=type_,
-                      expected=f"a registered name ({_known(registry)}) or a dotted import path such as "
-                               "my_pkg.models.Net", hint=did_you_mean(type_, registry))
+    expected = (f"a registered name ({_known(registry)})" + (" or a torch.nn / torch.optim class such as "
+                "torch.nn.CrossEntropyLoss" if safe else " or a dotted import path such as my_pkg.models.Net"))
+    raise ConfigError(path, f"unknown {kind} type", value=type_, expected=expected,
+                      hint=did_you_mean(type_, registry))
+
+
+def check_name(kind: str, type_: Any, path: str) -> None:
+    """Safe mode's check of a ``type`` without loading it: a registered name, a
+    torch.nn / torch.optim class, or an object given from Python; else a ConfigError."""
+    if isinstance(type_, str) and type_ not in REGISTRIES[kind] and "." in type_:
+        _torch_class_or_refuse(kind, type_, path)  # other problems: resolve_type reports them when building
+
+
+def _torch_class_or_refuse(kind: str, type_: str, path: str) -> type:
+    cls = torch_class(type_)
+    if cls is None:
+        raise refused(path, type_, f"a registered {kind} name ({_known(REGISTRIES[kind])})")
+    return cls
 
 
 def name_of(obj: Any) -> str:
@@ -187,4 +211,4 @@ def _same_file(obj: Any, path: Path) -> bool:
 
 
 __all__ = ["DATASETS", "EXAMPLES_DIR", "ExampleRef", "HOOKS", "LOSSES", "METRICS", "MODELS", "OPTIMIZERS",
-           "REGISTRIES", "SCHEDULERS", "import_object", "name_of", "resolve_type"]
+           "REGISTRIES", "SCHEDULERS", "check_name", "import_object", "name_of", "resolve_type"]

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from treadle.config.build import check_safe
 from treadle.config.errors import ConfigError, did_you_mean, join_path
 from treadle.config.loader import apply_overrides, load_file
 from treadle.config.mmengine import NOT_TRANSLATED, is_mmengine_style, translate
@@ -112,12 +113,20 @@ def resolve_config(raw: dict[str, Any], overrides: Iterable[str] = (), *, mode: 
     return with_defaults(cfg)
 
 
-def load_config(path: str | Path, overrides: Iterable[str] = (), *, mode: str | None = None,
+def load_config(path: str | Path, overrides: Iterable[str] = (), *, mode: str | None = None, safe: bool = False,
                 **values: Any) -> dict[str, Any]:
     """Read ``path`` (YAML or Python, with its ``_base_`` chain) and resolve it; every
-    error is a :class:`ConfigError` attributed to the file."""
+    error is a :class:`ConfigError` attributed to the file.
+
+    ``safe``: for configs from less trusted places (:mod:`treadle.config.safe`): ``.py``
+    files and bases are refused before they run, and every name in the resolved config
+    (``--set`` overrides included) must be registered or a torch.nn / torch.optim class.
+    Build it with ``build_trainer(cfg, safe=True)`` too."""
     try:
-        return resolve_config(load_file(path), overrides, mode=mode, **values)
+        cfg = resolve_config(load_file(path, safe=safe), overrides, mode=mode, **values)
+        if safe:
+            check_safe(cfg)
+        return cfg
     except ConfigError as e:
         raise e.with_source(str(path)) from e.__cause__
 

@@ -1,7 +1,7 @@
 """The config schema: every ``treadle.Trainer`` argument, its type, range and meaning.
 
 This table sits beside the Trainer's signature (``treadle/trainer.py``); a test
-checks that both list the same names, and ``docs/config.md`` is generated from it.
+checks that both list the same names (but :data:`NOT_CONFIG_KEYS`), and ``docs/config.md`` is generated from it.
 Defaults are read from the signature itself, so they cannot drift. Components
 (``model``, loaders, ``loss_fn``, ``metrics``, ``hooks``) are checked here for shape
 and built by :mod:`treadle.config.build`, which checks their arguments.
@@ -224,19 +224,26 @@ DATALOADER_KEYS: tuple[Key, ...] = (
     Key("persistent_workers", (bool,), "true or false", "Keep workers alive between epochs (needs num_workers > 0)."),
     Key("prefetch_factor", (int, NoneType), "an int >= 1, or null", "Batches loaded ahead by each worker.", _min(1)),
     Key("timeout", (int, float), "a number >= 0", "Seconds to wait for a batch from a worker.", _min(0, "a number")),
-    Key("collate_fn", (str, NoneType), "a dotted path to a function, or null", "How samples become a batch."),
+    Key("collate_fn", (str, NoneType), "a dotted path to a function, or null",
+        "How samples become a batch; its module is imported (refused by `--safe`)."),
 )
 
 DATALOADER_SCHEMA: dict[str, Key] = {k.name: k for k in DATALOADER_KEYS}
 
 
+#: Trainer arguments that are not config keys. ``safe`` is how far the caller trusts the
+#: config, so the config itself must not be able to set it.
+NOT_CONFIG_KEYS = ("safe",)
+
+
 def trainer_defaults() -> dict[str, Any]:
-    """Each Trainer argument's default, from the signature (tuples as lists)."""
+    """Each Trainer argument's default, from the signature (tuples as lists), less
+    :data:`NOT_CONFIG_KEYS`."""
     from treadle.trainer import Trainer  # here: the schema must not import the Trainer at load time
 
     out: dict[str, Any] = {}
     for name, p in inspect.signature(Trainer.__init__).parameters.items():
-        if name != "self":
+        if name != "self" and name not in NOT_CONFIG_KEYS:
             default = p.default
             out[name] = list(default) if isinstance(default, tuple) else (None if default is p.empty else default)
     return out
@@ -258,5 +265,5 @@ def check_table(cfg: dict[str, Any], table: dict[str, Key], path: str, what: str
         check_value(table[name], value, join_path(path, name))
 
 
-__all__ = ["DATALOADER_KEYS", "DATALOADER_SCHEMA", "Key", "SCHEMA", "TRAINER_KEYS", "check_keys", "check_table",
-           "check_value", "trainer_defaults"]
+__all__ = ["DATALOADER_KEYS", "DATALOADER_SCHEMA", "Key", "NOT_CONFIG_KEYS", "SCHEMA", "TRAINER_KEYS", "check_keys",
+           "check_table", "check_value", "trainer_defaults"]
