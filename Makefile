@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# While you work: everything but the multi-process and subprocess tests (marked slow).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

@@ -63,6 +63,7 @@ def test_env_command(capsys):
     assert "treadle" in out
 
 
+@pytest.mark.slow
 def test_python_dash_m_treadle():
     proc = subprocess.run([sys.executable, "-m", "treadle", "env"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
@@ -193,6 +194,7 @@ def test_debug_shows_the_traceback(tiny, tmp_path, capsys):
     assert rc == 2 and "Traceback" in err and "model.dimm: unknown argument" in err
 
 
+@pytest.mark.slow
 def test_error_from_a_real_process_has_no_traceback(tiny, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     proc = subprocess.run([sys.executable, "-m", "treadle", "train", str(tiny), "--work-dir", str(tmp_path / "w"),
@@ -398,6 +400,7 @@ def test_report(trained, tmp_path, capsys):
 
 
 # -- several processes -------------------------------------------------------------------
+@pytest.mark.slow
 def test_train_nproc_2_launches_two_ddp_processes(tiny, tmp_path):
     """`treadle train CONFIG --nproc 2` goes through torch.distributed.run's API: two
     ranks on gloo, one set of files written by rank 0."""

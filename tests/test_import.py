@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test imports treadle in a fresh interpreter
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Each is needed by one feature only (TensorBoard writer, report plots, progress bar,

@@ -240,6 +240,7 @@ def _wait_for(pred, proc: subprocess.Popen, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_write_keeps_previous(tmp_path):
     """A saver killed while writing (one overwrite, one new name) never hides the old checkpoint."""
     ckdir = tmp_path / "checkpoints"
@@ -276,6 +277,7 @@ def test_sigkill_mid_write_keeps_previous(tmp_path):
     assert _hidden(ckdir) == []
 
 
+@pytest.mark.slow
 def test_sigkill_between_fallback_renames_is_recovered(tmp_path):
     """Without atomic exchange, a crash between the two renames is repaired by cleanup_stale_tmp."""
     ckdir = tmp_path / "checkpoints"
@@ -303,6 +305,7 @@ def test_sigkill_between_fallback_renames_is_recovered(tmp_path):
     assert _hidden(ckdir) == []
 
 
+@pytest.mark.slow
 def test_cleanup_stale_tmp_is_conservative(tmp_path):
     host, me = ckio._host_tag(), os.getpid()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

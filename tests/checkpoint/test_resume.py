@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # training runs in subprocesses, killed and resumed
+
 SCRIPT = Path(__file__).with_name("resume_script.py")
 ROOT = Path(__file__).resolve().parents[2]
 

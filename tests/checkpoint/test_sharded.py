@@ -135,6 +135,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"root": root, "expected_one": expected_one, "ranks": ranks}
 
 
+@pytest.mark.slow
 def test_save_on_one_load_on_two(run: dict) -> None:
     r0 = run["ranks"][0]
     assert_state_equal(r0["from_one"]["model"], run["expected_one"]["model"])
@@ -149,6 +150,7 @@ def test_save_on_one_load_on_two(run: dict) -> None:
         torch.testing.assert_close(r0["from_one_continued"]["model"][k], v, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_save_on_two_load_on_one_and_continue(run: dict) -> None:
     r0 = run["ranks"][0]
     strategy = FSDPStrategy()
@@ -163,6 +165,7 @@ def test_save_on_two_load_on_one_and_continue(run: dict) -> None:
         torch.testing.assert_close(v, r0["continued"]["model"][k], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_async_save_equals_sync_save(run: dict) -> None:
     sync, async_ = run["root"] / "sync", run["root"] / "async"
     assert io.read_manifest(async_)["dcp"]["world_size"] == 2
@@ -170,6 +173,7 @@ def test_async_save_equals_sync_save(run: dict) -> None:
     assert_state_equal(consolidate(async_), run["ranks"][0]["saved"]["model"])  # not the later step's
 
 
+@pytest.mark.slow
 def test_consolidate_gives_the_full_state_dict(run: dict) -> None:
     full = consolidate(run["root"] / "sync")
     assert_state_equal(full, run["ranks"][0]["saved"]["model"])
@@ -177,6 +181,7 @@ def test_consolidate_gives_the_full_state_dict(run: dict) -> None:
     assert all(type(t) is torch.Tensor and t.device.type == "cpu" for t in full.values())
 
 
+@pytest.mark.slow
 def test_failed_save_keeps_the_previous_checkpoint(run: dict) -> None:
     r0, r1 = run["ranks"]
     assert "Can't pickle" in r0["failed_save"] or "pickle" in r0["failed_save"].lower()
@@ -186,6 +191,7 @@ def test_failed_save_keeps_the_previous_checkpoint(run: dict) -> None:
     io.verify_checkpoint(run["root"] / "sync")
 
 
+@pytest.mark.slow
 def test_sharded_checkpoints_fit_io_discovery(run: dict, tmp_path: Path) -> None:
     root = run["root"]
     assert is_sharded_checkpoint(root / "sync") and is_sharded_checkpoint(root / "one")
@@ -202,6 +208,7 @@ def test_sharded_checkpoints_fit_io_discovery(run: dict, tmp_path: Path) -> None
 
 @pytest.mark.parametrize("damage,file", [("flip", "__1_0.distcp"), ("truncate", "__0_0.distcp"),
                                          ("flip", ".metadata"), ("delete", "state.pt"), ("delete", "manifest.json")])
+@pytest.mark.slow
 def test_damaged_checkpoint_is_rejected_naming_the_file(run: dict, tmp_path: Path, damage: str, file: str) -> None:
     ckpt = tmp_path / "ckpt"
     shutil.copytree(run["root"] / "sync", ckpt)

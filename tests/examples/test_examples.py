@@ -85,6 +85,7 @@ def test_example_configs_resolve_for_training(config):
     build_trainer(load_config(EXAMPLES / config, mode="train"))  # every component builds
 
 
+@pytest.mark.slow
 def test_digits_train_script_still_works(tmp_path):
     proc = subprocess.run([sys.executable, str(EXAMPLES / "digits" / "train.py"), "--epochs", "1", "--work-dir",
                            str(tmp_path / "d")], capture_output=True, text=True, timeout=300, cwd=ROOT,

@@ -20,7 +20,8 @@ import treadle
 from support import TinyNet, make_data
 from trainer_ranks import SCRIPT, _final, _reference, _run
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+pytestmark = [pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available"),
+              pytest.mark.slow]  # 2 processes on gloo
 
 
 @pytest.mark.parametrize("shuffle,accumulate", [(False, 1), (True, 2)])

@@ -126,6 +126,7 @@ def fsdp_results() -> list[dict]:
     return run_ranks(fsdp_worker, world_size=2, timeout_s=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opt_name,micro", [("SGD", 1), ("AdamW", 1), ("AdamW", 2)])
 def test_two_ranks_match_one_process_with_double_batch(fsdp_results: list[dict], opt_name: str, micro: int) -> None:
     got, want = fsdp_results[0][f"{opt_name}/{micro}"], reference(opt_name)[0]
@@ -134,12 +135,14 @@ def test_two_ranks_match_one_process_with_double_batch(fsdp_results: list[dict],
         torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
+@pytest.mark.slow
 def test_parameters_are_sharded(fsdp_results: list[dict]) -> None:
     total = sum(p.numel() for p in make_model().parameters())
     assert fsdp_results[0]["local_numel"] + fsdp_results[1]["local_numel"] == total
     assert fsdp_results[0]["local_numel"] < total
 
 
+@pytest.mark.slow
 def test_bf16_mixed_precision_trains_close_to_fp32(fsdp_results: list[dict]) -> None:
     got, want = fsdp_results[0]["bf16"], reference("SGD")[0]
     assert all(v.dtype == torch.float32 for v in got.values())  # sharded master weights stay fp32
@@ -147,6 +150,7 @@ def test_bf16_mixed_precision_trains_close_to_fp32(fsdp_results: list[dict]) -> 
         torch.testing.assert_close(got[k], want[k], rtol=0.05, atol=0.02, msg=k)
 
 
+@pytest.mark.slow
 def test_cpu_offload_and_clipping_match_one_process(fsdp_results: list[dict]) -> None:
     want, ow = reference("SGD", clip_grad=dict(max_norm=0.5))
     assert fsdp_results[0]["offload_norm"] == pytest.approx(float(ow.grad_norms[-1]), rel=1e-5)
@@ -154,6 +158,7 @@ def test_cpu_offload_and_clipping_match_one_process(fsdp_results: list[dict]) ->
         torch.testing.assert_close(fsdp_results[0]["offload_clip"][k], want[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
+@pytest.mark.slow
 def test_misuse_is_reported(fsdp_results: list[dict]) -> None:
     for r in fsdp_results:
         assert "state['hooks']['EMAHook']['ema']" in r["full_save_error"]

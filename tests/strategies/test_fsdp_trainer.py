@@ -18,6 +18,8 @@ from treadle.checkpoint.weights import export_safetensors, read_safetensors
 
 from trainer_ranks import _final, _reference, _run
 
+pytestmark = pytest.mark.slow  # 2 processes on gloo
+
 
 def test_fsdp_trains_like_one_process_and_checkpoints_sharded(tmp_path):
     out, work = tmp_path / "out", tmp_path / "run"
