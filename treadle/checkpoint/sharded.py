@@ -158,8 +158,9 @@ class PendingSave:
     """
 
     def __init__(self, path: Path, tmp: Path, payload_files: dict[str, Any], meta: dict[str, Any],
-                 task: Future) -> None:
+                 task: Future, asynchronous: bool = False) -> None:
         self.path, self._tmp, self._payload_files, self._meta, self._task = path, tmp, payload_files, meta, task
+        self._asynchronous = asynchronous
         self._result: Path | None = None
         self._error: BaseException | None = None
 
@@ -189,7 +190,7 @@ class PendingSave:
             outcome = self._commit(gathered)  # type: ignore[arg-type]
         outcome = comm.broadcast_object(outcome)
         if isinstance(outcome, CheckpointWriteError):
-            self._error = outcome
+            self._error = outcome.as_asynchronous() if self._asynchronous else outcome
             raise self._error
         if outcome:
             self._error = CheckpointError(f"sharded save to {self.path} failed: {outcome}")
@@ -372,7 +373,7 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    pending = PendingSave(path, tmp, payload_files, meta_json, task)
+    pending = PendingSave(path, tmp, payload_files, meta_json, task, asynchronous=async_)
     if async_:
         _last_pending = pending
     else:
