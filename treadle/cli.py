@@ -251,7 +251,8 @@ def _fail(args: argparse.Namespace, err: Exception, status: int = 2) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (2: bad config or arguments)."""
+    """Run the command line; returns the exit status (2: bad config or arguments; 1: a
+    checkpoint could not be written, e.g. disk full)."""
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -261,12 +262,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from treadle.checkpoint.io import CheckpointError
+    from treadle.checkpoint.io import CheckpointError, CheckpointWriteError
     from treadle.config import ConfigError
     from treadle.run_dir import WorkDirBusyError
 
     try:
         return COMMANDS[args.command](args)
+    except CheckpointWriteError as e:  # disk full or another OS error at a save (sync or async): a run-time failure
+        return _fail(args, e, status=1)
     except (ConfigError, UsageError, CheckpointError, WorkDirBusyError) as e:  # e.g. a resume that does not fit
         return _fail(args, e)
     except FloatingPointError as e:  # training diverged (NaN guard, or non-finite weights at a save)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -21,6 +22,7 @@ from torch.utils._pytree import tree_map_only
 from dist_support import run_ranks
 from treadle.checkpoint import io
 from treadle.checkpoint.dcp_safe import _SafeReader
+from treadle.checkpoint.io import CheckpointWriteError
 from treadle.checkpoint.sharded import (
     CheckpointError,
     consolidate,
@@ -119,6 +121,22 @@ def two_rank_worker(rank: int, world: int, root: str) -> dict:
     except Exception as e:  # noqa: BLE001 - the type differs by rank; the message is checked
         out["failed_save"] = f"{type(e).__name__}: {e}"
     out["sync_untouched"] = before == sorted((p.name, p.stat().st_mtime_ns) for p in (root_path / "sync").iterdir())
+    # Rank 1's disk is full when it writes its shards: every rank raises the same CheckpointWriteError.
+    real_open = Path.open
+
+    def disk_full(p: Path, mode: str = "r", *args, **kwargs):
+        if rank == 1 and "w" in mode and p.name.endswith(".distcp"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(p, mode, *args, **kwargs)
+    Path.open = disk_full  # type: ignore[method-assign]
+    try:
+        save_sharded(root_path / "sync", sharded_state(strategy, model, opt), {"state.pt": {"iter": 3}}).wait()
+    except CheckpointWriteError as e:
+        out["disk_full"] = {"message": str(e), "needed": e.needed, "free": e.free}
+    finally:
+        Path.open = real_open  # type: ignore[method-assign]
+    out["sync_untouched_by_full_disk"] = before == sorted(
+        (p.name, p.stat().st_mtime_ns) for p in (root_path / "sync").iterdir())
     return out
 
 
@@ -187,6 +205,20 @@ def test_failed_save_keeps_the_previous_checkpoint(run: dict) -> None:
     assert "Can't pickle" in r0["failed_save"] or "pickle" in r0["failed_save"].lower()
     assert r1["failed_save"].startswith("CheckpointError: sharded save to") and "rank 0" in r1["failed_save"]
     assert r0["sync_untouched"] and r1["sync_untouched"]
+    assert not [p for p in run["root"].iterdir() if p.name.startswith(".")]  # no scratch dir left
+    io.verify_checkpoint(run["root"] / "sync")
+
+
+@pytest.mark.slow
+def test_a_full_disk_on_one_rank_raises_the_same_write_error_on_every_rank(run: dict) -> None:
+    r0, r1 = run["ranks"]
+    assert r0["disk_full"] == r1["disk_full"]
+    assert r0["disk_full"]["message"].startswith(
+        f"checkpoint save to {run['root'] / 'sync'} failed while writing the DCP shards on rank 1: [Errno 28] No space "
+        "left on device (ENOSPC); it needs about ")
+    assert r0["disk_full"]["message"].endswith("; the unfinished save was removed, earlier checkpoints are intact")
+    assert r0["disk_full"]["needed"] > 0 and r0["disk_full"]["free"] > 0
+    assert r0["sync_untouched_by_full_disk"] and r1["sync_untouched_by_full_disk"]
     assert not [p for p in run["root"].iterdir() if p.name.startswith(".")]  # no scratch dir left
     io.verify_checkpoint(run["root"] / "sync")
 

@@ -35,8 +35,10 @@ The copy (:meth:`AsyncCheckpointer.snapshot`):
 At most one save is in flight: :meth:`save` first waits for the previous one. An
 error of the background write is logged when it happens and raised (as a
 :class:`~treadle.checkpoint.io.CheckpointError`) by the next :meth:`save`,
-:meth:`wait` or :meth:`close`, never lost. The thread is not a daemon, so a normal
-interpreter exit waits for the write to finish.
+:meth:`wait` or :meth:`close`, never lost; a full disk or another OS error is the
+:class:`~treadle.checkpoint.io.CheckpointWriteError` a synchronous save raises, marked
+asynchronous. The thread is not a daemon, so a normal interpreter exit waits for the
+write to finish.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor, nn
 
-from treadle.checkpoint.io import CheckpointError, check_save_args, save_checkpoint
+from treadle.checkpoint.io import CheckpointError, CheckpointWriteError, check_save_args, save_checkpoint
 
 __all__ = ["AsyncCheckpointer"]
 
@@ -109,6 +111,8 @@ class AsyncCheckpointer:
             thread.join()
         if self._error is not None:
             error, self._error = self._error, None
+            if isinstance(error, CheckpointWriteError):  # disk full, EIO...: the same error as a synchronous save's
+                raise error.as_asynchronous() from error
             raise CheckpointError(f"asynchronous save of {self._path} failed: {type(error).__name__}: {error}") from error
         return self._path
 
@@ -202,7 +206,10 @@ class AsyncCheckpointer:
                 on_done(path)
         except BaseException as e:  # kept for the caller's next save()/wait(): never lost
             self._error = e
-            logger.error("asynchronous checkpoint save of %s failed: %s: %s", path, type(e).__name__, e)
+            if isinstance(e, CheckpointWriteError):  # its message says it all
+                logger.error("%s", e.as_asynchronous())
+            else:
+                logger.error("asynchronous checkpoint save of %s failed: %s: %s", path, type(e).__name__, e)
 
 
 class _Copier:

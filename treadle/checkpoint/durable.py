@@ -54,21 +54,35 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     except OSError as e:  # some file systems do not support fsync on directories
         if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            if e.filename is None:
+                e.filename = str(path)
             raise
     finally:
         os.close(fd)
 
 
 class _HashingWriter:
-    """File-like wrapper hashing bytes as torch.save writes them (no second read pass)."""
+    """File-like wrapper hashing bytes as torch.save writes them (no second read pass).
+
+    ``size`` counts the bytes the file accepted. A failed write's OSError (ENOSPC, EIO,
+    ...) is kept in ``error`` before it propagates: torch.save replaces it with a
+    RuntimeError of its own (its zip writer then fails to finish the file), so the
+    caller reads the cause here rather than from torch's message."""
 
     def __init__(self, f: Any) -> None:
         self._f, self.sha256, self.size = f, hashlib.sha256(), 0
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
+        try:
+            n = self._f.write(data)
+        except OSError as e:
+            if self.error is None:
+                self.error = e
+            raise
         self.sha256.update(data)
         self.size += len(memoryview(data).cast("B"))
-        return self._f.write(data)
+        return n
 
     def flush(self) -> None:
         self._f.flush()
@@ -82,6 +96,10 @@ def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)  # fsync flushes the file, whatever the descriptor's mode
     try:
         os.fsync(fd)
+    except OSError as e:  # e.g. EIO: say which file (os.fsync's error names none)
+        if e.filename is None:
+            e.filename = str(path)
+        raise
     finally:
         os.close(fd)
 

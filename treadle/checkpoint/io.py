@@ -23,6 +23,7 @@ are re-exported here (``from treadle.checkpoint.io import find_latest_checkpoint
 
 from __future__ import annotations
 
+import errno as _errno
 import json
 import os
 import pickle
@@ -30,7 +31,7 @@ import re
 import shutil
 import time
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +60,7 @@ if TYPE_CHECKING:  # at run time these come from __getattr__ below (directory.py
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "STATE_FILE",
-    "CheckpointError", "CorruptCheckpointError", "UnsafeCheckpointError", "CheckpointWarning",
+    "CheckpointError", "CorruptCheckpointError", "UnsafeCheckpointError", "CheckpointWriteError", "CheckpointWarning",
     "save_checkpoint", "check_save_args", "load_checkpoint", "read_manifest", "verify_checkpoint",
     "is_valid_checkpoint", "list_checkpoints", "find_latest_checkpoint",
     "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",
@@ -84,6 +85,90 @@ class UnsafeCheckpointError(CheckpointError):
     """A payload holds objects that the weights-only unpickler refuses to build."""
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written: the disk is full, or another OS error (EIO,
+    EROFS, EDQUOT, EACCES, ...) in a write, fsync, mkdir or rename of the save.
+
+    The save's scratch dir is removed before this is raised; whatever was at ``path``
+    before and every other checkpoint are untouched. The message is one line.
+
+    Attributes:
+        path: the checkpoint directory that was being saved.
+        errno, strerror: the OS error's number and text (``errno.ENOSPC``, "No space left on device").
+        filename: the checkpoint file being written or synced (``"state.pt"``,
+            ``"manifest.json"``, a DCP shard), or None when the step was on a directory.
+        operation: the failing step, e.g. ``"writing state.pt"``, ``"creating the directory /x"``.
+        needed, free: for ENOSPC, the bytes the whole checkpoint takes (estimated:
+            the payloads as ``torch.save`` lays them out, each file rounded up to the file
+            system's allocation unit) and the bytes free, measured after the scratch dir
+            was removed, on the file system mounted at ``mount``; else None.
+        asynchronous: raised for a background save (by the next save, ``wait`` or ``close``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], errno: int | None, strerror: str | None,
+                 filename: str | None = None, operation: str = "writing", needed: int | None = None,
+                 free: int | None = None, mount: str | os.PathLike[str] | None = None,
+                 asynchronous: bool = False) -> None:
+        self.path, self.errno, self.strerror = Path(path), errno, strerror or (os.strerror(errno) if errno else "")
+        self.filename, self.operation, self.needed, self.free = filename, operation, needed, free
+        self.mount, self.asynchronous = (None if mount is None else Path(mount)), asynchronous
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        from .diskspace import human_bytes
+
+        name = _errno.errorcode.get(self.errno) if self.errno is not None else None
+        reason = f"[Errno {self.errno}] {self.strerror}" + (f" ({name})" if name else "")
+        space = ""
+        if self.errno == _errno.ENOSPC and self.free is not None:
+            needs = f"it needs about {human_bytes(self.needed)}, " if self.needed is not None else ""
+            space = f"; {needs}{human_bytes(self.free)} free on {self.mount}"
+        kind = "asynchronous checkpoint save" if self.asynchronous else "checkpoint save"
+        return (f"{kind} to {self.path} failed while {self.operation}: {reason}{space}; "
+                "the unfinished save was removed, earlier checkpoints are intact")
+
+    def __reduce__(self) -> Any:  # pickled across ranks (sharded saves): rebuilt from the fields
+        return (type(self), (self.path, self.errno, self.strerror, self.filename, self.operation, self.needed,
+                             self.free, self.mount, self.asynchronous))
+
+    def as_asynchronous(self) -> "CheckpointWriteError":
+        """The same error, saying it happened in a background save."""
+        return CheckpointWriteError(self.path, self.errno, self.strerror, self.filename, self.operation,
+                                    self.needed, self.free, self.mount, asynchronous=True)
+
+
+def _write_error(path: Path, error: OSError | CheckpointWriteError, operation: str, filename: str | None,
+                 sizes: Iterable[int | None] = (), needed: int | None = None) -> CheckpointWriteError:
+    """A :class:`CheckpointWriteError` for ``error`` (an OSError, or one rebuilt after the
+    fact), raised while saving ``path``; call it once the scratch dir is removed, as it
+    measures the free space. For ENOSPC, ``needed`` is what the checkpoint takes:
+    given, or from ``sizes`` (its files' sizes; read only for ENOSPC)."""
+    free = mount = None
+    if error.errno == _errno.ENOSPC:
+        from .diskspace import files_on_disk, free_space
+
+        free, mount = free_space(path.parent)
+        if needed is None:
+            sizes = list(sizes)
+            if sizes and None not in sizes:
+                needed = files_on_disk(sizes, path.parent)  # type: ignore[arg-type]
+    else:
+        needed = None
+    return CheckpointWriteError(path, error.errno, error.strerror, filename, operation, needed, free, mount)
+
+
+def _first_os_error(error: BaseException | None) -> OSError | None:
+    """The OSError that ``error`` is or was raised from (its cause/context chain), if any:
+    torch and DCP turn a failed write into errors of their own."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError) and error.errno is not None:
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 class CheckpointWarning(UserWarning):
     """Emitted when a checkpoint is skipped (e.g. a corrupt one while searching the latest)."""
 
@@ -97,10 +182,17 @@ def _write_durably(path: Path, obj: Any = None, data: bytes | None = None, fsync
     ``fsync=False`` leaves the fsync to the caller (see :func:`_fsync_all`)."""
     with open(path, "xb") as f:
         w = _HashingWriter(f)
-        if data is not None:
-            w.write(data)
-        else:
-            torch.save(obj, w)
+        try:
+            if data is not None:
+                w.write(data)
+            else:
+                torch.save(obj, w)
+        except Exception as e:
+            if w.error is None or e is w.error:
+                raise
+            # torch.save turned the OSError (ENOSPC, EIO...) into a RuntimeError of its zip
+            # writer, which names neither file nor errno: raise the OSError itself.
+            raise w.error from None
         f.flush()
         if fsync:
             os.fsync(f.fileno())  # data must be on disk before the manifest claims it is
@@ -232,18 +324,26 @@ def save_checkpoint(
     at ``path`` (a file, or a directory without a treadle ``manifest.json``) is refused with
     a :class:`CheckpointError` before anything is written, and left untouched. On error
     the temp dir is removed and the exception re-raised; other checkpoints are untouched.
+    An OSError of any step (a full disk, EIO at fsync, ...) is raised as a
+    :class:`CheckpointWriteError` naming the step, the file and, for ENOSPC, the space needed and free.
 
     :class:`treadle.checkpoint.async_save.AsyncCheckpointer` does the same from a
     background thread, after copying the state to CPU memory on the caller's.
     """
     path, names, meta_json = check_save_args(path, payloads, meta)
-    if not path.parent.is_dir():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _fsync_dir(path.parent.parent)  # make the new checkpoints/ dir itself durable
-    tmp = path.parent / _scratch_name(path.name, "tmp")
-    tmp.mkdir()
+    tmp: Path | None = None
+    files: dict[str, dict[str, Any]] = {}
+    doing, file = f"creating the directory {path.parent}", None  # the step in progress, for errors
     try:
-        files = {name: _write_durably(tmp / name, obj=payloads[name], fsync=False) for name in names}
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _fsync_dir(path.parent.parent)  # make the new checkpoints/ dir itself durable
+        tmp = path.parent / _scratch_name(path.name, "tmp")
+        doing = "creating its scratch directory"
+        tmp.mkdir()
+        for name in names:
+            doing, file = f"writing {name}", name
+            files[name] = _write_durably(tmp / name, obj=payloads[name], fsync=False)
         now = time.time()
         manifest = {
             "format": FORMAT,
@@ -254,16 +354,36 @@ def save_checkpoint(
             "meta": meta_json,
             "files": files,
         }
+        doing, file = f"writing {MANIFEST_NAME}", MANIFEST_NAME
         _write_durably(tmp / MANIFEST_NAME, data=json.dumps(manifest, indent=2).encode(), fsync=False)
         # The rename in _install is the commit: until it, no reader looks inside the hidden
         # tmp dir (a crash leaves it to cleanup_stale_tmp). So the payloads, the manifest and
         # the dir's entries need only be durable before it, and are fsynced in one round.
+        doing, file = "syncing its files to disk (fsync)", None
         _fsync_all([*(tmp / name for name in names), tmp / MANIFEST_NAME], dirs=[tmp])
+        doing = "renaming it into place"
         _install(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(e, OSError) or e.errno is None:
+            raise
+        if doing.startswith("syncing") and e.filename and tmp is not None and Path(e.filename).parent == tmp:
+            file = Path(e.filename).name  # _fsync_all names the file whose fsync failed
+            doing = f"syncing {file} to disk (fsync)"
+        raise _write_error(path, e, doing, file, _checkpoint_sizes(payloads, names, files)) from e
     return path
+
+
+def _checkpoint_sizes(payloads: Mapping[str, Any], names: list[str],
+                      written: Mapping[str, Mapping[str, Any]]) -> Iterator[int | None]:
+    """The sizes of a checkpoint's files (lazily: computed for ENOSPC only): those
+    written, the others as torch.save would write them, and the manifest."""
+    from .diskspace import saved_size
+
+    for name in names:
+        yield written[name]["size"] if name in written else saved_size(payloads[name])
+    yield 400 + 200 * len(names)  # the manifest: its fixed fields and one entry per file (meta aside)
 
 
 # ----------------------------------------------------------------------------- reading

@@ -26,12 +26,14 @@ All ranks must see the same file system (as DCP requires).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import time
 import warnings
 from collections.abc import Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -50,15 +52,18 @@ from .io import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     CheckpointError,
+    CheckpointWriteError,
     CorruptCheckpointError,
     _check_payload_name,
     _check_replaceable,
+    _first_os_error,
     _fsync_dir,
     _install,
     _sha256_file,
     _scratch_name,
     _verify_file,
     _write_durably,
+    _write_error,
     load_checkpoint,
     read_manifest,
     verify_checkpoint,
@@ -99,20 +104,43 @@ def _quiet_single_process() -> None:
                             category=UserWarning)
 
 
-def _as_checkpoint_error(e: BaseException, path: Path, action: str) -> CheckpointError:
+def _as_checkpoint_error(e: BaseException, path: Path, action: str,
+                         needed: Callable[[], int | None] | None = None) -> CheckpointError:
     """DCP's CheckpointException (a BaseException carrying each rank's error) as a
-    CheckpointError; treadle's own errors raised inside DCP keep their type and text."""
+    CheckpointError; treadle's own errors raised inside DCP keep their type and text.
+    An OSError behind a rank's failure (a full disk while writing shards: DCP's torch.save
+    reports it as a RuntimeError of its own) is a :class:`CheckpointWriteError`, whose
+    free space rank 0 measures once the scratch dir is gone; ``needed()`` estimates the
+    checkpoint's size for ENOSPC."""
     if isinstance(e, CheckpointException):
         failures = {r: exc for r, (exc, _) in e.failures.items()}
         for exc in failures.values():
             if isinstance(exc, CheckpointError):
-                return type(exc)(f"{path}: {exc}")
+                return exc if isinstance(exc, CheckpointWriteError) else type(exc)(f"{path}: {exc}")
+        for rank, exc in failures.items():
+            os_error = _first_os_error(exc)
+            if os_error is not None:
+                size = needed() if needed is not None and os_error.errno == errno.ENOSPC else None
+                return CheckpointWriteError(path, os_error.errno, os_error.strerror, None,
+                                            f"{action} the DCP shards on rank {rank}", size)
         rank, exc = next(iter(failures.items()))
         return CheckpointError(f"{path}: {action} failed on rank(s) {sorted(failures)}: "
                                f"rank {rank}: {type(exc).__name__}: {exc}")
     if isinstance(e, CheckpointError):
         return e
     return CheckpointError(f"{path}: {action} failed: {type(e).__name__}: {e}")
+
+
+def _dcp_bytes(state: Any) -> int:
+    """The tensor bytes DCP writes for ``state`` over all ranks: a DTensor's global size
+    (each rank writes its shards), a plain tensor once (DCP dedups replicated ones)."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, Mapping):
+        return sum(_dcp_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_dcp_bytes(v) for v in state)
+    return 0
 
 
 def _dcp_files(metadata: Any) -> list[str]:
@@ -130,8 +158,9 @@ class PendingSave:
     """
 
     def __init__(self, path: Path, tmp: Path, payload_files: dict[str, Any], meta: dict[str, Any],
-                 task: Future) -> None:
+                 task: Future, asynchronous: bool = False) -> None:
         self.path, self._tmp, self._payload_files, self._meta, self._task = path, tmp, payload_files, meta, task
+        self._asynchronous = asynchronous
         self._result: Path | None = None
         self._error: BaseException | None = None
 
@@ -149,28 +178,39 @@ class PendingSave:
             return self._result
         if self._error is not None:
             raise self._error
+        error: str | CheckpointWriteError | None = None
         try:
-            entries, error = self._task.result(), None
+            entries = self._task.result()
         except (Exception, CheckpointException) as e:  # reported to rank 0: every rank raises the same
-            entries, error = {}, str(_as_checkpoint_error(e, self.path, "writing"))
+            failure = _as_checkpoint_error(e, self.path, "writing")
+            entries, error = {}, failure if isinstance(failure, CheckpointWriteError) else str(failure)
         gathered = comm.gather_object((entries, error))
-        outcome: str | None = None
+        outcome: str | CheckpointWriteError | None = None
         if comm.get_rank() == 0:
             outcome = self._commit(gathered)  # type: ignore[arg-type]
         outcome = comm.broadcast_object(outcome)
+        if isinstance(outcome, CheckpointWriteError):
+            self._error = outcome.as_asynchronous() if self._asynchronous else outcome
+            raise self._error
         if outcome:
             self._error = CheckpointError(f"sharded save to {self.path} failed: {outcome}")
             raise self._error
         self._result = self.path
         return self.path
 
-    def _commit(self, gathered: list[tuple[dict[str, Any], str | None]]) -> str | None:
-        """Rank 0: write the manifest last and install the dir; the error text on failure."""
+    def _commit(self, gathered: list[tuple[dict[str, Any], str | CheckpointWriteError | None]]
+                ) -> str | CheckpointWriteError | None:
+        """Rank 0: write the manifest last and install the dir; on failure the error text,
+        or the CheckpointWriteError of a full disk or another OS error."""
+        dcp_files: dict[str, Any] = {}
+        doing, file = f"writing {MANIFEST_NAME}", MANIFEST_NAME
         try:
+            for _, e in gathered:
+                if isinstance(e, CheckpointWriteError):
+                    raise e
             errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e]
             if errors:
                 raise CheckpointError("; ".join(errors))
-            dcp_files: dict[str, Any] = {}
             for entries, _ in gathered:
                 dcp_files.update(entries)
             now = time.time()
@@ -183,11 +223,18 @@ class PendingSave:
             }
             # The manifest is the commit record: written once every file is durable.
             _write_durably(self._tmp / MANIFEST_NAME, data=json.dumps(manifest, indent=2).encode())
+            doing, file = "syncing its directory to disk (fsync)", None
             _fsync_dir(self._tmp)
+            doing = "renaming it into place"
             _install(self._tmp, self.path)
             return None
         except BaseException as e:
             shutil.rmtree(self._tmp, ignore_errors=True)
+            if isinstance(e, CheckpointWriteError):  # a rank's: measure the free space now the scratch is gone
+                return _write_error(self.path, e, e.operation, e.filename, needed=e.needed)
+            if isinstance(e, OSError) and e.errno is not None:
+                sizes = [f["size"] for f in (*self._payload_files.values(), *dcp_files.values())]
+                return _write_error(self.path, e, doing, file, [*sizes, 400 + 200 * len(sizes)])
             return str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
 
 
@@ -239,10 +286,24 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
     names: list[str] = []
     payloads = dict(small_payloads or {}) if rank == 0 else {}
     tmp: Path | None = None
-    error: str | None = None
+    error: str | CheckpointWriteError | None = None
     failure: Exception | None = None
     payload_files: dict[str, Any] = {}
     meta_json: dict[str, Any] = {}
+    doing, file = f"creating the directory {path.parent}", None  # the step in progress, for errors
+
+    def needed() -> int | None:  # for ENOSPC: the whole checkpoint (rank 0's payloads, every rank's shards)
+        from .diskspace import files_on_disk, saved_size
+
+        try:
+            sizes = [payload_files[n]["size"] if n in payload_files else saved_size(payloads[n]) for n in names]
+            if None in sizes:
+                return None
+            return files_on_disk([*sizes, _dcp_bytes(sharded_state), 400 + 200 * len(names)],  # type: ignore[list-item]
+                                 path.parent)
+        except Exception:  # noqa: BLE001 - only an estimate for the error message
+            return None
+
     if rank == 0:  # checks and small files before any collective: a failure here stops every rank
         try:
             if not path.name or path.name.startswith("."):
@@ -261,15 +322,24 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
                 path.parent.mkdir(parents=True, exist_ok=True)
                 _fsync_dir(path.parent.parent)  # the new checkpoints/ dir itself must be durable
             tmp = path.parent / _scratch_name(path.name, "tmp")
+            doing = "creating its scratch directory"
             tmp.mkdir()
-            payload_files = {n: _write_durably(tmp / n, obj=payloads[n]) for n in names}
+            for n in names:
+                doing, file = f"writing {n}", n
+                payload_files[n] = _write_durably(tmp / n, obj=payloads[n])
         except Exception as e:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
             failure, error = e, f"{type(e).__name__}: {e}"
+            if isinstance(e, OSError) and e.errno is not None:  # disk full, EIO...: every rank raises it
+                failure = error = _write_error(path, e, doing, file,
+                                               needed=needed() if e.errno == errno.ENOSPC else None)
+                failure.__cause__ = e
     tmp, error = comm.broadcast_object((tmp, error))
     if failure is not None:
         raise failure  # rank 0 keeps the original type (ValueError for a bad name, ...)
+    if isinstance(error, CheckpointWriteError):
+        raise error
     if error:
         raise CheckpointError(f"sharded save to {path} failed on rank 0: {error}")
     assert tmp is not None
@@ -282,7 +352,14 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
             _quiet_single_process()
             dcp_future = dcp.async_save(sharded_state, storage_writer=writer, process_group=group, no_dist=no_dist)
             executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-ckpt-hash")
-            task = executor.submit(lambda: _hash_share(tmp, dcp_future.result()))
+
+            def hash_share() -> dict[str, Any]:
+                try:
+                    metadata = dcp_future.result()
+                except (Exception, CheckpointException) as e:
+                    raise _as_checkpoint_error(e, path, "writing", needed) from e
+                return _hash_share(tmp, metadata)
+            task = executor.submit(hash_share)
             executor.shutdown(wait=False)  # the thread ends after the task
         else:
             task = Future()
@@ -291,12 +368,12 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
                 metadata = dcp.save(sharded_state, storage_writer=writer, process_group=_group(), no_dist=no_dist)
                 task.set_result(_hash_share(tmp, metadata))
             except (Exception, CheckpointException) as e:  # committed below as a failure on every rank
-                task.set_exception(_as_checkpoint_error(e, path, "writing"))
+                task.set_exception(_as_checkpoint_error(e, path, "writing", needed))
     except BaseException:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    pending = PendingSave(path, tmp, payload_files, meta_json, task)
+    pending = PendingSave(path, tmp, payload_files, meta_json, task, asynchronous=async_)
     if async_:
         _last_pending = pending
     else:
