@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from cli_support import TINY
 from support import make_data
 
 torch.set_num_threads(1)
@@ -29,3 +30,11 @@ def as_device(monkeypatch):
     from treadle.logging import store
 
     monkeypatch.setattr(store, "_on_host", lambda values: False)
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """tests/cli_support.py's TINY config, written to a file."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    return path

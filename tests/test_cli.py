@@ -16,40 +16,9 @@ from treadle.checkpoint.weights import read_safetensors
 from treadle.cli import main
 from treadle.config import load_config
 
+from cli_support import TINY, run
+
 ROOT = Path(__file__).resolve().parents[1]
-
-# A tiny run on tests/support.py's data and model (tests/ is on sys.path): under a second.
-TINY = """\
-model: {type: support.TinyNet}
-train_dataloader:
-  dataset: {type: support.make_data, n: 32}
-  batch_size: 8
-  shuffle: true
-val_dataloader:
-  dataset: {type: support.make_data, n: 16, seed: 1}
-  batch_size: 16
-loss_fn: {type: CrossEntropyLoss}
-optimizer: {type: SGD, lr: 0.1, momentum: 0.9}
-max_epochs: 2
-metrics: {acc: {type: Accuracy}}
-log_interval: 2
-log_writers: [jsonl]
-seed: 0
-"""
-
-
-@pytest.fixture
-def tiny(tmp_path):
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY)
-    return path
-
-
-def run(capsys, *argv):
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
 
 def saved(work):
     return yaml.safe_load((work / "config.yaml").read_text())

@@ -14,24 +14,11 @@ from pathlib import Path
 import pytest
 
 from treadle.checkpoint.io import find_latest_checkpoint, verify_checkpoint
-from treadle.cli import main
 from treadle.run_dir import WorkDirLock
 
+from cli_support import TINY, run
+
 ROOT = Path(__file__).resolve().parents[1]
-TINY = (ROOT / "tests" / "test_cli.py").read_text().split('TINY = """\\\n')[1].split('"""')[0]
-
-
-@pytest.fixture
-def tiny(tmp_path):
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY)
-    return path
-
-
-def run(capsys, *argv):
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.mark.parametrize("change, message", [
