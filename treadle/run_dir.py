@@ -6,31 +6,43 @@
   run in the same ``work_dir`` is refused in one line naming the holder (pid, host, run).
 * :func:`write_run_file`: ``config.yaml``, ``env.txt``; an earlier run's file of that
   name with other content is moved aside (``config.<time>.yaml``), never overwritten.
+* :class:`RunDir`: the two above, plus where a checkpoint name lands, as every rank of
+  a run sees them: rank 0 acts on the file system, every rank gets its answer or its
+  error, so all ranks go on or stop together.
 
-Nothing here knows the Trainer; it calls these once the resume checks have passed, so a
-refused resume leaves the directory as it was.
+Nothing here knows the Trainer; it writes the files once the resume checks have passed,
+so a refused resume leaves the directory as it was.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import socket
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 try:
     import fcntl
 except ImportError:  # not POSIX (Windows): no lock, said once in the log
     fcntl = None  # type: ignore[assignment]
 
+from treadle.checkpoint.directory import check_writable_dir, claim_checkpoint_path
+from treadle.checkpoint.io import CheckpointError
+from treadle.dist import comm
 from treadle.logging.writers import get_logger, move_whole_aside, replace_atomically
 
 LOCK_NAME = ".treadle.lock"
+CHECKPOINTS = "checkpoints"  # work_dir/checkpoints/<name>
 
-__all__ = ["LOCK_NAME", "WorkDirBusyError", "WorkDirLock", "read_holder", "write_run_file"]
+__all__ = ["CHECKPOINTS", "LOCK_NAME", "RunDir", "WorkDirBusyError", "WorkDirLock", "read_holder", "save_refusal",
+           "write_run_file"]
+
+T = TypeVar("T")
 
 
 class WorkDirBusyError(RuntimeError):
@@ -137,3 +149,87 @@ def write_run_file(work_dir: str | os.PathLike[str], name: str, text: str) -> Pa
             get_logger().info(f"{name}: the earlier one moved to {moved.name}")
     replace_atomically(path, lambda f: f.write(text))
     return moved
+
+
+def save_refusal(path: str | os.PathLike[str], run: str) -> str | None:
+    """Why run ``run`` must not save to ``path`` (another run's checkpoint, or anything else
+    it did not save, is there), or None when it may."""
+    try:
+        claim_checkpoint_path(path, run, rename=False)
+    except CheckpointError as e:
+        return str(e)
+    return None
+
+
+class RunDir:
+    """One run's ``work_dir`` as every rank of the run uses it.
+
+    Rank 0 does the file-system work (``is_main``); the others receive its result, or
+    its error as an exception of the same type, so that no rank goes on alone.
+    """
+
+    def __init__(self, path: Path, is_main: bool) -> None:
+        self.path = path
+        self.is_main = is_main
+        self._lock: WorkDirLock | None = None
+        self._depth = 0
+
+    def _by_rank0(self, fn: Callable[[], T]) -> T:
+        result: Any = None
+        error: Exception | None = None
+        if self.is_main:
+            try:
+                result = fn()
+            except Exception as e:
+                error = e
+        result, failed = comm.broadcast_object((result, None if error is None else (type(error), str(error))))
+        if error is not None:
+            raise error
+        if failed is not None:
+            kind, message = failed
+            raise kind(message)
+        return result
+
+    @contextlib.contextmanager
+    def locked(self, run: str) -> Iterator[None]:
+        """Hold the work_dir's lock (re-entrant: a validate() inside fit() keeps it)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        lock = WorkDirLock(self.path, run)
+        self._by_rank0(lock.acquire)
+        self._lock, self._depth = lock, 1
+        try:
+            yield
+        finally:
+            self._lock, self._depth = None, 0
+            lock.release()
+
+    def write_files(self, files: Mapping[str, str]) -> None:
+        """:func:`write_run_file` for each ``{name: text}`` (rank 0 only)."""
+        if self.is_main:
+            for name, text in files.items():
+                write_run_file(self.path, name, text)
+
+    def check_checkpoint_dirs(self, names: Iterable[str]) -> None:
+        """Before training: each ``work_dir/checkpoints/<name>`` ("" for checkpoints/
+        itself) can take a checkpoint, so a run does not find out at its first save."""
+        dirs = [self.path / CHECKPOINTS / name for name in names]
+
+        def check() -> None:
+            for d in dirs:
+                try:
+                    check_writable_dir(d)
+                except CheckpointError as e:
+                    raise CheckpointError(f"{e}; nothing was trained") from None
+
+        self._by_rank0(check)
+
+    def checkpoint_path(self, name: str, run: str) -> Path:
+        """``work_dir/checkpoints/<name>``, or the ``-v1``, ``-v2``... beside it when the
+        name holds something run ``run`` did not save (see ``claim_checkpoint_path``)."""
+        return self._by_rank0(lambda: claim_checkpoint_path(self.path / CHECKPOINTS / name, run))

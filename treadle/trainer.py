@@ -37,8 +37,7 @@ from treadle.checkpoint.weights import load_weights
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.resume import check_resume_dir, latest_to_resume, note_other_runs
 from treadle.preemption import INTERRUPTED_EXIT_CODE, PreemptionConfig, PreemptionHandlers, requeue_slurm_job
-from treadle.run_dir import WorkDirLock, write_run_file
-from treadle.checkpoint.directory import check_writable_dir, claim_checkpoint_path
+from treadle.run_dir import RunDir, save_refusal
 from treadle.optim.wrapper import OptimWrapper, check_clip_grad, check_precision, make_autocast
 from treadle.seeding import seed_everything, set_deterministic
 from treadle.state import TrainState
@@ -104,6 +103,12 @@ class Trainer:
     ``model=dict(type="DigitsCNN", width=32)`` or ``train_dataloader=dict(dataset=dict(type="digits"),
     batch_size=64, shuffle=True)``; they are built as ``treadle train`` builds them
     (treadle/config/build.py), model and data after seeding.
+
+    The run directory (treadle/run_dir.py): ``fit()``, ``validate()`` and ``test()`` lock
+    ``work_dir`` (a second run there is refused); ``fit()`` writes ``env.txt`` and the
+    files in ``run_files`` (``treadle train`` puts ``config.yaml`` there) once the resume
+    checks have passed, moving an earlier different one aside; ``checkpoint_path(name)``
+    is where a checkpoint name lands without replacing what another run saved.
     """
 
     def __init__(
@@ -214,8 +219,6 @@ class Trainer:
         # Files written into work_dir when fit() starts, once the resume checks have passed
         # (`treadle train` adds "config.yaml"); see treadle/run_dir.py write_run_file.
         self.run_files: dict[str, str] = {}
-        self._lock: WorkDirLock | None = None
-        self._lock_depth = 0
         if seed is not None:
             seed_everything(seed, rank=self.strategy.rank, per_rank=seed_per_rank)
         specs = [isinstance(v, Mapping) for v in (model, train_dataloader, val_dataloader, test_dataloader)]
@@ -229,6 +232,7 @@ class Trainer:
         if deterministic:
             set_deterministic(True)
         self.work_dir = Path(work_dir) if work_dir is not None else None
+        self.run_dir = RunDir(self.work_dir, self.is_main) if self.work_dir is not None else None
         if distributed and self.strategy.shard_data:  # each rank reads its share
             rank, world = self.strategy.rank, self.strategy.world_size
             train_dataloader = shard_train_loader(train_dataloader, rank, world) if train_dataloader is not None else None
@@ -410,21 +414,21 @@ class Trainer:
         """
         if self.train_dataloader is None:
             raise ValueError("fit() needs a train_dataloader")
-        with self._work_dir_lock():
+        with self._locked():
             return self._fit()
 
     def _fit(self) -> dict[str, Any]:
         # Nothing in work_dir changes before the resume checks pass (a misfit is refused first).
         pos = self._resume_position() if self.resume else None
         self._resume_loaded = True
-        if self.work_dir is not None and self.is_main:
-            env = format_env(collect_env(seed=self.seed, world_size=self.strategy.world_size))
-            get_logger().info("environment:\n" + env)
-            for name, text in {"env.txt": env + "\n", **self.run_files}.items():
-                write_run_file(self.work_dir, name, text)
-            if pos is None:
-                note_other_runs(self.work_dir / "checkpoints")
-        self._check_checkpoint_dirs()
+        if self.run_dir is not None:
+            if self.is_main:
+                env = format_env(collect_env(seed=self.seed, world_size=self.strategy.world_size))
+                get_logger().info("environment:\n" + env)
+                self.run_dir.write_files({"env.txt": env + "\n", **self.run_files})
+                if pos is None:
+                    note_other_runs(self.work_dir / "checkpoints")  # type: ignore[operator]
+            self._check_checkpoint_dirs()
         s = self.state
         trained = s.iter >= s.max_iters if s.max_iters else s.epoch >= s.max_epochs  # type: ignore[operator]
         if pos is not None and trained and not (pos["open"] or pos.get("val_due")):  # else: finish the last cycle
@@ -477,72 +481,27 @@ class Trainer:
         if stop:
             s.should_stop = True
 
-    # -- the run directory -------------------------------------------------------------
-    @contextlib.contextmanager
-    def _work_dir_lock(self) -> Any:
-        """Hold work_dir's lock while fit/validate/test run (rank 0 takes it, every rank
-        learns whether it could: a second run in the same work_dir is refused at once)."""
-        if self.work_dir is None or self._lock_depth:
-            self._lock_depth += 1
-            try:
-                yield
-            finally:
-                self._lock_depth -= 1
-            return
-        error = None
-        if self.is_main:
-            self._lock = WorkDirLock(self.work_dir, self.run_id)
-            try:
-                self._lock.acquire()
-            except Exception as e:  # e.g. WorkDirBusyError, or no permission to create work_dir
-                error = e
-        failed = comm.broadcast_object(None if error is None else f"{type(error).__name__}: {error}")
-        if error is not None:
-            raise error
-        if failed is not None:
-            raise RuntimeError(f"rank 0 could not lock work_dir {self.work_dir}: {failed}")
-        self._lock_depth = 1
-        try:
-            yield
-        finally:
-            self._lock_depth = 0
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+    # -- the run directory (treadle/run_dir.py) -----------------------------------------
+    def _locked(self) -> Any:
+        """fit/validate/test hold work_dir's lock: a second run there is refused at once."""
+        return self.run_dir.locked(self.run_id) if self.run_dir is not None else contextlib.nullcontext()
 
     def _check_checkpoint_dirs(self) -> None:
-        """Before training: every directory a checkpoint will be written to can take one,
-        so that a run does not find out at its first save, after the work is done."""
-        if self.work_dir is None:
-            return
-        dirs = []
+        """Before training: every directory a checkpoint will be written to can take one."""
         checkpoint_hooks = [h for h in self.hooks if isinstance(h, CheckpointHook)]
-        if checkpoint_hooks or self.preemption is not None:
-            dirs.append(self.work_dir / "checkpoints")
+        names = [""] if checkpoint_hooks or self.preemption is not None else []
         if any(h.best is not None for h in checkpoint_hooks):
-            dirs.append(self.work_dir / "checkpoints" / "best")
-        error = None
-        if self.is_main:
-            try:
-                for d in dirs:
-                    check_writable_dir(d)
-            except Exception as e:
-                error = f"{e}"
-        error = comm.broadcast_object(error)
-        if error is not None:
-            raise CheckpointError(f"{error}; nothing was trained")
+            names.append("best")
+        self.run_dir.check_checkpoint_dirs(names)  # type: ignore[union-attr]
 
     def checkpoint_path(self, name: str) -> Path:
         """Where this run saves the checkpoint it calls ``name`` (e.g. "epoch_0003", or
         "best/best_val_acc_00000120"): ``work_dir/checkpoints/<name>``, or ``<name>-v1``,
         ``<name>-v2``, ... when that name holds something this run did not save: another
         run's checkpoint is never replaced. Every rank gets rank 0's answer."""
-        if self.work_dir is None:
+        if self.run_dir is None:
             raise ValueError("checkpoint_path() needs a work_dir")
-        path = self.work_dir / "checkpoints" / name
-        if self.is_main:
-            path = claim_checkpoint_path(path, self.run_id)
-        return comm.broadcast_object(path)
+        return self.run_dir.checkpoint_path(name, self.run_id)
 
     # -- checkpoints -------------------------------------------------------------------
     def save_checkpoint(self, path: str | Path, writer: Callable[..., Path] | None = None) -> Path:
@@ -555,8 +514,8 @@ class Trainer:
         state = payloads[snapshot.STATE_FILE]
         self._call("before_save_checkpoint", state)
         # Checked on every rank (FSDP: each its shards), agreed on, raised everywhere alike.
-        problems = comm.all_gather_object((snapshot.nonfinite_entry(self, state),
-                                           self._foreign_at(path) if self.is_main else None))
+        refusal = save_refusal(path, self.run_id) if self.is_main else None
+        problems = comm.all_gather_object((snapshot.nonfinite_entry(self, state), refusal))
         bad = next((b for b, _ in problems if b is not None), None)
         if bad is not None:
             raise FloatingPointError(f"refusing to save {path}: {bad} holds NaN or inf at iteration {meta['iter']} "
@@ -566,14 +525,6 @@ class Trainer:
         if problems[0][1] is not None:
             raise CheckpointError(problems[0][1])
         return self.strategy.save_checkpoint(path, payloads, meta, writer=writer)  # rank 0 writes; all ranks call
-
-    def _foreign_at(self, path: str | Path) -> str | None:
-        """Why ``path`` must not be written by this run (it holds what another run saved), or None."""
-        try:
-            claim_checkpoint_path(path, self.run_id, rename=False)
-        except CheckpointError as e:
-            return str(e)
-        return None
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore the complete state from ``path``; returns the data position."""
@@ -604,7 +555,7 @@ class Trainer:
         ``fit()``, the checkpoint ``resume`` names is loaded first."""
         if self.val_loop is None:
             raise ValueError("validate() needs a val_dataloader")
-        with self._work_dir_lock():
+        with self._locked():
             self._load_resume()
             return self._run(self.val_loop.run)
 
@@ -613,7 +564,7 @@ class Trainer:
         ``resume`` checkpoint, as :meth:`validate`)."""
         if self.test_loop is None:
             raise ValueError("test() needs a test_dataloader")
-        with self._work_dir_lock():
+        with self._locked():
             self._load_resume()
             return self._run(self.test_loop.run)
 
