@@ -117,3 +117,31 @@ def test_ctrl_c_saves_says_where_and_how_to_resume_and_exits_130(tmp_path):
                              capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert f"resumed from {saved[0][0]}" in resumed.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_nproc_2_reaches_each_process_once_which_save_and_the_launcher_exits_130(tmp_path):
+    """The launcher's agent passes the signal on to the processes (each in its own
+    session, so they get it once) and waits for them."""
+    config = tmp_path / "long.yaml"
+    config.write_text(LONG.replace("num_workers: 2", "num_workers: 0"))
+    work = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "treadle", "train", str(config), "--work-dir", str(work),
+                             "--nproc", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env=_env(), start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while not (work / "log.jsonl").exists() or (work / "log.jsonl").stat().st_size < 200:
+            assert time.time() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    assert "Traceback" not in out + err
+    saved = re.findall(r"interrupted \(Ctrl-C\): saved (\S+) at iteration", out)
+    assert len(saved) == 1, out[-2000:]
+    verify_checkpoint(saved[0])
+    assert {"rng_rank0.pt", "rng_rank1.pt"} <= {p.name for p in Path(saved[0]).iterdir()}

@@ -19,7 +19,9 @@ from treadle.logging.writers import get_logger
 
 def launch_local(nproc: int, args: Sequence[str], *, monitor_interval: float = 0.1) -> int:
     """Run ``python ARGS...`` in ``nproc`` processes on this machine; returns the exit
-    status: 0, the failed process's own status (143 after a preemption), or 1."""
+    status: 0, the failed process's own status (143 after a preemption), 128 + the
+    signal's number when this launcher was stopped by one (130 for Ctrl-C), or 1."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -32,6 +34,11 @@ def launch_local(nproc: int, args: Sequence[str], *, monitor_interval: float = 0
     )
     try:
         elastic_launch(config, entrypoint=sys.executable)(*args)
+    except SignalException as e:
+        # Ctrl-C (or SIGTERM) reached this launcher: the agent has passed it on to every
+        # process (each in its own session, so once), which saved and exited, and waited
+        # for them (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s by default, before a SIGKILL).
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         codes = {f.exitcode for f in e.failures.values()}
