@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import gc
+import importlib
 import os
 import sys
 from typing import Any
@@ -77,13 +79,17 @@ def init_distributed(env: DistEnv | None = None, *, backend: str | None = None,
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(env.rank), str(env.world_size)
     os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
     raise_open_file_limit()
+    # Ten functions of torch.distributed.nn.functional take `group=group.WORLD` as a
+    # default argument, evaluated on import; DistributedDataParallel imports the module
+    # (through torch._dynamo) after init_process_group, and the defaults then keep the
+    # group alive for good, past shutdown() (see there). Imported before, they are None.
+    importlib.import_module("torch.distributed.nn.functional")
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
         kwargs["device_id"] = device  # binds the communicator eagerly: no lazy first-collective init
     dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
-    # Tear the group down before the interpreter does: a gloo group left alive at exit
-    # can abort the process ("terminate called without an active exception").
+    # Free the group before the interpreter tears itself down (see shutdown()).
     atexit.register(_shutdown_at_exit)
     _control_group = dist.new_group(backend="gloo") if backend != "gloo" else None
     return device
@@ -139,9 +145,9 @@ def any_rank(*flags: bool) -> list[bool]:
 
 
 def _shutdown_at_exit() -> None:
-    """At a clean exit, wait for every rank, then tear the group down together (a rank
-    whose peers already closed their connections can abort in gloo's threads). After an
-    uncaught error, do nothing: peers may be gone or stuck, and the launcher stops them."""
+    """At a clean exit, wait for every rank (so that none closes its connections while
+    a peer still uses them), then free the group. After an uncaught error, do nothing:
+    peers may be gone or stuck, and the launcher stops them."""
     if getattr(sys, "last_value", None) is not None or not dist.is_initialized():
         return
     try:
@@ -152,8 +158,24 @@ def _shutdown_at_exit() -> None:
 
 
 def shutdown() -> None:
-    """Destroy the process group (and the object group) if one is initialised."""
+    """Destroy the process group (and the object group) if one is initialised, and
+    free it now, while the interpreter is whole."""
     global _control_group
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        _control_group = None
+        return
+    # destroy_process_group only forgets the group: gloo has no shutdown of its own, its
+    # worker threads stop and its connections close when the last reference goes. A
+    # group still alive when the interpreter finalizes dies there, and a gloo worker
+    # that then takes the GIL to free its last collective's tensors is ended by Python
+    # inside a C++ destructor: std::terminate, "terminate called without an active
+    # exception", SIGABRT, a failed job. A finished Trainer's DDP model (its C++
+    # reducer) holds a reference, in a reference cycle: collect it now, while `world`
+    # keeps the group alive, and drop `world` last, because its deleter releases the
+    # GIL while the workers are joined (a reducer dropping the last reference would
+    # join them holding the GIL: a hang).
+    world = dist.group.WORLD
+    dist.destroy_process_group()
     _control_group = None
+    gc.collect()
+    del world
