@@ -32,23 +32,9 @@ from pathlib import Path
 from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = """\
-model: {type: support.TinyNet}
-train_dataloader:
-  dataset: {type: support.make_data, n: 32}
-  batch_size: 8
-  shuffle: true
-val_dataloader:
-  dataset: {type: support.make_data, n: 16, seed: 1}
-  batch_size: 16
-loss_fn: {type: CrossEntropyLoss}
-optimizer: {type: SGD, lr: 0.1, momentum: 0.9}
-max_epochs: 2
-metrics: {acc: {type: Accuracy}}
-log_interval: 2
-log_writers: [jsonl]
-seed: 0
-"""
+sys.path.insert(0, str(ROOT / "tests"))
+from cli_support import TINY  # noqa: E402 -- the command-line tests' tiny config (model and data in tests/support.py)
+
 TIMED_OUT = -999
 
 

@@ -80,19 +80,11 @@ def test_two_runs_started_together_in_one_work_dir_one_refuses(tiny, tmp_path):
     verify_checkpoint(find_latest_checkpoint(work / "checkpoints"))
 
 
-LONG = TINY.replace("max_epochs: 2", "max_epochs: 400").replace("batch_size: 8\n  shuffle: true",
-                                                                 "batch_size: 8\n  shuffle: true\n  num_workers: 2")
-
-
-@pytest.mark.slow
-def test_ctrl_c_saves_says_where_and_how_to_resume_and_exits_130(tmp_path):
-    """A terminal's Ctrl-C reaches the whole process group, loader workers included."""
-    config = tmp_path / "long.yaml"
-    config.write_text(LONG)
-    work = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "treadle", "train", str(config), "--work-dir", str(work)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env(),
-                            start_new_session=True)
+def _ctrl_c_once_it_logs(argv: list[str], work: Path, cwd: Path) -> tuple[int, str, str]:
+    """``treadle ARGV`` in a new session, and Ctrl-C as a terminal sends it (SIGINT to the
+    whole process group, loader workers included) once the run has logged a little."""
+    proc = subprocess.Popen([sys.executable, "-m", "treadle", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=cwd, env=_env(), start_new_session=True)
     try:
         deadline = time.time() + 300
         while not (work / "log.jsonl").exists() or (work / "log.jsonl").stat().st_size < 200:
@@ -103,7 +95,21 @@ def test_ctrl_c_saves_says_where_and_how_to_resume_and_exits_130(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    return proc.returncode, out, err
+
+
+LONG = TINY.replace("max_epochs: 2", "max_epochs: 400").replace("batch_size: 8\n  shuffle: true",
+                                                                 "batch_size: 8\n  shuffle: true\n  num_workers: 2")
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_says_where_and_how_to_resume_and_exits_130(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group, loader workers included."""
+    config = tmp_path / "long.yaml"
+    config.write_text(LONG)
+    work = tmp_path / "run"
+    returncode, out, err = _ctrl_c_once_it_logs(["train", str(config), "--work-dir", str(work)], work, tmp_path)
+    assert returncode == 130, out[-2000:] + err[-2000:]
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
     assert err.count("Ctrl-C: stopping after this iteration") == 1  # the loader workers keep quiet
     saved = re.findall(r"interrupted \(Ctrl-C\): saved (\S+) at iteration (\d+); continue with treadle train "
@@ -126,20 +132,9 @@ def test_ctrl_c_to_nproc_2_reaches_each_process_once_which_save_and_the_launcher
     config = tmp_path / "long.yaml"
     config.write_text(LONG.replace("num_workers: 2", "num_workers: 0"))
     work = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "treadle", "train", str(config), "--work-dir", str(work),
-                             "--nproc", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env=_env(), start_new_session=True)
-    try:
-        deadline = time.time() + 300
-        while not (work / "log.jsonl").exists() or (work / "log.jsonl").stat().st_size < 200:
-            assert time.time() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    returncode, out, err = _ctrl_c_once_it_logs(["train", str(config), "--work-dir", str(work), "--nproc", "2"], work,
+                                                tmp_path)
+    assert returncode == 130, out[-2000:] + err[-2000:]
     assert "Traceback" not in out + err
     saved = re.findall(r"interrupted \(Ctrl-C\): saved (\S+) at iteration", out)
     assert len(saved) == 1, out[-2000:]
