@@ -37,7 +37,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out_dir:
     from torch import nn
 
     from treadle.checkpoint.sharded import save_sharded
-    from treadle.dist import comm
+    from treadle.distributed import comm
     from treadle.strategies.fsdp import FSDPStrategy
 
     torch.set_num_threads(1)

@@ -92,7 +92,7 @@ def _train(args: argparse.Namespace) -> int:
     if cfg["work_dir"] is None:
         cfg["work_dir"] = str(Path("runs") / Path(args.config).stem)
     if args.nproc > 1:  # the config is checked above; each process builds its own trainer
-        from treadle.dist.launch import launch_local
+        from treadle.distributed.launch import launch_local
 
         return launch_local(args.nproc, ["-m", "treadle", *_without_nproc(sys.argv[1:] if args.argv is None else args.argv)])
     trainer = build_trainer(cfg, "train", safe=args.safe)  # everything is built and checked before the work dir exists

@@ -153,7 +153,7 @@ class EvalLoop:
 
 def _most_batches(length: int | None) -> int:
     """The largest number of evaluation batches of any rank."""
-    from treadle.dist.comm import all_gather_object
+    from treadle.distributed.comm import all_gather_object
 
     if length is None:
         raise RuntimeError("evaluation in lockstep (FSDP) needs loaders with a length")
@@ -175,7 +175,7 @@ def _replay_for_lockstep(t: "Trainer", extra: int, last: Any) -> None:
 
 def _sum_over_ranks(totals: dict[str, float], count: int) -> tuple[dict[str, float], int]:
     """Per-rank sums and sample counts made global (a rank may have no batches)."""
-    from treadle.dist.comm import all_gather_object
+    from treadle.distributed.comm import all_gather_object
 
     summed: dict[str, float] = {}
     n = 0

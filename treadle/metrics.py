@@ -91,7 +91,7 @@ def sum_over_ranks(*values: float) -> list[float]:
     """Each value summed over every process (as given, in one process). For metrics
     whose state is counts: call it in ``compute()`` so results cover the whole
     dataset; torchmetrics objects do the same by themselves."""
-    from treadle.dist.comm import all_gather_object, is_distributed
+    from treadle.distributed.comm import all_gather_object, is_distributed
 
     if not is_distributed():
         return list(values)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from treadle.checkpoint.directory import cleanup_stale_tmp, find_latest_checkpoint, list_checkpoints
 from treadle.checkpoint.io import MANIFEST_NAME, CheckpointError
-from treadle.dist import comm
+from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 
 

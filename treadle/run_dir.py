@@ -33,7 +33,7 @@ except ImportError:  # not POSIX (Windows): no lock, said once in the log
 
 from treadle.checkpoint.directory import check_writable_dir, claim_checkpoint_path
 from treadle.checkpoint.io import CheckpointError
-from treadle.dist import comm
+from treadle.distributed import comm
 from treadle.logging.writers import get_logger, move_whole_aside, replace_atomically
 
 LOCK_NAME = ".treadle.lock"

@@ -20,7 +20,7 @@ from torch import nn
 
 from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.data.feed import DataFeed
-from treadle.dist import comm
+from treadle.distributed import comm
 from treadle.env import collect_env, format_env
 from treadle.hooks.base import (HOOK_POINTS, Hook, build_dispatch, check_hook_points, describe_order, get_priority,
                                 sort_hooks)

@@ -143,7 +143,7 @@ def test_resume_inside_an_epoch_with_another_world_size_takes_up_the_same_sample
 def test_an_exception_on_rank_1_ends_every_rank_quickly_with_that_error(tmp_path):
     """Through the --nproc launcher (torch.distributed.run's API): the agent stops
     rank 0 at once instead of letting it wait for the 30-minute collective timeout."""
-    code = ("import sys; from treadle.dist.launch import launch_local; "
+    code = ("import sys; from treadle.distributed.launch import launch_local; "
             f"sys.exit(launch_local(2, [{SCRIPT!r}, {str(tmp_path / 'out')!r}, '--raise-at', '3']))")
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -44,7 +44,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from treadle.dist import comm
+from treadle.distributed import comm
 
 from .dcp_safe import _SafeEmptyPlanner, _SafeLoadPlanner, _SafeReader
 from .io import (

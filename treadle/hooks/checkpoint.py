@@ -11,7 +11,7 @@ from treadle.checkpoint.async_save import AsyncCheckpointer
 from treadle.checkpoint.directory import prune_checkpoints, remove_own_checkpoint
 from treadle.checkpoint.io import CheckpointError, save_checkpoint
 from treadle.checkpoint.finite import first_nonfinite, named_tensors
-from treadle.dist import comm
+from treadle.distributed import comm
 from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import get_logger
 from treadle.metrics import higher_is_better

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from treadle.dist import comm
+from treadle.distributed import comm
 
 
 def pick_device() -> torch.device:
@@ -167,7 +167,7 @@ class Strategy:
 
 class ProcessGroupStrategy(Strategy):
     """Base of the multi-process strategies: the process group from the launcher's
-    environment (treadle/dist), and the options they share."""
+    environment (treadle/distributed), and the options they share."""
 
     def __init__(self, backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
         if backend not in (None, "gloo", "nccl"):
@@ -179,7 +179,7 @@ class ProcessGroupStrategy(Strategy):
 
     def setup(self) -> None:
         """Initialise the process group (nothing to do in one process)."""
-        from treadle.dist.env import detect_launcher
+        from treadle.distributed.env import detect_launcher
 
         env = detect_launcher()
         self.device = comm.init_distributed(env, backend=self.backend, timeout_s=self.timeout_s)
@@ -231,7 +231,7 @@ def build_strategy(strategy: str | dict[str, Any] | Strategy) -> Strategy:
     """Resolve the Trainer's ``strategy``: a name, ``dict(type="ddp", ...)`` or an object.
 
     "auto" is "ddp" when the launcher started several processes (see
-    :func:`treadle.dist.detect_launcher`), else "single".
+    :func:`treadle.distributed.detect_launcher`), else "single".
     """
     if isinstance(strategy, Strategy):
         return strategy
@@ -247,7 +247,7 @@ def build_strategy(strategy: str | dict[str, Any] | Strategy) -> Strategy:
         raise ValueError(f"strategy={strategy!r} is not supported; expected one of {', '.join(map(repr, STRATEGY_NAMES))}, "
                          "dict(type=<name>, **options) or a Strategy object")
     if strategy == "auto":
-        from treadle.dist.env import detect_launcher
+        from treadle.distributed.env import detect_launcher
 
         strategy = "ddp" if detect_launcher().distributed or comm.get_world_size() > 1 else "single"
     if strategy == "single":

@@ -4,7 +4,7 @@
                            gradient_as_bucket_view=True, sync_buffers=True, timeout_s=1800)
 
 ``setup()`` initialises the process group from the launcher's environment (torchrun,
-SLURM, MPI; see treadle/dist/env.py): gloo on CPU, nccl on CUDA with one GPU per
+SLURM, MPI; see treadle/distributed/env.py): gloo on CPU, nccl on CUDA with one GPU per
 local rank. The model is wrapped in ``DistributedDataParallel``; with gradient
 accumulation the micro-batches that do not step run under ``no_sync`` (forward and
 backward), so gradients cross the network once per window. Checkpoints hold the

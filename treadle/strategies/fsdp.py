@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from treadle.dist import comm
+from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 from treadle.strategies.base import ProcessGroupStrategy
 

@@ -2,7 +2,7 @@
 through torch.distributed.run's own API (TorchElastic's agent).
 
 Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
-``MASTER_PORT``, which :func:`treadle.dist.detect_launcher` reads. When one process
+``MASTER_PORT``, which :func:`treadle.distributed.detect_launcher` reads. When one process
 fails, the agent stops the others at once (no waiting for a collective timeout)
 and the failure, with the rank and the error, is reported. Multi-node runs use
 ``torchrun`` or SLURM directly (see the README).

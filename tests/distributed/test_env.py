@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from treadle.dist.env import DistEnv, detect_launcher, first_slurm_host
+from treadle.distributed.env import DistEnv, detect_launcher, first_slurm_host
 
 
 def test_no_launcher_is_one_process():

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from treadle.dist.env import DistEnv, detect_launcher
+from treadle.distributed.env import DistEnv, detect_launcher
 
 _control_group: Any = None  # gloo group for objects; None means the default group
 

@@ -5,8 +5,8 @@
     comm.all_gather_object(x)          # small objects over a CPU (gloo) group: no device sync
 """
 
-from treadle.dist.env import DistEnv, detect_launcher
-from treadle.dist.comm import (
+from treadle.distributed.env import DistEnv, detect_launcher
+from treadle.distributed.comm import (
     all_gather_object,
     barrier,
     broadcast_object,
