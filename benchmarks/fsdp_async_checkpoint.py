@@ -62,7 +62,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out_dir:
     for r in range(args.rounds):
         comm.barrier()
         t0 = time.perf_counter()
-        state = {"model": strategy.model_state_dict(model), "optim": strategy.optim_state_dict(model, opt)}
+        state = {"model": strategy.get_model_state(model), "optim": strategy.get_optim_state(model, opt)}
         t_state = time.perf_counter() - t0
         comm.barrier()
         t0 = time.perf_counter()

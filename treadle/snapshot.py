@@ -83,8 +83,8 @@ def collect(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
     counters, data = position(trainer)
     strategy, module = trainer.strategy, trainer.module
     state = {
-        "model": strategy.model_state_dict(module),
-        "optim": {name: ow.state_dict(strategy.optim_state_dict(module, ow.optimizer))
+        "model": strategy.get_model_state(module),
+        "optim": {name: ow.state_dict(strategy.get_optim_state(module, ow.optimizer))
                   for name, ow in trainer.optim_wrappers.items()},
         "hooks": {key: h.state_dict() for key, h in hook_keys(trainer).items()},
         "trainer": {**counters, "metrics": dict(trainer.state.metrics), "run": trainer.run_id},
@@ -141,8 +141,8 @@ def sharded_template(trainer: "Trainer") -> dict[str, Any]:
     """This run's model and optimizer states as the strategy gives them (FSDP: sharded
     DTensors, which a sharded checkpoint is read into)."""
     strategy, module = trainer.strategy, trainer.module
-    return {"model": strategy.model_state_dict(module),
-            "optim": {name: strategy.optim_state_dict(module, ow.optimizer) for name, ow in trainer.optim_wrappers.items()}}
+    return {"model": strategy.get_model_state(module),
+            "optim": {name: strategy.get_optim_state(module, ow.optimizer) for name, ow in trainer.optim_wrappers.items()}}
 
 
 _PARTS = {"model": dict, "optim": dict, "hooks": dict, "trainer": dict, "data": dict}
@@ -224,12 +224,12 @@ def restore(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, Any]:
     local = own.get("rank_state") if isinstance(own, dict) else None
     if not isinstance(local, dict):  # older checkpoints: in state.pt; another world size: none for this rank
         local = {"log_windows": state["trainer"].get("log_windows"), "val": state["data"].get("val")}
-    strategy.load_model_state_dict(module, state["model"])
+    strategy.set_model_state(module, state["model"])
     for name, ow in trainer.optim_wrappers.items():
         st = state["optim"][name]
         if name in local.get("grads", {}):
             st = {**st, "grads": local["grads"][name]}
-        ow.load_state_dict(st, functools.partial(strategy.load_optim_state_dict, module, ow.optimizer))
+        ow.load_state_dict(st, functools.partial(strategy.set_optim_state, module, ow.optimizer))
     hooks = hook_keys(trainer)
     for key, hstate in state["hooks"].items():
         if key in hooks:

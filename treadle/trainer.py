@@ -524,11 +524,11 @@ class Trainer:
                                      "may avoid them")
         if problems[0][1] is not None:
             raise CheckpointError(problems[0][1])
-        return self.strategy.save_checkpoint(path, payloads, meta, writer=writer)  # rank 0 writes; all ranks call
+        return self.strategy.write_checkpoint(path, payloads, meta, writer=writer)  # rank 0 writes; all ranks call
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore the complete state from ``path``; returns the data position."""
-        payloads = self.strategy.load_checkpoint(path, template=functools.partial(snapshot.sharded_template, self))
+        payloads = self.strategy.read_checkpoint(path, template=functools.partial(snapshot.sharded_template, self))
         pos = snapshot.restore(self, payloads)
         self._call("after_load_checkpoint", payloads[snapshot.STATE_FILE])
         get_logger().info(f"resumed from {path} at epoch {self.state.epoch}, iter {self.state.iter}")

@@ -59,20 +59,20 @@ def build(strategy: FSDPStrategy, seed: int = 0) -> tuple[nn.Module, torch.optim
 
 
 def sharded_state(strategy: FSDPStrategy, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
-    return {"model": strategy.model_state_dict(model), "optim": strategy.optim_state_dict(model, opt)}
+    return {"model": strategy.get_model_state(model), "optim": strategy.get_optim_state(model, opt)}
 
 
 def full_state(strategy: FSDPStrategy, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
     """A copy of the full model + optimizer state (rank 0; {} elsewhere with several ranks)."""
     optim = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     # Plain tensors (e.g. Adam's step) may be the live ones: copy before training on.
-    return tree_map_only(torch.Tensor, torch.clone, {"model": strategy.full_model_state_dict(model), "optim": optim})
+    return tree_map_only(torch.Tensor, torch.clone, {"model": strategy.get_full_model_state(model), "optim": optim})
 
 
 def load_into(strategy: FSDPStrategy, model: nn.Module, opt: torch.optim.Optimizer, path: Path) -> dict:
     state, payloads = load_sharded(path, sharded_state(strategy, model, opt))
-    strategy.load_model_state_dict(model, state["model"])
-    strategy.load_optim_state_dict(model, opt, state["optim"])
+    strategy.set_model_state(model, state["model"])
+    strategy.set_optim_state(model, opt, state["optim"])
     return payloads
 
 

@@ -87,7 +87,7 @@ def main():
     metrics = trainer.fit()
     rank = trainer.strategy.rank
     os.makedirs(a.out, exist_ok=True)
-    weights = trainer.strategy.full_model_state_dict(trainer.module)  # FSDP: gathered on rank 0 only
+    weights = trainer.strategy.get_full_model_state(trainer.module)  # FSDP: gathered on rank 0 only
     if weights:
         torch.save({k: v.detach().clone() for k, v in weights.items()}, os.path.join(a.out, f"final_rank{rank}.pt"))
     torch.save({"metrics": metrics, "iter": trainer.state.iter, "allreduces": calls[0],

@@ -80,12 +80,12 @@ def fsdp_worker(rank: int, world: int) -> dict:
         strategy.setup_optim_wrapper(ow, model)
         assert ow.no_sync is not None  # accumulation skips the reduce-scatter
         train(model, ow, rank, world, micro)
-        out[f"{opt_name}/{micro}"] = strategy.full_model_state_dict(model)
-        sharded = strategy.model_state_dict(model)
+        out[f"{opt_name}/{micro}"] = strategy.get_full_model_state(model)
+        sharded = strategy.get_model_state(model)
         out.setdefault("local_numel", sum(t.to_local().numel() for t in sharded.values()))
     try:  # sharded tensors outside the model and optimizer (an EMA copy) are refused before writing
-        sd = strategy.model_state_dict(model)
-        strategy.save_checkpoint("unused", {"state.pt": {"model": sd, "optim": {}, "hooks": {"EMAHook": {"ema": sd}}}}, {})
+        sd = strategy.get_model_state(model)
+        strategy.write_checkpoint("unused", {"state.pt": {"model": sd, "optim": {}, "hooks": {"EMAHook": {"ema": sd}}}}, {})
     except ValueError as e:
         out["full_save_error"] = str(e)
     # An optimizer built before wrapping holds the replaced parameters.
@@ -102,7 +102,7 @@ def fsdp_worker(rank: int, world: int) -> dict:
     model = off.setup_model(make_model())
     ow = OptimWrapper(make_optimizer("SGD", model), clip_grad=dict(max_norm=0.5))
     train(model, ow, rank, world)
-    out["offload_clip"], out["offload_norm"] = off.full_model_state_dict(model), float(ow.grad_norms[-1])
+    out["offload_clip"], out["offload_norm"] = off.get_full_model_state(model), float(ow.grad_norms[-1])
     # Mixed precision and no resharding run (values are checked against the reference loosely).
     mp = FSDPStrategy(wrap=("Block",), mixed_precision=dict(param_dtype="bfloat16", reduce_dtype="float32"),
                       reshard_after_forward=False)
@@ -110,7 +110,7 @@ def fsdp_worker(rank: int, world: int) -> dict:
     model = mp.setup_model(make_model())
     ow = OptimWrapper(make_optimizer("SGD", model))
     train(model, ow, rank, world)
-    out["bf16"] = mp.full_model_state_dict(model)
+    out["bf16"] = mp.get_full_model_state(model)
     return out  # the full state dicts are {} on rank 1
 
 

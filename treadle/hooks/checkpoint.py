@@ -136,7 +136,7 @@ class CheckpointHook(Hook):
         s = trainer.state
         metric = self.best.replace("/", "_")
         path = trainer.checkpoint_path(f"best/best_{metric}_{s.iter:08d}")
-        model = trainer.strategy.full_model_state_dict(trainer.module)  # FSDP: a gather, on every rank
+        model = trainer.strategy.get_full_model_state(trainer.module)  # FSDP: a gather, on every rank
         weights = {"model": model}
         if trainer.ema is not None:
             weights["ema"] = trainer.ema.state_dict()

@@ -7,8 +7,8 @@ The Trainer talks to a strategy at these points, in this order::
     strategy.setup_optim_wrapper(ow, model)  # e.g. DDP's no_sync for accumulation
     move = strategy.batch_mover()            # None on CPU
     ... training ...
-    strategy.model_state_dict(module) / optim_state_dict(module, optimizer)
-    strategy.save_checkpoint(path, payloads, meta) / load_checkpoint(path)
+    strategy.get_model_state(module) / get_optim_state(module, optimizer)
+    strategy.write_checkpoint(path, payloads, meta) / read_checkpoint(path)
 
 ``SingleDevice`` is the one-process case; ``DDPStrategy`` (strategies/ddp.py) and
 ``FSDPStrategy`` (strategies/fsdp.py) are the multi-process ones.
@@ -79,25 +79,25 @@ class Strategy:
         """Give the optimizer wrapper what the strategy needs (DDP: ``no_sync``)."""
 
     # -- state dicts: full tensors here; FSDP returns sharded ones ---------------------
-    def model_state_dict(self, module: nn.Module) -> dict[str, Any]:
+    def get_model_state(self, module: nn.Module) -> dict[str, Any]:
         return module.state_dict()
 
-    def load_model_state_dict(self, module: nn.Module, state: dict[str, Any]) -> None:
+    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None:
         module.load_state_dict(state)
 
-    def full_model_state_dict(self, module: nn.Module) -> dict[str, Any]:
+    def get_full_model_state(self, module: nn.Module) -> dict[str, Any]:
         """Full (unsharded) weights for exports and best checkpoints; a collective
         under FSDP, so every rank calls it; meaningful on rank 0."""
         return module.state_dict()
 
-    def optim_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def get_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         return optimizer.state_dict()
 
-    def load_optim_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    def set_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         optimizer.load_state_dict(state)
 
     # -- checkpoints ---------------------------------------------------------------------
-    def save_checkpoint(self, path: str | Path, payloads: dict[str, Any], meta: dict[str, Any],
+    def write_checkpoint(self, path: str | Path, payloads: dict[str, Any], meta: dict[str, Any],
                         writer: Callable[..., Path] | None = None) -> Path:
         """Write a checkpoint directory once, from rank 0, with every rank's RNG file.
 
@@ -120,7 +120,7 @@ class Strategy:
     def finish_saves(self) -> None:
         """Complete any save this strategy left in flight (FSDP's async DCP saves)."""
 
-    def load_checkpoint(self, path: str | Path, template: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    def read_checkpoint(self, path: str | Path, template: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
         """Every payload of the checkpoint at ``path`` (verified, weights_only).
         ``template()`` gives this run's model/optimizer states, for sharded loads."""
         from treadle.checkpoint.io import load_checkpoint

@@ -15,7 +15,7 @@ The optimizer must be built *after* ``setup_model``: one built before holds the
 replaced parameters and would update nothing (:meth:`FSDPStrategy.check_optimizer`
 says so). State dicts go through ``torch.distributed.checkpoint.state_dict``: the
 model/optimizer ones are sharded (DTensors, for ``treadle.checkpoint.sharded``),
-:meth:`FSDPStrategy.full_model_state_dict` gathers full CPU tensors on rank 0 (exports,
+:meth:`FSDPStrategy.get_full_model_state` gathers full CPU tensors on rank 0 (exports,
 best checkpoints).
 """
 
@@ -183,29 +183,29 @@ class FSDPStrategy(ProcessGroupStrategy):
             optim_wrapper.no_sync = lambda: _no_gradient_sync(model)
 
     # -- state dicts (collectives: every rank calls them) --------------------------------
-    def model_state_dict(self, module: nn.Module) -> dict[str, Any]:
+    def get_model_state(self, module: nn.Module) -> dict[str, Any]:
         """Sharded: this rank's DTensor shards, for ``treadle.checkpoint.sharded``."""
         return get_model_state_dict(module)
 
-    def load_model_state_dict(self, module: nn.Module, state: dict[str, Any]) -> None:
+    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None:
         """Load a sharded (or full) model state dict (strict)."""
         set_model_state_dict(module, state, options=StateDictOptions(strict=True))
 
-    def optim_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def get_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Sharded optimizer state keyed by parameter names (FQNs), not ids. On an optimizer
         that has not stepped yet, torch fills the state with a zero-lr step first."""
         return get_optimizer_state_dict(module, optimizer)
 
-    def load_optim_state_dict(self, module: nn.Module, optimizer: torch.optim.Optimizer,
+    def set_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer,
                               state: dict[str, Any]) -> None:
         set_optimizer_state_dict(module, optimizer, state)
 
-    def full_model_state_dict(self, module: nn.Module) -> dict[str, Any]:
+    def get_full_model_state(self, module: nn.Module) -> dict[str, Any]:
         """Full (unsharded) CPU tensors on rank 0, ``{}`` on the others; a collective."""
         return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     # -- checkpoints ---------------------------------------------------------------------
-    def save_checkpoint(self, path: str | Path, payloads: dict[str, Any], meta: dict[str, Any],
+    def write_checkpoint(self, path: str | Path, payloads: dict[str, Any], meta: dict[str, Any],
                         writer: Any = None) -> Path:
         """The Trainer's checkpoint, sharded through DCP (on one process too, so any
         number of processes can resume it): the model and optimizer states go to DCP
@@ -253,7 +253,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         if pending[0] is not None and self.is_main:
             pending[0](path)
 
-    def load_checkpoint(self, path: str | Path, template: Any = None) -> dict[str, Any]:
+    def read_checkpoint(self, path: str | Path, template: Any = None) -> dict[str, Any]:
         """Payloads with the model and optimizer states read through DCP into
         ``template()`` (this run's sharded states: DCP reshards across world sizes)."""
         from treadle.checkpoint.sharded import is_sharded_checkpoint
@@ -273,7 +273,7 @@ class FSDPStrategy(ProcessGroupStrategy):
     def save_sharded_checkpoint(self, path: str | Path, sharded_state: dict[str, Any], payloads: dict[str, Any],
                                 meta: dict[str, Any], async_: bool = False) -> Any:
         """:func:`treadle.checkpoint.sharded.save_sharded`, with every rank's
-        ``rng_rank<r>.pt`` gathered into rank 0's payloads as ``save_checkpoint`` does.
+        ``rng_rank<r>.pt`` gathered into rank 0's payloads as ``write_checkpoint`` does.
         Returns the ``PendingSave`` (call ``wait()`` on every rank before the next save)."""
         from treadle.checkpoint.sharded import save_sharded
 
