@@ -47,7 +47,7 @@ from treadle.trainer_args import (build_optim_wrappers, build_scheduler_map, che
                                   check_loader, check_metrics, check_resume, checkpoint_hook, ema_hook, from_spec,
                                   nan_guard_hook, positive_int, progress_on, scale_lr, warn_if_unpinned,
                                   warn_without_validation)
-from treadle.strategies.base import Strategy, build_strategy
+from treadle.strategies.base import Strategy, resolve_strategy
 
 
 class Trainer:
@@ -202,7 +202,7 @@ class Trainer:
         guard = nan_guard_hook(nan_guard, log_interval)
         ema_h = ema_hook(ema) if ema is not None else None
         checkpoint_h = checkpoint_hook(checkpoint) if checkpoint is not None and checkpoint is not False else None
-        self.strategy = build_strategy(strategy)
+        self.strategy = resolve_strategy(strategy)
 
         # -- process group (several processes), then components ---------------------
         self.strategy.setup()

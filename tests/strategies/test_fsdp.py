@@ -8,7 +8,7 @@ from torch import nn
 
 from dist_support import run_ranks
 from treadle.optim.wrapper import OptimWrapper
-from treadle.strategies.base import build_strategy
+from treadle.strategies.base import resolve_strategy
 from treadle.strategies.fsdp import FSDPStrategy, mixed_precision_policy
 
 B = 4  # per-rank batch; the single-process reference uses 2 * B
@@ -168,7 +168,7 @@ def test_misuse_is_reported(fsdp_results: list[dict]) -> None:
 
 
 def test_one_process_places_without_sharding_and_checks_options() -> None:
-    s = build_strategy(dict(type="fsdp", wrap=["Block"]))
+    s = resolve_strategy(dict(type="fsdp", wrap=["Block"]))
     assert isinstance(s, FSDPStrategy)
     s.setup()
     model = make_model()

@@ -6,29 +6,29 @@ import pytest
 import torch
 from torch import nn
 
-from treadle.strategies.base import SingleDevice, build_strategy
+from treadle.strategies.base import SingleDevice, resolve_strategy
 from treadle.strategies.ddp import DDPStrategy
 
 
 def test_auto_is_single_without_a_launcher(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
         monkeypatch.delenv(var, raising=False)
-    assert isinstance(build_strategy("auto"), SingleDevice)
+    assert isinstance(resolve_strategy("auto"), SingleDevice)
 
 
 def test_auto_is_ddp_under_a_launcher(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert isinstance(build_strategy("auto"), DDPStrategy)  # built, not set up: no process group yet
+    assert isinstance(resolve_strategy("auto"), DDPStrategy)  # built, not set up: no process group yet
 
 
 def test_options_by_dict_and_errors():
-    s = build_strategy({"type": "ddp", "find_unused_parameters": True, "static_graph": True})
+    s = resolve_strategy({"type": "ddp", "find_unused_parameters": True, "static_graph": True})
     assert isinstance(s, DDPStrategy) and s.find_unused_parameters and s.static_graph
     with pytest.raises(ValueError, match=r"strategy 'ddp': bad options \['bucket'\]"):
-        build_strategy({"type": "ddp", "bucket": 1})
+        resolve_strategy({"type": "ddp", "bucket": 1})
     with pytest.raises(ValueError, match="strategy='dpp' is not supported"):
-        build_strategy("dpp")
+        resolve_strategy("dpp")
     with pytest.raises(ValueError, match="backend='mpi'"):
         DDPStrategy(backend="mpi")
 
@@ -44,7 +44,7 @@ def test_ddp_in_one_process_does_not_wrap(monkeypatch):
 
 def test_a_strategy_dict_without_type_says_so():
     with pytest.raises(ValueError, match=r"strategy=\{'devices': 2\} has no 'type'; expected dict\(type=<name>"):
-        build_strategy({"devices": 2})
+        resolve_strategy({"devices": 2})
 
 
 def _no_cuda(monkeypatch):
@@ -57,7 +57,7 @@ def test_a_cuda_device_on_a_machine_without_cuda_is_a_clear_error(device, monkey
     _no_cuda(monkeypatch)
     with pytest.raises(ValueError, match=r"strategy 'single': device=.*cuda.*, but CUDA is not available on this "
                                          r"machine \(torch.cuda.is_available\(\) is False\); expected 'cpu' or None"):
-        build_strategy({"type": "single", "device": device})
+        resolve_strategy({"type": "single", "device": device})
 
 
 def test_a_cuda_device_without_cuda_fails_in_the_trainer_before_anything_is_written(monkeypatch, tmp_path):

@@ -130,6 +130,12 @@ def _read_source(source: Source, key: str | None) -> tuple[dict[str, Any], str]:
     return _pick_state_dict(load_checkpoint(path)[STATE_FILE], key, str(path)), str(path)
 
 
+def read_weights(source: Source, key: str | None = None) -> dict[str, Any]:
+    """The state dict in ``source`` (as :func:`load_weights` reads it: a checkpoint dir,
+    sharded ones consolidated, ``.pt``/``.pth``, ``.safetensors``), always ``weights_only``."""
+    return _read_source(source, key)[0]
+
+
 def _revise(sd: Mapping[str, Any], revise_keys: Iterable[tuple[str, str]]) -> dict[str, Any]:
     rules = [(re.compile(p), r) for p, r in revise_keys]
     out: dict[str, Any] = {}

@@ -19,7 +19,7 @@ from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import WRITERS as _WRITERS
 from treadle.optim.wrapper import check_clip_grad, check_precision
 from treadle.preemption import PreemptionConfig
-from treadle.strategies.base import STRATEGY_NAMES, build_strategy
+from treadle.strategies.base import STRATEGY_NAMES, resolve_strategy
 
 NoneType = type(None)
 LOG_WRITERS = tuple(_WRITERS)  # names LoggerHook knows: "jsonl", "csv", "tensorboard"
@@ -77,7 +77,7 @@ def _strategy(value: Any, path: str) -> None:
         _choice(*STRATEGY_NAMES)(value, path)
     else:
         _choice(*STRATEGY_NAMES)(value.get("type"), f"{path}.type")
-        _wrap(build_strategy)(value, path)  # the constructor checks the options; nothing starts
+        _wrap(resolve_strategy)(value, path)  # the constructor checks the options; nothing starts
 
 
 def _workflow(value: Any, path: str) -> None:

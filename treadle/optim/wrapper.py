@@ -34,6 +34,8 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch import Tensor
 
+from treadle.optim.builder import build_optimizer
+
 PRECISIONS = ("32", "bf16", "16")
 
 
@@ -170,10 +172,12 @@ class OptimWrapper:
             window = self.accumulate if rem is None or rem >= self.accumulate else max(rem, 1)
         return self.micro_step + 1 >= window
 
-    def optim_context(self) -> ContextManager[Any]:
+    def optim_context(self, model: Any = None) -> ContextManager[Any]:
         """Wrap forward *and* backward of a micro-batch in it: DDP's ``no_sync`` when
         the coming update does not step (gradients then all-reduce once per window;
-        DDP decides in the forward pass, so wrapping backward alone would not do)."""
+        DDP decides in the forward pass, so wrapping backward alone would not do).
+        ``model`` is accepted for MMEngine's signature and not needed (the strategy set
+        ``no_sync`` when it prepared the wrapper)."""
         if self.no_sync is None or self.next_closes():
             return contextlib.nullcontext()
         return self.no_sync()
@@ -199,6 +203,10 @@ class OptimWrapper:
             self.step()
             self.zero_grad()
             self.micro_step = 0
+
+    def update_params(self, loss: Tensor) -> None:
+        """MMEngine's name for :meth:`update`."""
+        self.update(loss)
 
     # -- helpers ----------------------------------------------------------------------
     def _clip(self) -> None:
@@ -261,3 +269,47 @@ class OptimWrapper:
     def __repr__(self) -> str:
         return (f"OptimWrapper({type(self.optimizer).__name__}, precision={self.precision!r}, "
                 f"accumulate={self.accumulate}, clip_grad={self.clip_grad})")
+
+
+#: MMEngine's ``optim_wrapper`` keys that treadle's OptimWrapper honours.
+WRAPPER_KEYS = ("type", "optimizer", "paramwise_cfg", "accumulative_counts", "clip_grad", "dtype")
+_AMP_DTYPES = {None: "16", "float16": "16", "fp16": "16", "bfloat16": "bf16", "bf16": "bf16"}
+
+
+def build_optim_wrapper(cfg: Any, module: torch.nn.Module, *, device_type: str = "cpu") -> OptimWrapper:
+    """An OptimWrapper from an Optimizer, an OptimWrapper (returned as it is), or
+    MMEngine's ``optim_wrapper`` dict over ``module``'s parameters::
+
+        dict(optimizer=dict(type="AdamW", lr=1e-3), accumulative_counts=2,
+             clip_grad=dict(max_norm=1.0), dtype="bfloat16",   # dtype: AMP (AmpOptimWrapper)
+             paramwise_cfg=dict(norm_decay_mult=0.0))
+
+    ``type`` is "OptimWrapper" (fp32 unless ``dtype`` is given) or "AmpOptimWrapper"
+    (fp16 unless ``dtype="bfloat16"``)."""
+    if isinstance(cfg, OptimWrapper):
+        return cfg
+    if isinstance(cfg, torch.optim.Optimizer):
+        return OptimWrapper(cfg, device_type=device_type)
+    if not isinstance(cfg, dict):
+        raise TypeError(f"optim_wrapper must be an OptimWrapper, a torch.optim.Optimizer or a dict such as "
+                        f"dict(optimizer=dict(type='AdamW', lr=1e-3)), got {type(cfg).__name__}")
+    unknown = sorted(set(cfg) - set(WRAPPER_KEYS))
+    if unknown:
+        raise ValueError(f"optim_wrapper has unknown keys {unknown}; expected some of {list(WRAPPER_KEYS)}")
+    kind = cfg.get("type", "OptimWrapper")
+    if kind not in ("OptimWrapper", "AmpOptimWrapper"):
+        raise ValueError(f"optim_wrapper type={kind!r}; expected 'OptimWrapper' or 'AmpOptimWrapper'")
+    if "optimizer" not in cfg:
+        raise ValueError("optim_wrapper has no 'optimizer'; expected e.g. dict(optimizer=dict(type='AdamW', lr=1e-3))")
+    dtype = cfg.get("dtype")
+    if dtype not in _AMP_DTYPES:
+        raise ValueError(f"optim_wrapper dtype={dtype!r}; expected 'float16' or 'bfloat16' (or None)")
+    precision = _AMP_DTYPES[dtype] if kind == "AmpOptimWrapper" or dtype is not None else "32"
+    opt_cfg = cfg["optimizer"]
+    if "paramwise_cfg" in cfg:
+        if not isinstance(opt_cfg, dict):
+            raise TypeError("optim_wrapper paramwise_cfg needs optimizer as a config dict, not an Optimizer object")
+        opt_cfg = {**opt_cfg, "paramwise": cfg["paramwise_cfg"]}
+    optimizer = build_optimizer(opt_cfg, module, where="optim_wrapper.optimizer")
+    return OptimWrapper(optimizer, precision=precision, device_type=device_type,
+                        accumulate=cfg.get("accumulative_counts", 1), clip_grad=cfg.get("clip_grad"))

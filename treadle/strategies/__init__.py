@@ -1,5 +1,6 @@
-"""Strategies: device placement and wrapping for one or many processes."""
+"""Strategies: where the model lives and how its state is saved, for the Trainer and
+for your own loop (``treadle.build_strategy``; see treadle/strategies/api.py)."""
 
-from treadle.strategies.base import SingleDevice, Strategy, build_strategy, move_to, pick_device
+from treadle.strategies.base import SingleDevice, Strategy, build_strategy, move_to, pick_device, resolve_strategy
 
-__all__ = ["SingleDevice", "Strategy", "build_strategy", "move_to", "pick_device"]
+__all__ = ["SingleDevice", "Strategy", "build_strategy", "move_to", "pick_device", "resolve_strategy"]

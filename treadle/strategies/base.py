@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from treadle.distributed import comm
+from treadle.strategies.api import DEFAULT_REVISE_KEYS, StrategyAPI
 
 
 def pick_device() -> torch.device:
@@ -50,8 +51,10 @@ def move_to(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
     return obj
 
 
-class Strategy:
-    """Base class. Subclasses set ``device``, ``rank`` and ``world_size``."""
+class Strategy(StrategyAPI):
+    """Base class. Subclasses set ``device``, ``rank`` and ``world_size``; the public
+    methods for your own loop (``prepare``, ``save_checkpoint``, ...) are in
+    treadle/strategies/api.py."""
 
     name = "base"
     device: torch.device = torch.device("cpu")
@@ -90,6 +93,14 @@ class Strategy:
         under FSDP, so every rank calls it; meaningful on rank 0."""
         return module.state_dict()
 
+    def load_full_model_state(self, module: nn.Module, state: Any, *, strict: bool = False,
+                              revise_keys: Any = DEFAULT_REVISE_KEYS) -> Any:
+        """Full (unsharded) weights into ``module``, keys rewritten by ``revise_keys``;
+        shapes that differ are never loaded; ``strict``: any difference raises first."""
+        from treadle.checkpoint.weights import load_weights
+
+        return load_weights(module, state, strict=strict, revise_keys=revise_keys)
+
     def get_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         return optimizer.state_dict()
 
@@ -126,6 +137,10 @@ class Strategy:
         from treadle.checkpoint.io import load_checkpoint
 
         return load_checkpoint(path)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` in rank order (``[obj]`` in one process)."""
+        return comm.all_gather_object(obj)
 
     # -- reductions ------------------------------------------------------------------
     def reduce_log_values(self, values: dict[str, float]) -> dict[str, float]:
@@ -227,7 +242,17 @@ class SingleDevice(Strategy):
 STRATEGY_NAMES = ("auto", "single", "ddp", "fsdp")
 
 
-def build_strategy(strategy: str | dict[str, Any] | Strategy) -> Strategy:
+def build_strategy(strategy: str | dict[str, Any] | Strategy = "auto", *, work_dir: str | Path | None = None,
+                   seed: int | None = None, deterministic: bool = False) -> Strategy:
+    """A ready strategy for your own loop (see treadle/strategies/api.py): resolved as
+    :func:`resolve_strategy` does, then its process group started (several processes),
+    its run stamped and every library seeded (``seed=None``: rank 0 draws one)."""
+    built = resolve_strategy(strategy)
+    built.setup_env(work_dir=work_dir, seed=seed, deterministic=deterministic)
+    return built
+
+
+def resolve_strategy(strategy: str | dict[str, Any] | Strategy) -> Strategy:
     """Resolve the Trainer's ``strategy``: a name, ``dict(type="ddp", ...)`` or an object.
 
     "auto" is "ddp" when the launcher started several processes (see

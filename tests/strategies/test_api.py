@@ -1,0 +1,265 @@
+"""The public Strategy API on one process (treadle/strategies/api.py): prepare,
+prepare_dataloader, save_checkpoint/resume/load_checkpoint/load_or_resume, the state
+dicts, and their errors. Multi-process and SIGKILL runs: test_api_resume.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import treadle
+from treadle.checkpoint.io import CheckpointError
+from treadle.data.resumable import ResumableLoader
+from treadle.optim.wrapper import OptimWrapper
+from support import TinyNet, make_data
+
+OPTIM = dict(optimizer=dict(type="AdamW", lr=1e-2), accumulative_counts=2)
+WARMUP = [dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10)]
+
+
+def _data(n: int = 48) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g))
+
+
+def _net() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+
+
+def _setup(work_dir, optim=OPTIM, sched=WARMUP):
+    strategy = treadle.build_strategy("single", work_dir=work_dir, seed=3)
+    model, ow, scheds = strategy.prepare(_net(), optim_wrapper=optim, param_scheduler=sched)
+    loader = strategy.prepare_dataloader(DataLoader(_data(), batch_size=4, shuffle=True))
+    return strategy, model, ow, scheds, loader
+
+
+def _train(strategy, model, ow, scheds, loader, epochs, it=0, epoch0=0, save_at=(), stop_at=None):
+    for epoch in range(epoch0, epochs):
+        for xb, yb in loader:
+            ow.update_params(nn.functional.mse_loss(model(xb), yb))
+            for s in scheds:
+                s.step()
+            it += 1
+            if it in save_at:
+                strategy.save_checkpoint(strategy.work_dir / "ckpt" / f"iter_{it}", extra_ckpt={"epoch": epoch, "iter": it})
+            if it == stop_at:
+                return it
+    return it
+
+
+def test_prepare_returns_what_was_asked_for(tmp_path):
+    s = treadle.build_strategy("single", seed=0)
+    model = s.prepare(nn.Linear(2, 2))
+    assert isinstance(model, nn.Linear)
+    with pytest.raises(RuntimeError, match="called already"):
+        s.prepare(nn.Linear(2, 2))
+    model, ow = treadle.build_strategy("single").prepare(nn.Linear(2, 2), optim_wrapper=torch.optim.SGD)\
+        if False else treadle.build_strategy("single").prepare(nn.Linear(2, 2), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)))
+    assert isinstance(ow, OptimWrapper) and ow.accumulate == 1 and ow.precision == "32"
+    model, ow, scheds = treadle.build_strategy("single").prepare(nn.Linear(2, 2), optim_wrapper=OPTIM, param_scheduler=WARMUP)
+    assert ow.accumulate == 2 and len(scheds) == 1
+    with pytest.raises(ValueError, match="needs optim_wrapper"):
+        treadle.build_strategy("single").prepare(nn.Linear(2, 2), param_scheduler=WARMUP)
+    with pytest.raises(ValueError, match="unknown keys"):
+        treadle.build_strategy("single").prepare(nn.Linear(2, 2), optim_wrapper=dict(optimizer=dict(type="SGD", lr=1), accumulate=2))
+    amp = treadle.build_strategy("single").prepare(nn.Linear(2, 2), optim_wrapper=dict(
+        type="AmpOptimWrapper", dtype="bfloat16", optimizer=dict(type="SGD", lr=0.1)))[1]
+    assert amp.precision == "bf16"
+
+
+def test_prepare_builds_a_model_from_a_config_dict():
+    model = treadle.build_strategy("single", seed=0).prepare(dict(type="DigitsCNN"))
+    assert type(model).__name__ == "DigitsCNN"
+
+
+def test_properties_and_env(tmp_path):
+    s = treadle.build_strategy("single", work_dir=tmp_path, seed=5)
+    assert (s.rank, s.world_size, s.distributed, s.launcher, s.seed, s.work_dir) == (0, 1, False, "none", 5, tmp_path)
+    assert len(s.timestamp) == 15 and s.run_id.startswith(s.timestamp)
+    system, runtime = s.collect_env()
+    assert system["torch"] == torch.__version__ and runtime["seed"] == 5 and runtime["world_size"] == 1
+    assert treadle.build_strategy("single").seed is not None  # drawn, as MMEngine does
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")  # stepped per micro-batch, on purpose
+def test_hand_loop_equals_plain_torch(tmp_path):
+    """accumulative_counts=2 and the warmup equal torch's AdamW + LinearLR by hand."""
+    s, model, ow, scheds, _ = _setup(tmp_path)
+    torch.manual_seed(11)
+    ref = _net()
+    model.load_state_dict(ref.state_dict())
+    model.eval(), ref.eval()  # no dropout: the two streams draw differently
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    # MMEngine's LinearLR(begin=0, end=10) reaches the full lr at step 9: torch's total_iters=9
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=9)
+    xs = list(DataLoader(_data(), batch_size=4))
+    for i, (xb, yb) in enumerate(xs):
+        ow.update_params(nn.functional.mse_loss(model(xb), yb))
+        for sc in scheds:
+            sc.step()
+        (nn.functional.mse_loss(ref(xb), yb) / 2).backward()
+        if i % 2 == 1:
+            opt.step()
+            opt.zero_grad()
+        sched.step()
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[k], v, rtol=1e-6, atol=1e-7)
+    assert ow.get_lr() == pytest.approx([g["lr"] for g in opt.param_groups])
+
+
+def test_resume_in_a_new_process_state_is_exact(tmp_path):
+    """Stop after iteration 7 (checkpoint at 5, inside an accumulation window), build
+    everything again, resume: the end equals an uninterrupted run's."""
+    a = _setup(tmp_path / "a")
+    _train(*a, epochs=3)
+    b = _setup(tmp_path / "b")
+    _train(*b, epochs=3, save_at=(5,), stop_at=7)
+    c = _setup(tmp_path / "b")
+    extra = c[0].load_or_resume(resume=True)
+    assert extra == {"epoch": 0, "iter": 5}
+    assert c[4].epoch == 0 and c[4].state_dict()["batch_idx"] == 5
+    _train(*c, epochs=3, it=extra["iter"], epoch0=extra["epoch"])
+    for k, v in a[1].state_dict().items():
+        assert torch.equal(c[1].state_dict()[k], v), k
+    assert a[2].optimizer.state_dict()["state"][0]["exp_avg"].equal(c[2].optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_checkpoint_layout_and_manifest(tmp_path):
+    s, model, ow, scheds, loader = _setup(tmp_path)
+    _train(s, model, ow, scheds, loader, epochs=1, save_at=(3,))
+    path = tmp_path / "ckpt" / "iter_3"
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["meta"] == {"kind": "strategy", "run": s.run_id}
+    state = torch.load(path / "state.pt", weights_only=True)
+    assert set(state) == {"model", "optim", "param_schedulers", "data", "extra", "strategy"}
+    assert state["data"] == [{"epoch": 0, "batch_idx": 3, "seed": loader.seed}]
+    rank = torch.load(path / "rng_rank0.pt", weights_only=True)
+    assert len(rank["rank_state"]["grads"]) == 4  # iteration 3 left a window open: its gradients
+
+
+def test_extra_ckpt_must_be_plain_data(tmp_path):
+    s, *_ = _setup(tmp_path)
+    with pytest.raises(TypeError, match=r"extra_ckpt\['fn'\] is a builtin_function"):
+        s.save_checkpoint(tmp_path / "x", extra_ckpt={"fn": print})
+    assert not (tmp_path / "x").exists()
+
+
+def test_another_runs_checkpoint_is_never_replaced(tmp_path):
+    a, *_ = _setup(tmp_path)
+    a.save_checkpoint(tmp_path / "ckpt")
+    a.save_checkpoint(tmp_path / "ckpt")  # its own: replaced
+    before = (tmp_path / "ckpt" / "state.pt").read_bytes()
+    b, *_ = _setup(tmp_path)
+    with pytest.raises(CheckpointError, match="another run"):
+        b.save_checkpoint(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "state.pt").read_bytes() == before
+
+
+def test_non_finite_weights_are_not_saved(tmp_path):
+    s, model, *_ = _setup(tmp_path)
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match="model.0.weight"):
+        s.save_checkpoint(tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_resume_refuses_a_misfit_before_changing_anything(tmp_path):
+    s, *_ = _setup(tmp_path)
+    s.save_checkpoint(tmp_path / "ckpt")
+    other = treadle.build_strategy("single", seed=0)
+    model, ow = other.prepare(nn.Linear(8, 1), optim_wrapper=OPTIM)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match="another model"):
+        other.resume(tmp_path / "ckpt")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_resume_refuses_a_trainer_checkpoint(tmp_path):
+    trainer = treadle.Trainer(TinyNet(), work_dir=tmp_path / "run", train_dataloader=DataLoader(make_data(16), batch_size=4),
+                              loss_fn=nn.functional.cross_entropy, optimizer=dict(type="SGD", lr=0.1), max_epochs=1,
+                              log_writers=(), progress=False)
+    trainer.fit()
+    ckpt = next((tmp_path / "run" / "checkpoints").iterdir())
+    s = treadle.build_strategy("single", seed=0)
+    s.prepare(trainer.module, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)))
+    with pytest.raises(CheckpointError, match="a Trainer checkpoint"):
+        s.resume(ckpt)
+    s.load_checkpoint(ckpt)  # its weights: fine
+
+
+def test_load_checkpoint_takes_weights_only_with_revised_keys(tmp_path):
+    src = _net()
+    torch.save({"state_dict": {f"module.{k}": v for k, v in src.state_dict().items()}}, tmp_path / "w.pth")
+    s = treadle.build_strategy("single", seed=0)
+    model = s.prepare(_net())
+    seen = []
+    ckpt = s.load_checkpoint(tmp_path / "w.pth", callback=lambda c: seen.append(sorted(c)))
+    assert seen == [["state_dict"]] and set(ckpt) == {"state_dict"}
+    assert all(torch.equal(src.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_load_or_resume(tmp_path):
+    s, model, ow, scheds, loader = _setup(tmp_path)
+    assert s.load_or_resume() is None
+    assert s.load_or_resume(resume=True) is None  # nothing under work_dir yet
+    _train(s, model, ow, scheds, loader, epochs=1, save_at=(2, 4))
+    (tmp_path / "elsewhere").mkdir()
+    # the newest saved anywhere under work_dir, by save time, not by name
+    s.save_checkpoint(tmp_path / "elsewhere" / "aaa", extra_ckpt={"which": "newest"})
+    t, *_ = _setup(tmp_path)
+    assert t.load_or_resume(resume=True) == {"which": "newest"}
+    u, *_ = _setup(tmp_path)
+    assert u.load_or_resume(resume=str(tmp_path / "ckpt" / "iter_2")) == {"epoch": 0, "iter": 2}
+    v = treadle.build_strategy("single", seed=0)
+    weights = v.prepare(_net())
+    assert v.load_or_resume(load_from=tmp_path / "ckpt" / "iter_4") is None
+    saved = torch.load(tmp_path / "ckpt" / "iter_4" / "state.pt", weights_only=True)["model"]
+    assert all(torch.equal(weights.state_dict()[k], w) for k, w in saved.items())
+
+
+def test_a_loader_prepared_after_the_resume_takes_its_place(tmp_path):
+    s, model, ow, scheds, loader = _setup(tmp_path)
+    _train(s, model, ow, scheds, loader, epochs=2, save_at=(15,))  # epoch 1, batch 3
+    t = treadle.build_strategy("single", work_dir=tmp_path, seed=3)
+    t.prepare(_net(), optim_wrapper=OPTIM, param_scheduler=WARMUP)
+    t.load_or_resume(resume=True)
+    late = t.prepare_dataloader(DataLoader(_data(), batch_size=4, shuffle=True))
+    assert late.state_dict() == {"epoch": 1, "batch_idx": 3, "seed": loader.seed}
+
+
+def test_state_dicts_round_trip(tmp_path):
+    s, model, ow, scheds, loader = _setup(tmp_path)
+    _train(s, model, ow, scheds, loader, epochs=1)
+    m, o, sc = s.model_state_dict(), s.optim_state_dict(), s.scheduler_state_dict()
+    t, *_ = _setup(tmp_path)
+    t.load_model_state_dict(m, strict=True)
+    t.load_optim_state_dict(o)
+    t.load_scheduler_state_dict(sc)
+    assert all(torch.equal(m[k], v) for k, v in t.model_state_dict().items())
+    assert t.optim_wrapper.get_lr() == ow.get_lr()
+    with pytest.raises(CheckpointError, match="1 scheduler"):
+        t.load_scheduler_state_dict([])
+
+
+def test_resumable_loader_epochs_and_places():
+    loader = ResumableLoader(DataLoader(_data(12), batch_size=4, shuffle=True), seed=1)
+    epochs = [[b[0] for b in loader] for _ in range(3)]
+    assert loader.epoch == 2 and not all(torch.equal(a, b) for a, b in zip(epochs[0], epochs[1]))
+    again = ResumableLoader(DataLoader(_data(12), batch_size=4, shuffle=True), seed=1)
+    it = iter(again)
+    next(it)
+    state = again.state_dict()
+    assert state == {"epoch": 0, "batch_idx": 1, "seed": 1}
+    fresh = ResumableLoader(DataLoader(_data(12), batch_size=4, shuffle=True), seed=99)
+    fresh.load_state_dict(state)
+    rest = [b[0] for b in fresh]
+    assert all(torch.equal(a, b) for a, b in zip(rest, epochs[0][1:])) and len(rest) == 2
+    assert fresh.state_dict() == {"epoch": 1, "batch_idx": 0, "seed": 1}  # an epoch taken to its end is over
+    assert torch.equal(next(iter(fresh))[0], epochs[1][0])
+    with pytest.raises(ValueError, match="batch_idx"):
+        fresh.load_state_dict({"epoch": 0, "batch_idx": -1, "seed": 1})

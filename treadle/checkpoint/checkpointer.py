@@ -1,0 +1,126 @@
+"""The checkpointer: saves what it is handed, ``states={name: Stateful}``, and puts it back.
+
+    ckpt = Checkpointer(strategy)
+    ckpt.save(path, {"model": ..., "optim": ..., "schedulers": ..., "data": ...},
+              rank_states={"grads": ...}, meta={"iter": 120}, run="20261123_2301-ab12cd34")
+    state, rank_state = ckpt.load(path, template=...)
+    ckpt.restore(states, state)          # each obj.load_state_dict(state[name])
+
+A *Stateful* is anything with ``state_dict()`` / ``load_state_dict()`` (torch's
+``torch.distributed.checkpoint.stateful.Stateful`` protocol); a plain dict is saved as
+it is. ``states`` go to ``state.pt`` (written once, by rank 0); ``rank_states``, what
+differs from one process to the next, go with that process's RNG to its own
+``rng_rank<r>.pt``. The checkpoint is a treadle checkpoint directory
+(treadle/checkpoint/io.py: atomic, verified by a manifest, read with ``weights_only``).
+
+Where and how the bytes are written is the strategy's part (its ``write_checkpoint`` /
+``read_checkpoint`` primitives: one file per payload from rank 0, or DCP shards from
+every rank under FSDP, where ``"model"`` and each ``"optim"`` entry's ``"optimizer"``
+are sharded). Before any write, every rank checks its share for NaN and inf, and
+the path for another run's checkpoint; all ranks agree, so they raise alike.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
+
+from treadle.checkpoint.directory import claim_checkpoint_path
+from treadle.checkpoint.finite import first_nonfinite, named_tensors
+from treadle.checkpoint.io import STATE_FILE, CheckpointError
+from treadle.checkpoint.rng import get_rng_state
+
+
+def rng_file(rank: int) -> str:
+    """The file holding rank ``rank``'s RNG and its ``rank_state``."""
+    return f"rng_rank{rank}.pt"
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class StorageBackend(Protocol):
+    """What a checkpointer needs of a strategy (treadle/strategies/base.py)."""
+
+    rank: int
+    distributed: bool
+
+    def write_checkpoint(self, path: str | Path, payloads: dict[str, Any], meta: dict[str, Any],
+                         writer: Callable[..., Path] | None = None) -> Path: ...
+
+    def read_checkpoint(self, path: str | Path,
+                        template: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]: ...
+
+    def all_gather_object(self, obj: Any) -> list[Any]: ...
+
+
+def _state_of(obj: Any) -> Any:
+    return obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
+
+
+class Checkpointer:
+    """Save, load and restore named states through ``backend`` (a strategy)."""
+
+    def __init__(self, backend: StorageBackend) -> None:
+        self.backend = backend
+
+    def save(self, path: str | Path, states: Mapping[str, Any], *, rank_states: Mapping[str, Any] | None = None,
+             meta: Mapping[str, Any] | None = None, run: str | None = None,
+             writer: Callable[..., Path] | None = None) -> Path:
+        """Write ``states`` (and this rank's ``rank_states`` and RNG) to ``path``; every
+        rank calls it. ``run``: this run's id, recorded in the manifest; a path holding
+        what another run saved is refused. Returns the path written."""
+        state = {name: _state_of(obj) for name, obj in states.items()}
+        own = get_rng_state()
+        own["rank_state"] = {name: _state_of(obj) for name, obj in (rank_states or {}).items()}
+        meta = {**(meta or {}), **({"run": run} if run is not None else {})}
+        self.check_savable(path, state, run, meta.get("iter"))
+        payloads = {STATE_FILE: state, rng_file(self.backend.rank): own}
+        return self.backend.write_checkpoint(path, payloads, meta, writer=writer)
+
+    def check_savable(self, path: str | Path, state: Mapping[str, Any], run: str | None, where: Any = None) -> None:
+        """Raise on every rank alike when any rank's share of ``state`` holds NaN or inf
+        (named), or when ``path`` holds something run ``run`` did not save (rank 0 looks)."""
+        refusal = None
+        if run is not None and self.backend.rank == 0:
+            try:
+                claim_checkpoint_path(path, run, rename=False)
+            except CheckpointError as e:
+                refusal = str(e)
+        bad = first_nonfinite(named_tensors(state))
+        problems = self.backend.all_gather_object((bad, refusal))
+        bad = next((b for b, _ in problems if b is not None), None)
+        if bad is not None:
+            at = f" at iteration {where}" if where is not None else ""
+            raise FloatingPointError(f"refusing to save {path}: {bad!r} holds NaN or inf{at}; the checkpoints "
+                                     "saved before are kept")
+        if problems[0][1] is not None:
+            raise CheckpointError(problems[0][1])
+
+    def load(self, path: str | Path, template: Callable[[], dict[str, Any]] | None = None
+             ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """``(state, this rank's RNG file)`` of the checkpoint at ``path`` (verified first;
+        ``template()``: this run's sharded states, which a sharded checkpoint is read into).
+        The RNG file is None when this rank has none (saved by fewer processes)."""
+        payloads = self.backend.read_checkpoint(path, template=template)
+        state = payloads.get(STATE_FILE)
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{path}: not a training checkpoint (it has no {STATE_FILE} dict of states)")
+        own = payloads.get(rng_file(self.backend.rank))
+        return state, own if isinstance(own, dict) else None
+
+    @staticmethod
+    def restore(states: Mapping[str, Any], state: Mapping[str, Any], *, where: str = "the checkpoint") -> None:
+        """``obj.load_state_dict(state[name])`` for each Stateful in ``states`` (a name
+        missing from ``state`` is an error naming it)."""
+        missing = [name for name in states if name not in state]
+        if missing:
+            raise CheckpointError(f"{where} has no state for {missing} (it has {sorted(state)})")
+        for name, obj in states.items():
+            obj.load_state_dict(state[name])
+
+
+__all__ = ["Checkpointer", "Stateful", "StorageBackend", "rng_file"]

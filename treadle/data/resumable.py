@@ -1,0 +1,114 @@
+"""ResumableLoader: a DataLoader for your own loop whose place is part of the checkpoint.
+
+``Strategy.prepare_dataloader`` returns one. Iterate it as the loader it wraps; each
+``for batch in loader`` is one epoch, and epochs count up by themselves::
+
+    loader = strategy.prepare_dataloader(DataLoader(ds, batch_size=32, shuffle=True))
+    for epoch in range(start_epoch, max_epochs):
+        for batch in loader:       # epoch ``loader.epoch``, batch ``loader.batch_idx``
+            ...
+
+Each epoch's order is a function of ``(seed, epoch)`` (treadle/data/feed.py), so after
+``load_state_dict`` the next ``iter(loader)`` continues the saved epoch at the batch
+after the last one taken, and the epochs after it are those of an uninterrupted run.
+An epoch that was taken to its end is over: the next ``iter`` starts the one after.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+from treadle.data.feed import DataFeed
+
+
+class ResumableLoader:
+    """Epoch-by-epoch iteration over ``loader`` with a checkpointable position.
+
+    Args:
+        loader: a DataLoader (or any re-iterable); for several processes, already sharded.
+        seed: the order's seed, the same on every rank.
+        rank: salts the loader workers' seeds (the order is shared by the ranks).
+    """
+
+    def __init__(self, loader: Iterable[Any], *, seed: int, rank: int = 0) -> None:
+        self.loader = loader
+        self._feed = DataFeed(loader, seed=seed, rank=rank)
+        self._next_epoch = 0  # what the next iter() starts
+        self._resume_at: int | None = None  # batches already taken in epoch _next_epoch (after a load)
+        self._open = False  # inside an epoch that has not reached its end
+
+    # -- iteration ---------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        epoch, skip = self._next_epoch, self._resume_at or 0
+        self._resume_at = None
+        self._feed.start_epoch(epoch, skip=skip)
+        self._next_epoch = epoch + 1
+        self._open = True
+        return self._batches()
+
+    def _batches(self) -> Iterator[Any]:
+        feed = self._feed
+        for batch in feed:
+            yield batch
+        self._open = False
+
+    def __len__(self) -> int:
+        """Batches per epoch (a TypeError for a loader without a length, as torch's)."""
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` start epoch ``epoch`` from its first batch."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"set_epoch({epoch!r}); expected an int >= 0")
+        self._next_epoch, self._resume_at, self._open = epoch, None, False
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being iterated (or the last one, between epochs)."""
+        return self._feed.epoch
+
+    @property
+    def batch_idx(self) -> int:
+        """Batches taken in the current epoch."""
+        return self._feed.batch_idx
+
+    @property
+    def seed(self) -> int:
+        return self._feed.seed
+
+    @property
+    def batch_size(self) -> Any:
+        return getattr(self.loader, "batch_size", None)
+
+    @property
+    def dataset(self) -> Any:
+        return getattr(self.loader, "dataset", None)
+
+    def close(self) -> None:
+        """Stop the loader's worker processes now (see DataFeed.close)."""
+        self._feed.close()
+
+    # -- Stateful ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the next ``iter()`` goes on from: inside an epoch, that epoch and the
+        batches taken in it; after one, the next epoch."""
+        if self._open:
+            return {"epoch": self._feed.epoch, "batch_idx": self._feed.batch_idx, "seed": self.seed}
+        return {"epoch": self._next_epoch, "batch_idx": self._resume_at or 0, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("epoch", "batch_idx", "seed"):
+            value = state.get(key) if isinstance(state, dict) else None
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"loader state {key}={value!r}; expected an int >= 0 (state: {state!r})")
+        self._feed.close()
+        self._feed = DataFeed(self.loader, seed=state["seed"], rank=self._feed.rank)
+        self._next_epoch = state["epoch"]
+        self._resume_at = state["batch_idx"] or None
+        self._open = False
+
+    def __repr__(self) -> str:
+        return f"ResumableLoader({self.loader!r}, epoch={self._next_epoch}, seed={self.seed})"
+
+
+__all__ = ["ResumableLoader"]

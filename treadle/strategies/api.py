@@ -1,0 +1,382 @@
+"""The public Strategy API (MMEngine's ``BaseStrategy`` contract), for your own loop.
+
+Every Strategy (single device, DDP, FSDP) has these methods; the flow of a loop::
+
+    strategy = treadle.build_strategy("ddp", work_dir="runs/x", seed=0)   # process group, seeds
+    model, optim_wrapper, schedulers = strategy.prepare(model, optim_wrapper=..., param_scheduler=...)
+    loader = strategy.prepare_dataloader(loader)     # sharded, seeded, its place checkpointed
+    extra = strategy.load_or_resume(resume=True)     # None, or the extra_ckpt of the checkpoint
+    for batch in loader: ...
+        optim_wrapper.update_params(loss)
+        strategy.save_checkpoint(path, extra_ckpt={...})
+
+A checkpoint saved here is a treadle checkpoint directory (atomic, verified,
+``weights_only``), written by :class:`treadle.checkpoint.checkpointer.Checkpointer`.
+``state.pt`` holds::
+
+    model             the module's state (FSDP: sharded, in DCP files)
+    optim             {"default": OptimWrapper state}  (optimizer, scaler, accumulation)
+    param_schedulers  [scheduler.state_dict(), ...]
+    data              [ResumableLoader.state_dict(), ...]  one per prepared loader
+    extra             the ``extra_ckpt`` dict
+    strategy          {"run", "world_size", "treadle"}
+
+and each ``rng_rank<r>.pt`` that rank's RNGs and, under ``rank_state``, an open
+accumulation window's gradients (its own under DDP's ``no_sync``). ``resume``
+restores all of it, RNG last, so the next batch and the next random draw are those an
+uninterrupted run would have had.
+"""
+
+from __future__ import annotations
+
+import functools
+import secrets
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+import treadle
+from treadle.checkpoint.checkpointer import Checkpointer
+from treadle.checkpoint.io import CheckpointError
+from treadle.checkpoint.rng import set_rng_state
+from treadle.data.distributed import shard_eval_loader, shard_train_loader
+from treadle.data.resumable import ResumableLoader
+from treadle.distributed import comm
+from treadle.logging.writers import get_logger
+from treadle.optim.scheduler_builder import build_schedulers
+from treadle.optim.wrapper import OptimWrapper, build_optim_wrapper
+from treadle.seeding import derive_seed, seed_everything, set_deterministic
+from treadle.strategies.search import find_latest_saved
+
+DEFAULT_REVISE_KEYS = [(r"^module\.", "")]
+
+
+class StrategyAPI:
+    """The public methods of every Strategy (mixed into ``treadle.strategies.base.Strategy``).
+
+    Needs of the concrete strategy: ``setup``, ``setup_model``, ``unwrap``,
+    ``setup_optim_wrapper``, ``get/set_model_state``, ``get/set_optim_state``,
+    ``get_full_model_state``, ``load_full_model_state``, ``write/read_checkpoint``.
+    """
+
+    name: str
+    rank: int
+    world_size: int
+    device: torch.device
+    shard_data: bool
+    #: Set by :meth:`setup_env` (``treadle.build_strategy`` calls it).
+    work_dir: Path | None = None
+    seed: int | None = None
+    timestamp: str = ""
+    run_id: str = ""
+    launcher: str = "none"
+    deterministic: bool = False
+    _env_ready: bool = False
+
+    # -- environment ---------------------------------------------------------------------
+    def setup_env(self, *, work_dir: str | Path | None = None, seed: int | None = None,
+                  deterministic: bool = False) -> None:
+        """Once: the process group, the run's time stamp and id (rank 0's, on every rank),
+        and the seeds. ``seed=None`` draws one on rank 0 (as MMEngine does); every library
+        of every rank is seeded with it."""
+        if self._env_ready:
+            return
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+        self.setup()  # type: ignore[attr-defined]
+        from treadle.distributed.env import detect_launcher
+
+        self.launcher = detect_launcher().launcher if self.distributed else "none"  # type: ignore[attr-defined]
+        stamp, drawn, token = comm.broadcast_object(
+            (time.strftime("%Y%m%d_%H%M%S"), secrets.randbits(31), secrets.token_hex(4)))
+        self.timestamp, self.run_id = stamp, f"{stamp}-{token}"
+        self.seed = seed if seed is not None else drawn
+        seed_everything(self.seed, rank=self.rank)
+        self.deterministic = bool(deterministic)
+        if deterministic:
+            set_deterministic(True)
+        self.work_dir = Path(work_dir) if work_dir is not None else None
+        self._env_ready = True
+
+    def collect_env(self) -> tuple[dict[str, str], dict[str, Any]]:
+        """``(system, runtime)``: versions and hardware (treadle/env.py), and this run's
+        launcher, processes, seed and determinism."""
+        from treadle.env import collect_env
+
+        runtime = {"launcher": self.launcher, "distributed": self.distributed, "world_size": self.world_size,  # type: ignore[attr-defined]
+                   "seed": self.seed, "deterministic": self.deterministic, "strategy": self.name}
+        return collect_env(seed=self.seed, world_size=self.world_size), runtime
+
+    # -- prepare -------------------------------------------------------------------------
+    def prepare(self, model: nn.Module | Mapping[str, Any], *, optim_wrapper: Any = None,
+                param_scheduler: Any = None, compile: bool | dict[str, Any] = False,
+                dispatch_kwargs: dict[str, Any] | None = None) -> Any:
+        """Place and wrap ``model`` (a module or a config dict), build the optimizer over
+        the wrapped parameters and the schedulers over that optimizer.
+
+        Returns the model alone, ``(model, optim_wrapper)``, or ``(model, optim_wrapper,
+        schedulers)``, as much as was asked for. ``dispatch_kwargs``: ``epoch_length``,
+        ``max_epochs``, ``max_iters`` for schedulers configured by epoch or without ``end``.
+        """
+        self.setup_env()
+        if getattr(self, "_prepared", False):
+            raise RuntimeError(f"{type(self).__name__}.prepare() was called already; a strategy prepares one model")
+        if param_scheduler is not None and optim_wrapper is None:
+            raise ValueError("prepare(param_scheduler=...) needs optim_wrapper= too: schedulers act on an optimizer")
+        kwargs = dict(dispatch_kwargs or {})
+        unknown = sorted(set(kwargs) - {"epoch_length", "max_epochs", "max_iters"})
+        if unknown:
+            raise ValueError(f"dispatch_kwargs has unknown keys {unknown}; expected epoch_length, max_epochs, max_iters")
+        if isinstance(model, Mapping):
+            from treadle.config.build import build_model  # the config layer: only for a config dict
+
+            model = build_model(dict(model))
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"prepare(model=...) needs a torch.nn.Module or a config dict, got {type(model).__name__}")
+        self.module = model
+        self.model = self.setup_model(model)  # type: ignore[attr-defined]
+        if compile:
+            self.model = torch.compile(self.model, **(compile if isinstance(compile, dict) else {}))
+        items: list[Any] = [self.model]
+        self.optim_wrapper: OptimWrapper | None = None
+        self.param_schedulers: list[Any] = []
+        if optim_wrapper is not None:
+            ow = build_optim_wrapper(optim_wrapper, model, device_type=self.device.type)
+            self.setup_optim_wrapper(ow, self.model)  # type: ignore[attr-defined]
+            self.optim_wrapper = ow
+            items.append(ow)
+        if param_scheduler is not None:
+            self.param_schedulers = build_schedulers(
+                param_scheduler, self.optim_wrapper.optimizer, epoch_length=kwargs.get("epoch_length"),  # type: ignore[union-attr]
+                max_epochs=kwargs.get("max_epochs"), max_iters=kwargs.get("max_iters"))
+            items.append(self.param_schedulers)
+        self._prepared = True
+        return items[0] if len(items) == 1 else tuple(items)
+
+    def prepare_dataloader(self, loader: Any, *, train: bool = True) -> Any:
+        """``loader`` (a DataLoader or a config dict) for this process: sharded across
+        ranks and, for training, a :class:`ResumableLoader` whose place each checkpoint
+        holds. ``train=False``: sharded for evaluation (every sample once), not tracked."""
+        self.setup_env()
+        if isinstance(loader, Mapping):
+            from treadle.config.build import build_dataloader  # the config layer: only for a config dict
+
+            loader = build_dataloader(dict(loader), "prepare_dataloader(loader)")
+        if self.distributed and self.shard_data:  # type: ignore[attr-defined]
+            shard = shard_train_loader if train else shard_eval_loader
+            loader = shard(loader, self.rank, self.world_size)
+        if not train:
+            return loader
+        loaders = self.__dict__.setdefault("_loaders", [])
+        prepared = ResumableLoader(loader, seed=derive_seed(self.seed, len(loaders)), rank=self.rank)  # type: ignore[arg-type]
+        loaders.append(prepared)
+        pending = self.__dict__.get("_pending_loaders") or []
+        if pending:  # resumed before this loader was prepared
+            prepared.load_state_dict(pending.pop(0))
+        return prepared
+
+    def _need(self, what: str) -> None:
+        if not getattr(self, "_prepared", False):
+            raise RuntimeError(f"{what} needs strategy.prepare(model, ...) first")
+
+    # -- state dicts ---------------------------------------------------------------------
+    def model_state_dict(self) -> dict[str, Any]:
+        """The model's full weights (CPU tensors under FSDP, gathered on rank 0)."""
+        self._need("model_state_dict()")
+        return self.get_full_model_state(self.module)  # type: ignore[attr-defined]
+
+    def optim_state_dict(self) -> dict[str, Any]:
+        """The optimizer wrapper's state (optimizer, scaler, accumulation)."""
+        self._need("optim_state_dict()")
+        if self.optim_wrapper is None:
+            raise RuntimeError("optim_state_dict(): prepare() was given no optim_wrapper")
+        ow = self.optim_wrapper
+        return ow.state_dict(self.get_optim_state(self.module, ow.optimizer))  # type: ignore[attr-defined]
+
+    def scheduler_state_dict(self) -> list[dict[str, Any]]:
+        """Each prepared scheduler's state, in order."""
+        self._need("scheduler_state_dict()")
+        return [s.state_dict() for s in self.param_schedulers]
+
+    def load_model_state_dict(self, state_dict: Mapping[str, Any], *, strict: bool = False,
+                              revise_keys: list[tuple[str, str]] | None = None) -> None:
+        """Full weights into the model, keys rewritten by ``revise_keys`` (regex, repl)."""
+        self._need("load_model_state_dict()")
+        self.load_full_model_state(self.module, state_dict, strict=strict,  # type: ignore[attr-defined]
+                                   revise_keys=DEFAULT_REVISE_KEYS if revise_keys is None else revise_keys)
+
+    def load_optim_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Inverse of :meth:`optim_state_dict`."""
+        self._need("load_optim_state_dict()")
+        if self.optim_wrapper is None:
+            raise RuntimeError("load_optim_state_dict(): prepare() was given no optim_wrapper")
+        ow = self.optim_wrapper
+        ow.load_state_dict(state_dict, functools.partial(self.set_optim_state, self.module, ow.optimizer))  # type: ignore[attr-defined]
+
+    def load_scheduler_state_dict(self, state_dict: list[dict[str, Any]]) -> None:
+        """Inverse of :meth:`scheduler_state_dict` (as many states as schedulers)."""
+        self._need("load_scheduler_state_dict()")
+        if not isinstance(state_dict, list) or len(state_dict) != len(self.param_schedulers):
+            got = len(state_dict) if isinstance(state_dict, list) else type(state_dict).__name__
+            raise CheckpointError(f"scheduler states: {got}, but {len(self.param_schedulers)} scheduler(s) were prepared")
+        for s, st in zip(self.param_schedulers, state_dict):
+            s.load_state_dict(st)
+
+    # -- checkpoints ---------------------------------------------------------------------
+    @property
+    def checkpointer(self) -> Checkpointer:
+        return Checkpointer(self)  # type: ignore[arg-type]
+
+    def save_checkpoint(self, filename: str | Path, *, save_optimizer: bool = True, save_param_scheduler: bool = True,
+                        extra_ckpt: dict[str, Any] | None = None,
+                        callback: Callable[[dict[str, Any]], None] | None = None) -> Path:
+        """Save everything the next step depends on to the directory ``filename`` (every
+        rank calls it). ``extra_ckpt``: plain data (numbers, strings, tensors, lists and
+        dicts of them) handed back by :meth:`resume`. ``callback(state)`` may edit the
+        state before it is written. Refuses to replace what another run saved."""
+        self._need("save_checkpoint()")
+        state: dict[str, Any] = {"model": self.get_model_state(self.module), "optim": {}}  # type: ignore[attr-defined]
+        rank_state: dict[str, Any] = {}
+        if save_optimizer and self.optim_wrapper is not None:
+            ow_state = self.optim_wrapper.state_dict(self.get_optim_state(self.module, self.optim_wrapper.optimizer))  # type: ignore[attr-defined]
+            if self.name != "fsdp" and "grads" in ow_state:  # per-rank gradients of an open window
+                rank_state["grads"] = ow_state.pop("grads")
+            state["optim"] = {"default": ow_state}
+        if save_param_scheduler:
+            state["param_schedulers"] = self.scheduler_state_dict()
+        state["data"] = [ld.state_dict() for ld in self.__dict__.get("_loaders", [])]
+        state["extra"] = _plain(extra_ckpt if extra_ckpt is not None else {}, "extra_ckpt")
+        state["strategy"] = {"run": self.run_id, "world_size": self.world_size, "treadle": treadle.__version__}
+        if callback is not None:
+            callback(state)
+        meta = {"kind": "strategy", "run": self.run_id}
+        path = self.checkpointer.save(filename, state, rank_states=rank_state, meta=meta, run=self.run_id)
+        get_logger().debug(f"saved checkpoint {path}")
+        return Path(path)
+
+    def _template(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.get_model_state(self.module), "optim": {}}  # type: ignore[attr-defined]
+        if self.optim_wrapper is not None:
+            out["optim"]["default"] = self.get_optim_state(self.module, self.optim_wrapper.optimizer)  # type: ignore[attr-defined]
+        return out
+
+    def resume(self, filename: str | Path, *, resume_optimizer: bool = True, resume_param_scheduler: bool = True,
+               map_location: str = "default", callback: Callable[[dict[str, Any]], None] | None = None
+               ) -> dict[str, Any]:
+        """Restore everything :meth:`save_checkpoint` saved in ``filename``; returns its
+        ``extra_ckpt``. Nothing is changed before the checkpoint is known to fit."""
+        self._need("resume()")
+        state, own = self.checkpointer.load(filename, template=self._template)
+        if callback is not None:
+            callback(state)
+        _check_fits(self, state, filename, resume_optimizer)
+        self.set_model_state(self.module, state["model"])  # type: ignore[attr-defined]
+        local = own.get("rank_state") if own is not None else None
+        local = local if isinstance(local, dict) else {}
+        if resume_optimizer and self.optim_wrapper is not None:
+            ow_state = dict(state["optim"]["default"])
+            if local.get("grads") is not None:
+                ow_state["grads"] = local["grads"]
+            self.load_optim_state_dict(ow_state)
+        if resume_param_scheduler and "param_schedulers" in state:
+            self.load_scheduler_state_dict(state["param_schedulers"])
+        loaders, saved = self.__dict__.get("_loaders", []), list(state["data"])
+        for ld in loaders:
+            ld.load_state_dict(saved.pop(0))
+        self._pending_loaders = saved  # loaders prepared after the resume take these
+        info = state["strategy"]
+        self.run_id = str(info.get("run") or self.run_id)  # the same run goes on
+        if int(info.get("world_size", 1)) != self.world_size or own is None:
+            get_logger().warning(f"resuming a checkpoint saved by {info.get('world_size')} process(es) on "
+                                 f"{self.world_size}: weights, optimizer and positions are restored, the RNG "
+                                 "streams are not (they cannot be split differently)")
+        else:
+            set_rng_state(own)  # last: the next draw is the uninterrupted run's
+        get_logger().info(f"resumed from {filename}")
+        return dict(state["extra"])
+
+    def load_checkpoint(self, filename: str | Path, *, map_location: str = "cpu", strict: bool = False,
+                        revise_keys: list[tuple[str, str]] | None = None,
+                        callback: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Weights only, from a checkpoint directory, a ``.pt``/``.pth`` or a
+        ``.safetensors`` file (always ``weights_only``); returns ``{"state_dict": ...}``
+        after ``callback`` (which may edit it) and loading."""
+        from treadle.checkpoint.weights import read_weights
+
+        self._need("load_checkpoint()")
+        checkpoint = {"state_dict": read_weights(filename)}
+        if callback is not None:
+            callback(checkpoint)
+        self.load_model_state_dict(checkpoint["state_dict"], strict=strict, revise_keys=revise_keys)
+        get_logger().info(f"loaded weights from {filename}")
+        return checkpoint
+
+    def load_or_resume(self, *, load_from: str | Path | None = None,
+                       resume: bool | str | Path = False) -> dict[str, Any] | None:
+        """MMEngine's rule: ``resume`` a path, or ``resume=True``: ``load_from`` when given,
+        else the newest verified checkpoint this API saved anywhere under ``work_dir``
+        (nothing there: start from scratch). Without resume, ``load_from`` loads weights.
+        Returns the resumed checkpoint's ``extra_ckpt``, or None when nothing was resumed."""
+        self._need("load_or_resume()")
+        if resume is True and load_from is None:
+            if self.work_dir is None:
+                raise ValueError("load_or_resume(resume=True) looks under work_dir, but the strategy has none; "
+                                 "build it with treadle.build_strategy(..., work_dir=...)")
+            found = comm.broadcast_object(find_latest_saved(self.work_dir) if self.rank == 0 else None)
+            if found is None:
+                get_logger().info(f"resume=True: no checkpoint under {self.work_dir}; starting from scratch")
+                return None
+            return self.resume(found)
+        if resume:
+            return self.resume(load_from if resume is True else resume)  # type: ignore[arg-type]
+        if load_from is not None:
+            self.load_checkpoint(load_from)
+        return None
+
+
+def _plain(obj: Any, where: str) -> Any:
+    """``obj`` if ``torch.load(weights_only=True)`` can read it back (else a TypeError
+    naming the entry, before anything is written)."""
+    if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
+        return obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v, f"{where}[{i}]") for i, v in enumerate(obj))
+    if isinstance(obj, dict):
+        for k in obj:
+            if not isinstance(k, (str, int)):
+                raise TypeError(f"{where} has key {k!r} of type {type(k).__name__}; expected str or int keys")
+        return {k: _plain(v, f"{where}[{k!r}]") for k, v in obj.items()}
+    raise TypeError(f"{where} is a {type(obj).__name__}; a checkpoint holds only numbers, strings, tensors, "
+                    "and lists and dicts of them (it is read back with weights_only=True)")
+
+
+def _check_fits(strategy: StrategyAPI, state: dict[str, Any], filename: str | Path, resume_optimizer: bool) -> None:
+    """Refuse, before anything changes, a checkpoint this prepared strategy cannot take."""
+    where = f"resume({str(filename)!r})"
+    missing = [k for k in ("model", "optim", "data", "extra", "strategy") if k not in state]
+    if missing:
+        kind = ("a Trainer checkpoint: resume it with Trainer(resume=...), or take its weights with "
+                "load_checkpoint()" if "trainer" in state else f"it lacks {missing}")
+        raise CheckpointError(f"{where}: not a checkpoint saved by Strategy.save_checkpoint ({kind})")
+    if resume_optimizer and strategy.optim_wrapper is not None and "default" not in state["optim"]:
+        raise CheckpointError(f"{where}: the checkpoint holds no optimizer state (saved with save_optimizer=False); "
+                              "pass resume_optimizer=False")
+    model_sd = strategy.module.state_dict()  # type: ignore[attr-defined]
+    saved = state["model"]
+    if all(type(v) is torch.Tensor for v in (*model_sd.values(), *saved.values())):  # sharded: DCP checks
+        differ = sorted(set(model_sd) ^ set(saved)) + [k for k, v in saved.items()
+                                                       if k in model_sd and v.shape != model_sd[k].shape]
+        if differ:
+            raise CheckpointError(f"{where}: the checkpoint is of another model; these keys are missing, "
+                                  f"unexpected or of another shape: {differ[:8]}{' ...' if len(differ) > 8 else ''}")
+    loaders = len(strategy.__dict__.get("_loaders", []))
+    if loaders > len(state["data"]):
+        raise CheckpointError(f"{where}: {loaders} loader(s) were prepared, the checkpoint has the place of "
+                              f"{len(state['data'])}")
+
+
+__all__ = ["StrategyAPI", "DEFAULT_REVISE_KEYS"]
