@@ -9,8 +9,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import treadle
+from treadle.hooks.checkpoint import CheckpointHook
+from treadle.hooks.early_stopping import EarlyStoppingHook
 from treadle.logging import read_jsonl
-from treadle.report import epoch_times, make_report
+from treadle.report import best_and_final, epoch_times, make_report
 
 from support import TinyNet, make_data
 
@@ -91,6 +93,58 @@ def test_real_run_and_nan_values(tmp_path):
     best_loss = min(r["val/loss"] for r in vals[:-1])
     assert metric_row(text, "run", "val/loss")[1:3] == [f"{best_loss:.6g}", "nan"]
     assert metric_row(text, "run", "val/acc")[1:3] == [f"{max(r['val/acc'] for r in vals):.6g}", "0"]
+
+
+def errors(epoch, it, mae, mystery):
+    return {"mode": "val", "epoch": epoch, "iter": it, "val/mae": mae, "val/mystery": mystery}
+
+
+RUN_MAE = [train(1, 2, 2.0), errors(1, 2, 0.9, 5.0), train(2, 4, 1.0), errors(2, 4, 0.3, 7.0),
+           train(3, 6, 0.9), errors(3, 6, 0.5, 6.0)]
+
+
+def test_error_metric_best_is_the_minimum(tmp_path):
+    write_log(tmp_path / "a", RUN_MAE)
+    text = make_report([tmp_path / "a"], tmp_path / "out").read_text()
+    assert metric_row(text, "a", "val/mae") == ["val/mae", "0.3", "0.5", "epoch 2, iter 4"]
+    assert best_and_final(RUN_MAE, "val/mae")[0] == 0.3
+
+
+def test_a_name_that_does_not_say_gets_no_best_and_a_note(tmp_path):
+    write_log(tmp_path / "a", RUN_MAE)
+    text = make_report([tmp_path / "a"], tmp_path / "out").read_text()
+    assert metric_row(text, "a", "val/mystery") == ["val/mystery", "n/a", "6", "n/a"]
+    assert "- val/mystery: no best, its name does not say whether higher or lower is better" in text
+    assert "val/mae:" not in text  # the name says: no note
+    assert best_and_final(RUN_MAE, "val/mystery") == (None, 6.0, None)
+    assert best_and_final(RUN_MAE, "val/mystery", higher=True)[0] == 7.0
+
+
+@pytest.mark.parametrize("rule,best,at", [("max", "7", "epoch 2, iter 4"), ("min", "5", "epoch 1, iter 2")])
+def test_the_runs_checkpoint_rule_decides(tmp_path, rule, best, at):
+    write_log(tmp_path / "a", RUN_MAE)
+    (tmp_path / "a" / "config.yaml").write_text(f"# resolved by treadle\nmax_epochs: 3\n"
+                                                 f"checkpoint:\n  best: val/mystery\n  rule: {rule}\n")
+    text = make_report([tmp_path / "a"], tmp_path / "out").read_text()
+    assert metric_row(text, "a", "val/mystery") == ["val/mystery", best, "6", at]
+    word = "maximum" if rule == "max" else "minimum"
+    assert f"- val/mystery: best is the {word}, as the checkpoint rule in config.yaml says" in text
+    assert metric_row(text, "a", "val/mae")[1] == "0.3"
+
+
+def test_an_unreadable_config_is_no_rule(tmp_path):
+    write_log(tmp_path / "a", RUN_MAE)
+    (tmp_path / "a" / "config.yaml").write_text("checkpoint: [unclosed\n")
+    text = make_report([tmp_path / "a"], tmp_path / "out").read_text()
+    assert metric_row(text, "a", "val/mystery")[1] == "n/a"
+
+
+@pytest.mark.parametrize("name", ["val/loss", "val/mae", "val/top1_err", "val/acc", "val/mAP", "val/f1"])
+def test_report_ranks_as_best_checkpoints_and_early_stopping_do(name):
+    records = [{"mode": "val", "epoch": e, "iter": e, name: v} for e, v in enumerate([0.5, 0.2, 0.9], 1)]
+    higher = CheckpointHook(best=name).rule == "max"
+    assert (EarlyStoppingHook(monitor=name).rule == "greater") is higher
+    assert best_and_final(records, name)[0] == (0.9 if higher else 0.2)
 
 
 def test_duplicate_names_get_their_parent(tmp_path):

@@ -78,7 +78,10 @@ _HIGHER = {"acc", "accuracy", "top", "auc", "auroc", "ap", "map", "ar", "iou", "
 
 def higher_is_better(name: str) -> bool | None:
     """Whether a larger value of the metric ``name`` is better, from the words in its
-    name (``val/top1_err``: no; ``val/mAP``: yes); None when the name does not say."""
+    name (``val/top1_err``: no; ``val/mAP``: yes); None when the name does not say.
+
+    treadle's one rule for this: CheckpointHook's ``best=``, EarlyStoppingHook and
+    ``treadle report`` (treadle/report.py) all ask it when no rule is given."""
     words = re.findall(r"[a-z]+", name.lower().rsplit("/", 1)[-1])
     if "loss" in name.lower() or any(w in _LOWER for w in words):
         return False
@@ -117,4 +120,4 @@ def flatten_results(key: str, value: Any) -> dict[str, Any]:
     return {key: to_python(value)}
 
 
-__all__ = ["Accuracy", "flatten_results", "sum_over_ranks", "to_python"]
+__all__ = ["Accuracy", "flatten_results", "higher_is_better", "sum_over_ranks", "to_python"]

@@ -7,6 +7,16 @@ writes ``loss.png``, ``lr.png``, ``metrics.png``, ``throughput.png`` and
 ``summary.md`` into the output directory. Needs matplotlib, imported here only when
 a report is made (with the Agg canvas directly: pyplot's global backend is left
 alone, so this works headless and inside a notebook alike).
+
+Which value of a val metric is its "best": the rule the run's training used, never a
+guess. The run directory's ``config.yaml`` (written by ``treadle train``) is read for
+its checkpoint section: a ``best`` metric with an explicit ``rule`` ("max"/"min") is
+ranked that way, as the CheckpointHook ranked it. Any other metric goes by its name,
+with :func:`treadle.metrics.higher_is_better`, the rule ``best=`` and early stopping
+use (losses and errors such as ``val/mae`` lower, scores such as ``val/acc`` higher).
+When neither says, the summary gives no best for that metric (its final value still)
+and says why under the table: a maximum would be wrong for every error metric whose
+name treadle does not know, and a wrong "best" reads like a right one.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from treadle.logging import read_jsonl
+from treadle.metrics import higher_is_better
 
 # Keys tried, in order, for a throughput already in samples per second.
 SAMPLE_RATE_KEYS = ("samples_per_s", "samples/s", "samples_per_sec", "throughput")
@@ -157,15 +168,55 @@ def epoch_times(records: Records) -> tuple[dict[int, float], float, str]:
     return times, sum(times.values()), "estimated from data_time + step_time, training only"
 
 
-def best_and_final(records: Records, key: str) -> tuple[float | None, float | None, dict[str, Any] | None]:
-    """Best (max, or min when the name contains 'loss'; NaN ignored) and final value
-    of a val metric, and the record holding the best."""
+def best_and_final(records: Records, key: str,
+                   higher: bool | None = None) -> tuple[float | None, float | None, dict[str, Any] | None]:
+    """Best (NaN ignored) and final value of a val metric, and the record holding the best.
+
+    ``higher``: whether a larger value is better; None: from the name
+    (:func:`treadle.metrics.higher_is_better`), and no best (None, None) when the name
+    does not say."""
     vals = [(v, r) for r in records if r.get("mode") == "val" and (v := _num(r.get(key))) is not None]
     if not vals:
         return None, None, None
+    if higher is None:
+        higher = higher_is_better(key)
     finite = [(v, r) for v, r in vals if math.isfinite(v)]
-    best = (min if "loss" in key else max)(finite, key=lambda vr: vr[0]) if finite else (None, None)
+    if higher is None or not finite:
+        return None, vals[-1][0], None
+    best = (max if higher else min)(finite, key=lambda vr: vr[0])
     return best[0], vals[-1][0], best[1]
+
+
+def _checkpoint_rules(run_dir: Path) -> dict[str, bool]:
+    """``{metric: higher is better}`` from the run's ``config.yaml``: its checkpoint
+    ``best`` with an explicit ``rule``; empty when there is none or it cannot be read."""
+    import yaml  # here, as matplotlib: only when a report is made
+
+    try:
+        cfg = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    ck = cfg.get("checkpoint") if isinstance(cfg, dict) else None
+    if isinstance(ck, dict) and isinstance(ck.get("best"), str) and ck.get("rule") in ("max", "min"):
+        return {ck["best"]: ck["rule"] == "max"}
+    return {}
+
+
+def _direction(key: str, rules: dict[str, bool]) -> tuple[bool | None, str | None]:
+    """Whether a larger ``key`` is better (None: unknown), and a note for the summary
+    when that is not what the name says."""
+    by_name = higher_is_better(key)
+    if key in rules:
+        higher = rules[key]
+        if higher == by_name:
+            return higher, None
+        name = "does not say" if by_name is None else f"says {'higher' if by_name else 'lower'} is better"
+        return higher, (f"{key}: best is the {'maximum' if higher else 'minimum'}, as the checkpoint rule in "
+                        f"config.yaml says (the name {name})")
+    if by_name is None:
+        return None, (f"{key}: no best, its name does not say whether higher or lower is better and config.yaml "
+                      "gives no checkpoint rule for it")
+    return by_name, None
 
 
 # -- plots ------------------------------------------------------------------------------
@@ -274,11 +325,16 @@ def _run_summary(records: Records, label: str, run_dir: Path) -> list[str]:
     if not keys:
         return lines + ["No validation records.", ""]
     lines += ["| metric | best | final | best at |", "|---|---|---|---|"]
+    rules = _checkpoint_rules(run_dir)
+    notes = []
     for key in keys:
-        best, final, rec = best_and_final(records, key)
+        higher, note = _direction(key, rules)
+        best, final, rec = best_and_final(records, key, higher=higher)
         where = f"epoch {rec.get('epoch')}, iter {rec.get('iter')}" if rec is not None else "n/a"
         lines.append(f"| {key} | {_fmt(best)} | {_fmt(final)} | {where} |")
-    return lines + [""]
+        if note:
+            notes.append(f"- {note}")
+    return lines + [""] + (notes + [""] if notes else [])
 
 
 def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
@@ -287,8 +343,9 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
 
     Each run directory must hold a ``log.jsonl`` (FileNotFoundError otherwise).
     Several runs are overlaid in each plot, labelled by directory name. In the
-    summary a val metric's best is its maximum, or its minimum when its name
-    contains "loss"; see :func:`epoch_times` for how times are obtained.
+    summary a val metric's best follows the run's checkpoint rule or the metric's
+    name (none when neither says: see the module's docstring); see
+    :func:`epoch_times` for how times are obtained.
     """
     run_dirs = [Path(d) for d in run_dirs]
     if not run_dirs:

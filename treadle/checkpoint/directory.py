@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .durable import _SCRATCH_RE, _fsync_dir, _host_tag, _scratch_name
+from treadle.fsutil import fsync_dir
+
+from .durable import _SCRATCH_RE, _host_tag, _scratch_name
 from .io import (LEGACY_SUFFIXES, MANIFEST_NAME, CheckpointError, CheckpointWarning, _not_a_checkpoint_reason,
                  read_manifest, verify_checkpoint)
 
@@ -135,7 +137,7 @@ def remove_checkpoint(path: str | os.PathLike[str]) -> None:
         raise CheckpointError(f"refusing to remove {path}: {reason}, so it is not a treadle checkpoint")
     doomed = path.parent / _scratch_name(path.name, "del")
     os.rename(path, doomed)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     shutil.rmtree(doomed)
 
 
@@ -301,7 +303,7 @@ def cleanup_stale_tmp(directory: str | os.PathLike[str]) -> list[Path]:
         target = directory / m["name"]
         if m["kind"] == "old" and p.is_dir() and not os.path.lexists(target) and not m["name"].startswith("."):
             os.rename(p, target)
-            _fsync_dir(directory)
+            fsync_dir(directory)
             logger.warning("restored checkpoint %s from interrupted replace (%s)", target, p.name)
             continue
         logger.info("removing stale checkpoint scratch %s", p)

@@ -1,8 +1,8 @@
 """Crash-safe file-system primitives used by treadle's checkpoint writers.
 
-A write here counts as done only once it is on disk: files are fsynced (many at once,
-in one round, by :func:`_fsync_all`), and a new or renamed directory entry is durable
-only after its parent dir is fsynced (:func:`_fsync_dir`). A finished directory is
+A checkpoint write counts as done only once it is on disk: files are fsynced (many at
+once, in one round) and a new or renamed directory entry is durable only after its
+parent dir is fsynced (both with :mod:`treadle.fsutil`, strictly). A finished directory is
 published under its final name by one rename, or swapped with an existing one
 atomically by Linux ``renameat2(RENAME_EXCHANGE)`` (:func:`_rename_exchange`).
 Scratch entries are hidden siblings named after their owner's host and pid
@@ -17,16 +17,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import hashlib
 import os
 import re
 import secrets
 import socket
 import sys
-import threading
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,22 +39,6 @@ def _host_tag() -> str:
 def _scratch_name(name: str, kind: str) -> str:
     # Host and pid let cleanup_stale_tmp decide whether the owner can still be alive.
     return f".{name}.{kind}-{_host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _fsync_dir(path: Path) -> None:
-    """fsync a directory so that renames/creations inside it survive a power loss."""
-    if not hasattr(os, "O_DIRECTORY"):  # e.g. Windows: directories cannot be fsynced
-        return
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    except OSError as e:  # some file systems do not support fsync on directories
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-            if e.filename is None:
-                e.filename = str(path)
-            raise
-    finally:
-        os.close(fd)
 
 
 class _HashingWriter:
@@ -86,44 +66,6 @@ class _HashingWriter:
 
     def flush(self) -> None:
         self._f.flush()
-
-
-_fsync_pool: ThreadPoolExecutor | None = None
-_fsync_pool_lock = threading.Lock()
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)  # fsync flushes the file, whatever the descriptor's mode
-    try:
-        os.fsync(fd)
-    except OSError as e:  # e.g. EIO: say which file (os.fsync's error names none)
-        if e.filename is None:
-            e.filename = str(path)
-        raise
-    finally:
-        os.close(fd)
-
-
-def _fsync_all(files: Iterable[Path], dirs: Iterable[Path] = ()) -> None:
-    """fsync files and directories, all at once; returns when every one is durable.
-
-    Why concurrently: each fsync waits for a journal commit (ext4, xfs), and fsyncs
-    issued together share one, so N files cost about one commit instead of N (a
-    quarter of the time for three files here). The first error is raised after all finished.
-    """
-    global _fsync_pool
-    jobs = [functools.partial(_fsync_path, p) for p in files] + [functools.partial(_fsync_dir, d) for d in dirs]
-    if len(jobs) == 1:
-        jobs[0]()
-        return
-    with _fsync_pool_lock:
-        if _fsync_pool is None:
-            _fsync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="treadle-fsync")
-        futures = [_fsync_pool.submit(job) for job in jobs]
-    errors = [f.exception() for f in futures]  # waits for each
-    first = next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise first
 
 
 def _is_flat_dir(path: Path) -> bool:

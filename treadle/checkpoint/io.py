@@ -15,10 +15,11 @@ while being replaced, ``del``: a checkpoint being deleted). They are never
 listed as checkpoints; :func:`cleanup_stale_tmp` tidies the ones left by
 processes that died.
 
-The low-level durable writes (fsync rounds, atomic rename/exchange, scratch names)
-are in :mod:`treadle.checkpoint.durable`; listing, finding, pruning and cleaning up a
-directory of checkpoints is in :mod:`treadle.checkpoint.directory`, whose functions
-are re-exported here (``from treadle.checkpoint.io import find_latest_checkpoint``).
+The low-level durable writes are in :mod:`treadle.fsutil` (fsync rounds) and
+:mod:`treadle.checkpoint.durable` (atomic rename/exchange, scratch names); listing,
+finding, pruning and cleaning up a directory of checkpoints is in
+:mod:`treadle.checkpoint.directory`, whose functions are re-exported here
+(``from treadle.checkpoint.io import find_latest_checkpoint``).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from treadle.fsutil import fsync_all, fsync_dir
+
 from .durable import (  # sharded.py, weights.py and tests import some of these from here
-    _fsync_all,
-    _fsync_dir,
     _HashingWriter,
     _host_tag,
     _is_flat_dir,
@@ -179,7 +180,7 @@ class CheckpointWarning(UserWarning):
 def _write_durably(path: Path, obj: Any = None, data: bytes | None = None, fsync: bool = True) -> dict[str, Any]:
     """Write ``data`` or ``torch.save(obj)`` to ``path``, fsync it, return size and sha256.
 
-    ``fsync=False`` leaves the fsync to the caller (see :func:`_fsync_all`)."""
+    ``fsync=False`` leaves the fsync to the caller (see :func:`fsync_all`)."""
     with open(path, "xb") as f:
         w = _HashingWriter(f)
         try:
@@ -274,11 +275,11 @@ def _install(tmp: Path, path: Path) -> None:
     parent = path.parent
     if not os.path.lexists(path):
         os.rename(tmp, path)
-        _fsync_dir(parent)
+        fsync_dir(parent)
         return
     _check_replaceable(path)  # again: something else may have appeared there since check_save_args
     if _rename_exchange(tmp, path):
-        _fsync_dir(parent)
+        fsync_dir(parent)
         shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old checkpoint
         return
     aside = parent / _scratch_name(path.name, "old")
@@ -288,7 +289,7 @@ def _install(tmp: Path, path: Path) -> None:
     except BaseException:
         os.rename(aside, path)  # put the old checkpoint back before reporting the failure
         raise
-    _fsync_dir(parent)
+    fsync_dir(parent)
     shutil.rmtree(aside, ignore_errors=True)
 
 
@@ -337,7 +338,7 @@ def save_checkpoint(
     try:
         if not path.parent.is_dir():
             path.parent.mkdir(parents=True, exist_ok=True)
-            _fsync_dir(path.parent.parent)  # make the new checkpoints/ dir itself durable
+            fsync_dir(path.parent.parent)  # make the new checkpoints/ dir itself durable
         tmp = path.parent / _scratch_name(path.name, "tmp")
         doing = "creating its scratch directory"
         tmp.mkdir()
@@ -360,7 +361,7 @@ def save_checkpoint(
         # tmp dir (a crash leaves it to cleanup_stale_tmp). So the payloads, the manifest and
         # the dir's entries need only be durable before it, and are fsynced in one round.
         doing, file = "syncing its files to disk (fsync)", None
-        _fsync_all([*(tmp / name for name in names), tmp / MANIFEST_NAME], dirs=[tmp])
+        fsync_all([*(tmp / name for name in names), tmp / MANIFEST_NAME], dirs=[tmp])
         doing = "renaming it into place"
         _install(tmp, path)
     except BaseException as e:
@@ -369,7 +370,7 @@ def save_checkpoint(
         if not isinstance(e, OSError) or e.errno is None:
             raise
         if doing.startswith("syncing") and e.filename and tmp is not None and Path(e.filename).parent == tmp:
-            file = Path(e.filename).name  # _fsync_all names the file whose fsync failed
+            file = Path(e.filename).name  # fsync_all names the file whose fsync failed
             doing = f"syncing {file} to disk (fsync)"
         raise _write_error(path, e, doing, file, _checkpoint_sizes(payloads, names, files)) from e
     return path

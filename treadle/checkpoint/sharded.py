@@ -45,6 +45,7 @@ from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from treadle.distributed import comm
+from treadle.fsutil import fsync_dir
 
 from .dcp_safe import _SafeEmptyPlanner, _SafeLoadPlanner, _SafeReader
 from .io import (
@@ -57,7 +58,6 @@ from .io import (
     _check_payload_name,
     _check_replaceable,
     _first_os_error,
-    _fsync_dir,
     _install,
     _sha256_file,
     _scratch_name,
@@ -224,7 +224,7 @@ class PendingSave:
             # The manifest is the commit record: written once every file is durable.
             _write_durably(self._tmp / MANIFEST_NAME, data=json.dumps(manifest, indent=2).encode())
             doing, file = "syncing its directory to disk (fsync)", None
-            _fsync_dir(self._tmp)
+            fsync_dir(self._tmp)
             doing = "renaming it into place"
             _install(self._tmp, self.path)
             return None
@@ -320,7 +320,7 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
                 _check_replaceable(path)  # only a treadle checkpoint is ever replaced
             if not path.parent.is_dir():
                 path.parent.mkdir(parents=True, exist_ok=True)
-                _fsync_dir(path.parent.parent)  # the new checkpoints/ dir itself must be durable
+                fsync_dir(path.parent.parent)  # the new checkpoints/ dir itself must be durable
             tmp = path.parent / _scratch_name(path.name, "tmp")
             doing = "creating its scratch directory"
             tmp.mkdir()

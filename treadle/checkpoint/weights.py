@@ -19,13 +19,14 @@ from typing import Any, Union
 import torch
 from torch import nn
 
+from treadle.fsutil import fsync_dir
+
 from .io import (
     FORMAT,
     FORMAT_VERSION,
     STATE_FILE,
     CheckpointError,
     CorruptCheckpointError,
-    _fsync_dir,
     _scratch_name,
     load_checkpoint,
 )
@@ -247,7 +248,7 @@ def export_safetensors(
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())  # contents durable before the rename publishes them
         os.replace(tmp, out)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
     except BaseException:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
+from treadle.fsutil import fsync_dir
+
 LOGGER_NAME = "treadle"
 _FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
@@ -96,21 +98,7 @@ def replace_atomically(path: Path, fill: Callable[[IO[str]], None], newline: str
         except OSError:
             pass
         raise
-    fsync_dir(path.parent)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (where the platform allows it)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent, best_effort=True)  # the file is replaced: a failed dir sync must not stop a run
 
 
 def aside_path(path: Path, stamp: str) -> Path:
@@ -130,7 +118,7 @@ def move_whole_aside(path: Path, stamp: str) -> Path | None:
         return None
     dest = aside_path(path, stamp)
     os.replace(path, dest)
-    fsync_dir(path.parent)
+    fsync_dir(path.parent, best_effort=True)  # as in replace_atomically
     return dest
 
 

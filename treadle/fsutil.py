@@ -1,0 +1,96 @@
+"""fsync: making what was written, and the directory entries that name it, durable.
+
+A file's data is on disk once the file is fsynced; a new or renamed entry in a
+directory survives a power loss only once that directory is fsynced too.
+
+* :func:`fsync_file`: one file, by path (an error names the file).
+* :func:`fsync_dir`: one directory. Strict by default, for writes that must not be
+  reported done unless they are durable (checkpoints): a failure is raised, except
+  the errors of file systems that cannot fsync a directory at all. With
+  ``best_effort=True`` (log files, run files) nothing is raised: the write itself
+  has succeeded, and a run should not stop because its directory could not be synced.
+* :func:`fsync_all`: many files and directories at once, in one round.
+
+Platforms whose directories cannot be opened for fsync (no ``os.O_DIRECTORY``, e.g.
+Windows) skip directory fsyncs. Imports nothing from treadle.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+__all__ = ["fsync_all", "fsync_dir", "fsync_file"]
+
+# fsync of a directory is not supported by some file systems: not an error of the write.
+_UNSUPPORTED = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP)
+
+
+def fsync_dir(path: str | os.PathLike[str], *, best_effort: bool = False) -> None:
+    """fsync a directory so that renames/creations inside it survive a power loss.
+
+    Strict (default): an OSError of opening or syncing it is raised, with the
+    directory as its ``filename``, except EINVAL/ENOTSUP/EOPNOTSUPP from the fsync (the
+    file system cannot fsync directories). ``best_effort=True``: every OSError is
+    ignored."""
+    if not hasattr(os, "O_DIRECTORY"):  # e.g. Windows: directories cannot be fsynced
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        if best_effort:
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if not best_effort and e.errno not in _UNSUPPORTED:
+            if e.filename is None:
+                e.filename = str(path)
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """fsync a file by path; an OSError (e.g. EIO) names the file."""
+    fd = os.open(path, os.O_RDONLY)  # fsync flushes the file, whatever the descriptor's mode
+    try:
+        os.fsync(fd)
+    except OSError as e:  # os.fsync's error names no file
+        if e.filename is None:
+            e.filename = str(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def fsync_all(files: Iterable[Path], dirs: Iterable[Path] = ()) -> None:
+    """fsync files and directories (strictly), all at once; returns when every one is durable.
+
+    Why concurrently: each fsync waits for a journal commit (ext4, xfs), and fsyncs
+    issued together share one, so N files cost about one commit instead of N (a
+    quarter of the time for three files here). The first error is raised after all finished.
+    """
+    global _pool
+    jobs = [functools.partial(fsync_file, p) for p in files] + [functools.partial(fsync_dir, d) for d in dirs]
+    if len(jobs) == 1:
+        jobs[0]()
+        return
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="treadle-fsync")
+        futures = [_pool.submit(job) for job in jobs]
+    errors = [f.exception() for f in futures]  # waits for each
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
