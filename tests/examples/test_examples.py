@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,31 @@ def test_digits_train_script_still_works(tmp_path):
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "val acc" in proc.stdout
+
+
+@pytest.mark.slow  # subprocesses
+def test_custom_loop_example_one_process_then_continued(tmp_path):
+    script = str(EXAMPLES / "custom_loop" / "train.py")
+    run = [sys.executable, script, "--work-dir", str(tmp_path / "run"), "--save-every", "30"]
+    first = subprocess.run([*run, "--epochs", "1"], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "epoch 1/1  iter 45" in first.stdout
+    second = subprocess.run([*run, "--epochs", "2"], capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stdout and "epoch_001" in second.stdout  # the log goes to stdout
+    assert "epoch 2/2  iter 90" in second.stdout and "epoch 1/" not in second.stdout
+    names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert names == ["epoch_001", "epoch_002", "iter_000030", "iter_000060", "iter_000090"]
+
+
+@pytest.mark.slow  # 2 processes through torchrun
+def test_custom_loop_example_under_torchrun(tmp_path):
+    script = str(EXAMPLES / "custom_loop" / "train.py")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", script,
+                           "--work-dir", str(tmp_path / "run"), "--epochs", "1"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("epoch ")]
+    assert len(lines) == 1 and "iter 23" in lines[0]  # 45 batches split over 2 ranks; rank 0 prints
+    acc = float(lines[0].rsplit(" ", 1)[1])
+    assert acc > 0.5

@@ -63,7 +63,14 @@ for epoch in range(epoch0, args.epochs):
         if it == args.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-weights = strategy.model_state_dict()
+weights = {k: v.clone() for k, v in strategy.model_state_dict().items()}  # references, as torch gives them
+torch.manual_seed(99)
+strategy.load_model_state_dict({f"module.{k}": torch.randn_like(v) for k, v in weights.items()}, strict=True)
+changed = strategy.model_state_dict()  # a collective under FSDP: every rank calls it
+assert strategy.rank != 0 or not torch.equal(changed["0.weight"], weights["0.weight"])
+strategy.load_model_state_dict({f"module.{k}": v for k, v in weights.items()}, strict=True)  # FSDP: rank 0 ones
+again = strategy.model_state_dict()
+assert all(torch.equal(again[k], v) for k, v in weights.items())  # FSDP: on rank 0 (others: {})
 optim = strategy.optim_state_dict()["optimizer"]
 if args.strategy == "fsdp":  # sharded optimizer state: gathered whole (a collective)
     from torch.distributed.tensor import DTensor

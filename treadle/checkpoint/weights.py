@@ -131,6 +131,11 @@ def _read_source(source: Source, key: str | None) -> tuple[dict[str, Any], str]:
     return _pick_state_dict(load_checkpoint(path)[STATE_FILE], key, str(path)), str(path)
 
 
+def revise_state_keys(sd: Mapping[str, Any], revise_keys: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """``sd`` with each key rewritten by the ``(regex, replacement)`` pairs in turn."""
+    return _revise(sd, revise_keys)
+
+
 def read_weights(source: Source, key: str | None = None) -> dict[str, Any]:
     """The state dict in ``source`` (as :func:`load_weights` reads it: a checkpoint dir,
     sharded ones consolidated, ``.pt``/``.pth``, ``.safetensors``), always ``weights_only``."""

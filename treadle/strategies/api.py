@@ -30,6 +30,7 @@ uninterrupted run would have had.
 from __future__ import annotations
 
 import functools
+import logging
 import secrets
 import time
 from collections.abc import Mapping
@@ -91,6 +92,8 @@ class StrategyAPI:
         from treadle.distributed.env import detect_launcher
 
         self.launcher = detect_launcher().launcher if self.distributed else "none"  # type: ignore[attr-defined]
+        if self.rank != 0:  # one copy of the console: rank 0's
+            get_logger().setLevel(logging.WARNING)
         stamp, drawn, token = comm.broadcast_object(
             (time.strftime("%Y%m%d_%H%M%S"), secrets.randbits(31), secrets.token_hex(4)))
         self.timestamp, self.run_id = stamp, f"{stamp}-{token}"

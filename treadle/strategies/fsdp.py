@@ -191,6 +191,34 @@ class FSDPStrategy(ProcessGroupStrategy):
         """Load a sharded (or full) model state dict (strict)."""
         set_model_state_dict(module, state, options=StateDictOptions(strict=True))
 
+    def load_full_model_state(self, module: nn.Module, state: Any, *, strict: bool = False,
+                              revise_keys: Any = ((r"^module\\.", ""),)) -> None:
+        """Full weights into the sharded model, as :meth:`get_full_model_state` gives them:
+        rank 0's are broadcast (the other ranks' ``state`` is not read). Keys are rewritten
+        by ``revise_keys`` and shapes checked first; ``strict``: missing or unexpected keys
+        raise. A collective; every rank raises alike."""
+        from treadle.checkpoint.weights import LoadReport, WeightsMismatchError, read_weights, revise_state_keys
+
+        sd: dict[str, Any] = {}
+        report = LoadReport()
+        if self.is_main:
+            sd = revise_state_keys(read_weights(state), revise_keys)
+            full = {k: v.shape for k, v in get_model_state_dict(module).items()}  # DTensor shapes are global
+            report.missing = [k for k in full if k not in sd]
+            report.unexpected = [k for k in sd if k not in full]
+            report.mismatched = [(k, tuple(v.shape), tuple(full[k])) for k, v in sd.items()
+                                 if k in full and v.shape != full[k]]
+            sd = {k: v for k, v in sd.items() if k in full}
+        else:
+            get_model_state_dict(module)  # the collective rank 0 runs above
+        report = comm.broadcast_object(report)
+        if report.mismatched or (strict and not report.ok):
+            raise WeightsMismatchError(report)
+        set_model_state_dict(module, sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                                  strict=False))
+        if not report.ok:
+            get_logger().warning(f"partial weight load:\n{report}")
+
     def get_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Sharded optimizer state keyed by parameter names (FQNs), not ids. On an optimizer
         that has not stepped yet, torch fills the state with a zero-lr step first."""
