@@ -24,7 +24,8 @@ from torch.utils.data import DataLoader
 from treadle.config.errors import ConfigError, did_you_mean, join_path
 from treadle.config.registry import check_name, import_object, resolve_type
 from treadle.config.safe import refused
-from treadle.config.schema import DATALOADER_SCHEMA, SCHEMA, check_table
+from treadle.config.keys import DATALOADER_SCHEMA, check_table
+from treadle.config.schema import SCHEMA
 from treadle.hooks.base import Hook, get_priority
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.optim.scheduler_builder import SCHEDULERS
