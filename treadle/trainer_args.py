@@ -164,17 +164,19 @@ def from_spec(value: Any, kind: str, path: str, *, safe: bool = False) -> Any:
     """
     if not isinstance(value, Mapping):
         return value
-    from treadle.config import build  # the config layer: imported only when a dict is given
+    # The config layer's component builders, imported only when a dict is given; that
+    # module never imports the Trainer (treadle.config.assemble, which builds it, does).
+    from treadle.config.build import build_component, build_dataloader, build_hook, build_model
 
     spec = dict(value)
     if kind == "model":
-        return build.build_model(spec, safe=safe)
+        return build_model(spec, safe=safe)
     if kind == "dataloader":
-        return build.build_dataloader(spec, path, safe=safe)
+        return build_dataloader(spec, path, safe=safe)
     if kind == "hook":
-        return build.build_hook(spec, path, safe=safe)
+        return build_hook(spec, path, safe=safe)
     if kind in ("loss", "metric"):
-        return build.build_component(spec, kind, path, safe=safe)
+        return build_component(spec, kind, path, safe=safe)
     raise ValueError(f"from_spec: kind={kind!r}; expected one of {SPEC_KINDS}")
 
 

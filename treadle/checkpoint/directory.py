@@ -4,7 +4,8 @@ Finding them (:func:`list_checkpoints`, :func:`find_latest_checkpoint`), deletin
 them (:func:`remove_checkpoint`, :func:`prune_checkpoints`) and tidying the hidden
 scratch entries that saves of dead processes left behind (:func:`cleanup_stale_tmp`).
 What a single checkpoint is, and how it is written and read, is
-:mod:`treadle.checkpoint.io`; these functions are re-exported from there.
+:mod:`treadle.checkpoint.io` (which re-exports these functions) and, for the format and
+verifying, :mod:`treadle.checkpoint.manifest`: this module imports only the latter.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any
 from treadle.fsutil import fsync_dir
 
 from .durable import _SCRATCH_RE, _host_tag, _scratch_name
-from .io import (LEGACY_SUFFIXES, MANIFEST_NAME, CheckpointError, CheckpointWarning, _not_a_checkpoint_reason,
-                 read_manifest, verify_checkpoint)
+from .manifest import (LEGACY_SUFFIXES, MANIFEST_NAME, CheckpointError, CheckpointWarning, _not_a_checkpoint_reason,
+                       read_manifest, verify_checkpoint)
 
 __all__ = [
     "list_checkpoints", "find_latest_checkpoint", "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",

@@ -16,9 +16,10 @@ listed as checkpoints; :func:`cleanup_stale_tmp` tidies the ones left by
 processes that died.
 
 The low-level durable writes are in :mod:`treadle.fsutil` (fsync rounds) and
-:mod:`treadle.checkpoint.durable` (atomic rename/exchange, scratch names); listing,
-finding, pruning and cleaning up a directory of checkpoints is in
-:mod:`treadle.checkpoint.directory`, whose functions are re-exported here
+:mod:`treadle.checkpoint.durable` (atomic rename/exchange, scratch names); the format,
+the base errors and reading and verifying a manifest in :mod:`treadle.checkpoint.manifest`;
+listing, finding, pruning and cleaning up a directory of checkpoints in
+:mod:`treadle.checkpoint.directory`. The last two are re-exported here
 (``from treadle.checkpoint.io import find_latest_checkpoint``).
 """
 
@@ -31,55 +32,53 @@ import pickle
 import re
 import shutil
 import time
-import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from treadle.fsutil import fsync_all, fsync_dir
 
+from .directory import (
+    _process_start_time,
+    cleanup_stale_tmp,
+    find_latest_checkpoint,
+    list_checkpoints,
+    prune_checkpoints,
+    remove_checkpoint,
+)
 from .durable import (  # sharded.py, weights.py and tests import some of these from here
     _HashingWriter,
     _host_tag,
-    _is_flat_dir,
     _rename_exchange,
     _scratch_name,
-    _sha256_file,
+)
+from .manifest import (  # sharded.py, weights.py, dcp_safe.py and tests import these from here
+    FOREIGN_FILE_NAMES,
+    FORMAT,
+    FORMAT_VERSION,
+    LEGACY_SUFFIXES,
+    MANIFEST_NAME,
+    STATE_FILE,
+    CheckpointError,
+    CheckpointWarning,
+    CorruptCheckpointError,
+    _check_payload_name,
+    _not_a_checkpoint_reason,
+    _verify_file,
+    _verify_legacy_file,
+    read_manifest,
+    verify_checkpoint,
 )
 
-if TYPE_CHECKING:  # at run time these come from __getattr__ below (directory.py imports this module)
-    from .directory import (
-        _process_start_time,
-        cleanup_stale_tmp,
-        find_latest_checkpoint,
-        list_checkpoints,
-        prune_checkpoints,
-        remove_checkpoint,
-    )
-
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST_NAME", "STATE_FILE",
+    "FORMAT_VERSION", "MANIFEST_NAME", "STATE_FILE", "LEGACY_SUFFIXES", "FOREIGN_FILE_NAMES",
     "CheckpointError", "CorruptCheckpointError", "UnsafeCheckpointError", "CheckpointWriteError", "CheckpointWarning",
     "save_checkpoint", "check_save_args", "load_checkpoint", "read_manifest", "verify_checkpoint",
     "is_valid_checkpoint", "list_checkpoints", "find_latest_checkpoint",
     "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",
 ]
-
-FORMAT = "treadle-checkpoint"
-FORMAT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
-STATE_FILE = "state.pt"  # main payload; a legacy single-file checkpoint is returned under this name
-LEGACY_SUFFIXES = (".pt", ".pth")
-
-
-class CheckpointError(RuntimeError):
-    """Base class of every checkpoint error raised by treadle."""
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A checkpoint is incomplete, truncated or its bytes differ from its manifest."""
 
 
 class UnsafeCheckpointError(CheckpointError):
@@ -170,10 +169,6 @@ def _first_os_error(error: BaseException | None) -> OSError | None:
     return None
 
 
-class CheckpointWarning(UserWarning):
-    """Emitted when a checkpoint is skipped (e.g. a corrupt one while searching the latest)."""
-
-
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -202,54 +197,7 @@ def _write_durably(path: Path, obj: Any = None, data: bytes | None = None, fsync
     return {"size": w.size, "sha256": w.sha256.hexdigest()}
 
 
-# Hidden names that a checkpoint may still hold: torch.distributed.checkpoint's own
-# metadata file, in the sharded checkpoints of treadle.checkpoint.sharded.
-FOREIGN_FILE_NAMES = frozenset({".metadata"})
-
-
-def _check_payload_name(name: Any) -> str:
-    if name in FOREIGN_FILE_NAMES:
-        return name
-    if (
-        not isinstance(name, str) or not name or name in (".", "..") or name.startswith(".")
-        or "/" in name or "\\" in name or "\0" in name or name == MANIFEST_NAME
-    ):
-        raise ValueError(
-            f"invalid checkpoint payload name {name!r}: use a plain file name such as "
-            f"'state.pt' (no '/', '\\', '..', leading '.', or {MANIFEST_NAME!r})"
-        )
-    return name
-
-
 # ----------------------------------------------------------------------------- saving
-
-
-def _not_a_checkpoint_reason(path: Path) -> str | None:
-    """Why the existing ``path`` is not a treadle checkpoint dir (None when it is one).
-
-    A checkpoint is what :func:`save_checkpoint` (or a sharded save) leaves behind: a real
-    directory, no sub-directories, and a ``manifest.json`` file whose ``format`` is treadle's.
-    A manifest that is not JSON at all counts as a damaged checkpoint of ours (it is listed
-    and reported as one); valid JSON of another format is someone else's file.
-    """
-    if path.is_symlink():
-        return "it is a symbolic link"
-    if not path.is_dir():
-        return "it is a file"
-    if not _is_flat_dir(path):
-        return "it contains sub-directories"
-    mpath = path / MANIFEST_NAME
-    if mpath.is_symlink() or not mpath.is_file():
-        return f"it has no {MANIFEST_NAME}"
-    try:
-        manifest = json.loads(mpath.read_bytes())
-    except ValueError:
-        return None  # a treadle checkpoint whose manifest was damaged: replaceable
-    except OSError as e:
-        return f"its {MANIFEST_NAME} is unreadable ({e.strerror or e})"
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        return f"its {MANIFEST_NAME} is not a treadle checkpoint manifest (no \"format\": {FORMAT!r})"
-    return None
 
 
 def _check_replaceable(path: Path) -> None:
@@ -390,79 +338,6 @@ def _checkpoint_sizes(payloads: Mapping[str, Any], names: list[str],
 # ----------------------------------------------------------------------------- reading
 
 
-def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Parse and sanity-check ``manifest.json`` of a checkpoint dir (no payload hashing)."""
-    mpath = Path(path) / MANIFEST_NAME
-    try:
-        manifest = json.loads(mpath.read_bytes())
-    except FileNotFoundError:
-        raise CorruptCheckpointError(
-            f"{mpath}: missing - incomplete checkpoint (a save that never finished?)"
-        ) from None
-    except (OSError, ValueError) as e:
-        raise CorruptCheckpointError(f"{mpath}: unreadable or invalid JSON ({e})") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CorruptCheckpointError(f"{mpath}: not a treadle checkpoint manifest")
-    version = manifest.get("format_version")
-    readable = f"format version {FORMAT_VERSION}" if FORMAT_VERSION == 1 else f"format versions 1 to {FORMAT_VERSION}"
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise CorruptCheckpointError(
-            f"{mpath}: invalid format_version {version!r}: expected a positive integer "
-            f"(this treadle reads {readable})"
-        )
-    if version > FORMAT_VERSION:
-        raise CheckpointError(
-            f"{mpath}: format_version {version} is not supported: this treadle reads {readable} "
-            "(was the checkpoint written by a newer treadle?)"
-        )
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not isinstance(manifest.get("meta", {}), dict):
-        raise CorruptCheckpointError(f"{mpath}: malformed 'files'/'meta' entries")
-    for name, entry in files.items():
-        try:
-            _check_payload_name(name)  # never follow a path out of the checkpoint dir
-        except ValueError as e:
-            raise CorruptCheckpointError(f"{mpath}: {e}") from None
-        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
-                and isinstance(entry.get("sha256"), str)):
-            raise CorruptCheckpointError(f"{mpath}: malformed entry for {name!r}")
-    return manifest
-
-
-def _verify_file(directory: Path, name: str, entry: Mapping[str, Any]) -> None:
-    fpath = directory / name
-    try:
-        size = fpath.stat().st_size
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"{fpath}: listed in the manifest but missing") from None
-    if size != entry["size"]:
-        raise CorruptCheckpointError(
-            f"{fpath}: size is {size} bytes but the manifest says {entry['size']} (truncated or overwritten)"
-        )
-    digest = _sha256_file(fpath)
-    if digest != entry["sha256"]:
-        raise CorruptCheckpointError(
-            f"{fpath}: sha256 mismatch (bytes changed on disk): expected {entry['sha256']}, got {digest}"
-        )
-
-
-def verify_checkpoint(path: str | os.PathLike[str]) -> None:
-    """Check a checkpoint's manifest and every payload's size and sha256.
-
-    For a legacy single file this checks the CRCs of its zip records, when it is one.
-    Raises :class:`CorruptCheckpointError` (or :class:`CheckpointError`) on failure.
-    """
-    path = Path(path)
-    if path.is_file():
-        _verify_legacy_file(path)
-        return
-    if not path.is_dir():
-        raise CorruptCheckpointError(f"{path}: no such checkpoint")
-    manifest = read_manifest(path)
-    for name, entry in manifest["files"].items():
-        _verify_file(path, name, entry)
-
-
 def is_valid_checkpoint(path: str | os.PathLike[str]) -> bool:
     """True when :func:`verify_checkpoint` passes."""
     try:
@@ -470,20 +345,6 @@ def is_valid_checkpoint(path: str | os.PathLike[str]) -> bool:
     except (CheckpointError, OSError):
         return False
     return True
-
-
-def _verify_legacy_file(path: Path) -> None:
-    # torch's zip format stores a CRC32 per record: the best integrity check available
-    # without a manifest. Old non-zip pickles cannot be checked.
-    if not zipfile.is_zipfile(path):
-        return
-    try:
-        with zipfile.ZipFile(path) as zf:
-            bad = zf.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        raise CorruptCheckpointError(f"{path}: damaged zip archive ({e})") from e
-    if bad is not None:
-        raise CorruptCheckpointError(f"{path}: CRC mismatch in record {bad!r}")
 
 
 # Sentences of torch's weights-only error that are advice, not the reason: how to load
@@ -582,19 +443,3 @@ def load_checkpoint(
             _verify_file(path, name, manifest["files"][name])
         out[name] = _load_weights_only(path / name, map_location, verified=verify)
     return out
-
-
-# ----------------------------------------------------------------------------- re-exports
-
-_FROM_DIRECTORY = frozenset({
-    "list_checkpoints", "find_latest_checkpoint", "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",
-    "_process_start_time",
-})
-
-
-def __getattr__(name: str) -> Any:
-    # Lazy re-export: directory.py imports this module, so a top-level import would be circular.
-    if name in _FROM_DIRECTORY:
-        from treadle.checkpoint import directory
-        return getattr(directory, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -48,6 +48,7 @@ from treadle.distributed import comm
 from treadle.fsutil import fsync_dir
 
 from .dcp_safe import _SafeEmptyPlanner, _SafeLoadPlanner, _SafeReader
+from .durable import _sha256_file
 from .io import (
     FORMAT,
     FORMAT_VERSION,
@@ -59,7 +60,6 @@ from .io import (
     _check_replaceable,
     _first_os_error,
     _install,
-    _sha256_file,
     _scratch_name,
     _verify_file,
     _write_durably,

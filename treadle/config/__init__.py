@@ -14,7 +14,8 @@ Modules, in the order a file goes through them:
 * :mod:`~treadle.config.schema`: the table of Trainer keys, types and ranges;
 * :mod:`~treadle.config.resolve`: plain data, checks, defaults: the resolved config;
 * :mod:`~treadle.config.registry`: ``type:`` names, one plain dict per kind;
-* :mod:`~treadle.config.build`: components and the Trainer;
+* :mod:`~treadle.config.build`: components, the Trainer's arguments;
+* :mod:`~treadle.config.assemble`: the Trainer;
 * :mod:`~treadle.config.safe`: what ``safe=True`` allows.
 
 Every problem is a :class:`ConfigError` naming the key path, the value and what was
@@ -25,7 +26,8 @@ like code: building it imports and calls the dotted ``type:`` paths it names, an
 torch.nn / torch.optim classes, no ``.py`` files.
 """
 
-from treadle.config.build import build_component, build_dataloader, build_hook, build_trainer, trainer_kwargs
+from treadle.config.assemble import build_trainer
+from treadle.config.build import build_component, build_dataloader, build_hook, trainer_kwargs
 from treadle.config.errors import ConfigError
 from treadle.config.loader import apply_overrides, load_file, merge, parse_override
 from treadle.config.mmengine import is_mmengine_style, translate

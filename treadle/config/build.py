@@ -1,4 +1,4 @@
-"""Build the objects a resolved config describes, then the Trainer.
+"""Build the objects a resolved config describes: the Trainer's arguments.
 
 Each component spec ``{type: Name, **kwargs}`` becomes ``resolve_type(kind, Name)(**kwargs)``;
 the arguments are checked against the signature first, so a typo is reported with
@@ -9,12 +9,14 @@ passed as dicts: a component builds its own parts.
 
 ``safe=True`` (everywhere here) accepts only registered names and torch.nn /
 torch.optim classes, and no ``collate_fn`` string: :mod:`treadle.config.safe`.
+
+This module never imports the Trainer: the Trainer builds the config dicts it is given
+with it (``treadle/trainer_args.py``); :mod:`treadle.config.assemble` builds the Trainer.
 """
 
 from __future__ import annotations
 
 import inspect
-import re
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
@@ -24,7 +26,7 @@ from torch.utils.data import DataLoader
 from treadle.config.errors import ConfigError, did_you_mean, join_path
 from treadle.config.registry import check_name, import_object, resolve_type
 from treadle.config.safe import refused
-from treadle.config.schema import DATALOADER_SCHEMA, SCHEMA, check_table
+from treadle.config.keys import DATALOADER_SCHEMA, check_table
 from treadle.hooks.base import Hook, get_priority
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.optim.scheduler_builder import SCHEDULERS
@@ -334,37 +336,5 @@ def trainer_kwargs(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fal
     return kw
 
 
-def _explain(err: Exception, cfg: dict[str, Any]) -> ConfigError:
-    """A Trainer check's error as a ConfigError. Its messages start with the argument's
-    name, which becomes the key path; the scheduler builder's ``param_scheduler[i]``
-    is the config's ``schedulers[i]``."""
-    # str() of a KeyError is the repr of its message (quoted); any other message is kept as it is.
-    text = err.args[0] if isinstance(err, KeyError) and len(err.args) == 1 and isinstance(err.args[0], str) else str(err)
-    if isinstance(cfg.get("schedulers"), list):
-        text = text.replace("param_scheduler[", "schedulers[")
-    first = re.match(r"[A-Za-z_]+", text)
-    if first and (first.group(0) in SCHEMA or first.group(0) == "param_scheduler"):
-        return ConfigError("", text)  # starts with the key path already
-    return ConfigError("", f"{type(err).__name__}: {text}")
-
-
-def build_trainer(cfg: dict[str, Any], mode: str = "train", *, safe: bool = False, **overrides: Any) -> Any:
-    """Build every component and the ``treadle.Trainer``; nothing is written yet (the
-    Trainer creates ``work_dir`` in fit/validate/test). ``overrides`` replace Trainer
-    arguments after the build (e.g. ``load_from=`` for ``treadle validate``). ``safe``:
-    only registered names and torch classes (:mod:`treadle.config.safe`), for the
-    Trainer's own optimizer build too."""
-    from treadle.trainer import Trainer
-
-    kw = trainer_kwargs(cfg, mode, safe=safe)
-    kw.update(overrides)
-    try:
-        return Trainer(**kw, safe=safe)
-    except ConfigError:
-        raise
-    except (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError, RuntimeError) as e:
-        raise _explain(e, cfg) from e
-
-
-__all__ = ["TRAINING_ONLY", "build_component", "build_dataloader", "build_hook", "build_model", "build_trainer",
-           "call", "check_args", "check_optimizer", "check_safe", "check_schedulers", "named_types", "trainer_kwargs"]
+__all__ = ["TRAINING_ONLY", "build_component", "build_dataloader", "build_hook", "build_model", "call", "check_args",
+           "check_optimizer", "check_safe", "check_schedulers", "named_types", "trainer_kwargs"]

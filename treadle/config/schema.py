@@ -4,16 +4,19 @@ This table sits beside the Trainer's signature (``treadle/trainer.py``); a test
 checks that both list the same names (but :data:`NOT_CONFIG_KEYS`), and ``docs/config.md`` is generated from it.
 Defaults are read from the signature itself, so they cannot drift. Components
 (``model``, loaders, ``loss_fn``, ``metrics``, ``hooks``) are checked here for shape
-and built by :mod:`treadle.config.build`, which checks their arguments.
+and built by :mod:`treadle.config.build`, which checks their arguments. :class:`Key`,
+its checks and the keys of a dataloader spec are in :mod:`treadle.config.keys`.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any, Callable
 
 from treadle.config.errors import ConfigError, did_you_mean, join_path
+from treadle.config.keys import (DATALOADER_KEYS, DATALOADER_SCHEMA, SPEC, Check, Key, NoneType, _min, check_keys,
+                                 check_table, check_value)
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import WRITERS as _WRITERS
@@ -21,31 +24,10 @@ from treadle.optim.wrapper import check_clip_grad, check_precision
 from treadle.preemption import PreemptionConfig
 from treadle.strategies.base import STRATEGY_NAMES, resolve_strategy
 
-NoneType = type(None)
 LOG_WRITERS = tuple(_WRITERS)  # names LoggerHook knows: "jsonl", "csv", "tensorboard"
-Check = Callable[[Any, str], None]  # raises ConfigError naming the path
-
-
-@dataclass(frozen=True)
-class Key:
-    """One config key: the Python types YAML may give it, a range check, the text
-    shown when it is wrong, and the line of documentation."""
-
-    name: str
-    types: tuple[type, ...]
-    expected: str
-    doc: str
-    check: Check | None = None
 
 
 # -- checks ------------------------------------------------------------------------------
-def _min(low: int, what: str = "an int") -> Check:
-    def check(value: Any, path: str) -> None:
-        if value is not None and value < low:
-            raise ConfigError(path, "out of range", value=value, expected=f"{what} >= {low}")
-    return check
-
-
 def _choice(*choices: str) -> Check:
     def check(value: Any, path: str) -> None:
         if value not in choices:
@@ -122,14 +104,6 @@ def _progress(value: Any, path: str) -> None:
         _choice("auto")(value, path)
 
 
-def check_keys(value: dict[str, Any], allowed: list[str], path: str, what: str) -> None:
-    """Every key of ``value`` must be in ``allowed``; the first stranger is reported."""
-    for key in value:
-        if key not in allowed:
-            raise ConfigError(join_path(path, key), f"unknown key for {what}", value=value[key],
-                              expected=f"one of {', '.join(allowed)}", hint=did_you_mean(str(key), allowed))
-
-
 def _params(cls: type) -> list[str]:
     return [p for p in inspect.signature(cls).parameters if p != "self"]
 
@@ -139,8 +113,6 @@ _PREEMPTION_KEYS = [f.name for f in fields(PreemptionConfig) if f.name != "recei
 
 # EMAHook's arguments, and start_iter (the design's name for its start).
 _EMA_KEYS = [*_params(EMAHook), "start_iter"]
-
-SPEC = "a component spec such as {type: Name, arg: value}, or a registered name"
 
 #: The Trainer's arguments, in its signature's order.
 TRAINER_KEYS: tuple[Key, ...] = (
@@ -213,23 +185,6 @@ TRAINER_KEYS: tuple[Key, ...] = (
 
 SCHEMA: dict[str, Key] = {k.name: k for k in TRAINER_KEYS}
 
-#: Keys of a dataloader spec; everything but ``dataset`` goes to ``torch.utils.data.DataLoader``.
-DATALOADER_KEYS: tuple[Key, ...] = (
-    Key("dataset", (dict, str), SPEC, "The dataset: `{type: digits, split: train}` (registry name or dotted path)."),
-    Key("batch_size", (int,), "an int >= 1", "Samples per batch (default 1).", _min(1)),
-    Key("shuffle", (bool,), "true or false", "Reshuffle every epoch (default false)."),
-    Key("num_workers", (int,), "an int >= 0", "Loader worker processes (default 0).", _min(0)),
-    Key("drop_last", (bool,), "true or false", "Drop the last incomplete batch (default false)."),
-    Key("pin_memory", (bool,), "true or false", "Page-locked host memory for faster copies to the GPU."),
-    Key("persistent_workers", (bool,), "true or false", "Keep workers alive between epochs (needs num_workers > 0)."),
-    Key("prefetch_factor", (int, NoneType), "an int >= 1, or null", "Batches loaded ahead by each worker.", _min(1)),
-    Key("timeout", (int, float), "a number >= 0", "Seconds to wait for a batch from a worker.", _min(0, "a number")),
-    Key("collate_fn", (str, NoneType), "a dotted path to a function, or null",
-        "How samples become a batch; its module is imported (refused by `--safe`)."),
-)
-
-DATALOADER_SCHEMA: dict[str, Key] = {k.name: k for k in DATALOADER_KEYS}
-
 
 #: Trainer arguments that are not config keys. ``safe`` is how far the caller trusts the
 #: config, so the config itself must not be able to set it.
@@ -247,22 +202,6 @@ def trainer_defaults() -> dict[str, Any]:
             default = p.default
             out[name] = list(default) if isinstance(default, tuple) else (None if default is p.empty else default)
     return out
-
-
-def check_value(key: Key, value: Any, path: str) -> None:
-    """Type first (bools are not ints here), then the key's own check."""
-    ok = any(isinstance(value, t) and not (t in (int, float) and isinstance(value, bool)) for t in key.types)
-    if not ok:
-        raise ConfigError(path, f"wrong type {type(value).__name__}", value=value, expected=key.expected)
-    if key.check is not None and value is not None:
-        key.check(value, path)
-
-
-def check_table(cfg: dict[str, Any], table: dict[str, Key], path: str, what: str) -> None:
-    """Unknown keys (with did-you-mean), then each value's type and range."""
-    check_keys(cfg, list(table), path, what)
-    for name, value in cfg.items():
-        check_value(table[name], value, join_path(path, name))
 
 
 __all__ = ["DATALOADER_KEYS", "DATALOADER_SCHEMA", "Key", "NOT_CONFIG_KEYS", "SCHEMA", "TRAINER_KEYS", "check_keys",

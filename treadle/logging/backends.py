@@ -25,7 +25,9 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, Callable
 
-from treadle.logging.writers import BatchedWriter, aside_path, move_whole_aside, replace_atomically, written_after
+from treadle.logging.trackers import MlflowWriter, WandbWriter  # moved to trackers.py; this import path keeps working
+from treadle.logging.writers import (BatchedWriter, _step, aside_path, move_whole_aside, replace_atomically,
+                                     written_after)
 
 # Record keys that say where a record belongs rather than what was measured.
 _META_KEYS = ("mode", "iter")
@@ -48,22 +50,6 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
         tag = key if key.startswith(prefix) else prefix + key
         out[tag] = float(value)
     return out
-
-
-def _step(record: dict[str, Any]) -> int:
-    step = record.get("iter", 0)
-    return int(step) if isinstance(step, Real) and not isinstance(step, bool) else 0
-
-
-def _require(module: str, package: str, writer: str) -> Any:
-    """Import an optional dependency or say which pip package provides it."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise ImportError(f"{writer} needs the '{package}' package, which is not installed: "
-                          f"pip install {package}") from e
 
 
 # -- CSV ----------------------------------------------------------------------------
@@ -293,16 +279,5 @@ class TensorBoardWriter(BatchedWriter):
         header = struct.pack("<Q", len(data))
         return header + struct.pack("<I", self._crc(header)) + data + struct.pack("<I", self._crc(data))
 
-
-# -- MLflow -------------------------------------------------------------------------
-
-
-def __getattr__(name: str) -> Any:
-    """The trackers moved to trackers.py; their old import path keeps working."""
-    if name in ("MlflowWriter", "WandbWriter"):
-        from treadle.logging import trackers
-
-        return getattr(trackers, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["CsvWriter", "MlflowWriter", "TensorBoardWriter", "WandbWriter", "scalars"]

@@ -18,7 +18,7 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
-from treadle.logging.backends import _require, _step
+from treadle.logging.writers import _require, _step
 
 
 def _tracker_values(record: dict[str, Any]) -> dict[str, float]:

@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import time
+from numbers import Real
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
@@ -56,6 +57,23 @@ def _jsonable(value: Any) -> Any:
 
 
 _encode_finite = json.JSONEncoder(allow_nan=False).encode
+
+
+# -- shared by the writers of backends.py and trackers.py -----------------------------------
+def _step(record: dict[str, Any]) -> int:
+    step = record.get("iter", 0)
+    return int(step) if isinstance(step, Real) and not isinstance(step, bool) else 0
+
+
+def _require(module: str, package: str, writer: str) -> Any:
+    """Import an optional dependency or say which pip package provides it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"{writer} needs the '{package}' package, which is not installed: "
+                          f"pip install {package}") from e
 
 
 # -- log files on resume and at a fresh run ----------------------------------------------

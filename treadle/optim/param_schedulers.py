@@ -13,8 +13,9 @@ from typing import Any
 
 from treadle.optim.scheduler_base import INF, ParamScheduler
 
-__all__ = ["StepParamScheduler", "MultiStepParamScheduler", "ConstantParamScheduler",
-           "ExponentialParamScheduler", "CosineAnnealingParamScheduler", "LinearParamScheduler",
+# In the order of treadle.optim.scheduler_builder.SCHEDULERS (and of their LR flavours).
+__all__ = ["ConstantParamScheduler", "StepParamScheduler", "MultiStepParamScheduler",
+           "ExponentialParamScheduler", "LinearParamScheduler", "CosineAnnealingParamScheduler",
            "PolyParamScheduler", "OneCycleParamScheduler", "CosineRestartParamScheduler"]
 
 

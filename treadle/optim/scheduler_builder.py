@@ -26,14 +26,15 @@ from typing import Any
 
 import torch
 
-from treadle.optim import schedulers as S
-from treadle.optim.schedulers import INF, ParamScheduler, explicit_init_params, init_arg_names
+from treadle.optim import lr_momentum, param_schedulers, plateau
+from treadle.optim.scheduler_base import INF, ParamScheduler, explicit_init_params, init_arg_names
 
 __all__ = ["SCHEDULERS", "build_schedulers", "is_torch_scheduler"]
 
 #: Scheduler name -> class, for the ``type`` key of configs.
-SCHEDULERS: dict[str, type[ParamScheduler]] = {name: getattr(S, name) for name in S.__all__
-                                               if name not in ("INF", "ParamScheduler", "current_lrs")}
+SCHEDULERS: dict[str, type[ParamScheduler]] = {name: getattr(module, name)
+                                               for module in (param_schedulers, plateau, lr_momentum)
+                                               for name in module.__all__}
 
 _TorchLRScheduler = torch.optim.lr_scheduler.LRScheduler
 _TorchPlateau = torch.optim.lr_scheduler.ReduceLROnPlateau
@@ -46,11 +47,11 @@ def is_torch_scheduler(obj: Any) -> bool:
 
 def _needs_finite_end(cls: type, cfg: Mapping[str, Any]) -> bool:
     """Schedules whose shape is derived from ``end`` are meaningless with an unbounded ``end``."""
-    if issubclass(cls, (S.LinearParamScheduler, S.PolyParamScheduler)):
+    if issubclass(cls, (param_schedulers.LinearParamScheduler, param_schedulers.PolyParamScheduler)):
         return True
-    if issubclass(cls, S.CosineAnnealingParamScheduler):
+    if issubclass(cls, param_schedulers.CosineAnnealingParamScheduler):
         return not cfg.get("T_max")
-    if issubclass(cls, S.OneCycleParamScheduler):
+    if issubclass(cls, param_schedulers.OneCycleParamScheduler):
         return cfg.get("total_steps") is None
     return False
 

@@ -14,17 +14,22 @@ every training iteration. ``ReduceOnPlateau*`` schedulers additionally have
 ``need_val_args = True`` and must be given ``step(metrics)`` after each
 validation run.
 
-The config builder lives in :mod:`treadle.optim.scheduler_builder`;
-``build_schedulers`` is re-exported here lazily.
+The LR and momentum flavours are defined in :mod:`treadle.optim.lr_momentum`, the
+config builder in :mod:`treadle.optim.scheduler_builder`; ``build_schedulers`` and
+``SCHEDULERS`` are re-exported here.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-# The base class (scheduler_base) and the generic *ParamScheduler classes
-# (param_schedulers, plateau) live in modules that never import this one; they are
-# re-exported here, along with the builder's helpers explicit_init_params/init_arg_names.
+# The base class (scheduler_base), the generic *ParamScheduler classes (param_schedulers,
+# plateau), their LR and momentum flavours (lr_momentum) and the builder live in modules
+# that never import this one; they are re-exported here, along with the builder's helpers
+# explicit_init_params/init_arg_names.
+from treadle.optim.lr_momentum import (
+    ConstantLR, StepLR, MultiStepLR, ExponentialLR, LinearLR, CosineAnnealingLR, PolyLR, OneCycleLR,
+    CosineRestartLR, ReduceOnPlateauLR, ConstantMomentum, StepMomentum, MultiStepMomentum, ExponentialMomentum,
+    LinearMomentum, CosineAnnealingMomentum, PolyMomentum, CosineRestartMomentum, ReduceOnPlateauMomentum,
+)
 from treadle.optim.param_schedulers import (
     ConstantParamScheduler, CosineAnnealingParamScheduler, CosineRestartParamScheduler,
     ExponentialParamScheduler, LinearParamScheduler, MultiStepParamScheduler, OneCycleParamScheduler,
@@ -34,9 +39,10 @@ from treadle.optim.plateau import ReduceOnPlateauParamScheduler
 from treadle.optim.scheduler_base import (
     INF, ParamScheduler, current_lrs, explicit_init_params, init_arg_names,
 )
+from treadle.optim.scheduler_builder import SCHEDULERS, build_schedulers
 
 __all__ = [
-    "INF", "ParamScheduler", "current_lrs",
+    "INF", "ParamScheduler", "current_lrs", "SCHEDULERS", "build_schedulers",
     "ConstantParamScheduler", "StepParamScheduler", "MultiStepParamScheduler",
     "ExponentialParamScheduler", "LinearParamScheduler", "CosineAnnealingParamScheduler",
     "PolyParamScheduler", "OneCycleParamScheduler", "CosineRestartParamScheduler",
@@ -47,132 +53,3 @@ __all__ = [
     "LinearMomentum", "CosineAnnealingMomentum", "PolyMomentum", "CosineRestartMomentum",
     "ReduceOnPlateauMomentum",
 ]
-
-
-# ---------------------------------------------------------------------------
-# LR and momentum flavours (MMEngine's names)
-# ---------------------------------------------------------------------------
-
-class _LRMixin:
-    """Fixes ``param_name='lr'``."""
-
-    _fixed_param_name = "lr"
-
-    def __init__(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(optimizer, "lr", *args, **kwargs)  # type: ignore[call-arg]
-
-
-class _MomentumMixin:
-    """Fixes ``param_name='momentum'``; for Adam-style optimizers drives ``betas[0]``.
-
-    Like MMEngine, Adam's groups get a ``momentum`` key mirroring ``betas[0]``,
-    which is written back into ``betas`` after every step.
-    """
-
-    _fixed_param_name = "momentum"
-
-    def __init__(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
-        raw = getattr(optimizer, "optimizer", optimizer)  # unwrap an OptimWrapper
-        defaults = getattr(raw, "defaults", None)
-        if defaults is None:
-            defaults = optimizer.param_groups[0] if optimizer.param_groups else {}
-        self.use_betas = False
-        if "momentum" not in defaults:
-            if "betas" not in defaults:
-                raise ValueError(f"{type(self).__name__} needs an optimizer with `momentum` or "
-                                 f"`betas`, got {type(raw).__name__}")
-            self.use_betas = True
-            for group in optimizer.param_groups:
-                group["momentum"] = group["betas"][0]
-        super().__init__(optimizer, "momentum", *args, **kwargs)  # type: ignore[call-arg]
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        super().step(*args, **kwargs)  # type: ignore[misc]
-        if self.use_betas:
-            for group in self.optimizer.param_groups:  # type: ignore[attr-defined]
-                group["betas"] = (group["momentum"], group["betas"][1])
-
-
-class ConstantLR(_LRMixin, ConstantParamScheduler):
-    """:class:`ConstantParamScheduler` on ``lr``."""
-
-
-class StepLR(_LRMixin, StepParamScheduler):
-    """:class:`StepParamScheduler` on ``lr``."""
-
-
-class MultiStepLR(_LRMixin, MultiStepParamScheduler):
-    """:class:`MultiStepParamScheduler` on ``lr``."""
-
-
-class ExponentialLR(_LRMixin, ExponentialParamScheduler):
-    """:class:`ExponentialParamScheduler` on ``lr``."""
-
-
-class LinearLR(_LRMixin, LinearParamScheduler):
-    """:class:`LinearParamScheduler` on ``lr`` (the usual warmup)."""
-
-
-class CosineAnnealingLR(_LRMixin, CosineAnnealingParamScheduler):
-    """:class:`CosineAnnealingParamScheduler` on ``lr``."""
-
-
-class PolyLR(_LRMixin, PolyParamScheduler):
-    """:class:`PolyParamScheduler` on ``lr``."""
-
-
-class OneCycleLR(_LRMixin, OneCycleParamScheduler):
-    """:class:`OneCycleParamScheduler` on ``lr``."""
-
-
-class CosineRestartLR(_LRMixin, CosineRestartParamScheduler):
-    """:class:`CosineRestartParamScheduler` on ``lr``."""
-
-
-class ReduceOnPlateauLR(_LRMixin, ReduceOnPlateauParamScheduler):
-    """:class:`ReduceOnPlateauParamScheduler` on ``lr``."""
-
-
-class ConstantMomentum(_MomentumMixin, ConstantParamScheduler):
-    """:class:`ConstantParamScheduler` on momentum (SGD ``momentum`` / Adam ``betas[0]``)."""
-
-
-class StepMomentum(_MomentumMixin, StepParamScheduler):
-    """:class:`StepParamScheduler` on momentum (SGD ``momentum`` / Adam ``betas[0]``)."""
-
-
-class MultiStepMomentum(_MomentumMixin, MultiStepParamScheduler):
-    """:class:`MultiStepParamScheduler` on momentum (SGD ``momentum`` / Adam ``betas[0]``)."""
-
-
-class ExponentialMomentum(_MomentumMixin, ExponentialParamScheduler):
-    """:class:`ExponentialParamScheduler` on momentum (SGD ``momentum`` / Adam ``betas[0]``)."""
-
-
-class LinearMomentum(_MomentumMixin, LinearParamScheduler):
-    """:class:`LinearParamScheduler` on momentum (SGD ``momentum`` / Adam ``betas[0]``)."""
-
-
-class CosineAnnealingMomentum(_MomentumMixin, CosineAnnealingParamScheduler):
-    """:class:`CosineAnnealingParamScheduler` on momentum (SGD ``momentum`` / Adam ``betas[0]``)."""
-
-
-class PolyMomentum(_MomentumMixin, PolyParamScheduler):
-    """:class:`PolyParamScheduler` on momentum (SGD ``momentum`` / Adam ``betas[0]``)."""
-
-
-class CosineRestartMomentum(_MomentumMixin, CosineRestartParamScheduler):
-    """:class:`CosineRestartParamScheduler` on momentum (SGD ``momentum`` / Adam ``betas[0]``)."""
-
-
-class ReduceOnPlateauMomentum(_MomentumMixin, ReduceOnPlateauParamScheduler):
-    """:class:`ReduceOnPlateauParamScheduler` on momentum (SGD ``momentum`` / Adam ``betas[0]``)."""
-
-
-
-def __getattr__(name: str) -> Any:
-    # Lazy re-export: the builder imports this module, so a top-level import would be circular.
-    if name in ("build_schedulers", "SCHEDULERS"):
-        from treadle.optim import scheduler_builder
-        return getattr(scheduler_builder, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
