@@ -14,7 +14,7 @@ from treadle.hooks.base import Hook, Priority
 from treadle import hooks
 from treadle.metrics import Accuracy
 from treadle.state import TrainState
-from treadle.strategies.base import build_strategy
+from treadle.strategies.build import build_strategy
 from treadle.trainer import Trainer
 
 __version__ = "0.1.0"

@@ -47,7 +47,8 @@ from treadle.trainer_args import (build_optim_wrappers, build_scheduler_map, che
                                   check_loader, check_metrics, check_resume, checkpoint_hook, ema_hook, from_spec,
                                   nan_guard_hook, positive_int, progress_on, scale_lr, warn_if_unpinned,
                                   warn_without_validation)
-from treadle.strategies.base import Strategy, resolve_strategy
+from treadle.strategies.base import Strategy
+from treadle.strategies.build import resolve_strategy
 
 
 class Trainer:

@@ -8,7 +8,7 @@ from torch import nn
 
 from dist_support import run_ranks
 from treadle.optim.wrapper import OptimWrapper
-from treadle.strategies.base import resolve_strategy
+from treadle.strategies.build import resolve_strategy
 from treadle.strategies.fsdp import FSDPStrategy, mixed_precision_policy
 
 B = 4  # per-rank batch; the single-process reference uses 2 * B

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from treadle.strategies.base import SingleDevice, resolve_strategy
+from treadle.strategies.base import SingleDevice
+from treadle.strategies.build import resolve_strategy
 from treadle.strategies.ddp import DDPStrategy
 
 

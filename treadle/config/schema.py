@@ -22,7 +22,7 @@ from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import WRITERS as _WRITERS
 from treadle.optim.wrapper import check_clip_grad, check_precision
 from treadle.preemption import PreemptionConfig
-from treadle.strategies.base import STRATEGY_NAMES, resolve_strategy
+from treadle.strategies.build import STRATEGY_NAMES, resolve_strategy
 
 LOG_WRITERS = tuple(_WRITERS)  # names LoggerHook knows: "jsonl", "csv", "tensorboard"
 
