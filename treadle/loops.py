@@ -43,14 +43,16 @@ open epoch is reopened (``before_train_epoch`` runs again) with its first
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 from torch import Tensor
 
 from treadle.checkpoint.rng import set_rng_state
 from treadle.data.feed import DataFeed
+from treadle.hooks.base import HookDispatcher
 from treadle.metrics import flatten_results, to_python
 from treadle.step import batch_size_of
 
@@ -63,9 +65,14 @@ Workflow = list[tuple[str, "int | None"]]
 class EvalLoop:
     """One validation or test pass: metrics with update/compute/reset, mean losses."""
 
-    def __init__(self, trainer: "Trainer", loader: Iterable[Any], mode: str) -> None:
+    def __init__(self, trainer: "Trainer", loader: Iterable[Any], mode: str, *, hooks: HookDispatcher,
+                 step: Callable[[Any], tuple[Any, Any, dict[str, Any]]],
+                 custom_step: Callable[[Any], dict[str, Any]] | None = None) -> None:
         self.trainer = trainer
         self.mode = mode  # "val" | "test"
+        self.hooks = hooks
+        self.step = step  # batch -> (outputs, targets, values to log)
+        self.custom_step = custom_step  # the model's val_step(batch, trainer): values to log
         self.feed = DataFeed(loader, seed=trainer.seed)  # started at the first pass: no workers before
         self._passes = 0
 
@@ -82,13 +89,14 @@ class EvalLoop:
     def run(self, num_iters: int | None = None) -> dict[str, Any]:
         """A full pass (``num_iters=None``) or ``num_iters`` batches from an endless
         feed (iteration workflows); returns ``{"<mode>/<name>": value}``."""
-        t, mode = self.trainer, self.mode
-        state, d = t.state, t._dispatch
+        t, mode, hooks = self.trainer, self.mode, self.hooks
+        state, d = t.state, hooks.table
         prev_mode = state.mode
         state.mode = mode
-        t._call(f"before_{mode}")
-        t._call(f"before_{mode}_epoch")
+        hooks.call(f"before_{mode}", t)
+        hooks.call(f"before_{mode}_epoch", t)
         before_iter, after_iter = d[f"before_{mode}_iter"], d[f"after_{mode}_iter"]
+        step, custom_step = self.step, self.custom_step
         metrics = t.metrics
         for m in metrics.values():
             m.reset()
@@ -108,10 +116,10 @@ class EvalLoop:
             for batch in self._batches(num_iters):
                 for fn in before_iter:
                     fn(t, batch)
-                if t._custom_val_step is not None:
-                    logged, n = t._custom_val_step(batch, t), 1
+                if custom_step is not None:
+                    logged, n = custom_step(batch), 1
                 else:
-                    outputs, targets, logged = t._eval_step(batch)
+                    outputs, targets, logged = step(batch)
                     for m in metrics.values():
                         m.update(outputs, targets)
                     n = batch_size_of(targets)
@@ -122,7 +130,7 @@ class EvalLoop:
                 for fn in after_iter:
                     fn(t, batch, logged)
             if lockstep:
-                _replay_for_lockstep(t, target - self.feed.batch_idx, batch)
+                self._replay_for_lockstep(target - self.feed.batch_idx, batch)
         model.train(was_training)
         totals = {k: to_python(v) for k, v in sums.items()}  # one host read per evaluation
         if t.strategy.distributed:  # each rank saw its own share of the samples: add them up
@@ -131,8 +139,8 @@ class EvalLoop:
         for name, m in metrics.items():
             results.update(flatten_results(f"{mode}/{name}", m.compute()))
         state.metrics.update(results)
-        t._call(f"after_{mode}_epoch", results)
-        t._call(f"after_{mode}", results)
+        hooks.call(f"after_{mode}_epoch", t, results)
+        hooks.call(f"after_{mode}", t, results)
         state.mode = prev_mode
         return results
 
@@ -150,6 +158,19 @@ class EvalLoop:
                 except StopIteration:
                     raise RuntimeError(f"the {self.mode} loader yielded no batches") from None
 
+    def _replay_for_lockstep(self, extra: int, last: Any) -> None:
+        """Ranks with fewer evaluation batches repeat forward passes (results dropped) until
+        every rank has run as many: the collectives inside forward then always pair up."""
+        t = self.trainer
+        if extra and last is None:
+            raise RuntimeError(f"rank {t.strategy.rank} has no {t.state.mode} batch while others have {extra}: "
+                               "the dataset is smaller than the number of processes")
+        for _ in range(extra):
+            if self.custom_step is not None:
+                self.custom_step(last)
+            else:
+                self.step(last)
+
 
 def _most_batches(length: int | None) -> int:
     """The largest number of evaluation batches of any rank."""
@@ -158,19 +179,6 @@ def _most_batches(length: int | None) -> int:
     if length is None:
         raise RuntimeError("evaluation in lockstep (FSDP) needs loaders with a length")
     return max(all_gather_object(length))
-
-
-def _replay_for_lockstep(t: "Trainer", extra: int, last: Any) -> None:
-    """Ranks with fewer evaluation batches repeat forward passes (results dropped) until
-    every rank has run as many: the collectives inside forward then always pair up."""
-    if extra and last is None:
-        raise RuntimeError(f"rank {t.strategy.rank} has no {t.state.mode} batch while others have {extra}: "
-                           "the dataset is smaller than the number of processes")
-    for _ in range(extra):
-        if t._custom_val_step is not None:
-            t._custom_val_step(last, t)
-        else:
-            t._eval_step(last)
 
 
 def _sum_over_ranks(totals: dict[str, float], count: int) -> tuple[dict[str, float], int]:
@@ -186,14 +194,38 @@ def _sum_over_ranks(totals: dict[str, float], count: int) -> tuple[dict[str, flo
     return summed, n
 
 
+@dataclass(frozen=True)
+class LoopPosition:
+    """Where training stands at an iteration boundary (what a checkpoint records).
+
+    ``epoch``/``iter``: epochs and iterations done; ``inner_iter``/``batch_idx``: batches
+    taken in the open epoch (``open``), whose shuffle ``seed`` and per-process
+    ``batch_size`` a resume on another world size needs; ``phase``: the workflow phase
+    and the units done in it; ``val_due``: a validation of this cycle has not run yet."""
+
+    epoch: int
+    iter: int
+    inner_iter: int
+    batch_idx: int
+    open: bool
+    seed: int
+    batch_size: int | None
+    phase: list[int]
+    val_due: bool
+
+
 class TrainLoop:
     """Shared by EpochLoop and IterLoop: the workflow driver and the batch loop."""
 
     by_epoch: bool
 
-    def __init__(self, trainer: "Trainer", feed: DataFeed, workflow: Workflow,
+    def __init__(self, trainer: "Trainer", feed: DataFeed, workflow: Workflow, *, hooks: HookDispatcher,
+                 step: Callable[[Any], Any], agree: Callable[[], None] | None = None,
                  resume_pos: dict[str, Any] | None = None) -> None:
         self.trainer = trainer
+        self.hooks = hooks
+        self.step = step  # batch -> values to log (after_backward/before_optimizer_step fire inside)
+        self.agree = agree  # None in one process; several: the ranks agree on stopping each iteration
         self.feed = feed
         self.workflow = workflow
         self.resume_pos = resume_pos
@@ -211,7 +243,7 @@ class TrainLoop:
         if not self.by_epoch and not (self.resume_pos and s.iter):  # windows run on to max_iters
             for ow in t.optim_wrappers.values():
                 ow.start_run(s.max_iters - s.iter)  # type: ignore[operator]
-        t._call("before_train")
+        self.hooks.call("before_train", t)
         if self.resume_pos and not self.resume_pos["open"]:
             self._restore_rng(self.resume_pos)  # resuming between epochs: the next batch is near
         phase, done = self._start_point()
@@ -242,7 +274,7 @@ class TrainLoop:
             self._close_epoch(complete=feed.length is not None and feed.batch_idx >= feed.length)
         if self._done():  # nothing left but after_train (a stop keeps its place: a due validation stays due)
             self.phase, self.phase_base = len(self.workflow), self._units_done()
-        t._call("after_train")
+        self.hooks.call("after_train", t)
         s.mode = "idle"
 
     def _start_point(self) -> tuple[int, int]:
@@ -265,6 +297,31 @@ class TrainLoop:
             if not skip:
                 return i, 0
         return 0, 0
+
+    @property
+    def closing_complete(self) -> bool:
+        """True while ``after_train_epoch`` runs for an epoch whose batches all ran."""
+        return self._closing_complete
+
+    @property
+    def stopped_inside_epoch(self) -> bool:
+        """A stop closed the epoch early: a checkpoint taken now resumes inside it."""
+        return self._stopped_inside_epoch
+
+    def position(self) -> "LoopPosition":
+        """The iteration boundary a checkpoint taken now records. From ``after_train_iter``
+        it already counts the running iteration (its step is done); from
+        ``after_train_epoch`` of a complete epoch, that epoch."""
+        s, feed = self.trainer.state, self.feed
+        if self._epoch_open or self._stopped_inside_epoch:  # a stop that closed the epoch early resumes inside it
+            pending = feed.batch_idx - s.inner_iter  # 1 while the iteration's after_train_iter runs
+            epoch, it, inner, opened = s.epoch, s.iter + pending, feed.batch_idx, True
+        else:
+            epoch, it, inner, opened = s.epoch + (1 if self._closing_complete else 0), s.iter, 0, False
+        phase, val_due = self.phase_position(epoch if self.by_epoch else it)
+        return LoopPosition(epoch=epoch, iter=it, inner_iter=inner, batch_idx=inner, open=opened, seed=feed.seed,
+                            batch_size=getattr(feed.loader, "batch_size", None) if opened else None,
+                            phase=phase, val_due=val_due)
 
     def phase_position(self, units: int) -> tuple[list[int], bool]:
         """The workflow position a checkpoint taken now records (``units``: epochs or
@@ -296,7 +353,7 @@ class TrainLoop:
         if self.by_epoch and not skip:  # accumulation windows close at the end of each epoch
             for ow in self.trainer.optim_wrappers.values():  # (a resumed window keeps its count)
                 ow.start_run(self.feed.length)
-        self.trainer._call("before_train_epoch")
+        self.hooks.call("before_train_epoch", self.trainer)
         if pos and pos["open"]:
             self._restore_rng(pos)  # exactly where the interrupted run took its next batch
 
@@ -310,7 +367,7 @@ class TrainLoop:
         self._epoch_open = False
         self._closing_complete = complete
         self._stopped_inside_epoch = not complete
-        self.trainer._call("after_train_epoch")
+        self.hooks.call("after_train_epoch", self.trainer)
         self._closing_complete = False
         if complete:
             self.trainer.state.epoch += 1
@@ -320,9 +377,8 @@ class TrainLoop:
         when the epoch is exhausted. Everything here runs once per iteration."""
         t = self.trainer
         s = t.state
-        step = t._train_step
-        before, after = t._dispatch["before_train_iter"], t._dispatch["after_train_iter"]
-        agree = t._agree_stop  # None in one process; several: every rank stops together
+        step, agree = self.step, self.agree
+        before, after = self.hooks.table["before_train_iter"], self.hooks.table["after_train_iter"]
         end = s.iter + limit if limit is not None else -1
         clock = perf_counter
         tic = clock()

@@ -60,21 +60,15 @@ def position(trainer: "Trainer") -> tuple[dict[str, int], dict[str, Any]]:
                             "world_size": trainer.strategy.world_size}
     if loop is None:
         return counters, data
-    feed = loop.feed
-    data["seed"] = feed.seed
-    if loop._epoch_open or loop._stopped_inside_epoch:  # a stop that closed the epoch early resumes inside it
-        pending = feed.batch_idx - s.inner_iter  # 1 while the iteration's after_train_iter runs
-        counters.update(iter=s.iter + pending, inner_iter=feed.batch_idx)
-        data.update(epoch=s.epoch, batch_idx=feed.batch_idx, open=True)
-        data["batch_size"] = getattr(feed.loader, "batch_size", None)  # to resume on another world size
-    else:
-        done_epoch = s.epoch + (1 if loop._closing_complete else 0)  # inside after_train_epoch
-        counters["epoch"] = done_epoch
-        data["epoch"] = done_epoch
+    p = loop.position()
+    counters = {"epoch": p.epoch, "iter": p.iter, "inner_iter": p.inner_iter}
+    data.update(epoch=p.epoch, batch_idx=p.batch_idx, open=p.open, seed=p.seed)
+    if p.open:
+        data["batch_size"] = p.batch_size  # to resume on another world size
     if trainer.val_loop is not None:  # validation passes and their feed go on from here too
         data["val"] = trainer.val_loop.position()
     # Where the workflow is, so that a validation due right after this point still runs.
-    data["phase"], data["val_due"] = loop.phase_position(counters["epoch"] if loop.by_epoch else counters["iter"])
+    data["phase"], data["val_due"] = p.phase, p.val_due
     return counters, data
 
 

@@ -22,7 +22,7 @@ from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.data.feed import DataFeed
 from treadle.distributed import comm
 from treadle.env import collect_env, format_env
-from treadle.hooks.base import (HOOK_POINTS, Hook, build_dispatch, check_hook_points, describe_order, get_priority,
+from treadle.hooks.base import (HOOK_POINTS, Hook, HookDispatcher, check_hook_points, describe_order, get_priority,
                                 sort_hooks)
 from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import LoggerHook, check_writers
@@ -293,7 +293,7 @@ class Trainer:
         autocast = make_autocast(self.precision, self.strategy.device.type)
         self._eval_step = make_eval_step(eval_model, loss_fn, autocast, self._move)
         self.hooks: list[Hook] = []
-        self._dispatch: dict[str, tuple[Callable[..., Any], ...]] = {}
+        self._dispatch = HookDispatcher()  # the loops get it when they are built
         if guard is not None:
             extra_hooks.append(guard)
         if progress_on(progress, self.is_main):
@@ -309,8 +309,8 @@ class Trainer:
         if train_dataloader is not None and val_dataloader is None and self.is_main:
             warn_without_validation(self.hooks)
         self.train_loop: TrainLoop | None = None
-        self.val_loop = EvalLoop(self, val_dataloader, "val") if val_dataloader is not None else None
-        self.test_loop = EvalLoop(self, test_dataloader, "test") if test_dataloader is not None else None
+        self.val_loop = self._eval_loop(val_dataloader, "val") if val_dataloader is not None else None
+        self.test_loop = self._eval_loop(test_dataloader, "test") if test_dataloader is not None else None
 
     # -- construction helpers ------------------------------------------------------
     def _set_hooks(self, defaults: list[Hook], extra: Iterable[Hook]) -> None:
@@ -347,10 +347,16 @@ class Trainer:
         self.hooks = sort_hooks([*self.hooks, hook])
         self._rebuild_dispatch()
 
+    def _eval_loop(self, loader: Any, mode: str) -> EvalLoop:
+        custom = self._custom_val_step
+        return EvalLoop(self, loader, mode, hooks=self._dispatch, step=self._eval_step,
+                        custom_step=(lambda batch: custom(batch, self)) if custom is not None else None)
+
     def _rebuild_dispatch(self) -> None:
-        self._dispatch = build_dispatch(self.hooks)
-        after_backward = tuple(functools.partial(fn, self) for fn in self._dispatch["after_backward"])
-        before_step = tuple(functools.partial(fn, self) for fn in self._dispatch["before_optimizer_step"])
+        self._dispatch.rebuild(self.hooks)
+        table = self._dispatch.table
+        after_backward = tuple(functools.partial(fn, self) for fn in table["after_backward"])
+        before_step = tuple(functools.partial(fn, self) for fn in table["before_optimizer_step"])
         for ow in self.optim_wrappers.values():
             ow.after_backward_callbacks = after_backward
             ow.before_step_callbacks = before_step
@@ -367,8 +373,7 @@ class Trainer:
         return make_train_step(self.model, self.loss_fn, self.optim_wrapper, self._move, timer=self._phase_timer)
 
     def _call(self, point: str, *args: Any) -> None:
-        for fn in self._dispatch[point]:
-            fn(self, *args)
+        self._dispatch.call(point, self, *args)
 
     # -- accessors -----------------------------------------------------------------
     @property
@@ -439,7 +444,8 @@ class Trainer:
         total = s.max_epochs if s.by_epoch else s.max_iters
         workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
         loop_cls = EpochLoop if s.by_epoch else IterLoop
-        self.train_loop = loop_cls(self, feed, workflow, resume_pos=pos)
+        self.train_loop = loop_cls(self, feed, workflow, hooks=self._dispatch, step=self._train_step,
+                                   agree=self._agree_stop, resume_pos=pos)
         self.model.train()
         handlers = (PreemptionHandlers(self.preemption, s, deferred=self.strategy.distributed, verbose=self.is_main)
                     if self.preemption else contextlib.nullcontext())
@@ -598,7 +604,7 @@ class Trainer:
         The body's ``error`` stays the one raised: a hook's failure is then logged and
         added to it as a note. Without one, the first hook failure is raised."""
         raised = error
-        for fn in self._dispatch["after_run"]:
+        for fn in self._dispatch.table["after_run"]:
             try:
                 fn(self)
             except Exception as e:

@@ -179,9 +179,9 @@ def test_guard_after_the_logger_keeps_its_own_checks(monkeypatch, as_device):
 
 def test_raise_mode_is_not_called_before_optimizer_steps():
     t = trainer(None, bad=set(), log_interval=4)
-    assert t._dispatch["before_optimizer_step"] == ()
+    assert t._dispatch.table["before_optimizer_step"] == ()
     t = trainer(None, bad=set(), nan_guard="skip")
-    assert len(t._dispatch["before_optimizer_step"]) == 1
+    assert len(t._dispatch.table["before_optimizer_step"]) == 1
 
 
 def test_no_checkpoint_is_written_after_a_nonfinite_loss(tmp_path):

@@ -198,3 +198,24 @@ def describe_order(hooks: Iterable[Hook]) -> str:
         if names:
             lines.append(f"  {point:<24} " + " -> ".join(names))
     return "hook order:\n" + ("\n".join(lines) if lines else "  (no hooks)")
+
+
+class HookDispatcher:
+    """The hooks of one trainer, by point: ``dispatcher.call(point, trainer, *args)``, and
+    ``dispatcher.table[point]`` (a tuple of bound methods, priority order) for the loops'
+    per-iteration points, read once per epoch instead of per call.
+
+    The table is one dict updated in place by :meth:`rebuild`, so a loop built before a
+    hook was registered sees it too."""
+
+    def __init__(self, hooks: Iterable[Hook] = ()) -> None:
+        self.table: dict[str, tuple[Callable[..., Any], ...]] = {}
+        self.rebuild(hooks)
+
+    def rebuild(self, hooks: Iterable[Hook]) -> None:
+        self.table.clear()
+        self.table.update(build_dispatch(hooks))
+
+    def call(self, point: str, trainer: Any, *args: Any) -> None:
+        for fn in self.table[point]:
+            fn(trainer, *args)

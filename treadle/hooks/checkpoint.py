@@ -108,14 +108,14 @@ class CheckpointHook(Hook):
 
     def after_train_epoch(self, trainer: "Trainer") -> None:
         self._moved_since_save = True  # the state a final save records is no longer the last save's
-        complete = trainer.train_loop is None or trainer.train_loop._closing_complete
+        complete = trainer.train_loop is None or trainer.train_loop.closing_complete
         if complete and self.by_epoch and self.interval and (trainer.state.epoch + 1) % self.interval == 0:
             self._save_periodic(trainer, f"epoch_{trainer.state.epoch + 1:04d}")
 
     def after_train(self, trainer: "Trainer") -> None:
         if self.save_last and not trainer.state.preempted:
             s = trainer.state
-            inside = trainer.train_loop is not None and trainer.train_loop._stopped_inside_epoch  # a stop mid-epoch
+            inside = trainer.train_loop is not None and trainer.train_loop.stopped_inside_epoch  # a stop mid-epoch
             name = f"epoch_{s.epoch:04d}" if self.by_epoch and s.by_epoch and not inside else f"iter_{s.iter:08d}"
             self._save_periodic(trainer, name)
 
