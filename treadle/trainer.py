@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
-import secrets
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -39,7 +36,7 @@ from treadle.resume import check_resume_dir, latest_to_resume, note_other_runs
 from treadle.preemption import INTERRUPTED_EXIT_CODE, PreemptionConfig, PreemptionHandlers, requeue_slurm_job
 from treadle.run_dir import RunDir, save_refusal
 from treadle.optim.wrapper import OptimWrapper, check_clip_grad, check_precision, make_autocast
-from treadle.seeding import seed_everything, set_deterministic
+from treadle.seeding import seed_everything
 from treadle.state import TrainState
 from treadle.step import make_eval_step, make_train_step
 from treadle.timing import PhaseTimer, PhaseTimerHook
@@ -205,23 +202,17 @@ class Trainer:
         checkpoint_h = checkpoint_hook(checkpoint) if checkpoint is not None and checkpoint is not False else None
         self.strategy = resolve_strategy(strategy)
 
-        # -- process group (several processes), then components ---------------------
-        self.strategy.setup()
+        # -- process group (several processes), run id, seeds; then components --------
+        # A run's checkpoints carry its id (meta "run"); a resume carries it on, and a run
+        # prunes and replaces only its own (treadle/hooks/checkpoint.py).
+        self.strategy.setup_env(seed=seed, seed_per_rank=seed_per_rank, deterministic=deterministic, draw_seed=False)
         distributed = self.strategy.distributed
-        if not self.is_main:  # one copy of the console and text log: rank 0's
-            get_logger().setLevel(logging.WARNING)
-        # Ranks must agree on the data order and the run's start time: rank 0 decides.
-        self.run_timestamp, self._data_seed, token = comm.broadcast_object(
-            (time.strftime("%Y%m%d_%H%M%S"), seed if seed is not None else secrets.randbits(63), secrets.token_hex(4)))
-        # Names this run's checkpoints (their meta "run"); a resume carries it on. A run
-        # prunes only its own checkpoints (treadle/hooks/checkpoint.py).
-        self.run_id = f"{self.run_timestamp}-{token}"
+        self.run_timestamp, self.run_id = self.strategy.timestamp, self.strategy.run_id
+        self._data_seed = self.strategy.data_seed  # rank 0's: every rank reads the same order
         self.seed = seed
         # Files written into work_dir when fit() starts, once the resume checks have passed
         # (`treadle train` adds "config.yaml"); see treadle/run_dir.py write_run_file.
         self.run_files: dict[str, str] = {}
-        if seed is not None:
-            seed_everything(seed, rank=self.strategy.rank, per_rank=seed_per_rank)
         specs = [isinstance(v, Mapping) for v in (model, train_dataloader, val_dataloader, test_dataloader)]
         if any(specs):
             model = from_spec(model, "model", "model", safe=safe)
@@ -230,8 +221,6 @@ class Trainer:
             test_dataloader = from_spec(test_dataloader, "dataloader", "test_dataloader", safe=safe)
             if seed is not None:  # training's random streams do not depend on what building drew (as in a config run)
                 seed_everything(seed, rank=self.strategy.rank, per_rank=seed_per_rank)
-        if deterministic:
-            set_deterministic(True)
         self.work_dir = Path(work_dir) if work_dir is not None else None
         self.run_dir = RunDir(self.work_dir, self.is_main) if self.work_dir is not None else None
         if distributed and self.strategy.shard_data:  # each rank reads its share

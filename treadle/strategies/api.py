@@ -72,6 +72,8 @@ class StrategyAPI:
     #: Set by :meth:`setup_env` (``treadle.build_strategy`` calls it).
     work_dir: Path | None = None
     seed: int | None = None
+    data_seed: int = 0
+    seed_per_rank: bool = False
     timestamp: str = ""
     run_id: str = ""
     launcher: str = "none"
@@ -80,10 +82,12 @@ class StrategyAPI:
 
     # -- environment ---------------------------------------------------------------------
     def setup_env(self, *, work_dir: str | Path | None = None, seed: int | None = None,
-                  deterministic: bool = False) -> None:
+                  deterministic: bool = False, seed_per_rank: bool = False, draw_seed: bool = True) -> None:
         """Once: the process group, the run's time stamp and id (rank 0's, on every rank),
-        and the seeds. ``seed=None`` draws one on rank 0 (as MMEngine does); every library
-        of every rank is seeded with it."""
+        and the seeds. ``seed=None`` with ``draw_seed`` draws one on rank 0 (as MMEngine
+        does) and seeds python, numpy and torch with it on every rank (``seed_per_rank``:
+        plus the rank); without ``draw_seed`` (the Trainer) the global RNGs are left as
+        they are. ``data_seed`` (the data order's) is the seed, or the drawn one."""
         if self._env_ready:
             return
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
@@ -94,11 +98,15 @@ class StrategyAPI:
         self.launcher = detect_launcher().launcher if self.distributed else "none"  # type: ignore[attr-defined]
         if self.rank != 0:  # one copy of the console: rank 0's
             get_logger().setLevel(logging.WARNING)
+        # Ranks must agree on the data order and the run's start time: rank 0 decides.
         stamp, drawn, token = comm.broadcast_object(
-            (time.strftime("%Y%m%d_%H%M%S"), secrets.randbits(31), secrets.token_hex(4)))
+            (time.strftime("%Y%m%d_%H%M%S"), secrets.randbits(63), secrets.token_hex(4)))
         self.timestamp, self.run_id = stamp, f"{stamp}-{token}"
-        self.seed = seed if seed is not None else drawn
-        seed_everything(self.seed, rank=self.rank)
+        self.data_seed = seed if seed is not None else drawn
+        self.seed = seed if seed is not None or not draw_seed else drawn
+        if self.seed is not None:
+            seed_everything(self.seed, rank=self.rank, per_rank=seed_per_rank)
+        self.seed_per_rank = seed_per_rank
         self.deterministic = bool(deterministic)
         if deterministic:
             set_deterministic(True)
@@ -175,7 +183,7 @@ class StrategyAPI:
         if not train:
             return loader
         loaders = self.__dict__.setdefault("_loaders", [])
-        prepared = ResumableLoader(loader, seed=derive_seed(self.seed, len(loaders)), rank=self.rank)  # type: ignore[arg-type]
+        prepared = ResumableLoader(loader, seed=derive_seed(self.data_seed, len(loaders)), rank=self.rank)
         loaders.append(prepared)
         pending = self.__dict__.get("_pending_loaders") or []
         if pending:  # resumed before this loader was prepared
