@@ -203,11 +203,11 @@ def _ema_in_hook_state(checkpoint: str) -> dict[str, Any] | None:
     """``{"ema": weights}`` for a full training checkpoint, where the EMA weights sit in
     the EMAHook's state rather than under a top-level "ema" entry (which best-weights
     checkpoints have); None when there is nothing to adapt."""
-    from treadle.checkpoint.io import load_checkpoint
+    from treadle.checkpoint.io import STATE_FILE, load_checkpoint
 
     if not Path(checkpoint).is_dir():
         return None
-    state = load_checkpoint(checkpoint, files=["state.pt"])["state.pt"]
+    state = load_checkpoint(checkpoint, files=[STATE_FILE])[STATE_FILE]
     hook = state.get("hooks", {}).get("EMAHook") if isinstance(state, dict) and "ema" not in state else None
     if isinstance(hook, dict) and isinstance(hook.get("ema"), dict) and "module" in hook["ema"]:
         return {"ema": hook["ema"]["module"]}

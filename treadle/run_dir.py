@@ -39,7 +39,7 @@ from treadle.logging.writers import get_logger, move_whole_aside, replace_atomic
 LOCK_NAME = ".treadle.lock"
 CHECKPOINTS = "checkpoints"  # work_dir/checkpoints/<name>
 
-__all__ = ["CHECKPOINTS", "LOCK_NAME", "RunDir", "WorkDirBusyError", "WorkDirLock", "read_holder", "save_refusal",
+__all__ = ["CHECKPOINTS", "LOCK_NAME", "RunDir", "WorkDirBusyError", "WorkDirLock", "read_holder",
            "write_run_file"]
 
 T = TypeVar("T")
@@ -149,16 +149,6 @@ def write_run_file(work_dir: str | os.PathLike[str], name: str, text: str) -> Pa
             get_logger().info(f"{name}: the earlier one moved to {moved.name}")
     replace_atomically(path, lambda f: f.write(text))
     return moved
-
-
-def save_refusal(path: str | os.PathLike[str], run: str) -> str | None:
-    """Why run ``run`` must not save to ``path`` (another run's checkpoint, or anything else
-    it did not save, is there), or None when it may."""
-    try:
-        claim_checkpoint_path(path, run, rename=False)
-    except CheckpointError as e:
-        return str(e)
-    return None
 
 
 class RunDir:

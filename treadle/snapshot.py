@@ -26,17 +26,13 @@ import torch
 
 import treadle
 from treadle.checkpoint.finite import first_nonfinite, named_tensors
-from treadle.checkpoint.rng import get_rng_state
+from treadle.checkpoint.checkpointer import rng_file
+from treadle.checkpoint.manifest import STATE_FILE
 from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
     from treadle.trainer import Trainer
 
-STATE_FILE = "state.pt"
-
-
-def rng_file(rank: int) -> str:
-    return f"rng_rank{rank}.pt"
 
 
 def hook_keys(trainer: "Trainer") -> dict[str, Any]:
@@ -72,8 +68,10 @@ def position(trainer: "Trainer") -> tuple[dict[str, int], dict[str, Any]]:
     return counters, data
 
 
-def collect(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(payloads, meta)`` for :func:`treadle.checkpoint.io.save_checkpoint`."""
+def collect(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``(state, rank_state, meta)``: what the checkpointer (treadle/checkpoint/checkpointer.py)
+    writes to ``state.pt``, to this rank's ``rng_rank<r>.pt`` beside its RNGs, and to the
+    manifest."""
     counters, data = position(trainer)
     strategy, module = trainer.strategy, trainer.module
     state = {
@@ -90,9 +88,7 @@ def collect(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
         s.by_epoch and s.max_epochs is not None and counters["epoch"] >= s.max_epochs)) and not (
         data["open"] or data.get("val_due"))
     meta = {"epoch": counters["epoch"], "iter": counters["iter"], "finished": bool(finished), "run": trainer.run_id}
-    own = get_rng_state()
-    own["rank_state"] = _rank_state(trainer, state, data)
-    return {STATE_FILE: state, rng_file(trainer.strategy.rank): own}, meta
+    return state, _rank_state(trainer, state, data), meta
 
 
 def nonfinite_entry(trainer: "Trainer", state: dict[str, Any]) -> str | None:
@@ -207,7 +203,8 @@ def _check_optimizer(name: str, optimizer: torch.optim.Optimizer, saved: dict[st
 
 
 def restore(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, Any]:
-    """Load ``payloads`` into the trainer; returns the data position to resume from.
+    """Load ``payloads`` (``state.pt`` and this rank's ``rng_rank<r>.pt``) into the
+    trainer; returns the data position to resume from.
 
     The RNG state is not applied here but handed to the train loop, which sets it
     at the exact point where the interrupted run was (just before the next batch).

@@ -29,12 +29,12 @@ from treadle.logging.store import MetricStore
 from treadle.logging.writers import get_logger
 from treadle.loops import EpochLoop, EvalLoop, IterLoop, TrainLoop, check_workflow, default_workflow
 from treadle import snapshot
-from treadle.checkpoint.io import CheckpointError
+from treadle.checkpoint.checkpointer import Checkpointer
 from treadle.checkpoint.weights import load_weights
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.resume import check_resume_dir, latest_to_resume, note_other_runs
 from treadle.preemption import INTERRUPTED_EXIT_CODE, PreemptionConfig, PreemptionHandlers, requeue_slurm_job
-from treadle.run_dir import RunDir, save_refusal
+from treadle.run_dir import RunDir
 from treadle.optim.wrapper import OptimWrapper, check_clip_grad, check_precision, make_autocast
 from treadle.seeding import seed_everything
 from treadle.state import TrainState
@@ -500,33 +500,31 @@ class Trainer:
         return self.run_dir.checkpoint_path(name, self.run_id)
 
     # -- checkpoints -------------------------------------------------------------------
+    @property
+    def checkpointer(self) -> Checkpointer:
+        """Saves and loads through the strategy (the same one your own loop uses)."""
+        return self.strategy.checkpointer
+
     def save_checkpoint(self, path: str | Path, writer: Callable[..., Path] | None = None) -> Path:
         """Save the complete state (atomic; see treadle/snapshot.py for what is in it).
 
         ``writer``: replaces ``treadle.checkpoint.io.save_checkpoint`` on rank 0, e.g. an
         ``AsyncCheckpointer`` (which returns once the state is copied to CPU memory).
         """
-        payloads, meta = snapshot.collect(self)
-        state = payloads[snapshot.STATE_FILE]
-        self._call("before_save_checkpoint", state)
+        state, rank_state, meta = snapshot.collect(self)
         # Checked on every rank (FSDP: each its shards), agreed on, raised everywhere alike.
-        refusal = save_refusal(path, self.run_id) if self.is_main else None
-        problems = comm.all_gather_object((snapshot.nonfinite_entry(self, state), refusal))
-        bad = next((b for b, _ in problems if b is not None), None)
-        if bad is not None:
-            raise FloatingPointError(f"refusing to save {path}: {bad} holds NaN or inf at iteration {meta['iter']} "
-                                     "(a non-finite gradient with a finite loss does this); the checkpoints saved "
-                                     "before are kept. nan_guard='skip' skips such steps; clip_grad or a lower lr "
-                                     "may avoid them")
-        if problems[0][1] is not None:
-            raise CheckpointError(problems[0][1])
-        return self.strategy.write_checkpoint(path, payloads, meta, writer=writer)  # rank 0 writes; all ranks call
+        return self.checkpointer.save(
+            path, state, rank_states=rank_state, meta=meta, run=self.run_id, writer=writer,
+            callback=functools.partial(self._call, "before_save_checkpoint"),
+            describe=functools.partial(snapshot.nonfinite_entry, self),
+            hint=" (a non-finite gradient with a finite loss does this); nan_guard='skip' skips such steps, "
+                 "clip_grad or a lower lr may avoid them")
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore the complete state from ``path``; returns the data position."""
-        payloads = self.strategy.read_checkpoint(path, template=functools.partial(snapshot.sharded_template, self))
-        pos = snapshot.restore(self, payloads)
-        self._call("after_load_checkpoint", payloads[snapshot.STATE_FILE])
+        state, own = self.checkpointer.load(path, template=functools.partial(snapshot.sharded_template, self))
+        pos = snapshot.restore(self, {snapshot.STATE_FILE: state, snapshot.rng_file(self.strategy.rank): own})
+        self._call("after_load_checkpoint", state)
         get_logger().info(f"resumed from {path} at epoch {self.state.epoch}, iter {self.state.iter}")
         return pos
 

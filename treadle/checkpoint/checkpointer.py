@@ -69,19 +69,32 @@ class Checkpointer:
 
     def save(self, path: str | Path, states: Mapping[str, Any], *, rank_states: Mapping[str, Any] | None = None,
              meta: Mapping[str, Any] | None = None, run: str | None = None,
-             writer: Callable[..., Path] | None = None) -> Path:
+             writer: Callable[..., Path] | None = None, callback: Callable[[dict[str, Any]], Any] | None = None,
+             describe: Callable[[dict[str, Any]], str | None] | None = None, hint: str = "") -> Path:
         """Write ``states`` (and this rank's ``rank_states`` and RNG) to ``path``; every
         rank calls it. ``run``: this run's id, recorded in the manifest; a path holding
-        what another run saved is refused. Returns the path written."""
+        what another run saved is refused. ``callback(state)`` may edit the collected
+        state first (the Trainer's ``before_save_checkpoint`` hooks). ``describe(state)``
+        names the first non-finite tensor for a person (default: its key path), ``hint``
+        ends that error. ``writer``: see the strategy's ``write_checkpoint``. Returns the
+        path written (rank 0's; the same path elsewhere)."""
         state = {name: _state_of(obj) for name, obj in states.items()}
+        if callback is not None:
+            callback(state)
+        meta = {**(meta or {}), **({"run": run} if run is not None else {})}
+        self.check_savable(path, state, run, meta.get("iter"), describe=describe, hint=hint)
+        return self.backend.write_checkpoint(path, self.payloads(state, rank_states), meta, writer=writer)
+
+    def payloads(self, states: Mapping[str, Any], rank_states: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The files :meth:`save` hands the strategy: ``state.pt`` and this rank's
+        ``rng_rank<r>.pt`` (its RNGs, and ``rank_states`` under ``rank_state``).
+        References only: nothing is copied (an async saver may reserve buffers for them)."""
         own = get_rng_state()
         own["rank_state"] = {name: _state_of(obj) for name, obj in (rank_states or {}).items()}
-        meta = {**(meta or {}), **({"run": run} if run is not None else {})}
-        self.check_savable(path, state, run, meta.get("iter"))
-        payloads = {STATE_FILE: state, rng_file(self.backend.rank): own}
-        return self.backend.write_checkpoint(path, payloads, meta, writer=writer)
+        return {STATE_FILE: {name: _state_of(obj) for name, obj in states.items()}, rng_file(self.backend.rank): own}
 
-    def check_savable(self, path: str | Path, state: Mapping[str, Any], run: str | None, where: Any = None) -> None:
+    def check_savable(self, path: str | Path, state: Mapping[str, Any], run: str | None, where: Any = None, *,
+                      describe: Callable[[dict[str, Any]], str | None] | None = None, hint: str = "") -> None:
         """Raise on every rank alike when any rank's share of ``state`` holds NaN or inf
         (named), or when ``path`` holds something run ``run`` did not save (rank 0 looks)."""
         refusal = None
@@ -90,12 +103,16 @@ class Checkpointer:
                 claim_checkpoint_path(path, run, rename=False)
             except CheckpointError as e:
                 refusal = str(e)
-        bad = first_nonfinite(named_tensors(state))
+        if describe is not None:
+            bad = describe(dict(state))
+        else:
+            name = first_nonfinite(named_tensors(state))
+            bad = repr(name) if name is not None else None
         problems = self.backend.all_gather_object((bad, refusal))
         bad = next((b for b, _ in problems if b is not None), None)
         if bad is not None:
             at = f" at iteration {where}" if where is not None else ""
-            raise FloatingPointError(f"refusing to save {path}: {bad!r} holds NaN or inf{at}; the checkpoints "
+            raise FloatingPointError(f"refusing to save {path}: {bad} holds NaN or inf{at}{hint}; the checkpoints "
                                      "saved before are kept")
         if problems[0][1] is not None:
             raise CheckpointError(problems[0][1])

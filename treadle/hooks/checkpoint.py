@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from treadle.checkpoint.async_save import AsyncCheckpointer
 from treadle.checkpoint.directory import prune_checkpoints, remove_own_checkpoint
-from treadle.checkpoint.io import CheckpointError, save_checkpoint
+from treadle.checkpoint.io import STATE_FILE, CheckpointError, save_checkpoint
 from treadle.checkpoint.finite import first_nonfinite, named_tensors
 from treadle.distributed import comm
 from treadle.hooks.base import Hook, Priority
@@ -146,7 +146,7 @@ class CheckpointHook(Hook):
             get_logger().warning(f"best {self.best} = {value:.6g}: not saved, weight {bad!r} holds NaN or inf")
             return
         if trainer.is_main:
-            save_checkpoint(path, {"state.pt": weights},
+            save_checkpoint(path, {STATE_FILE: weights},
                             meta={"iter": s.iter, "epoch": s.epoch, self.best: value, "run": trainer.run_id})
         relative = path.relative_to(trainer.work_dir).as_posix()
         self.best_records = sorted([*self.best_records, (value, relative)], key=lambda r: sign * r[0])
@@ -170,8 +170,8 @@ class CheckpointHook(Hook):
             self._saver = AsyncCheckpointer()
         from treadle import snapshot
 
-        payloads, _ = snapshot.collect(trainer)  # references only: nothing is copied here
-        self._saver.reserve(payloads)
+        state, rank_state, _ = snapshot.collect(trainer)  # references only: nothing is copied here
+        self._saver.reserve(trainer.checkpointer.payloads(state, rank_state))
 
     def before_save_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
         if self._saver is not None:  # e.g. a preemption save: never two writes at once

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from treadle.checkpoint.checkpointer import rng_file
 from treadle.distributed import comm
 from treadle.strategies.api import DEFAULT_REVISE_KEYS, StrategyAPI
 
@@ -119,13 +120,20 @@ class Strategy(StrategyAPI):
         from treadle.checkpoint.io import save_checkpoint
 
         write = writer or save_checkpoint
-        if self.distributed:
-            own = f"rng_rank{self.rank}.pt"
-            gathered = comm.gather_object(payloads.pop(own))
-            if not self.is_main:
-                return Path(path)
-            payloads.update({f"rng_rank{r}.pt": s for r, s in enumerate(gathered)})  # type: ignore[arg-type]
+        payloads = self.gather_rank_files(payloads)
+        if not self.is_main:
+            return Path(path)
         return write(path, payloads, meta=meta)
+
+    def gather_rank_files(self, payloads: dict[str, Any]) -> dict[str, Any]:
+        """``payloads`` with every rank's ``rng_rank<r>.pt`` on rank 0 (a collective);
+        other ranks get theirs without it."""
+        payloads = dict(payloads)
+        if self.distributed:
+            gathered = comm.gather_object(payloads.pop(rng_file(self.rank)))
+            if self.is_main:
+                payloads.update({rng_file(r): state for r, state in enumerate(gathered)})  # type: ignore[arg-type]
+        return payloads
 
     def finish_saves(self) -> None:
         """Complete any save this strategy left in flight (FSDP's async DCP saves)."""

@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from treadle.checkpoint.manifest import STATE_FILE
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 from treadle.strategies.base import ProcessGroupStrategy
@@ -245,7 +246,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         under ``no_sync`` have no stable layout): the window restarts on resume.
         """
         self.finish_saves()  # an asynchronous save still in flight is committed first
-        state = dict(payloads["state.pt"])
+        state = dict(payloads[STATE_FILE])
         sharded: dict[str, Any] = {"model": state.pop("model"), "optim": {}}
         optim = {}
         for name, ow_state in state["optim"].items():
@@ -261,7 +262,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         if where is not None:
             raise ValueError(f"FSDP checkpoint: {where.replace('payloads', 'state')} is a sharded DTensor outside "
                              "the model and optimizer (e.g. EMA), which is not supported with FSDP yet")
-        pending = self.save_sharded_checkpoint(path, sharded, {**payloads, "state.pt": state}, meta,
+        pending = self.save_sharded_checkpoint(path, sharded, {**payloads, STATE_FILE: state}, meta,
                                                async_=writer is not None)
         if writer is None:
             return pending.wait()
@@ -292,11 +293,11 @@ class FSDPStrategy(ProcessGroupStrategy):
         if template is None:
             raise ValueError("FSDPStrategy.load_checkpoint needs template=, the current sharded states")
         state, payloads = self.load_sharded_checkpoint(path, template())
-        merged = dict(payloads["state.pt"])
+        merged = dict(payloads[STATE_FILE])
         merged["model"] = state["model"]
         merged["optim"] = {name: {**ow_state, "optimizer": state["optim"][name]}
                            for name, ow_state in merged["optim"].items()}
-        return {**payloads, "state.pt": merged}
+        return {**payloads, STATE_FILE: merged}
 
     def save_sharded_checkpoint(self, path: str | Path, sharded_state: dict[str, Any], payloads: dict[str, Any],
                                 meta: dict[str, Any], async_: bool = False) -> Any:
@@ -305,13 +306,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         Returns the ``PendingSave`` (call ``wait()`` on every rank before the next save)."""
         from treadle.checkpoint.sharded import save_sharded
 
-        payloads = dict(payloads)
-        if self.distributed:
-            own = f"rng_rank{self.rank}.pt"
-            gathered = comm.gather_object(payloads.pop(own))
-            if self.is_main:
-                payloads.update({f"rng_rank{r}.pt": s for r, s in enumerate(gathered)})  # type: ignore[arg-type]
-        return save_sharded(path, sharded_state, payloads, meta, async_=async_)
+        return save_sharded(path, sharded_state, self.gather_rank_files(payloads), meta, async_=async_)
 
     def load_sharded_checkpoint(self, path: str | Path, template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """:func:`treadle.checkpoint.sharded.load_sharded`: ``(state, small payloads)``."""
