@@ -480,3 +480,35 @@ def test_no_sync_context_is_entered_only_on_micro_batches_that_do_not_step():
     assert closes == [False, False, True, False, False, True, True]
     assert entered == [0, 1, 0, 1]  # before micro-steps 1-2 of each full window; closing ones sync
     assert ow.step_count == 3
+
+
+# -- build_optim_wrapper: MMEngine's optim_wrapper dict ------------------------------------
+def test_build_optim_wrapper_from_mmengine_keys():
+    from treadle.optim.wrapper import OptimWrapper, build_optim_wrapper
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    ow = build_optim_wrapper(dict(optimizer=dict(type="SGD", lr=0.1, weight_decay=1e-4), accumulative_counts=4,
+                                  clip_grad=dict(max_norm=2.0), paramwise_cfg=dict(norm_decay_mult=0.0)), model)
+    assert (ow.accumulate, ow.clip_grad, ow.precision) == (4, {"max_norm": 2.0}, "32")
+    decays = sorted(g["weight_decay"] for g in ow.optimizer.param_groups)
+    assert decays[0] == 0.0 and decays[-1] == 1e-4  # paramwise_cfg reached the optimizer builder
+    assert build_optim_wrapper(dict(type="AmpOptimWrapper", optimizer=dict(type="SGD", lr=0.1)), model).precision == "16"
+    assert build_optim_wrapper(dict(dtype="bfloat16", optimizer=dict(type="SGD", lr=0.1)), model).precision == "bf16"
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert build_optim_wrapper(opt, model).optimizer is opt
+    same = OptimWrapper(opt)
+    assert build_optim_wrapper(same, model) is same
+
+
+@pytest.mark.parametrize("cfg,error,match", [
+    (dict(optimizer=dict(type="SGD", lr=0.1), accumulate=2), ValueError, r"unknown keys \['accumulate'\]"),
+    (dict(type="ApexOptimWrapper", optimizer=dict(type="SGD", lr=0.1)), ValueError, "expected 'OptimWrapper'"),
+    (dict(accumulative_counts=2), ValueError, "has no 'optimizer'"),
+    (dict(dtype="float64", optimizer=dict(type="SGD", lr=0.1)), ValueError, "dtype='float64'"),
+    ("SGD", TypeError, "must be an OptimWrapper"),
+])
+def test_build_optim_wrapper_refuses_bad_configs(cfg, error, match):
+    from treadle.optim.wrapper import build_optim_wrapper
+
+    with pytest.raises(error, match=match):
+        build_optim_wrapper(cfg, torch.nn.Linear(2, 2))

@@ -13,7 +13,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import treadle
 from treadle.checkpoint.io import CheckpointError
-from treadle.data.resumable import ResumableLoader
 from treadle.optim.wrapper import OptimWrapper
 from support import TinyNet, make_data
 
@@ -57,8 +56,7 @@ def test_prepare_returns_what_was_asked_for(tmp_path):
     assert isinstance(model, nn.Linear)
     with pytest.raises(RuntimeError, match="called already"):
         s.prepare(nn.Linear(2, 2))
-    model, ow = treadle.build_strategy("single").prepare(nn.Linear(2, 2), optim_wrapper=torch.optim.SGD)\
-        if False else treadle.build_strategy("single").prepare(nn.Linear(2, 2), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)))
+    model, ow = treadle.build_strategy("single").prepare(nn.Linear(2, 2), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)))
     assert isinstance(ow, OptimWrapper) and ow.accumulate == 1 and ow.precision == "32"
     model, ow, scheds = treadle.build_strategy("single").prepare(nn.Linear(2, 2), optim_wrapper=OPTIM, param_scheduler=WARMUP)
     assert ow.accumulate == 2 and len(scheds) == 1
@@ -244,22 +242,3 @@ def test_state_dicts_round_trip(tmp_path):
     assert t.optim_wrapper.get_lr() == ow.get_lr()
     with pytest.raises(CheckpointError, match="1 scheduler"):
         t.load_scheduler_state_dict([])
-
-
-def test_resumable_loader_epochs_and_places():
-    loader = ResumableLoader(DataLoader(_data(12), batch_size=4, shuffle=True), seed=1)
-    epochs = [[b[0] for b in loader] for _ in range(3)]
-    assert loader.epoch == 2 and not all(torch.equal(a, b) for a, b in zip(epochs[0], epochs[1]))
-    again = ResumableLoader(DataLoader(_data(12), batch_size=4, shuffle=True), seed=1)
-    it = iter(again)
-    next(it)
-    state = again.state_dict()
-    assert state == {"epoch": 0, "batch_idx": 1, "seed": 1}
-    fresh = ResumableLoader(DataLoader(_data(12), batch_size=4, shuffle=True), seed=99)
-    fresh.load_state_dict(state)
-    rest = [b[0] for b in fresh]
-    assert all(torch.equal(a, b) for a, b in zip(rest, epochs[0][1:])) and len(rest) == 2
-    assert fresh.state_dict() == {"epoch": 1, "batch_idx": 0, "seed": 1}  # an epoch taken to its end is over
-    assert torch.equal(next(iter(fresh))[0], epochs[1][0])
-    with pytest.raises(ValueError, match="batch_idx"):
-        fresh.load_state_dict({"epoch": 0, "batch_idx": -1, "seed": 1})
