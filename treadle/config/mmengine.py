@@ -84,8 +84,8 @@ NOT_TRANSLATED = {
 _DROPPED_HOOKS = ("IterTimerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "RuntimeInfoHook")
 
 _LOGGER_WHY = {
-    "ignore_last": "treadle logs every log_interval iterations counted over the whole run (and at the last one); "
-                   "it never logs the iterations left over at the end of an epoch.",
+    "ignore_last": "treadle's default LoggerHook, as MMEngine's, never logs the iterations left over at the end of "
+                   "an epoch longer than the interval; for that give hooks: [{type: LoggerHook, ignore_last: false}].",
     "log_metric_by_epoch": "treadle's log.jsonl records carry both epoch and iter, and its TensorBoard logs put "
                            "validation results at the iteration (MMEngine's log_metric_by_epoch=False).",
 }

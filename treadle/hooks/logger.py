@@ -16,9 +16,16 @@ if TYPE_CHECKING:
 
 
 class LoggerHook(Hook):
-    """Every ``interval`` iterations, reduce the metric store's windows (one host
-    transfer) and write a console line and a ``log.jsonl`` record; also write one
-    record per validation and test. Per iteration it only appends the step's outputs.
+    """At the log interval, reduce the metric store's windows (one host transfer) and
+    write a console line and a ``log.jsonl`` record; also write one record per
+    validation and test. Per iteration it only appends the step's outputs.
+
+    When a train record is written (MMEngine's LoggerHook rule, see :meth:`due`):
+    epoch-based, every ``interval`` iterations counted inside the epoch, and at an
+    epoch's last iteration too when the epoch has at most ``interval`` iterations (so an
+    interval longer than an epoch still gives one record per epoch) or when
+    ``ignore_last`` is false; iteration-based, every ``interval`` iterations of the run.
+    Both also write one at the run's last iteration.
 
     JSONL fields: ``mode``, ``epoch`` (1-based running epoch), ``iter`` (iterations
     done), ``timestamp`` (unix seconds), ``lr`` (and ``lr/<optimizer>``, ``.../pg<i>``
@@ -53,11 +60,14 @@ class LoggerHook(Hook):
     priority = Priority.BELOW_NORMAL
 
     def __init__(self, interval: int = 50, writers: tuple[Any, ...] = ("jsonl", "csv", "tensorboard"),
-                 text_log: bool = True) -> None:
+                 text_log: bool = True, ignore_last: bool = True) -> None:
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"log interval must be an int >= 1, got {interval!r}")
+        if not isinstance(ignore_last, bool):
+            raise TypeError(f"LoggerHook ignore_last must be true or false, got {ignore_last!r}")
         check_writers("LoggerHook writers", writers)
         self.interval = interval
+        self.ignore_last = ignore_last
         self.writer_specs = tuple(writers)
         self.text_log = text_log
         self._writers: list[Any] = []
@@ -161,8 +171,19 @@ class LoggerHook(Hook):
             pending[k].append(v)
         state = trainer.state
         done = state.iter + 1
-        if done % self.interval == 0 or done == state.max_iters:
+        if self.due(state) or done == state.max_iters:
             self._log_train(trainer, done)
+
+    def due(self, state: Any) -> bool:
+        """Whether the running iteration's train record is due (the class docstring's
+        rule; the run's last iteration aside)."""
+        per_epoch = state.iters_per_epoch
+        if not state.by_epoch or not per_epoch:
+            return (state.iter + 1) % self.interval == 0
+        k = state.inner_iter + 1
+        if k % self.interval == 0:
+            return True
+        return k == per_epoch and (not self.ignore_last or per_epoch <= self.interval)
 
     def _log_train(self, trainer: "Trainer", done: int) -> None:
         state = trainer.state
