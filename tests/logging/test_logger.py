@@ -134,9 +134,14 @@ def test_logging_does_not_read_device_values_between_intervals(monkeypatch, as_d
     ("jsonl", TypeError, r"LoggerHook writers='jsonl'; expected a list of writers such as \['jsonl'\]"),
     (None, TypeError, r"LoggerHook writers=None; expected a list"),
     (["jsonl", object()], TypeError, r"LoggerHook writers\[1\]=<object object at .*> is neither a writer name nor a "
-                                     r"writer object; expected one of \['csv', 'jsonl', 'tensorboard'\] or an object "
-                                     r"with write\(record\) and close\(\)"),
+                                     r"writer object; expected one of \['csv', 'jsonl', 'mlflow', 'tensorboard', "
+                                     r"'wandb'\], a dict \{type: name, option: value\}, or an object with "
+                                     r"write\(record\) and close\(\)"),
     (["tensorbord"], ValueError, r"LoggerHook writers\[0\]='tensorbord' is not a known log writer"),
+    ([{"type": "mlflow", "experiment": "x", "tags": {}}], ValueError,
+     r"LoggerHook writers\[0\]: bad options \['experiment', 'tags'\] for the mlflow writer .*; expected some of "
+     r"\['experiment', 'run_name', 'tracking_uri', 'params'\]"),
+    ([{"type": "csv", "path": "x.csv"}], ValueError, r"bad options \['path'\] for the csv writer \(multiple values for argument 'path'\)"),
 ])
 def test_bad_writers_are_refused_at_construction(writers, exc, match):
     from treadle.hooks.logger import LoggerHook
@@ -216,3 +221,17 @@ def test_iteration_based_records_count_over_the_run(tmp_path):
 def test_ignore_last_must_be_a_bool():
     with pytest.raises(TypeError, match="ignore_last must be true or false, got 1"):
         treadle.hooks.LoggerHook(ignore_last=1)
+
+
+def test_writer_specs_with_options_are_built_in_the_run_directory(tmp_path):
+    from treadle.logging.backends import CsvWriter
+    from treadle.logging.specs import build_writer
+    from treadle.logging.trackers import MlflowWriter, WandbWriter
+
+    csv = build_writer({"type": "csv", "flush_secs": 0.5}, tmp_path)
+    assert isinstance(csv, CsvWriter) and csv.path == tmp_path / "log.csv"
+    mlflow = build_writer({"type": "mlflow", "experiment": "exp", "run_name": "r1"}, tmp_path)
+    assert isinstance(mlflow, MlflowWriter) and (mlflow.experiment, mlflow.run_name) == ("exp", "r1")
+    assert mlflow.tracking_uri.endswith("/mlruns") or "MLFLOW_TRACKING_URI" in __import__("os").environ
+    wandb = build_writer({"type": "wandb", "project": "p", "entity": "team"}, tmp_path)
+    assert isinstance(wandb, WandbWriter) and wandb.project == "p" and wandb.init_kwargs["entity"] == "team"

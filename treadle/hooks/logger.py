@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from treadle.hooks.base import Hook, Priority
-from treadle.logging.writers import LOGGER_NAME, JsonlWriter, add_file_handler, get_logger, remove_handler
+from treadle.logging.specs import WRITERS, build_writer, check_writers
+from treadle.logging.writers import LOGGER_NAME, add_file_handler, get_logger, remove_handler
 
 if TYPE_CHECKING:
     from treadle.trainer import Trainer
@@ -35,8 +36,10 @@ class LoggerHook(Hook):
     under ``val/...`` or ``test/...``.
 
     ``writers``: any of "jsonl" (``log.jsonl``), "csv" (``log.csv``), "tensorboard"
-    (events under ``tensorboard/``), or objects with ``write(record)``/``close()``
-    (e.g. ``treadle.logging.trackers.MlflowWriter``). Only rank 0 writes.
+    (events under ``tensorboard/``), "mlflow", "wandb" (:mod:`treadle.logging.trackers`,
+    in the run directory), the same as ``{"type": name, **options}`` (the writer's
+    arguments after the run directory, e.g. ``{"type": "wandb", "project": "exp"}``),
+    or objects with ``write(record)``/``close()``. Only rank 0 writes.
 
     While a ``ProgressBarHook`` is live, the console lines are printed above the bar by
     rich (see ``treadle/hooks/progress.py``); ``log.txt`` and the writers are unchanged.
@@ -101,7 +104,7 @@ class LoggerHook(Hook):
         work_dir = Path(trainer.work_dir)
         if self.text_log:
             self._handler = add_file_handler(work_dir / "log.txt")
-        self._writers = [WRITERS[w](work_dir) if isinstance(w, str) else w for w in self.writer_specs]
+        self._writers = [build_writer(w, work_dir) for w in self.writer_specs]
         if not self._opened:  # before this trainer wrote anything there: an earlier run's files
             self._opened = True
             mtimes = [p.stat().st_mtime for p in self._log_files() if p.is_file() and p.stat().st_size > 0]
@@ -243,37 +246,6 @@ class LoggerHook(Hook):
 def _file_name(writer: Any) -> str:
     path = getattr(writer, "path", None)
     return Path(path).name if path is not None else type(writer).__name__
-
-
-def _tensorboard(work_dir: Path) -> Any:
-    from treadle.logging.backends import TensorBoardWriter  # imports tensorboard: only when used
-
-    return TensorBoardWriter(work_dir / "tensorboard")
-
-
-def _csv(work_dir: Path) -> Any:
-    from treadle.logging.backends import CsvWriter
-
-    return CsvWriter(work_dir / "log.csv")
-
-
-WRITERS = {"jsonl": lambda d: JsonlWriter(d / "log.jsonl"), "csv": _csv, "tensorboard": _tensorboard}
-
-
-def check_writers(name: str, writers: Any) -> None:
-    """``writers``: a list of writer names (:data:`WRITERS`) and objects with ``write(record)``
-    and ``close()``; ``name`` is the argument the messages name (e.g. ``log_writers``)."""
-    expected = f"one of {sorted(WRITERS)} or an object with write(record) and close()"
-    if not isinstance(writers, (list, tuple)):
-        example = f"[{writers!r}]" if isinstance(writers, str) else "['jsonl', 'csv']"
-        raise TypeError(f"{name}={writers!r}; expected a list of writers such as {example} ([] for none), each "
-                        f"{expected}")
-    for i, w in enumerate(writers):
-        if isinstance(w, str):
-            if w not in WRITERS:
-                raise ValueError(f"{name}[{i}]={w!r} is not a known log writer; expected {expected}")
-        elif not (callable(getattr(w, "write", None)) and callable(getattr(w, "close", None))):
-            raise TypeError(f"{name}[{i}]={w!r} is neither a writer name nor a writer object; expected {expected}")
 
 
 def _fmt(v: Any) -> str:
