@@ -26,7 +26,9 @@ class LoggerHook(Hook):
     epoch's last iteration too when the epoch has at most ``interval`` iterations (so an
     interval longer than an epoch still gives one record per epoch) or when
     ``ignore_last`` is false; iteration-based, every ``interval`` iterations of the run.
-    Both also write one at the run's last iteration.
+    Both also write one at the run's last iteration. A record's values are the means
+    over the iterations since the previous record, or over the last ``window`` of them
+    (MMEngine's ``LogProcessor(window_size=...)``, at most ``interval``).
 
     JSONL fields: ``mode``, ``epoch`` (1-based running epoch), ``iter`` (iterations
     done), ``timestamp`` (unix seconds), ``lr`` (and ``lr/<optimizer>``, ``.../pg<i>``
@@ -63,9 +65,13 @@ class LoggerHook(Hook):
     priority = Priority.BELOW_NORMAL
 
     def __init__(self, interval: int = 50, writers: tuple[Any, ...] = ("jsonl", "csv", "tensorboard"),
-                 text_log: bool = True, ignore_last: bool = True) -> None:
+                 text_log: bool = True, ignore_last: bool = True, window: int | None = None) -> None:
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"log interval must be an int >= 1, got {interval!r}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= interval):
+            raise ValueError(f"LoggerHook window must be null or an int in [1, interval={interval}] (values before the "
+                             f"previous record are not kept), got {window!r}")
+        self.window = window
         if not isinstance(ignore_last, bool):
             raise TypeError(f"LoggerHook ignore_last must be true or false, got {ignore_last!r}")
         check_writers("LoggerHook writers", writers)
@@ -194,6 +200,9 @@ class LoggerHook(Hook):
                                   "timestamp": round(time.time(), 3)}
         record.update(trainer.learning_rates())
         record.update(self._optim_values(trainer))
+        if self.window is not None:
+            for window in trainer.store.pending.values():
+                del window[:-self.window]
         values = trainer.store.flush()  # after the grad norms joined the store: one transfer
         values = trainer.strategy.reduce_log_values(values)  # several ranks: mean, max for times
         record.update(values)
