@@ -26,7 +26,9 @@ MMEngine                                               treadle
                                                        / ``save_param_scheduler``: true, dropped
 ``default_hooks`` LoggerHook ``interval``              ``log_interval``; ``ignore_last: true``,
                                                        ``log_metric_by_epoch: false`` (what treadle
-                                                       does), ``interval_exp_name``: dropped
+                                                       does), ``interval_exp_name``: dropped;
+                                                       ``ignore_last: false``: a LoggerHook in
+                                                       ``hooks`` (with the log writers)
 ``default_hooks`` IterTimerHook, ParamSchedulerHook,   dropped: treadle always times steps, steps
 DistSamplerSeedHook, RuntimeInfoHook, or null          its schedulers, seeds samplers, logs lr
 ``custom_hooks`` EMAHook                               ``ema``: ``momentum`` -> ``1 - momentum``
@@ -37,7 +39,10 @@ DistSamplerSeedHook, RuntimeInfoHook, or null          its schedulers, seeds sam
                                                        dropped; no ``update_buffers``: a warning
 ``custom_hooks`` EarlyStoppingHook                     ``hooks``: ``check_finite`` ->
                                                        ``stop_on_nonfinite``, the rest as is
-other ``default_hooks`` / ``custom_hooks``             ``hooks`` (treadle hook types and arguments)
+other ``default_hooks`` / ``custom_hooks``             ``hooks`` (treadle hook types, registered
+                                                       ones or dotted paths, and their arguments)
+a top-level name also set by the translation           dropped when it holds the same value (a
+(``optimizer = dict(...)``, ``max_epochs = 12``)       helper reused in ``optim_wrapper``...)
 ``randomness.seed`` / ``deterministic`` /              ``seed`` / ``deterministic`` /
 ``diff_rank_seed``                                     ``seed_per_rank``
 ``*_dataloader.sampler: {type: DefaultSampler,         ``*_dataloader.shuffle`` (sampler ``seed``
@@ -47,13 +52,17 @@ shuffle: ...}``                                        dropped: treadle seeds sa
 ``resume: true`` with ``load_from: PATH``              ``resume: PATH`` (full state), no
                                                        ``load_from``
 ``default_scope``                                      dropped
+runtime keys (``env_cfg``, ``visualizer``,             see :mod:`treadle.config.mmengine_runtime`
+``log_level``, ``launcher``, ``log_processor``,
+``tta_model``), visualization hooks, helper variables
 =====================================================  =====================================
 
 Everything else (``model``, ``*_dataloader``, ``work_dir``, ``load_from`` alone or with
 ``resume: false`` (weights only), ``resume``, ``auto_scale_lr`` with ``enable``) has the
 same name and meaning in both. Any other option, or a value treadle cannot honour
-(``update_buffers: false``, ``ignore_last: false``, ``log_metric_by_epoch: true``...),
-is an error: only the entries marked "dropped" above are left out.
+(``update_buffers: false``, ``log_metric_by_epoch: true``...), is an error naming the
+key as the config wrote it: only the entries marked "dropped" above are left out.
+``docs/mmengine.md`` is the migration page.
 """
 
 from __future__ import annotations
