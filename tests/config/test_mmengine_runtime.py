@@ -330,3 +330,10 @@ def test_runtime_env_hook_sets_and_restores(monkeypatch):
 def test_runtime_env_hook_errors(kwargs, match):
     with pytest.raises((TypeError, ValueError), match=match):
         RuntimeEnvHook(**kwargs)
+
+
+def test_a_short_string_is_a_helper_only_where_it_is_used_whole():
+    cfg = {"default_scope": "x", "opt_name": "SG", "train_dataloader": {"dataset": {"kind": "SGD"}}}
+    with pytest.raises(ConfigError, match=r"^opt_name: unknown key"):
+        resolve_config(cfg)
+    assert "opt_name" not in translate({**cfg, "opt_name": "SGD"})

@@ -235,9 +235,10 @@ def _plain(value: Any) -> Any:
 
 
 def _used_in(value: Any, where: Any) -> bool:
-    """Whether ``value`` is ``where`` or inside it (a string also as the start of one, as in
-    ``data_root + 'train/'``)."""
-    if where == value or (isinstance(value, str) and isinstance(where, str) and where.startswith(value)):
+    """Whether ``value`` is ``where`` or inside it (a path also as the start of a string, as
+    in ``data_root + 'train/'``)."""
+    if where == value or (isinstance(value, str) and "/" in value and isinstance(where, str)
+                          and where.startswith(value)):
         return True
     if isinstance(where, dict):
         return any(_used_in(value, v) for v in where.values())
