@@ -158,3 +158,15 @@ def test_trainer_accepts_mmengine_paramwise_cfg_key():
     assert by_param[id(model[0].weight)] == 0.01 and by_param[id(model[1].weight)] == 0.01
     assert by_param[id(model[0].bias)] == by_param[id(model[1].bias)] == 0.0
     assert isinstance(t.optimizer, torch.optim.SGD)
+
+
+class KwargsSGD(torch.optim.SGD):
+    def __init__(self, params, lr=0.1, **extra):
+        super().__init__(params, lr=lr, **{k: v for k, v in extra.items() if k != "my_option"})
+
+
+def test_custom_key_options_are_free_for_an_optimizer_taking_any_keyword():
+    model, _, _ = build("convnext-flat-only")
+    opt = build_optimizer({"type": KwargsSGD, "lr": 0.1, "paramwise": {
+        "custom_keys": {"head": {"my_option": 3}}}}, model)
+    assert options_by_name(model, opt)["head.weight"]["my_option"] == 3

@@ -88,7 +88,9 @@ def build_optimizer(cfg: torch.optim.Optimizer | dict[str, Any], params: Iterabl
     if paramwise is not None:
         if not isinstance(params, nn.Module):
             raise TypeError(f"{where}: paramwise options need the model, not a list of parameters")
-        options = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "params")]
+        sig = inspect.signature(cls.__init__).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.values())
+        options = None if takes_any else [p for p in sig if p not in ("self", "params")]
         check_paramwise(paramwise, kwargs.get("weight_decay"), where=f"{where}.paramwise", options=options)
         if "lr" not in kwargs:
             raise ValueError(f"{where}: paramwise options need an explicit lr")
