@@ -69,7 +69,9 @@ def test_untranslated_mmengine_key_gets_a_hint():
     ("workflow", [["tran", 1]], "workflow[0][0]: not a supported value (got 'tran')"),
     ("auto_scale_lr", {"enable": True}, "auto_scale_lr.base_batch_size: missing required key"),
     ("nan_guard", "ignore", "nan_guard: not a supported value (got 'ignore'); expected one of 'raise', 'skip'"),
-    ("log_writers", ["jsonl", "wandb"], "log_writers[1]: not a supported value (got 'wandb')"),
+    ("log_writers", ["jsonl", "wandbb"], "log_writers[1]: not a supported value (got 'wandbb')"),
+    ("log_writers", [{"type": "mlflow", "projekt": "x"}], "log_writers[0]: bad options ['projekt'] for the mlflow writer"),
+    ("log_writers", [{"project": "x"}], "log_writers[0].type: not a writer name (got None)"),
     ("preemption", {"signal": ["SIGTERM"]}, "preemption.signal: unknown key for preemption"),
 ])
 def test_wrong_type_and_out_of_range(key, value, message):

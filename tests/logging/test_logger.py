@@ -105,11 +105,12 @@ def test_jsonl_records_equal_the_losses_computed(tmp_path):
     t.fit()
     records = read_jsonl(tmp_path / "log.jsonl")
     train = [r for r in records if r["mode"] == "train"]
-    # 12 iterations, interval 4: windows [0:4], [4:8], [8:12]
-    assert [r["iter"] for r in train] == [4, 8, 12]
+    # 2 epochs of 6 iterations, interval 4 counted inside the epoch (MMEngine's rule), and the last iteration:
+    # windows [0:4], [4:10], [10:12]
+    assert [r["iter"] for r in train] == [4, 10, 12]
     assert [r["epoch"] for r in train] == [1, 2, 2]
-    for r, w in zip(train, (losses[0:4], losses[4:8], losses[8:12])):
-        assert r["loss"] == pytest.approx(sum(w) / 4, rel=1e-6)
+    for r, w in zip(train, (losses[0:4], losses[4:10], losses[10:12])):
+        assert r["loss"] == pytest.approx(sum(w) / len(w), rel=1e-6)
         assert r["lr"] == 0.05 and r["data_time"] >= 0 and r["step_time"] > 0 and "eta_s" in r
     val = [r for r in records if r["mode"] == "val"]
     assert [(r["epoch"], r["iter"]) for r in val] == [(1, 6), (2, 12)]
@@ -133,9 +134,14 @@ def test_logging_does_not_read_device_values_between_intervals(monkeypatch, as_d
     ("jsonl", TypeError, r"LoggerHook writers='jsonl'; expected a list of writers such as \['jsonl'\]"),
     (None, TypeError, r"LoggerHook writers=None; expected a list"),
     (["jsonl", object()], TypeError, r"LoggerHook writers\[1\]=<object object at .*> is neither a writer name nor a "
-                                     r"writer object; expected one of \['csv', 'jsonl', 'tensorboard'\] or an object "
-                                     r"with write\(record\) and close\(\)"),
+                                     r"writer object; expected one of \['csv', 'jsonl', 'mlflow', 'tensorboard', "
+                                     r"'wandb'\], a dict \{type: name, option: value\}, or an object with "
+                                     r"write\(record\) and close\(\)"),
     (["tensorbord"], ValueError, r"LoggerHook writers\[0\]='tensorbord' is not a known log writer"),
+    ([{"type": "mlflow", "experiment": "x", "tags": {}}], ValueError,
+     r"LoggerHook writers\[0\]: bad options \['experiment', 'tags'\] for the mlflow writer .*; expected some of "
+     r"\['experiment', 'run_name', 'tracking_uri', 'params'\]"),
+    ([{"type": "csv", "path": "x.csv"}], ValueError, r"bad options \['path'\] for the csv writer \(multiple values for argument 'path'\)"),
 ])
 def test_bad_writers_are_refused_at_construction(writers, exc, match):
     from treadle.hooks.logger import LoggerHook
@@ -178,3 +184,54 @@ def test_a_close_error_of_a_writer_that_wrote_is_raised(tmp_path):
     with pytest.raises(OSError, match="close failed"):
         _fit_with([writer], tmp_path)
     assert len(writer.records) == 2
+
+
+# (iterations an epoch, epochs, interval, ignore_last) -> the iterations MMEngine 0.10.7's LoggerHook logs
+# (checked by calling its after_train_iter); treadle also logs the run's last iteration (marked +).
+MMENGINE_RULE = [
+    ((3, 3, 5, True), [3, 6, 9]),                      # an interval longer than an epoch: every epoch's end
+    ((4, 3, 4, True), [4, 8, 12]),
+    ((5, 3, 2, True), [2, 4, 7, 9, 12, 14] + [15]),    # counted inside the epoch; leftovers ignored, but the last +
+    ((5, 3, 2, False), [2, 4, 5, 7, 9, 10, 12, 14, 15]),
+    ((6, 2, 4, True), [4, 10] + [12]),
+    ((7, 2, 3, False), [3, 6, 7, 10, 13, 14]),
+]
+
+
+@pytest.mark.parametrize("shape, logged", MMENGINE_RULE)
+def test_train_records_follow_mmengine_logger_rule(tmp_path, shape, logged):
+    per_epoch, epochs, interval, ignore_last = shape
+    batches = list(DataLoader(make_data(4 * per_epoch), batch_size=4))
+    hook = treadle.hooks.LoggerHook(interval=interval, writers=("jsonl",), ignore_last=ignore_last)
+    t = treadle.Trainer(TinyNet(), work_dir=tmp_path, train_dataloader=batches, loss_fn=nn.CrossEntropyLoss(),
+                        optimizer=dict(type="SGD", lr=0.05), max_epochs=epochs, hooks=[hook], progress=False)
+    t.fit()
+    assert [r["iter"] for r in read_jsonl(tmp_path / "log.jsonl") if r["mode"] == "train"] == logged
+
+
+def test_iteration_based_records_count_over_the_run(tmp_path):
+    batches = list(DataLoader(make_data(20), batch_size=4))  # 5 batches a pass
+    t = treadle.Trainer(TinyNet(), work_dir=tmp_path, train_dataloader=batches, loss_fn=nn.CrossEntropyLoss(),
+                        optimizer=dict(type="SGD", lr=0.05), max_iters=14, log_interval=3, log_writers=("jsonl",),
+                        progress=False)
+    t.fit()
+    assert [r["iter"] for r in read_jsonl(tmp_path / "log.jsonl") if r["mode"] == "train"] == [3, 6, 9, 12, 14]
+
+
+def test_ignore_last_must_be_a_bool():
+    with pytest.raises(TypeError, match="ignore_last must be true or false, got 1"):
+        treadle.hooks.LoggerHook(ignore_last=1)
+
+
+def test_writer_specs_with_options_are_built_in_the_run_directory(tmp_path):
+    from treadle.logging.backends import CsvWriter
+    from treadle.logging.specs import build_writer
+    from treadle.logging.trackers import MlflowWriter, WandbWriter
+
+    csv = build_writer({"type": "csv", "flush_secs": 0.5}, tmp_path)
+    assert isinstance(csv, CsvWriter) and csv.path == tmp_path / "log.csv"
+    mlflow = build_writer({"type": "mlflow", "experiment": "exp", "run_name": "r1"}, tmp_path)
+    assert isinstance(mlflow, MlflowWriter) and (mlflow.experiment, mlflow.run_name) == ("exp", "r1")
+    assert mlflow.tracking_uri.endswith("/mlruns") or "MLFLOW_TRACKING_URI" in __import__("os").environ
+    wandb = build_writer({"type": "wandb", "project": "p", "entity": "team"}, tmp_path)
+    assert isinstance(wandb, WandbWriter) and wandb.project == "p" and wandb.init_kwargs["entity"] == "team"

@@ -1,79 +1,172 @@
-"""Parameter-wise options (MMEngine's paramwise_cfg rules) and optimizers by name."""
+"""Parameter-wise options: MMEngine's ``paramwise_cfg`` rules, parameter by parameter.
+
+Every expected value here was checked against MMEngine 0.10.7's
+``DefaultOptimWrapperConstructor`` (torch 2.13.0) in a scratch venv: the hand-written
+cases below, and ``data/mmengine_paramwise.json``, which
+``make_paramwise_reference.py`` wrote from the models and configs of
+``tests/paramwise_cases.py`` (17 cases, 396 parameters).
+"""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 import treadle
+from paramwise_cases import CASES, build, options_by_name
 from treadle.optim.builder import build_optimizer
 
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.backbone = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 3, groups=4))
-        self.head = nn.Linear(4, 2)
-        self.norm = nn.LayerNorm(2)
+REFERENCE = json.loads((Path(__file__).parent / "data" / "mmengine_paramwise.json").read_text())
 
 
-def options_by_param(opt, model):
-    names = {id(p): n for n, p in model.named_parameters()}
-    return {names[id(p)]: (g["lr"], g["weight_decay"]) for g in opt.param_groups for p in g["params"]}
+def _close(got: dict, want: dict) -> bool:
+    return got.keys() == want.keys() and all(
+        got[k] == pytest.approx(v) if isinstance(v, float) else got[k] == v for k, v in want.items())
 
 
-def test_norm_and_bias_decay_and_custom_keys():
-    model = Net()
-    opt = build_optimizer(dict(type="SGD", lr=0.1, weight_decay=0.01, paramwise=dict(
-        norm_decay_mult=0.0, bias_decay_mult=0.0, bias_lr_mult=2.0, dwconv_decay_mult=0.5,
-        custom_keys={"head": dict(lr_mult=0.1, decay_mult=3.0)})), model)
-    got = options_by_param(opt, model)
-    assert got == {
-        "backbone.0.weight": (0.1, 0.01),
-        "backbone.0.bias": (0.2, 0.0),          # bias: bias_lr_mult and bias_decay_mult
-        "backbone.1.weight": (0.1, 0.0),        # BatchNorm: norm_decay_mult
-        "backbone.1.bias": (0.1, 0.0),          # norm bias: no bias_lr_mult
-        "backbone.2.weight": (0.1, 0.005),      # depth-wise conv
-        "backbone.2.bias": (0.2, 0.005),
-        "head.weight": (pytest.approx(0.01), pytest.approx(0.03)),  # custom key wins over every other rule
-        "head.bias": (pytest.approx(0.01), pytest.approx(0.03)),
-        "norm.weight": (0.1, 0.0),
-        "norm.bias": (0.1, 0.0),
-    }
-    # equal options share a group
-    assert len(opt.param_groups) == 6
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_param_groups_equal_mmengine(case):
+    want = REFERENCE["cases"][case]
+    model, optimizer, paramwise = build(case)
+    if "error" in want:  # MMEngine: torch refuses a parameter in two groups
+        with pytest.raises(ValueError, match="bypass_duplicate=True"):
+            build_optimizer({**optimizer, "paramwise": paramwise}, model)
+        return
+    got = options_by_name(model, build_optimizer({**optimizer, "paramwise": paramwise}, model))
+    assert got.keys() == want["params"].keys()  # frozen ones left out, a tied one once
+    wrong = {name: (got[name], opts) for name, opts in want["params"].items() if not _close(got[name], opts)}
+    assert not wrong, f"{len(wrong)} of {len(got)} parameters differ from MMEngine (treadle, mmengine): {wrong}"
 
 
-def test_longest_custom_key_wins_and_extra_keys_are_copied():
-    model = Net()
-    opt = build_optimizer(dict(type="SGD", lr=1.0, weight_decay=0.0, paramwise=dict(custom_keys={
-        "backbone": dict(lr_mult=0.5), "backbone.1": dict(lr_mult=0.25, momentum=0.5)})), model)
-    groups = {id(p): g for g in opt.param_groups for p in g["params"]}
-    assert groups[id(model.backbone[1].weight)]["lr"] == 0.25 and groups[id(model.backbone[1].weight)]["momentum"] == 0.5
-    assert groups[id(model.backbone[0].weight)]["lr"] == 0.5
-    assert groups[id(model.head.weight)]["lr"] == 1.0
+def test_reference_covers_every_case():
+    assert REFERENCE["mmengine"] == "0.10.7" and sorted(REFERENCE["cases"]) == sorted(CASES)
+    assert sum(len(c.get("params", {})) for c in REFERENCE["cases"].values()) == 396
 
 
-def test_frozen_parameters_are_left_out():
-    model = Net()
-    model.head.requires_grad_(False)
-    opt = build_optimizer(dict(type="AdamW", lr=1e-3, weight_decay=0.1, paramwise=dict(norm_decay_mult=0.0)), model)
-    params = {id(p) for g in opt.param_groups for p in g["params"]}
-    assert id(model.head.weight) not in params and id(model.backbone[0].weight) in params
+def _wd(case: str, **paramwise) -> dict[str, float]:
+    model, optimizer, base = build(case)
+    opt = build_optimizer({**optimizer, "paramwise": paramwise or base}, model)
+    return {n: o.get("weight_decay") for n, o in options_by_name(model, opt).items()}
 
 
-@pytest.mark.parametrize("cfg,match", [
-    (dict(type="SGD", lr=0.1, paramwise=dict(norm_decay_mult=0.0)), "needs an explicit weight_decay"),
-    (dict(type="SGD", lr=0.1, weight_decay=0.1, paramwise=dict(nrom_decay_mult=0.0)), r"unknown keys \['nrom_decay_mult'\]"),
-    (dict(type="SGD", lr=0.1, weight_decay=0.1, paramwise=dict(custom_keys=["head"])), "custom_keys must be a dict"),
+def test_a_rule_applies_only_when_its_multiplier_is_set():
+    # Only bias_decay_mult: BatchNorm biases take it (no norm rule to stop them), weights keep full decay.
+    wd = _wd("resnet-bias-0")
+    assert wd["layer1.0.bn1.bias"] == 0.0 and wd["layer1.0.bn1.weight"] == 1e-4
+    # Only dwconv_decay_mult: the depth-wise conv's weight and bias take it; norms and other biases keep 0.05.
+    wd = _wd("convnext-dw-only")
+    assert wd["stages.0.dwconv.weight"] == wd["stages.0.dwconv.bias"] == pytest.approx(0.025)
+    assert wd["stages.0.norm.weight"] == wd["head.bias"] == 0.05
+
+
+def test_rule_order_norm_bias_depthwise_flat():
+    wd = _wd("convnext-bias-before-dw")  # bias_decay_mult=0.1, dwconv_decay_mult=0.5
+    assert wd["stages.0.dwconv.bias"] == pytest.approx(0.005)   # bias before depth-wise
+    assert wd["stages.0.dwconv.weight"] == pytest.approx(0.025)
+    wd = _wd("convnext-norm-flat")  # norm 0.2, flat 0.3, custom .gamma 0
+    assert wd["stages.0.norm.bias"] == pytest.approx(0.01)      # norm before flat
+    assert wd["stages.0.pwconv1.bias"] == pytest.approx(0.015)  # a 1-D bias with no bias rule: flat
+    assert wd["stages.0.gamma"] == 0.0                          # the custom key before every rule
+
+
+def test_single_input_channel_conv_is_depthwise():
+    wd = _wd("resnet-dw-only")  # dwconv_decay_mult=0.5
+    assert wd["single.weight"] == wd["single.bias"] == pytest.approx(5e-5)  # Conv2d(1, 4): groups == in_channels
+    assert wd["layer1.0.conv1.weight"] == 1e-4
+
+
+def test_flat_decay_mult_covers_layer_scale_and_one_dim_params():
+    wd = _wd("convnext-flat-only")
+    assert wd["stages.0.gamma"] == wd["stages.0.norm.weight"] == wd["head.bias"] == 0.0
+    assert wd["head.weight"] == wd["stages.0.dwconv.weight"] == 0.05
+
+
+def test_custom_keys_longest_first_ties_alphabetical_and_options_copied():
+    model, optimizer, paramwise = build("swin-custom-precedence")
+    opt = build_optimizer({**optimizer, "paramwise": paramwise}, model)
+    got = options_by_name(model, opt)
+    assert got["blocks.0.attn.qkv.bias"] == {"lr": 0.00025, "weight_decay": 0.1, "lr_mult": 0.25, "decay_mult": 2.0}
+    assert got["blocks.1.norm1.bias"] == {"lr": 0.0005, "weight_decay": 0.05, "lr_mult": 0.5}
+    # "bias" and "norm" have 4 letters: "bias" first, alphabetically; no other rule then (not bias_lr_mult).
+    assert got["patch_norm.bias"] == {"lr": pytest.approx(0.004), "weight_decay": 0.05, "lr_mult": 4.0}
+    assert got["head.weight"] == {"lr": pytest.approx(0.01), "weight_decay": 0.05, "lr_mult": 10.0, "eps": 1e-6}
+    assert got["patch_norm.weight"] == {"lr": 0.001, "weight_decay": 0.0, "decay_mult": 0.0}
+
+
+def test_tied_weights_need_bypass_duplicate_and_frozen_ones_are_left_out():
+    model, optimizer, _ = build("mixed-bypass")
+    with pytest.raises(ValueError, match=r"parameter 'branch.0.weight' is the same tensor as 'shared.weight'.*bypass_dup"):
+        build_optimizer({**optimizer, "paramwise": {"norm_decay_mult": 0.0}}, model)
+    opt = build_optimizer({**optimizer, "paramwise": {"bypass_duplicate": True}}, model)
+    optimized = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert len(optimized) == len(set(optimized))
+    assert id(model.embed.weight) in optimized and id(model.frozen.weight) not in optimized
+    # Without paramwise options (or empty ones), tied weights are simply optimized once.
+    for cfg in ({**optimizer}, {**optimizer, "paramwise": {}}):
+        opt = build_optimizer(cfg, model)
+        assert sum(p is model.embed.weight for g in opt.param_groups for p in g["params"]) == 1
+
+
+def test_equal_options_share_a_group():
+    model, optimizer, paramwise = build("resnet-norm-bias-0")
+    opt = build_optimizer({**optimizer, "paramwise": paramwise}, model)
+    assert len(opt.param_groups) == 2  # MMEngine: one group per parameter, same values
+    assert REFERENCE["cases"]["resnet-norm-bias-0"]["groups"] == len(options_by_name(model, opt))
+
+
+def test_no_weight_decay_leaves_weight_decay_to_the_optimizer():
+    model, optimizer, paramwise = build("mixed-no-weight-decay")
+    opt = build_optimizer({**optimizer, "paramwise": paramwise}, model)
+    assert {g["weight_decay"] for g in opt.param_groups} == {0}  # SGD's default
+    got = options_by_name(model, opt)
+    assert got["embed.weight"]["lr"] == pytest.approx(0.01) and got["scale.bias"]["lr"] == 0.2
+
+
+@pytest.mark.parametrize("paramwise, match", [
+    ({"norm_decay_mult": 0.0}, r"scales weight decay \(norm_decay_mult\), so the optimizer config needs an explicit"),
+    ({"flat_decay_mult": 0.0}, r"\(flat_decay_mult\)"),
+    ({"custom_keys": {"head": {"decay_mult": 0.0}}}, r"custom_keys\['head'\].decay_mult"),
+    ({"nrom_decay_mult": 0.0}, r"unknown keys \['nrom_decay_mult'\]"),
+    ({"custom_keys": ["head"]}, "custom_keys must be a dict"),
+    ({"custom_keys": {"head": {"lr_mul": 0.1}}}, r"custom_keys\['head'\] has unknown keys \['lr_mul'\]; expected lr_mult"),
+    ({"custom_keys": {"head": {"lr_mult": "0.1"}}}, r"custom_keys\['head'\].lr_mult must be a number"),
+    ({"bias_lr_mult": None}, "bias_lr_mult must be a number"),
+    ({"bypass_duplicate": 1}, "bypass_duplicate must be true or false"),
+    ({"dcn_offset_lr_mult": 0.1}, "dcn_offset_lr_mult is not supported: .*deformable"),
 ])
-def test_paramwise_errors(cfg, match):
+def test_paramwise_errors(paramwise, match):
+    model, _, _ = build("convnext-flat-only")
     with pytest.raises((ValueError, TypeError), match=match):
-        build_optimizer(cfg, Net())
+        build_optimizer({"type": "SGD", "lr": 0.1, "paramwise": paramwise}, model)
+
+
+def test_custom_key_may_set_an_optimizer_option():
+    model, _, _ = build("convnext-flat-only")
+    opt = build_optimizer({"type": "SGD", "lr": 0.1, "momentum": 0.9, "paramwise": {
+        "custom_keys": {"head": {"momentum": 0.5}}}}, model)
+    assert options_by_name(model, opt)["head.weight"]["momentum"] == 0.5
 
 
 def test_trainer_accepts_mmengine_paramwise_cfg_key():
-    t = treadle.Trainer(Net(), optimizer=dict(type="SGD", lr=0.1, weight_decay=0.01, paramwise_cfg=dict(bias_decay_mult=0.0)))
-    wds = sorted({g["weight_decay"] for g in t.optimizer.param_groups})
-    assert wds == [0.0, 0.01]
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    t = treadle.Trainer(model, optimizer=dict(type="SGD", lr=0.1, weight_decay=0.01, paramwise_cfg=dict(bias_decay_mult=0.0)))
+    by_param = {id(p): g["weight_decay"] for g in t.optimizer.param_groups for p in g["params"]}
+    assert by_param[id(model[0].weight)] == 0.01 and by_param[id(model[1].weight)] == 0.01
+    assert by_param[id(model[0].bias)] == by_param[id(model[1].bias)] == 0.0
+    assert isinstance(t.optimizer, torch.optim.SGD)
+
+
+class KwargsSGD(torch.optim.SGD):
+    def __init__(self, params, lr=0.1, **extra):
+        super().__init__(params, lr=lr, **{k: v for k, v in extra.items() if k != "my_option"})
+
+
+def test_custom_key_options_are_free_for_an_optimizer_taking_any_keyword():
+    model, _, _ = build("convnext-flat-only")
+    opt = build_optimizer({"type": KwargsSGD, "lr": 0.1, "paramwise": {
+        "custom_keys": {"head": {"my_option": 3}}}}, model)
+    assert options_by_name(model, opt)["head.weight"]["my_option"] == 3

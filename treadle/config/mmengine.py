@@ -26,7 +26,9 @@ MMEngine                                               treadle
                                                        / ``save_param_scheduler``: true, dropped
 ``default_hooks`` LoggerHook ``interval``              ``log_interval``; ``ignore_last: true``,
                                                        ``log_metric_by_epoch: false`` (what treadle
-                                                       does), ``interval_exp_name``: dropped
+                                                       does), ``interval_exp_name``: dropped;
+                                                       ``ignore_last: false``: a LoggerHook in
+                                                       ``hooks`` (with the log writers)
 ``default_hooks`` IterTimerHook, ParamSchedulerHook,   dropped: treadle always times steps, steps
 DistSamplerSeedHook, RuntimeInfoHook, or null          its schedulers, seeds samplers, logs lr
 ``custom_hooks`` EMAHook                               ``ema``: ``momentum`` -> ``1 - momentum``
@@ -37,7 +39,10 @@ DistSamplerSeedHook, RuntimeInfoHook, or null          its schedulers, seeds sam
                                                        dropped; no ``update_buffers``: a warning
 ``custom_hooks`` EarlyStoppingHook                     ``hooks``: ``check_finite`` ->
                                                        ``stop_on_nonfinite``, the rest as is
-other ``default_hooks`` / ``custom_hooks``             ``hooks`` (treadle hook types and arguments)
+other ``default_hooks`` / ``custom_hooks``             ``hooks`` (treadle hook types, registered
+                                                       ones or dotted paths, and their arguments)
+a top-level name also set by the translation           dropped when it holds the same value (a
+(``optimizer = dict(...)``, ``max_epochs = 12``)       helper reused in ``optim_wrapper``...)
 ``randomness.seed`` / ``deterministic`` /              ``seed`` / ``deterministic`` /
 ``diff_rank_seed``                                     ``seed_per_rank``
 ``*_dataloader.sampler: {type: DefaultSampler,         ``*_dataloader.shuffle`` (sampler ``seed``
@@ -47,13 +52,17 @@ shuffle: ...}``                                        dropped: treadle seeds sa
 ``resume: true`` with ``load_from: PATH``              ``resume: PATH`` (full state), no
                                                        ``load_from``
 ``default_scope``                                      dropped
+runtime keys (``env_cfg``, ``visualizer``,             see :mod:`treadle.config.mmengine_runtime`
+``log_level``, ``launcher``, ``log_processor``,
+``tta_model``), visualization hooks, helper variables
 =====================================================  =====================================
 
 Everything else (``model``, ``*_dataloader``, ``work_dir``, ``load_from`` alone or with
 ``resume: false`` (weights only), ``resume``, ``auto_scale_lr`` with ``enable``) has the
 same name and meaning in both. Any other option, or a value treadle cannot honour
-(``update_buffers: false``, ``ignore_last: false``, ``log_metric_by_epoch: true``...),
-is an error: only the entries marked "dropped" above are left out.
+(``update_buffers: false``, ``log_metric_by_epoch: true``...), is an error naming the
+key as the config wrote it: only the entries marked "dropped" above are left out.
+``docs/mmengine.md`` is the migration page.
 """
 
 from __future__ import annotations
@@ -62,20 +71,21 @@ import warnings
 from typing import Any
 
 from treadle.config.errors import ConfigError, join_path
+from treadle.config.mmengine_common import take
+from treadle.config.mmengine_runtime import RUNTIME_KEYS, helper_names, translate_runtime, visualization_hook
+from treadle.config.registry import REGISTRIES
+from treadle.config.schema import SCHEMA, trainer_defaults
 
 #: Keys that mark a config as MMEngine-style.
 MMENGINE_KEYS = ("optim_wrapper", "param_scheduler", "train_cfg", "val_cfg", "test_cfg", "default_hooks",
-                 "custom_hooks", "randomness", "default_scope")
+                 "custom_hooks", "randomness", "default_scope", *RUNTIME_KEYS)
 
 #: MMEngine keys with no translation, and what to write instead.
 NOT_TRANSLATED = {
     "val_evaluator": "MMEngine evaluators are not translated; use metrics: {name: {type: ...}} (update/compute/reset)",
     "test_evaluator": "MMEngine evaluators are not translated; use metrics: {name: {type: ...}}",
-    "env_cfg": "treadle sets up its environment itself; remove env_cfg",
-    "log_processor": "treadle's LoggerHook averages over log_interval; remove log_processor",
-    "visualizer": "treadle writes log.jsonl and TensorBoard logs itself; remove visualizer",
-    "launcher": "launch several processes with treadle train --nproc N (or torchrun); remove launcher",
-    "log_level": "remove log_level",
+    "vis_backends": "MMEngine reads vis_backends only inside visualizer: give visualizer = "
+                    "dict(type='Visualizer', vis_backends=vis_backends), or remove vis_backends",
     # MMEngine imports these modules while reading the config; treadle never imports for a key.
     "custom_imports": "treadle imports no modules for a config; name classes by dotted type paths (trusted configs) "
                       "or register them from Python (treadle.config.registry) and remove custom_imports",
@@ -84,8 +94,6 @@ NOT_TRANSLATED = {
 _DROPPED_HOOKS = ("IterTimerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "RuntimeInfoHook")
 
 _LOGGER_WHY = {
-    "ignore_last": "treadle logs every log_interval iterations counted over the whole run (and at the last one); "
-                   "it never logs the iterations left over at the end of an epoch.",
     "log_metric_by_epoch": "treadle's log.jsonl records carry both epoch and iter, and its TensorBoard logs put "
                            "validation results at the iteration (MMEngine's log_metric_by_epoch=False).",
 }
@@ -97,48 +105,19 @@ def is_mmengine_style(cfg: dict[str, Any]) -> bool:
 
 
 class _Out:
-    """The translated config; refuses to set a key twice (e.g. optimizer and optim_wrapper)."""
+    """The translated config; refuses to set a key twice with two values (e.g. optimizer
+    and optim_wrapper). The same value twice is a helper variable of an MMEngine config
+    (``max_epochs = 12`` then ``train_cfg = dict(max_epochs=max_epochs)``): MMEngine
+    reads only the runner key."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = {k: v for k, v in cfg.items() if k not in MMENGINE_KEYS}
 
     def set(self, key: str, value: Any, source: str) -> None:
-        if key in self.cfg:
+        if key in self.cfg and self.cfg[key] != value:
             raise ConfigError(source, f"sets {key!r}, which the config also gives directly", value=value,
                               expected=f"only one of {source} and {key}")
         self.cfg[key] = value
-
-
-def _take(spec: dict[str, Any], path: str, mapping: dict[str, str], dropped: dict[str, Any],
-          why: dict[str, str] | None = None) -> dict[str, Any]:
-    """Rename ``spec``'s keys by ``mapping``; keys in ``dropped`` must hold the given value
-    (None: any) and are left out; anything else is an error. ``why`` explains, per
-    dropped key, why treadle can honour only that value (the error's hint)."""
-    out: dict[str, Any] = {}
-    for key, value in spec.items():
-        if key in mapping:
-            out[mapping[key]] = value
-        elif key in dropped and (dropped[key] is None or _same(value, dropped[key])):
-            continue
-        elif key in dropped:  # a value treadle does not honour
-            raise ConfigError(join_path(path, key), "option has no treadle equivalent for this value", value=value,
-                              expected=f"{key}: {_yaml(dropped[key])} (what treadle does), or no {key}",
-                              hint=(why or {}).get(key, ""))
-        else:
-            supported = sorted(mapping) + sorted(k for k, v in dropped.items())
-            raise ConfigError(join_path(path, key), "option has no treadle equivalent", value=value,
-                              expected=f"options among {', '.join(supported)}")
-    return out
-
-
-def _yaml(value: Any) -> str:
-    """``value`` as a config file writes it (``true``, ``1``, ``'x'``)."""
-    return {True: "true", False: "false"}[value] if isinstance(value, bool) else repr(value)
-
-
-def _same(value: Any, expected: Any) -> bool:
-    """``value == expected``, but True and 1 (or False and 0) are not the same option value."""
-    return value == expected and isinstance(value, bool) == isinstance(expected, bool)
 
 
 def _optim_wrapper(spec: Any, out: _Out) -> None:
@@ -150,11 +129,13 @@ def _optim_wrapper(spec: Any, out: _Out) -> None:
     if kind not in ("OptimWrapper", "AmpOptimWrapper"):
         raise ConfigError(join_path(path, "type"), "unsupported optimizer wrapper", value=kind,
                           expected="OptimWrapper or AmpOptimWrapper")
-    rest = _take(spec, path, {"optimizer": "optimizer", "paramwise_cfg": "paramwise", "clip_grad": "clip_grad",
+    rest = take(spec, path, {"optimizer": "optimizer", "paramwise_cfg": "paramwise", "clip_grad": "clip_grad",
                               "accumulative_counts": "accumulate", "dtype": "dtype"}, {"type": None})
     optimizer = rest.pop("optimizer")
     if not isinstance(optimizer, dict):
         raise ConfigError(join_path(path, "optimizer"), "must be a mapping", value=optimizer, expected="{type: AdamW, lr: ...}")
+    if out.cfg.get("optimizer") == optimizer:  # ``optimizer = dict(...)`` reused as optim_wrapper's: a helper
+        del out.cfg["optimizer"]
     if "paramwise" in rest:
         optimizer = {**optimizer, "paramwise": rest.pop("paramwise")}
     out.set("optimizer", optimizer, join_path(path, "optimizer"))
@@ -175,7 +156,7 @@ def _train_cfg(spec: Any, out: _Out) -> None:
     path = "train_cfg"
     if not isinstance(spec, dict):
         raise ConfigError(path, "must be a mapping", value=spec, expected="{by_epoch: true, max_epochs: N, val_interval: K}")
-    rest = _take(spec, path, {"max_epochs": "max_epochs", "max_iters": "max_iters", "val_interval": "val_interval",
+    rest = take(spec, path, {"max_epochs": "max_epochs", "max_iters": "max_iters", "val_interval": "val_interval",
                               "by_epoch": "by_epoch", "type": "type"}, {"val_begin": 1})
     loops = {"EpochBasedTrainLoop": True, "IterBasedTrainLoop": False}
     if "type" in rest and rest["type"] not in loops:
@@ -190,7 +171,7 @@ def _train_cfg(spec: Any, out: _Out) -> None:
 
 
 def _checkpoint(spec: dict[str, Any], path: str, out: _Out) -> None:
-    ck = _take(spec, path, {"interval": "interval", "by_epoch": "by_epoch", "max_keep_ckpts": "keep",
+    ck = take(spec, path, {"interval": "interval", "by_epoch": "by_epoch", "max_keep_ckpts": "keep",
                             "save_last": "save_last", "save_best": "best", "rule": "rule"},
                {"type": None, "save_optimizer": True, "save_param_scheduler": True})
     if ck.get("interval") == -1:
@@ -213,7 +194,7 @@ def _ema(spec: dict[str, Any], path: str, out: _Out) -> None:
     if spec.get("ema_type", "ExponentialMovingAverage") != "ExponentialMovingAverage":
         raise ConfigError(join_path(path, "ema_type"), "unsupported average", value=spec["ema_type"],
                           expected="ExponentialMovingAverage")
-    ema = _take(spec, path, {"momentum": "momentum", "interval": "interval", "begin_iter": "start"},
+    ema = take(spec, path, {"momentum": "momentum", "interval": "interval", "begin_iter": "start"},
                 {"type": None, "ema_type": None, "update_buffers": True, "strict_load": None, "priority": None,
                  "begin_epoch": 0},
                 {"update_buffers": "treadle's EMA averages the buffers (BatchNorm statistics) as it averages the "
@@ -232,7 +213,8 @@ def _ema(spec: dict[str, Any], path: str, out: _Out) -> None:
     out.set("ema", ema, path)
 
 
-def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> None:
+def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> tuple[list[Any], bool]:
+    """The hooks to add, and whether the LoggerHook logs leftover iterations (``ignore_last: false``)."""
     if default_hooks is not None and not isinstance(default_hooks, dict):
         raise ConfigError("default_hooks", "must be a mapping of name: hook spec", value=default_hooks)
     if custom_hooks is not None and not isinstance(custom_hooks, list):
@@ -240,30 +222,38 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> None:
     items = [(f"default_hooks.{k}", v) for k, v in (default_hooks or {}).items()]
     items += [(f"custom_hooks[{i}]", v) for i, v in enumerate(custom_hooks or [])]
     hooks: list[Any] = []
+    logs_leftovers = False
     for path, spec in items:
         if spec is None:  # MMEngine's way to switch a default hook off
             continue
         if not isinstance(spec, dict) or "type" not in spec:
             raise ConfigError(path, "must be a hook spec", value=spec, expected="{type: HookName, ...}")
         kind = spec["type"]
-        if kind in _DROPPED_HOOKS:
+        if kind in _DROPPED_HOOKS or visualization_hook(spec, path):
             continue
+        if isinstance(kind, str) and "." not in kind and kind not in REGISTRIES["hook"]:
+            raise ConfigError(join_path(path, "type"), "unknown hook type", value=kind,
+                              expected=f"a treadle hook ({', '.join(sorted(REGISTRIES['hook']))}), a registered "
+                                       "one, or a dotted import path")
         if kind == "CheckpointHook":
             _checkpoint(spec, path, out)
         elif kind == "LoggerHook":
-            log = _take(spec, path, {"interval": "interval"},
-                        {"type": None, "ignore_last": True, "log_metric_by_epoch": False, "interval_exp_name": None},
-                        _LOGGER_WHY)
+            log = take(spec, path, {"interval": "interval", "ignore_last": "ignore_last"},
+                       {"type": None, "log_metric_by_epoch": False, "interval_exp_name": None}, _LOGGER_WHY)
             if "interval" in log:
                 out.set("log_interval", log["interval"], join_path(path, "interval"))
+            if log.get("ignore_last", True) is not True:
+                if log["ignore_last"] is not False:
+                    raise ConfigError(join_path(path, "ignore_last"), "not a bool", value=log["ignore_last"],
+                                      expected="true or false")
+                logs_leftovers = True
         elif kind == "EMAHook":
             _ema(spec, path, out)
         elif kind == "EarlyStoppingHook":
             hooks.append({("stop_on_nonfinite" if k == "check_finite" else k): v for k, v in spec.items()})
         else:
             hooks.append(dict(spec))
-    if hooks:
-        out.set("hooks", hooks, "custom_hooks")
+    return hooks, logs_leftovers
 
 
 def _dataloader(spec: Any, path: str) -> Any:
@@ -273,8 +263,22 @@ def _dataloader(spec: Any, path: str) -> Any:
     if not isinstance(sampler, dict) or sampler.get("type") not in ("DefaultSampler", "InfiniteSampler"):
         raise ConfigError(join_path(path, "sampler"), "unsupported sampler", value=sampler,
                           expected="{type: DefaultSampler, shuffle: true|false}")
-    shuffle = _take(sampler, join_path(path, "sampler"), {"shuffle": "shuffle"}, {"type": None, "seed": None})
+    shuffle = take(sampler, join_path(path, "sampler"), {"shuffle": "shuffle"}, {"type": None, "seed": None})
     return {**spec, **shuffle}
+
+
+def _strategy_with(given: Any, options: dict[str, Any], source: str) -> dict[str, Any]:
+    """``given`` (the config's strategy, or None) with ``options`` for its process group."""
+    if given is None or given in ("auto", "ddp", "fsdp"):
+        given = {"type": "ddp" if given in (None, "auto") else given}
+    if not isinstance(given, dict) or given.get("type") not in ("auto", "ddp", "fsdp"):
+        raise ConfigError(source, "needs a strategy that starts a process group", value=given,
+                          expected="no strategy, or ddp or fsdp")
+    clash = sorted(set(options) & set(given))
+    if clash:
+        raise ConfigError(source, f"sets strategy {', '.join(clash)}, which the config also gives", value=options,
+                          expected="only one of them")
+    return {**given, "type": "ddp" if given["type"] == "auto" else given["type"], **options}
 
 
 def translate(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -290,17 +294,36 @@ def translate(cfg: dict[str, Any]) -> dict[str, Any]:
         spec = cfg.get(key)
         if spec not in (None, {}) and spec != {"type": "ValLoop" if key == "val_cfg" else "TestLoop"}:
             raise ConfigError(key, "options have no treadle equivalent", value=spec, expected="{} or null")
-    _hooks(cfg.get("default_hooks"), cfg.get("custom_hooks"), out)
+    hooks, logs_leftovers = _hooks(cfg.get("default_hooks"), cfg.get("custom_hooks"), out)
     if "randomness" in cfg:
         rnd = cfg["randomness"]
         if not isinstance(rnd, dict):
             raise ConfigError("randomness", "must be a mapping", value=rnd, expected="{seed: N, deterministic: bool}")
-        for key, value in _take(rnd, "randomness", {"seed": "seed", "deterministic": "deterministic",
+        for key, value in take(rnd, "randomness", {"seed": "seed", "deterministic": "deterministic",
                                                    "diff_rank_seed": "seed_per_rank"}, {}).items():
             out.set(key, value, join_path("randomness", key))
     for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
         if key in out.cfg:
             out.cfg[key] = _dataloader(out.cfg[key], key)
+    defaults = trainer_defaults()  # the Trainer's: log_interval, log_writers
+    log_interval = out.cfg.get("log_interval", defaults["log_interval"])
+    rt = translate_runtime(cfg, deterministic=out.cfg.get("deterministic") is True, log_interval=log_interval)
+    for key, value, source in rt.settings:
+        out.set(key, value, source)
+    if rt.strategy:
+        out.cfg["strategy"] = _strategy_with(out.cfg.get("strategy"), rt.strategy, rt.strategy_source)
+    hooks = rt.hooks + hooks
+    logger = {**({"ignore_last": False} if logs_leftovers else {}),
+              **({"window": rt.logger_window} if rt.logger_window is not None else {})}
+    if logger:  # options of the LoggerHook: it replaces the default one, so it takes the writers too
+        hooks.append({"type": "LoggerHook", "interval": log_interval, **logger,
+                      "writers": out.cfg.get("log_writers", defaults["log_writers"])})
+    if hooks:
+        out.set("hooks", hooks, "custom_hooks")
+    for name in helper_names(cfg, [*SCHEMA, *MMENGINE_KEYS, *NOT_TRANSLATED]):
+        out.cfg.pop(name, None)  # used only to write other keys
+    if cfg.get("visualizer") is not None:  # default_runtime.py's helper, also when a config gives a new visualizer
+        out.cfg.pop("vis_backends", None)
     scale = out.cfg.get("auto_scale_lr")
     if isinstance(scale, dict) and "enable" not in scale:
         out.cfg["auto_scale_lr"] = {**scale, "enable": False}  # MMEngine scales only with enable=True

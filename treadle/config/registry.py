@@ -30,6 +30,7 @@ from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import LoggerHook
 from treadle.hooks.nan_guard import NaNGuardHook
 from treadle.hooks.profiler import ProfilerHook
+from treadle.hooks.runtime_env import RuntimeEnvHook
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.summary import ModelSummaryHook
 from treadle.hooks.timer import IterTimerHook
@@ -98,6 +99,7 @@ HOOKS: dict[str, Any] = {
     "NaNGuardHook": NaNGuardHook,
     "ParamSchedulerHook": ParamSchedulerHook,
     "ProfilerHook": ProfilerHook,
+    "RuntimeEnvHook": RuntimeEnvHook,
 }
 
 #: Every ``torch.optim`` optimizer; optimizer configs go to the Trainer unchanged.

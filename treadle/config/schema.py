@@ -20,11 +20,12 @@ from treadle.config.keys import (DATALOADER_KEYS, DATALOADER_SCHEMA, SPEC, Check
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import WRITERS as _WRITERS
+from treadle.hooks.logger import check_writers
 from treadle.optim.wrapper import check_clip_grad, check_precision
 from treadle.preemption import PreemptionConfig
 from treadle.strategies.build import STRATEGY_NAMES, resolve_strategy
 
-LOG_WRITERS = tuple(_WRITERS)  # names LoggerHook knows: "jsonl", "csv", "tensorboard"
+LOG_WRITERS = tuple(_WRITERS)  # names LoggerHook knows: "jsonl", "csv", "tensorboard", "mlflow", "wandb"
 
 
 # -- checks ------------------------------------------------------------------------------
@@ -92,11 +93,17 @@ def _nan_guard(value: Any, path: str) -> None:
 
 
 def _log_writers(value: Any, path: str) -> None:
-    for i, name in enumerate(value):
+    for i, spec in enumerate(value):
+        name = spec.get("type") if isinstance(spec, dict) else spec
+        where = join_path(join_path(path, i), "type") if isinstance(spec, dict) else join_path(path, i)
         if not isinstance(name, str):
-            raise ConfigError(join_path(path, i), "not a writer name", value=name,
-                              expected=f"one of {', '.join(LOG_WRITERS)}")
-        _choice(*LOG_WRITERS)(name, join_path(path, i))
+            raise ConfigError(where, "not a writer name", value=name,
+                              expected=f"one of {', '.join(LOG_WRITERS)}, or {{type: name, option: value}}")
+        _choice(*LOG_WRITERS)(name, where)
+    try:  # the writers' options; the message starts with the key path
+        check_writers(path, value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError("", str(e)) from None
 
 
 def _progress(value: Any, path: str) -> None:
@@ -174,9 +181,9 @@ TRAINER_KEYS: tuple[Key, ...] = (
         _keys(_PREEMPTION_KEYS, "preemption")),
     Key("nan_guard", (str, bool, dict), "'raise', 'skip', false, or {mode: raise|skip, check_interval: N}",
         "Non-finite losses: raise (checked at the log interval) or skip the optimizer step.", _nan_guard),
-    Key("log_writers", (list,), f"a list of names among {', '.join(LOG_WRITERS)}",
-        "Where logged records go besides the console and `log.txt`. (Writer objects such as MLflow or W&B "
-        "take the run directory when built, so they are given in Python, not in a config file.)", _log_writers),
+    Key("log_writers", (list,), f"a list of names among {', '.join(LOG_WRITERS)}, or {{type: name, option: value}}",
+        "Where logged records go besides the console and `log.txt`; a mapping gives the writer's options after "
+        "the run directory, e.g. `{type: wandb, project: exp}` (`treadle.logging.trackers`).", _log_writers),
     Key("progress", (str, bool), "'auto', true or false",
         "Live progress bar (rich): auto shows it when stdout is a terminal; main process only.", _progress),
     Key("timer_breakdown", (bool,), "true or false",

@@ -9,16 +9,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from treadle.hooks.base import Hook, Priority
-from treadle.logging.writers import LOGGER_NAME, JsonlWriter, add_file_handler, get_logger, remove_handler
+from treadle.logging.specs import WRITERS, build_writer, check_writers
+from treadle.logging.writers import LOGGER_NAME, add_file_handler, get_logger, remove_handler
 
 if TYPE_CHECKING:
     from treadle.trainer import Trainer
 
 
 class LoggerHook(Hook):
-    """Every ``interval`` iterations, reduce the metric store's windows (one host
-    transfer) and write a console line and a ``log.jsonl`` record; also write one
-    record per validation and test. Per iteration it only appends the step's outputs.
+    """At the log interval, reduce the metric store's windows (one host transfer) and
+    write a console line and a ``log.jsonl`` record; also write one record per
+    validation and test. Per iteration it only appends the step's outputs.
+
+    When a train record is written (MMEngine's LoggerHook rule, see :meth:`due`):
+    epoch-based, every ``interval`` iterations counted inside the epoch, and at an
+    epoch's last iteration too when the epoch has at most ``interval`` iterations (so an
+    interval longer than an epoch still gives one record per epoch) or when
+    ``ignore_last`` is false; iteration-based, every ``interval`` iterations of the run.
+    Both also write one at the run's last iteration. A record's values are the means
+    over the iterations since the previous record, or over the last ``window`` of them
+    (MMEngine's ``LogProcessor(window_size=...)``, at most ``interval``).
 
     JSONL fields: ``mode``, ``epoch`` (1-based running epoch), ``iter`` (iterations
     done), ``timestamp`` (unix seconds), ``lr`` (and ``lr/<optimizer>``, ``.../pg<i>``
@@ -28,8 +38,10 @@ class LoggerHook(Hook):
     under ``val/...`` or ``test/...``.
 
     ``writers``: any of "jsonl" (``log.jsonl``), "csv" (``log.csv``), "tensorboard"
-    (events under ``tensorboard/``), or objects with ``write(record)``/``close()``
-    (e.g. ``treadle.logging.trackers.MlflowWriter``). Only rank 0 writes.
+    (events under ``tensorboard/``), "mlflow", "wandb" (:mod:`treadle.logging.trackers`,
+    in the run directory), the same as ``{"type": name, **options}`` (the writer's
+    arguments after the run directory, e.g. ``{"type": "wandb", "project": "exp"}``),
+    or objects with ``write(record)``/``close()``. Only rank 0 writes.
 
     While a ``ProgressBarHook`` is live, the console lines are printed above the bar by
     rich (see ``treadle/hooks/progress.py``); ``log.txt`` and the writers are unchanged.
@@ -53,11 +65,18 @@ class LoggerHook(Hook):
     priority = Priority.BELOW_NORMAL
 
     def __init__(self, interval: int = 50, writers: tuple[Any, ...] = ("jsonl", "csv", "tensorboard"),
-                 text_log: bool = True) -> None:
+                 text_log: bool = True, ignore_last: bool = True, window: int | None = None) -> None:
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"log interval must be an int >= 1, got {interval!r}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= interval):
+            raise ValueError(f"LoggerHook window must be null or an int in [1, interval={interval}] (values before the "
+                             f"previous record are not kept), got {window!r}")
+        self.window = window
+        if not isinstance(ignore_last, bool):
+            raise TypeError(f"LoggerHook ignore_last must be true or false, got {ignore_last!r}")
         check_writers("LoggerHook writers", writers)
         self.interval = interval
+        self.ignore_last = ignore_last
         self.writer_specs = tuple(writers)
         self.text_log = text_log
         self._writers: list[Any] = []
@@ -91,7 +110,7 @@ class LoggerHook(Hook):
         work_dir = Path(trainer.work_dir)
         if self.text_log:
             self._handler = add_file_handler(work_dir / "log.txt")
-        self._writers = [WRITERS[w](work_dir) if isinstance(w, str) else w for w in self.writer_specs]
+        self._writers = [build_writer(w, work_dir) for w in self.writer_specs]
         if not self._opened:  # before this trainer wrote anything there: an earlier run's files
             self._opened = True
             mtimes = [p.stat().st_mtime for p in self._log_files() if p.is_file() and p.stat().st_size > 0]
@@ -161,8 +180,19 @@ class LoggerHook(Hook):
             pending[k].append(v)
         state = trainer.state
         done = state.iter + 1
-        if done % self.interval == 0 or done == state.max_iters:
+        if self.due(state) or done == state.max_iters:
             self._log_train(trainer, done)
+
+    def due(self, state: Any) -> bool:
+        """Whether the running iteration's train record is due (the class docstring's
+        rule; the run's last iteration aside)."""
+        per_epoch = state.iters_per_epoch
+        if not state.by_epoch or not per_epoch:
+            return (state.iter + 1) % self.interval == 0
+        k = state.inner_iter + 1
+        if k % self.interval == 0:
+            return True
+        return k == per_epoch and (not self.ignore_last or per_epoch <= self.interval)
 
     def _log_train(self, trainer: "Trainer", done: int) -> None:
         state = trainer.state
@@ -170,6 +200,9 @@ class LoggerHook(Hook):
                                   "timestamp": round(time.time(), 3)}
         record.update(trainer.learning_rates())
         record.update(self._optim_values(trainer))
+        if self.window is not None:
+            for window in trainer.store.pending.values():
+                del window[:-self.window]
         values = trainer.store.flush()  # after the grad norms joined the store: one transfer
         values = trainer.strategy.reduce_log_values(values)  # several ranks: mean, max for times
         record.update(values)
@@ -222,37 +255,6 @@ class LoggerHook(Hook):
 def _file_name(writer: Any) -> str:
     path = getattr(writer, "path", None)
     return Path(path).name if path is not None else type(writer).__name__
-
-
-def _tensorboard(work_dir: Path) -> Any:
-    from treadle.logging.backends import TensorBoardWriter  # imports tensorboard: only when used
-
-    return TensorBoardWriter(work_dir / "tensorboard")
-
-
-def _csv(work_dir: Path) -> Any:
-    from treadle.logging.backends import CsvWriter
-
-    return CsvWriter(work_dir / "log.csv")
-
-
-WRITERS = {"jsonl": lambda d: JsonlWriter(d / "log.jsonl"), "csv": _csv, "tensorboard": _tensorboard}
-
-
-def check_writers(name: str, writers: Any) -> None:
-    """``writers``: a list of writer names (:data:`WRITERS`) and objects with ``write(record)``
-    and ``close()``; ``name`` is the argument the messages name (e.g. ``log_writers``)."""
-    expected = f"one of {sorted(WRITERS)} or an object with write(record) and close()"
-    if not isinstance(writers, (list, tuple)):
-        example = f"[{writers!r}]" if isinstance(writers, str) else "['jsonl', 'csv']"
-        raise TypeError(f"{name}={writers!r}; expected a list of writers such as {example} ([] for none), each "
-                        f"{expected}")
-    for i, w in enumerate(writers):
-        if isinstance(w, str):
-            if w not in WRITERS:
-                raise ValueError(f"{name}[{i}]={w!r} is not a known log writer; expected {expected}")
-        elif not (callable(getattr(w, "write", None)) and callable(getattr(w, "close", None))):
-            raise TypeError(f"{name}[{i}]={w!r} is neither a writer name nor a writer object; expected {expected}")
 
 
 def _fmt(v: Any) -> str:

@@ -83,13 +83,19 @@ def build_optimizer(cfg: torch.optim.Optimizer | dict[str, Any], params: Iterabl
     cls = _resolve_type(kwargs.pop("type"), where)
     paramwise = kwargs.pop("paramwise", kwargs.pop("paramwise_cfg", None))
     module = params if isinstance(params, nn.Module) else None
+    if paramwise == {}:  # as MMEngine: empty options build no groups (a tied weight is then simply optimized once)
+        paramwise = None
     if paramwise is not None:
         if not isinstance(params, nn.Module):
             raise TypeError(f"{where}: paramwise options need the model, not a list of parameters")
-        check_paramwise(paramwise, kwargs.get("weight_decay"), where=f"{where}.paramwise")
+        sig = inspect.signature(cls.__init__).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.values())
+        options = None if takes_any else [p for p in sig if p not in ("self", "params")]
+        check_paramwise(paramwise, kwargs.get("weight_decay"), where=f"{where}.paramwise", options=options)
         if "lr" not in kwargs:
             raise ValueError(f"{where}: paramwise options need an explicit lr")
-        params = build_param_groups(params, kwargs["lr"], kwargs.get("weight_decay"), paramwise)
+        params = build_param_groups(params, kwargs["lr"], kwargs.get("weight_decay"), paramwise,
+                                    where=f"{where}.paramwise")
     elif module is not None:
         params = [p for p in module.parameters() if p.requires_grad]
     params = list(params)  # type: ignore[arg-type]

@@ -3,86 +3,155 @@
 ``optimizer=dict(type="AdamW", lr=1e-3, weight_decay=0.05, paramwise=dict(
 norm_decay_mult=0.0, bias_decay_mult=0.0, custom_keys={"backbone": dict(lr_mult=0.1)}))``
 
-For each parameter, named ``<module path>.<name>``:
-* the longest ``custom_keys`` key contained in the name (ties: alphabetical) sets
-  ``lr = lr * lr_mult`` and ``weight_decay = weight_decay * decay_mult``; any other
-  entry of that key is copied into the group; no other rule applies then;
-* otherwise a ``bias`` outside norm layers gets ``bias_lr_mult``; the weight decay of
-  norm layers (BatchNorm, InstanceNorm, GroupNorm, LayerNorm) is scaled by
-  ``norm_decay_mult``, of depth-wise convolutions by ``dwconv_decay_mult``, and of
-  other biases by ``bias_decay_mult``.
-Parameters that end with the same options share one group (MMEngine makes one group
-per parameter; the values are identical, the optimizer just runs fewer groups).
-Frozen parameters (``requires_grad=False``) are left out.
+The model is walked as MMEngine's ``DefaultOptimWrapperConstructor`` walks it: a
+module's own parameters, then each child's, depth first. Each parameter is matched by
+``<module path>.<name>`` (``.weight`` for a parameter of the model itself), and:
+
+* a frozen one (``requires_grad=False``) is left out;
+* one met before (tied weights, a module used twice) is an error, unless
+  ``bypass_duplicate`` is true: it is then optimized once, with the options of the
+  first name it was met under;
+* if a ``custom_keys`` key is contained in the name (the longest key first, ties in
+  alphabetical order), ``lr = lr * lr_mult`` and ``weight_decay = weight_decay *
+  decay_mult`` (each 1 when not given), and every entry of that key, the multipliers
+  included, is copied into the parameter's options; no other rule applies then;
+* otherwise each rule below applies only when its multiplier is given (a rule whose
+  multiplier is absent is skipped, and the next one is tried):
+
+  - learning rate: a ``bias`` outside norm layers gets ``lr * bias_lr_mult``;
+  - weight decay, the first rule that applies, in this order: a parameter of a norm
+    layer (BatchNorm, InstanceNorm, GroupNorm, LayerNorm) ``norm_decay_mult``; a
+    ``bias`` ``bias_decay_mult``; a parameter of a depth-wise ``Conv2d`` (``groups ==
+    in_channels``, which includes a conv with one input channel)
+    ``dwconv_decay_mult``; a one-dimensional parameter (a layer-scale ``gamma``, a
+    position or class token of shape ``(d,)``) ``flat_decay_mult``.
+
+Weight-decay multipliers need the optimizer's ``weight_decay`` (an error otherwise;
+MMEngine ignores ``flat_decay_mult`` then). Parameters that end with the same options
+share one group (MMEngine makes one group per parameter; every parameter's values are
+the same, the optimizer just runs fewer groups).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-PARAMWISE_KEYS = ("custom_keys", "bias_lr_mult", "bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult", "bypass_duplicate")
+MULTIPLIERS = ("bias_lr_mult", "bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult", "flat_decay_mult")
+PARAMWISE_KEYS = ("custom_keys", *MULTIPLIERS, "bypass_duplicate")
+DECAY_MULTIPLIERS = ("bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult", "flat_decay_mult")
 _NORMS = (_BatchNorm, _InstanceNorm, nn.GroupNorm, nn.LayerNorm)
 
+# Known MMEngine keys treadle cannot honour, and why.
+_REFUSED = {
+    "dcn_offset_lr_mult": "it applies to mmcv's deformable convolutions (DeformConv2d), which treadle does not know; "
+                          "give their offset layers a custom_keys entry such as {'conv_offset': dict(lr_mult=0.1)}",
+}
 
-def check_paramwise(cfg: Any, base_wd: float | None, where: str = "optimizer.paramwise") -> dict[str, Any]:
-    """Validate a paramwise dict, naming the bad key."""
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_paramwise(cfg: Any, base_wd: float | None, where: str = "optimizer.paramwise",
+                    options: Iterable[str] | None = None) -> dict[str, Any]:
+    """Validate a paramwise dict, naming the bad key. ``options``: the optimizer's own
+    argument names, which a ``custom_keys`` entry may set besides ``lr_mult`` and
+    ``decay_mult`` (None: any name)."""
     if not isinstance(cfg, dict):
         raise TypeError(f"{where} must be a dict, got {type(cfg).__name__}")
+    for key in cfg:
+        if key in _REFUSED:
+            raise ValueError(f"{where}.{key} is not supported: {_REFUSED[key]}")
     unknown = set(cfg) - set(PARAMWISE_KEYS)
     if unknown:
         raise ValueError(f"{where} has unknown keys {sorted(unknown)}; expected some of {list(PARAMWISE_KEYS)}")
+    for key in MULTIPLIERS:
+        if key in cfg and not _is_number(cfg[key]):
+            raise TypeError(f"{where}.{key} must be a number, got {cfg[key]!r}")
+    if "bypass_duplicate" in cfg and not isinstance(cfg["bypass_duplicate"], bool):
+        raise TypeError(f"{where}.bypass_duplicate must be true or false, got {cfg['bypass_duplicate']!r}")
     custom = cfg.get("custom_keys", {})
-    if not isinstance(custom, dict) or not all(isinstance(v, dict) for v in custom.values()):
+    if not isinstance(custom, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in custom.items()):
         raise TypeError(f"{where}.custom_keys must be a dict of dicts such as {{'backbone': dict(lr_mult=0.1)}}, got {custom!r}")
-    wants_wd = any(k in cfg for k in ("bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult")) or any(
-        "decay_mult" in v for v in custom.values())
+    allowed = None if options is None else {"lr_mult", "decay_mult", *options}
+    for name, rule in custom.items():
+        for key in ("lr_mult", "decay_mult"):
+            if key in rule and not _is_number(rule[key]):
+                raise TypeError(f"{where}.custom_keys[{name!r}].{key} must be a number, got {rule[key]!r}")
+        bad = sorted(set(rule) - allowed) if allowed is not None else []
+        if bad:
+            raise ValueError(f"{where}.custom_keys[{name!r}] has unknown keys {bad}; expected lr_mult, decay_mult "
+                             f"or the optimizer's options {sorted(allowed - {'lr_mult', 'decay_mult', 'params'})}")
+    wants_wd = [k for k in DECAY_MULTIPLIERS if k in cfg] + [f"custom_keys[{k!r}].decay_mult"
+                                                            for k, v in custom.items() if "decay_mult" in v]
     if wants_wd and base_wd is None:
-        raise ValueError(f"{where} scales weight decay, so the optimizer config needs an explicit weight_decay")
+        raise ValueError(f"{where} scales weight decay ({', '.join(wants_wd)}), so the optimizer config needs an "
+                         "explicit weight_decay")
     return cfg
 
 
-def build_param_groups(module: nn.Module, lr: float, weight_decay: float | None, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+def _walk(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
+    """``(path, module)`` in MMEngine's order: the module, then each child's walk. A
+    module reached along two paths is walked twice (its parameters are then met twice)."""
+    yield prefix, module
+    for name, child in module.named_children():
+        yield from _walk(child, f"{prefix}.{name}" if prefix else name)
+
+
+def _options(name: str, p: nn.Parameter, mod: nn.Module, key: str | None, lr: float, weight_decay: float | None,
+             cfg: dict[str, Any]) -> dict[str, Any]:
+    """One trainable parameter's options (see the module's docstring)."""
+    opts: dict[str, Any] = {"lr": lr}
+    if weight_decay is not None:
+        opts["weight_decay"] = weight_decay
+    if key is not None:
+        rule = cfg["custom_keys"][key]
+        opts["lr"] = lr * rule.get("lr_mult", 1.0)
+        if weight_decay is not None:
+            opts["weight_decay"] = weight_decay * rule.get("decay_mult", 1.0)
+        opts.update(rule)
+        return opts
+    is_norm = isinstance(mod, _NORMS)
+    is_bias = name == "bias"
+    if is_bias and not is_norm and cfg.get("bias_lr_mult") is not None:
+        opts["lr"] = lr * cfg["bias_lr_mult"]
+    if weight_decay is None:
+        return opts
+    is_dw = isinstance(mod, nn.Conv2d) and mod.in_channels == mod.groups
+    for applies, mult in ((is_norm, "norm_decay_mult"), (is_bias, "bias_decay_mult"), (is_dw, "dwconv_decay_mult"),
+                          (p.ndim == 1, "flat_decay_mult")):
+        if applies and cfg.get(mult) is not None:
+            opts["weight_decay"] = weight_decay * cfg[mult]
+            break
+    return opts
+
+
+def build_param_groups(module: nn.Module, lr: float, weight_decay: float | None, cfg: dict[str, Any],
+                       where: str = "optimizer.paramwise") -> list[dict[str, Any]]:
     """Param groups for ``module`` following the rules in this module's docstring."""
     custom = cfg.get("custom_keys", {})
     keys = sorted(sorted(custom), key=len, reverse=True)
-    bias_lr = cfg.get("bias_lr_mult", 1.0)
-    bias_wd = cfg.get("bias_decay_mult", 1.0)
-    norm_wd = cfg.get("norm_decay_mult", 1.0)
-    dw_wd = cfg.get("dwconv_decay_mult", 1.0)
     groups: dict[tuple, dict[str, Any]] = {}
-    seen: set[int] = set()
-    for prefix, mod in module.named_modules():
-        is_norm = isinstance(mod, _NORMS)
-        is_dw = isinstance(mod, nn.Conv2d) and mod.in_channels == mod.groups
+    first_name: dict[int, str] = {}
+    for prefix, mod in _walk(module):
         for name, p in mod.named_parameters(recurse=False):
-            if not p.requires_grad or id(p) in seen:  # shared parameters are optimized once
+            full = f"{prefix}.{name}"  # as MMEngine matches custom keys: ".weight" for the model's own
+            shown = full if prefix else name
+            if not p.requires_grad:
                 continue
-            seen.add(id(p))
-            opts: dict[str, Any] = {"lr": lr}
-            if weight_decay is not None:
-                opts["weight_decay"] = weight_decay
-            full = f"{prefix}.{name}"
+            if id(p) in first_name:
+                if cfg.get("bypass_duplicate", False):
+                    continue
+                raise ValueError(f"{where}: parameter {shown!r} is the same tensor as {first_name[id(p)]!r} (tied "
+                                 "weights or a module used twice); set bypass_duplicate=True to optimize it once, "
+                                 "with the options of its first name")
+            first_name[id(p)] = shown
             key = next((k for k in keys if k in full), None)
-            if key is not None:
-                rule = custom[key]
-                opts["lr"] = lr * rule.get("lr_mult", 1.0)
-                if weight_decay is not None:
-                    opts["weight_decay"] = weight_decay * rule.get("decay_mult", 1.0)
-                opts.update({k: v for k, v in rule.items() if k not in ("lr_mult", "decay_mult", "requires_grad")})
-            else:
-                if name == "bias" and not is_norm:
-                    opts["lr"] = lr * bias_lr
-                if weight_decay is not None:
-                    if is_norm:
-                        opts["weight_decay"] = weight_decay * norm_wd
-                    elif is_dw:
-                        opts["weight_decay"] = weight_decay * dw_wd
-                    elif name == "bias":
-                        opts["weight_decay"] = weight_decay * bias_wd
+            opts = _options(name, p, mod, key, lr, weight_decay, cfg)
             sig = tuple(sorted((k, repr(v)) for k, v in opts.items()))
             groups.setdefault(sig, {"params": [], **opts})["params"].append(p)
     return list(groups.values())
