@@ -9,12 +9,14 @@ with torchrun's environment variables).
 job (TORCHELASTIC_RESTART_COUNT; a process not started by torchrun's agent is attempt 0).
 
 Writes OUT_DIR/final_rank<r>.pt (weights), OUT_DIR/result_rank<r>.pt (metrics,
-counters, all-reduce count, the iteration a resume started from).
+counters, all-reduce count, the iteration a resume started from, where
+treadle.distributed.detect_launcher placed this process).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -27,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import TinyNet, make_data  # noqa: E402
 
 import treadle  # noqa: E402
+from treadle.distributed import detect_launcher  # noqa: E402
 
 
 class Fault(treadle.Hook):
@@ -105,7 +108,8 @@ def main():
         torch.save({k: v.detach().clone() for k, v in weights.items()}, os.path.join(a.out, f"final_rank{rank}.pt"))
     torch.save({"metrics": metrics, "iter": trainer.state.iter, "allreduces": calls[0],
                 "world_size": trainer.strategy.world_size, "strategy": trainer.strategy.name,
-                "resumed_at": fault.resumed_at},
+                "resumed_at": fault.resumed_at, "dist_env": dataclasses.asdict(detect_launcher()),
+                "node": os.environ.get("GROUP_RANK")},
                os.path.join(a.out, f"result_rank{rank}.pt"))
 
 
