@@ -65,6 +65,12 @@ def run_ranks(script: str, args: list[str], nproc: int = 2, timeout: float = 120
                 "OMP_NUM_THREADS": "1", **(env or {})}
         procs.append(subprocess.Popen([sys.executable, script, *args], env=penv, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
+    return wait_all(procs, timeout)
+
+
+def wait_all(procs, timeout: float = 300.0) -> list[tuple[int, str]]:
+    """[(returncode, output)] of each subprocess (output piped, text); any still running
+    after ``timeout`` seconds (a hang) is killed instead of blocking the suite."""
     out = []
     try:
         for p in procs:

@@ -1,8 +1,12 @@
-"""Running tests/strategies/ddp_script.py on 2 ranks, and the one-process reference
-it must match (shared by tests/strategies/test_ddp.py and test_fsdp_trainer.py)."""
+"""Running tests/strategies/ddp_script.py on 2 ranks (with torchrun's environment, or
+under real torchrun agents), and the one-process reference it must match (shared by
+tests/strategies/test_ddp.py, test_fsdp_trainer.py, test_elastic.py, test_multinode.py)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -21,6 +25,18 @@ def _run(out: Path, *args: str, expect: int | None = 0) -> list[tuple[int, str]]
         for rank, (code, output) in enumerate(results):
             assert code == expect, f"rank {rank} exited {code}:\n{output[-4000:]}"
     return results
+
+
+def start_torchrun(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``python -m torch.distributed.run ARGS`` (a torchrun agent), its output piped; the
+    caller waits for it. The agent sets the workers' RANK etc. itself, so this test
+    process's own (if any) are not passed on."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RESTART_COUNT"):
+        env.pop(key, None)
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
 
 
 def _final(out: Path, rank: int = 0) -> dict[str, torch.Tensor]:

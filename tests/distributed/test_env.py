@@ -50,3 +50,13 @@ def test_openmpi_and_mpich():
 def test_bad_values_are_named():
     with pytest.raises(ValueError, match="WORLD_SIZE='two' must be an integer"):
         detect_launcher({"RANK": "0", "WORLD_SIZE": "two"})
+
+
+def test_a_restartable_torchrun_job_sharing_the_agent_store_is_warned_about():
+    from treadle.distributed.env import restart_store_hazard
+
+    job = {"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "1"}
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in restart_store_hazard(job)
+    assert restart_store_hazard({**job, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None  # no restart, no hazard
+    assert restart_store_hazard({**job, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None  # switched off
+    assert restart_store_hazard({"RANK": "0", "WORLD_SIZE": "2"}) is None  # not torchrun's agent

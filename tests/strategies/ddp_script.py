@@ -3,15 +3,20 @@ with torchrun's environment variables).
 
     python ddp_script.py OUT_DIR [--work-dir D] [--batch B] [--shuffle] [--accumulate N]
         [--dropout P] [--max-iters N] [--kill-at N] [--term-at N] [--int-at N] [--raise-at N] [--resume]
-        [--interval K] [--val]
+        [--interval K] [--val] [--fault-attempt N]
+
+``--fault-attempt N``: the faults fire only in attempt N of a torchrun ``--max-restarts``
+job (TORCHELASTIC_RESTART_COUNT; a process not started by torchrun's agent is attempt 0).
 
 Writes OUT_DIR/final_rank<r>.pt (weights), OUT_DIR/result_rank<r>.pt (metrics,
-counters, all-reduce count).
+counters, all-reduce count, the iteration a resume started from, where
+treadle.distributed.detect_launcher placed this process).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -24,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from support import TinyNet, make_data  # noqa: E402
 
 import treadle  # noqa: E402
+from treadle.distributed import detect_launcher  # noqa: E402
 
 
 class Fault(treadle.Hook):
@@ -33,9 +39,17 @@ class Fault(treadle.Hook):
 
     def __init__(self, a):
         self.a = a
+        self.resumed_at = None
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.armed = a.fault_attempt is None or a.fault_attempt == attempt
+
+    def after_load_checkpoint(self, trainer, checkpoint):
+        self.resumed_at = trainer.state.iter
 
     def after_train_iter(self, trainer, batch, outputs):
         done, rank = trainer.state.iter + 1, trainer.strategy.rank
+        if not self.armed:
+            return
         if done == self.a.kill_at and rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         if done == self.a.term_at and rank == 1:
@@ -63,6 +77,7 @@ def main():
     p.add_argument("--interval", type=int)
     p.add_argument("--val", action="store_true")
     p.add_argument("--strategy", default="auto")
+    p.add_argument("--fault-attempt", type=int)
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -70,11 +85,12 @@ def main():
     train = DataLoader(make_data(48), batch_size=a.batch, shuffle=a.shuffle)
     val = DataLoader(make_data(37, seed=1), batch_size=3) if a.val else None  # ranks: 7 and 6 batches
     checkpoint = dict(interval=a.interval, by_epoch=False, keep=None) if a.interval else None
+    fault = Fault(a)
     trainer = treadle.Trainer(
         model, work_dir=a.work_dir, train_dataloader=train, val_dataloader=val, loss_fn=nn.CrossEntropyLoss(),
         optimizer=dict(type="SGD", lr=0.1, momentum=0.9), max_epochs=a.max_epochs, accumulate=a.accumulate,
         metrics={"acc": treadle.Accuracy()} if a.val else None, seed=7, resume=a.resume,
-        checkpoint=checkpoint if a.work_dir else False, hooks=[Fault(a)], log_interval=2, strategy=a.strategy,
+        checkpoint=checkpoint if a.work_dir else False, hooks=[fault], log_interval=2, strategy=a.strategy,
     )
     calls = [0]
     if isinstance(trainer.model, nn.parallel.DistributedDataParallel):
@@ -91,7 +107,9 @@ def main():
     if weights:
         torch.save({k: v.detach().clone() for k, v in weights.items()}, os.path.join(a.out, f"final_rank{rank}.pt"))
     torch.save({"metrics": metrics, "iter": trainer.state.iter, "allreduces": calls[0],
-                "world_size": trainer.strategy.world_size, "strategy": trainer.strategy.name},
+                "world_size": trainer.strategy.world_size, "strategy": trainer.strategy.name,
+                "resumed_at": fault.resumed_at, "dist_env": dataclasses.asdict(detect_launcher()),
+                "node": os.environ.get("GROUP_RANK")},
                os.path.join(a.out, f"result_rank{rank}.pt"))
 
 

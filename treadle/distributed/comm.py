@@ -13,12 +13,13 @@ import gc
 import importlib
 import os
 import sys
+import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from treadle.distributed.env import DistEnv, detect_launcher
+from treadle.distributed.env import DistEnv, detect_launcher, restart_store_hazard
 
 _control_group: Any = None  # gloo group for objects; None means the default group
 
@@ -79,6 +80,9 @@ def init_distributed(env: DistEnv | None = None, *, backend: str | None = None,
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(env.rank), str(env.world_size)
     os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
     raise_open_file_limit()
+    hazard = restart_store_hazard() if env.launcher == "torchrun" and env.rank == 0 else None
+    if hazard is not None:
+        warnings.warn(hazard, RuntimeWarning, stacklevel=2)
     # Ten functions of torch.distributed.nn.functional take `group=group.WORLD` as a
     # default argument, evaluated on import; DistributedDataParallel imports the module
     # (through torch._dynamo) after init_process_group, and the defaults then keep the

@@ -91,3 +91,20 @@ def detect_launcher(environ: Mapping[str, str] | None = None) -> DistEnv:
         return DistEnv("mpi", _int(env, "PMI_RANK"), world, _int(env, "MPI_LOCALRANKID", 0),
                        _int(env, "MPI_LOCALNRANKS", world), addr, port)
     return DistEnv("none")
+
+
+def restart_store_hazard(environ: Mapping[str, str] | None = None) -> str | None:
+    """Why a torchrun restart of this job may fail to connect, or None.
+
+    Since torch 2.5 the c10d rendezvous shares its agent's TCPStore with the workers
+    (``TORCHELASTIC_USE_AGENT_STORE=True``). The store outlives a failed attempt and keeps
+    its process-group keys, so a restarted rank can read a dead rank's address and fail
+    to connect (pytorch/pytorch#135712, #167288). Only matters with ``--max-restarts`` > 0.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or _int(env, "TORCHELASTIC_MAX_RESTARTS", 0) < 1:
+        return None
+    return ("torchrun --max-restarts with the rendezvous store shared with the workers: a restart may fail "
+            "to connect to a dead process's stale address (pytorch/pytorch#135712); export "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun")
+
