@@ -130,20 +130,16 @@ def treadle_loop(strategy: Any, module: Any, data: Any, args: argparse.Namespace
     return train_epoch
 
 
-def child(args: argparse.Namespace) -> None:
+def time_loops(args: argparse.Namespace, world: int) -> dict[str, Any] | None:
+    """Build every loop in this process and time them in turn; rank 0's results."""
     import copy
-    import logging
 
-    import torch
     import torch.distributed as dist
 
     import treadle
     from treadle.env import collect_env
 
-    torch.set_num_threads(1)
-    logging.getLogger("treadle").setLevel(logging.WARNING)  # time the work, not the terminal
     clock = overhead.CLOCKS[args.clock]
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     # treadle starts the process group (as it would for its user); the raw loops' DDP uses it too
     strategy = treadle.build_strategy("ddp" if world > 1 else "single", seed=0)
     data, module = make_data(args, world), make_model(args)
@@ -170,13 +166,30 @@ def child(args: argparse.Namespace) -> None:
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, times)
         times = {k: [max(ts) for ts in zip(*(g[k] for g in gathered))] for k in times}
-    if strategy.rank == 0:
-        params = sum(p.numel() for p in module.parameters())
-        print(json.dumps({"times": times, "params": params, "env": collect_env(seed=0, world_size=world)}))
+    if strategy.rank != 0:
+        return None
+    params = sum(p.numel() for p in module.parameters())
+    return {"times": times, "params": params, "env": collect_env(seed=0, world_size=world)}
+
+
+def child(args: argparse.Namespace) -> None:
+    import logging
+
+    import torch
+
+    torch.set_num_threads(1)
+    logging.getLogger("treadle").setLevel(logging.WARNING)  # time the work, not the terminal
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    result = time_loops(args, world)
     if world > 1:
+        # After time_loops has returned: its DDP models' reducers hold the process group,
+        # and one freed after shutdown() drops the group's last reference holding the GIL,
+        # which hangs when a gloo worker is waiting for the GIL (see comm.shutdown).
         from treadle.distributed import comm
 
         comm.shutdown()
+    if result is not None:
+        print(json.dumps(result))
 
 
 def measure(args: argparse.Namespace, world: int) -> dict[str, Any]:
@@ -195,7 +208,12 @@ def measure(args: argparse.Namespace, world: int) -> dict[str, Any]:
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True,
                               env={**base, **({"RANK": str(r), "LOCAL_RANK": str(r)} if world > 1 else {})})
              for r in range(world)]
-    outs = [p.communicate()[0] for p in procs]
+    try:
+        outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise SystemExit(f"{world} process(es): not done after {args.timeout} s; command {shlex.join(cmd)}") from None
     failed = [r for r, p in enumerate(procs) if p.returncode]
     if failed:
         raise SystemExit(f"{world} process(es): rank(s) {failed} failed; command {shlex.join(cmd)}")
@@ -283,6 +301,7 @@ def main() -> None:
         p.add_argument(f"--{name}", type=int, default=default, help=text)
     p.add_argument("--worlds", default="1,2", help="numbers of processes, comma-separated")
     p.add_argument("--clock", choices=tuple(overhead.CLOCKS), default="wall")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds a set of processes may take")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
