@@ -13,7 +13,10 @@ One hand-written training loop, written twice:
 
 With 2 processes the raw loop runs twice: with torch's DDP defaults (what a hand-written
 loop gets), and with ``gradient_as_bucket_view=True``, the one DDP option whose default
-treadle's DDPStrategy changes; treadle's own cost is its ratio to the second.
+treadle's DDPStrategy changes; treadle's own cost is its ratio to the second. A control
+(``--no-control`` leaves it out): the raw loop (torch's defaults) built a second time and
+timed like the others, against the first; its ratio, which would be 1 on a quiet machine,
+shows how far the ratios stray on this one.
 
 All train copies of one MLP (``--dim``-``--hidden``-``--hidden``-10, 0.4 M parameters by
 default, a few ms a step on one thread) on the same in-memory data, ``--batch`` samples
@@ -146,6 +149,8 @@ def time_loops(args: argparse.Namespace, world: int) -> dict[str, Any] | None:
     loops = {"raw": raw_loop(copy.deepcopy(module), data, args, world)}
     if world > 1:
         loops["raw_bucket_view"] = raw_loop(copy.deepcopy(module), data, args, world, bucket_view=True)
+    if args.control:  # the raw loop once more: what the ratio of two identical loops reads here
+        loops["raw_again"] = raw_loop(copy.deepcopy(module), data, args, world)
     loops["treadle"] = treadle_loop(strategy, copy.deepcopy(module), data, args)
     sync = dist.barrier if world > 1 else (lambda: None)
 
@@ -278,14 +283,14 @@ def cpu_model() -> str:
         return platform.processor() or "unknown"
 
 
-def summary(rows: list[dict[str, Any]], raw: str) -> dict[str, Any]:
-    """treadle against the raw loop ``raw``, over every round of every run."""
-    pairs = [(h, t) for r in rows for h, t in zip(r["times"][raw], r["times"]["treadle"])]
+def summary(rows: list[dict[str, Any]], raw: str, other: str = "treadle") -> dict[str, Any]:
+    """The loop ``other`` against the raw loop ``raw``, over every round of every run."""
+    runs = [list(zip(r["times"][raw], r["times"][other])) for r in rows]
+    pairs = [pair for run in runs for pair in run]
     q1, med, q3 = overhead.ratio_quartiles(pairs)
     h, t = statistics.median(h for h, _ in pairs), statistics.median(t for _, t in pairs)
-    return {"raw": h, "treadle": t, "pairs": len(pairs), "ratio_of_medians": t / h, "pair_ratio": med, "q1": q1,
-            "q3": q3, "per_run": [overhead.ratio_quartiles(list(zip(r["times"][raw], r["times"]["treadle"])))[1]
-                                  for r in rows]}
+    return {"raw": h, "other": t, "pairs": len(pairs), "ratio_of_medians": t / h, "pair_ratio": med, "q1": q1,
+            "q3": q3, "per_run": [overhead.ratio_quartiles(run)[1] for run in runs]}
 
 
 def main() -> None:
@@ -301,6 +306,8 @@ def main() -> None:
         p.add_argument(f"--{name}", type=int, default=default, help=text)
     p.add_argument("--worlds", default="1,2", help="numbers of processes, comma-separated")
     p.add_argument("--clock", choices=tuple(overhead.CLOCKS), default="wall")
+    p.add_argument("--no-control", dest="control", action="store_false",
+                   help="leave out the control: the raw loop timed twice, against itself")
     p.add_argument("--timeout", type=float, default=1800, help="seconds a set of processes may take")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -329,18 +336,20 @@ def main() -> None:
           f"clock={args.clock}; {args.runs} run(s) x {args.reps} rounds of one epoch of each loop "
           f"({args.warmup} warm-up rounds left out)")
     print()
-    print("| processes | raw loop | raw ms/step | treadle ms/step | treadle/raw (medians) "
+    print("| processes | loop | against raw loop | raw ms/step | loop ms/step | loop/raw (medians) "
           "| per-round ratio, median [IQR] | per-run medians | goal |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for w in worlds:
-        for raw, label in (("raw", "torch defaults" if w > 1 else "-"),
-                           ("raw_bucket_view", "DDP gradient_as_bucket_view=True, as treadle's")):
-            if raw not in rows[w][0]["times"]:
+        for other, raw, label in (("treadle", "raw", "torch defaults" if w > 1 else "raw"),
+                                  ("treadle", "raw_bucket_view", "DDP gradient_as_bucket_view=True, as treadle's"),
+                                  ("raw_again", "raw", "itself (control)")):
+            if raw not in rows[w][0]["times"] or other not in rows[w][0]["times"]:
                 continue
-            s = summary(rows[w], raw)
-            goal = GOALS.get(w)
+            s = summary(rows[w], raw, other)
+            goal = GOALS.get(w) if other == "treadle" else None
             met = "" if goal is None else f"<= {goal:.2f}: {'met' if s['pair_ratio'] <= goal else 'NOT met'}"
-            print(f"| {w} | {label} | {s['raw'] * 1e3:.3f} | {s['treadle'] * 1e3:.3f} | {s['ratio_of_medians']:.4f} | "
+            print(f"| {w} | {'raw' if other == 'raw_again' else other} | {label} | {s['raw'] * 1e3:.3f} | "
+                  f"{s['other'] * 1e3:.3f} | {s['ratio_of_medians']:.4f} | "
                   f"{s['pair_ratio']:.4f} [{s['q1']:.4f}-{s['q3']:.4f}], {s['pairs']} rounds | "
                   f"{' '.join(f'{r:.3f}' for r in s['per_run'])} | {met} |")
     print()
