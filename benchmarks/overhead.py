@@ -149,6 +149,13 @@ def measure(args: argparse.Namespace) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def ratio_quartiles(pairs: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """Quartiles (first, median, third) of the ratios ``t / h`` of ``(h, t)`` time pairs."""
+    ratios = sorted(t / h for h, t in pairs)
+    q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    return q1, median, q3
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=7)
@@ -165,8 +172,7 @@ def main() -> None:
         return
     rows = [measure(args) for _ in range(args.runs)]
     pairs = [(h, t) for r in rows for h, t in zip(r["hand"], r["treadle"])]
-    ratios = sorted(t / h for h, t in pairs)
-    q1, ratio, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    q1, ratio, q3 = ratio_quartiles(pairs)
     added = statistics.median(t - h for h, t in pairs)
     h = statistics.median(h for h, _ in pairs)
     fixed = statistics.median(r["fixed"] for r in rows)
@@ -176,7 +182,7 @@ def main() -> None:
           f"clock={args.clock}")
     print(f"hand-written loop {h * 1e6:.1f} us/step; per-process median ratios: "
           + " ".join(f"{statistics.median(t / h for h, t in zip(r['hand'], r['treadle'])):.3f}" for r in rows))
-    print(f"treadle/hand per-step ratio {ratio:.4f} (median of {len(ratios)} pairs; interquartile range "
+    print(f"treadle/hand per-step ratio {ratio:.4f} (median of {len(pairs)} pairs; interquartile range "
           f"{q1:.4f}-{q3:.4f})   added {added * 1e6:+.1f} us/step")
     print(f"fixed cost of a run about {fixed * 1e3:+.1f} ms (environment record, writers, final checkpoint),"
           f" included above")
