@@ -126,29 +126,36 @@ def _evaluate(args: argparse.Namespace) -> int:
     from treadle.config import build_trainer, load_config
 
     cfg = load_config(args.config, args.overrides, mode=args.command, safe=args.safe)
-    if not Path(args.checkpoint).exists():
-        raise UsageError(f"--checkpoint {args.checkpoint}: no such file or directory")
+    checkpoint, note = _checkpoint_arg(args.checkpoint, "--checkpoint")
     ema_cfg = cfg.get("ema")
     use_ema = args.ema if args.ema is not None else (
         isinstance(ema_cfg, dict) and ema_cfg.get("use_for_val", True) is not False)
     if not use_ema:
-        trainer = build_trainer(cfg, args.command, safe=args.safe, load_from=args.checkpoint, work_dir=args.work_dir)
+        from treadle.checkpoint.weights import WeightsMismatchError
+
+        try:
+            trainer = build_trainer(cfg, args.command, safe=args.safe, load_from=checkpoint, work_dir=args.work_dir)
+        except WeightsMismatchError as e:
+            raise UsageError(f"--checkpoint {checkpoint} does not match the model {args.config} builds (saved from "
+                             f"another config?); nothing was loaded:\n{e}") from e
     else:  # the averaged weights, as the run's own validations used them
         from treadle.checkpoint.io import CheckpointError
         from treadle.checkpoint.weights import load_weights
 
         trainer = build_trainer(cfg, args.command, safe=args.safe, work_dir=args.work_dir)
-        source = _ema_in_hook_state(args.checkpoint) or args.checkpoint
+        source = _ema_source(checkpoint, "--checkpoint", "pass --no-ema to evaluate the model's own weights")
         try:
             report = load_weights(trainer.module, source, strict=True, key="ema")
         except (CheckpointError, KeyError, ValueError) as e:
-            raise UsageError(f"--checkpoint {args.checkpoint}: no EMA weights to evaluate ({e}); pass --no-ema "
+            raise UsageError(f"--checkpoint {checkpoint}: no EMA weights to evaluate ({e}); pass --no-ema "
                              "for the model's own weights") from e
         if trainer.is_main:
             print(f"EMA weights: {report}")
+    if note and trainer.is_main:
+        print(f"treadle {args.command}: {note}")
     metrics = trainer.validate() if args.command == "validate" else trainer.test()
     if trainer.is_main:  # under torchrun every rank evaluates its share; rank 0 reports
-        _print_metrics(metrics, f"{args.command}: {args.checkpoint}")
+        _print_metrics(metrics, f"{args.command}: {checkpoint}")
     return 0
 
 
@@ -168,19 +175,30 @@ def _export(args: argparse.Namespace) -> int:
     from treadle.checkpoint.io import CheckpointError
     from treadle.checkpoint.weights import export_safetensors
 
-    if not Path(args.checkpoint).exists():
-        raise UsageError(f"{args.checkpoint}: no such checkpoint")
+    checkpoint, note = _checkpoint_arg(args.checkpoint, "")
     _check_out_file(args.out)
+    if note:
+        print(f"treadle export: {note}")
     try:
-        source = _ema_in_hook_state(args.checkpoint) if args.ema else None
-        out = export_safetensors(source if source is not None else args.checkpoint, args.out,
-                                 key="ema" if args.ema else "model")
+        source = _ema_source(checkpoint, "", "export without --ema for the model's weights") if args.ema else checkpoint
+        out = export_safetensors(source, args.out, key="ema" if args.ema else "model")
     except CheckpointError as e:
         raise UsageError(str(e)) from e
     except OSError as e:  # e.g. no permission to read or write (the file is written whole or not at all)
         raise UsageError(f"export to {args.out} failed: {e}") from e
     print(out)
     return 0
+
+
+def _checkpoint_arg(path: str, what: str) -> tuple[Path, str | None]:
+    """A checkpoint argument: the checkpoint itself, or a run directory's latest verified
+    one with a message saying which (treadle/resume.py checkpoint_in)."""
+    from treadle.resume import checkpoint_in
+
+    try:
+        return checkpoint_in(path, what)
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from e
 
 
 def _check_out_file(out: str) -> None:
@@ -199,19 +217,24 @@ def _check_out_file(out: str) -> None:
             break
 
 
-def _ema_in_hook_state(checkpoint: str) -> dict[str, Any] | None:
-    """``{"ema": weights}`` for a full training checkpoint, where the EMA weights sit in
-    the EMAHook's state rather than under a top-level "ema" entry (which best-weights
-    checkpoints have); None when there is nothing to adapt."""
+def _ema_source(checkpoint: Path, what: str, instead: str) -> Any:
+    """What to read a checkpoint's EMA weights from (``key="ema"``): a full training
+    checkpoint keeps them in the EMAHook's state (``{"ema": weights}`` is returned), a
+    best-weights checkpoint under a top-level "ema" entry, a file as it may. A
+    checkpoint directory of a run trained without EMA is a UsageError that says so."""
     from treadle.checkpoint.io import STATE_FILE, load_checkpoint
 
-    if not Path(checkpoint).is_dir():
-        return None
+    if not checkpoint.is_dir() or (checkpoint / ".metadata").is_file():  # a file, or sharded: read as it is
+        return checkpoint
     state = load_checkpoint(checkpoint, files=[STATE_FILE])[STATE_FILE]
-    hook = state.get("hooks", {}).get("EMAHook") if isinstance(state, dict) and "ema" not in state else None
+    if isinstance(state, dict) and "ema" in state:
+        return checkpoint
+    hook = state.get("hooks", {}).get("EMAHook") if isinstance(state, dict) else None
     if isinstance(hook, dict) and isinstance(hook.get("ema"), dict) and "module" in hook["ema"]:
         return {"ema": hook["ema"]["module"]}
-    return None
+    named = f"{what} {checkpoint}".strip()
+    raise UsageError(f"{named}: the run had no EMA (it was trained without ema=), so there are no EMA weights; "
+                     f"{instead}")
 
 
 def _env(args: argparse.Namespace) -> int:

@@ -32,7 +32,7 @@ from treadle import snapshot
 from treadle.checkpoint.checkpointer import Checkpointer
 from treadle.checkpoint.weights import load_weights
 from treadle.hooks.checkpoint import CheckpointHook
-from treadle.resume import check_resume_dir, latest_to_resume, note_other_runs
+from treadle.resume import check_resume_dir, checkpoint_in, latest_to_resume, note_other_runs
 from treadle.preemption import INTERRUPTED_EXIT_CODE, PreemptionConfig, PreemptionHandlers, requeue_slurm_job
 from treadle.run_dir import RunDir
 from treadle.optim.wrapper import OptimWrapper, check_clip_grad, check_precision, make_autocast
@@ -241,8 +241,10 @@ class Trainer:
         self.module = model  # the user's module, unwrapped
         self.resume = resume
         self._resume_loaded = False  # validate/test load `resume` too, unless fit already did
-        if load_from is not None:
-            get_logger().info(f"load_from {load_from}:\n{load_weights(model, load_from, strict=True)}")
+        if load_from is not None:  # a run directory: its latest verified checkpoint (treadle/resume.py)
+            load_from, note = checkpoint_in(load_from, "load_from", self.is_main)
+            get_logger().info(f"{note + chr(10) if note else ''}load_from {load_from}:\n"
+                              f"{load_weights(model, load_from, strict=True)}")
         self.model = self.strategy.setup_model(model)
         eval_model = self.strategy.eval_model(self.model)  # DDP: the module itself, no collectives
         if compile:
