@@ -8,6 +8,7 @@ config, a missing file or a bad option prints one message (no traceback unless
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -31,6 +32,33 @@ class UsageError(Exception):
     """A command-line problem found before anything runs: message, exit status 2."""
 
 
+FULL_TRACEBACK_ENV = "TREADLE_FULL_TRACEBACK"
+
+
+class RunFailure(Exception):
+    """An exception from the user's model, loss or metric during a run, which treadle
+    added a hint to (treadle/hints.py): printed in a short form, exit status 1."""
+
+    def __init__(self, error: BaseException, where: str, text_log: Path | None) -> None:
+        super().__init__(str(error))
+        self.error, self.where, self.text_log = error, where, text_log
+
+
+def _explained(trainer: Any, run: Callable[[], Any]) -> Any:
+    """``run()`` (fit, validate or test); an exception with a treadle hint becomes a
+    :class:`RunFailure` that knows where the run was and where its full traceback is."""
+    from treadle.hints import hint_of
+    from treadle.logging.writers import TEXT_LOG_NAME
+
+    try:
+        return run()
+    except Exception as e:
+        if hint_of(e) is None:
+            raise
+        log = Path(trainer.work_dir) / TEXT_LOG_NAME if trainer.work_dir is not None else None
+        raise RunFailure(e, trainer.state.position(), log if log is not None and log.is_file() else None) from e
+
+
 def _parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog="treadle", description="A small, exact and fast training engine for PyTorch.",
@@ -39,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
 
     def add(name: str, help: str, example: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help, epilog=f"example:\n  {example}", formatter_class=fmt)
-        p.add_argument("--debug", action="store_true", help="show the full traceback of errors")
+        p.add_argument("--debug", action="store_true",
+                       help=f"show the full traceback of errors (as {FULL_TRACEBACK_ENV}=1 does)")
         return p
 
     def config_args(p: argparse.ArgumentParser) -> None:
@@ -103,7 +132,7 @@ def _train(args: argparse.Namespace) -> int:
     trainer.run_files["config.yaml"] = config_text(cfg, path)
     if main_rank:
         print(f"treadle train: run directory {cfg['work_dir']} (resolved config: {path})")
-    metrics = trainer.fit()
+    metrics = _explained(trainer, trainer.fit)
     if main_rank:
         _print_metrics(metrics, f"final metrics ({cfg['work_dir']})")
     return 0
@@ -153,7 +182,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             print(f"EMA weights: {report}")
     if note and trainer.is_main:
         print(f"treadle {args.command}: {note}")
-    metrics = trainer.validate() if args.command == "validate" else trainer.test()
+    metrics = _explained(trainer, trainer.validate if args.command == "validate" else trainer.test)
     if trainer.is_main:  # under torchrun every rank evaluates its share; rank 0 reports
         _print_metrics(metrics, f"{args.command}: {checkpoint}")
     return 0
@@ -261,16 +290,59 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def _full_traceback(args: argparse.Namespace) -> bool:
+    """``--debug``, or the environment variable ``TREADLE_FULL_TRACEBACK`` set (not 0)."""
+    return bool(getattr(args, "debug", False)) or os.environ.get(FULL_TRACEBACK_ENV, "") not in ("", "0")
+
+
 def _fail(args: argparse.Namespace, err: Exception, status: int = 2) -> int:
     from treadle.config import ConfigError
 
-    if getattr(args, "debug", False):
+    if _full_traceback(args):
         traceback.print_exception(err)
     source = (err.source or getattr(args, "config", None)) if isinstance(err, ConfigError) else None
     where = f"{source}: " if source else ""
     kind = "config error" if isinstance(err, ConfigError) else "error"
     print(f"treadle {args.command}: {kind}: {where}{err}", file=sys.stderr)
     return status
+
+
+def _user_frame(error: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of ``error``'s traceback in the user's code: not in torch,
+    treadle or the standard library (None when there is none)."""
+    import sysconfig
+
+    import torch
+
+    skip = [str(Path(p).resolve()) for p in (Path(torch.__file__).parent, Path(__file__).parent,
+                                             sysconfig.get_paths()["stdlib"])]
+    frames = traceback.extract_tb(error.__traceback__)
+    for frame in reversed(frames):
+        path = str(Path(frame.filename).resolve())
+        if not any(path.startswith(s) for s in skip) and not frame.filename.startswith("<"):
+            return frame
+    return None
+
+
+def _fail_run(args: argparse.Namespace, failure: RunFailure) -> int:
+    """The short form of an error in the user's code: what, where, treadle's hint, the
+    user's line, and where the full traceback is."""
+    from treadle.hints import hint_of
+
+    err = failure.error
+    if _full_traceback(args):
+        traceback.print_exception(err)
+    message = str(err).strip().splitlines() or [""]
+    lines = [f"treadle {args.command}: error {failure.where}: {type(err).__name__}: {message[0]}"
+             + (" ..." if len(message) > 1 else "")]
+    lines.append(f"  treadle: {hint_of(err)}")
+    frame = _user_frame(err)
+    if frame is not None:
+        lines.append(f"  at {frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}")
+    where = f"in {failure.text_log}; " if failure.text_log is not None else ""
+    lines.append(f"  full traceback: {where}--debug or {FULL_TRACEBACK_ENV}=1 prints it here")
+    print("\n".join(lines), file=sys.stderr)
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -291,6 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return COMMANDS[args.command](args)
+    except RunFailure as e:  # the user's model, loss or metric raised: the short form, status 1
+        return _fail_run(args, e)
     except CheckpointWriteError as e:  # disk full or another OS error at a save (sync or async): a run-time failure
         return _fail(args, e, status=1)
     except (ConfigError, UsageError, CheckpointError, WorkDirBusyError) as e:  # e.g. a resume that does not fit
@@ -305,4 +379,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-__all__ = ["COMMANDS", "EPILOG", "UsageError", "main"]
+__all__ = ["COMMANDS", "EPILOG", "FULL_TRACEBACK_ENV", "RunFailure", "UsageError", "main"]

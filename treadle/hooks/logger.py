@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from treadle.hooks.base import Hook, Priority
 from treadle.logging.specs import WRITERS, build_writer, check_writers
-from treadle.logging.writers import LOGGER_NAME, add_file_handler, get_logger, remove_handler
+from treadle.logging.writers import LOGGER_NAME, TEXT_LOG_NAME, add_file_handler, get_logger, remove_handler
 
 if TYPE_CHECKING:
     from treadle.trainer import Trainer
@@ -109,7 +109,7 @@ class LoggerHook(Hook):
             return
         work_dir = Path(trainer.work_dir)
         if self.text_log:
-            self._handler = add_file_handler(work_dir / "log.txt")
+            self._handler = add_file_handler(work_dir / TEXT_LOG_NAME)
         self._writers = [build_writer(w, work_dir) for w in self.writer_specs]
         if not self._opened:  # before this trainer wrote anything there: an earlier run's files
             self._opened = True
