@@ -24,8 +24,8 @@ EPILOG = """examples:
   treadle env
 
 --set takes KEY=VALUE pairs (values read as YAML: 3, 1e-3, true, null, [1, 2]); nested
-keys with dots (optimizer.lr), list items by index (schedulers.0.end). Put --set last
-or repeat it. Config keys: docs/config.md."""
+keys with dots (optimizer.lr), list items by index (schedulers.0.end). --set may come
+anywhere and be repeated. Config keys: docs/config.md."""
 
 
 class UsageError(Exception):
@@ -136,6 +136,26 @@ def _train(args: argparse.Namespace) -> int:
     if main_rank:
         _print_metrics(metrics, f"final metrics ({cfg['work_dir']})")
     return 0
+
+
+def _set_last(argv: list[str]) -> list[str]:
+    """``argv`` with every ``--set`` group moved to the end, so that ``--set`` may come
+    anywhere: ``treadle train --set max_epochs=3 CONFIG`` is ``treadle train CONFIG --set
+    max_epochs=3``. A group is the KEY=VALUE words after ``--set``; the first word
+    without "=" (the config path) or starting with "-" ends it."""
+    out: list[str] = []
+    pairs: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--set" and i + 1 < len(argv) and "=" in argv[i + 1] and not argv[i + 1].startswith("-"):
+            i += 1
+            while i < len(argv) and "=" in argv[i] and not argv[i].startswith("-"):
+                pairs.append(argv[i])
+                i += 1
+            continue  # (a --set without a KEY=VALUE after it stays: argparse or the config says what is wrong)
+        out.append(argv[i])
+        i += 1
+    return out + ["--set", *pairs] if pairs else out
 
 
 def _without_nproc(argv: Sequence[str]) -> list[str]:
@@ -274,15 +294,18 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def _print_metrics(metrics: dict[str, Any], title: str) -> None:
+    """The title on a line of its own (a path in it is never wrapped), then the table."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in metrics.items():
         table.add_row(str(k), f"{v:.6g}" if isinstance(v, float) else str(v))
-    Console().print(table)
+    console = Console()
+    console.print(title, soft_wrap=True, markup=False, highlight=False)
+    console.print(table)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -350,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoint could not be written, e.g. disk full)."""
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_set_last(list(sys.argv[1:] if argv is None else argv)))
         args.argv = list(argv) if argv is not None else None
     except SystemExit as e:  # --help (0) or an argparse error (2, message already printed)
         return e.code if isinstance(e.code, int) else 2

@@ -532,7 +532,8 @@ class Trainer:
         state, own = self.checkpointer.load(path, template=functools.partial(snapshot.sharded_template, self))
         pos = snapshot.restore(self, {snapshot.STATE_FILE: state, snapshot.rng_file(self.strategy.rank): own})
         self._call("after_load_checkpoint", state)
-        get_logger().info(f"resumed from {path} at epoch {self.state.epoch}, iter {self.state.iter}")
+        get_logger().info(f"resumed from {path}: {self.state.iter} iterations done, training goes on in epoch "
+                          f"{self.state.epoch + 1}")  # 1-based, as the log lines (README: Epochs and iterations)
         return pos
 
     def _load_resume(self) -> None:
