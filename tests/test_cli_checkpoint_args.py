@@ -97,6 +97,7 @@ def test_load_from_a_run_directory(two_saves, caplog):
     with caplog.at_level("INFO", logger="treadle"):
         trainer = treadle.Trainer(TinyNet(), load_from=two_saves)
     assert f"load_from {two_saves} is a run directory: using its latest verified checkpoint {latest}" in caplog.text
+    assert f"load_from: loaded 4 entries from {latest}" in caplog.text
     weights = torch.load(latest / "state.pt", weights_only=True)["model"]
     assert all(torch.equal(trainer.module.state_dict()[k], v) for k, v in weights.items())
     empty = two_saves / "logs_only"

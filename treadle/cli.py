@@ -176,6 +176,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides, mode=args.command, safe=args.safe)
     checkpoint, note = _checkpoint_arg(args.checkpoint, "--checkpoint")
+    if note and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 says it
+        print(f"treadle {args.command}: {note}")
     ema_cfg = cfg.get("ema")
     use_ema = args.ema if args.ema is not None else (
         isinstance(ema_cfg, dict) and ema_cfg.get("use_for_val", True) is not False)
@@ -185,8 +187,9 @@ def _evaluate(args: argparse.Namespace) -> int:
         try:
             trainer = build_trainer(cfg, args.command, safe=args.safe, load_from=checkpoint, work_dir=args.work_dir)
         except WeightsMismatchError as e:
+            details = str(e).split("\n", 1)[-1]  # without the report's "loaded 0 entries" line
             raise UsageError(f"--checkpoint {checkpoint} does not match the model {args.config} builds (saved from "
-                             f"another config?); nothing was loaded:\n{e}") from e
+                             f"another config?); nothing was loaded:\n{details}") from e
     else:  # the averaged weights, as the run's own validations used them
         from treadle.checkpoint.io import CheckpointError
         from treadle.checkpoint.weights import load_weights
@@ -200,8 +203,6 @@ def _evaluate(args: argparse.Namespace) -> int:
                              "for the model's own weights") from e
         if trainer.is_main:
             print(f"EMA weights: {report}")
-    if note and trainer.is_main:
-        print(f"treadle {args.command}: {note}")
     metrics = _explained(trainer, trainer.validate if args.command == "validate" else trainer.test)
     if trainer.is_main:  # under torchrun every rank evaluates its share; rank 0 reports
         _print_metrics(metrics, f"{args.command}: {checkpoint}")

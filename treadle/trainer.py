@@ -249,8 +249,7 @@ class Trainer:
         self._resume_loaded = False  # validate/test load `resume` too, unless fit already did
         if load_from is not None:  # a run directory: its latest verified checkpoint (treadle/resume.py)
             load_from, note = checkpoint_in(load_from, "load_from", self.is_main)
-            get_logger().info(f"{note + chr(10) if note else ''}load_from {load_from}:\n"
-                              f"{load_weights(model, load_from, strict=True)}")
+            get_logger().info(f"{note + chr(10) if note else ''}load_from: {load_weights(model, load_from, strict=True)}")
         self.model = self.strategy.setup_model(model)
         eval_model = self.strategy.eval_model(self.model)  # DDP: the module itself, no collectives
         if compile:
