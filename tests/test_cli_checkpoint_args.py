@@ -104,3 +104,12 @@ def test_load_from_a_run_directory(two_saves, caplog):
     empty.mkdir()
     with pytest.raises(CheckpointError, match="a directory with no checkpoint in it"):
         treadle.Trainer(TinyNet(), load_from=empty)
+
+
+def test_load_from_a_checkpoint_of_another_model_is_no_config_error(two_saves, tiny, tmp_path, capsys):
+    rc, _, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "other", "--set", "model.classes=5",
+                     f"load_from={two_saves}")
+    latest = two_saves / "checkpoints" / "epoch_0002"
+    assert rc == 2 and "config error" not in err and "Traceback" not in err
+    assert err.startswith(f"treadle train: error: the weights in {latest} do not match the model; nothing was loaded:")
+    assert "loaded 0 entries" not in err and not (tmp_path / "other").exists()

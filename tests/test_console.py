@@ -133,3 +133,6 @@ def test_the_result_title_never_wraps_a_path(tiny, tmp_path, capsys):
     ckpt = find_latest_checkpoint(deep / "checkpoints")
     rc, out, _ = run(capsys, "validate", deep / "config.yaml", "--checkpoint", ckpt)
     assert rc == 0 and f"validate: {ckpt}" in out.splitlines()
+    row = next(line for line in out.splitlines() if "val/loss" in line)
+    value = float(row.split()[-2])
+    assert row.split()[-2] == format_value("val/loss", value)  # as the log lines show it

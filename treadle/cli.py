@@ -295,15 +295,18 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def _print_metrics(metrics: dict[str, Any], title: str) -> None:
-    """The title on a line of its own (a path in it is never wrapped), then the table."""
+    """The title on a line of its own (a path in it is never wrapped), then the table, its
+    values formatted as in the log lines."""
     from rich.console import Console
     from rich.table import Table
+
+    from treadle.hooks.logger import format_value  # the log lines' format, kind by kind
 
     table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in metrics.items():
-        table.add_row(str(k), f"{v:.6g}" if isinstance(v, float) else str(v))
+        table.add_row(str(k), format_value(str(k), v))
     console = Console()
     console.print(title, soft_wrap=True, markup=False, highlight=False)
     console.print(table)

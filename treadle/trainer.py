@@ -249,7 +249,9 @@ class Trainer:
         self._resume_loaded = False  # validate/test load `resume` too, unless fit already did
         if load_from is not None:  # a run directory: its latest verified checkpoint (treadle/resume.py)
             load_from, note = checkpoint_in(load_from, "load_from", self.is_main)
-            get_logger().info(f"{note + chr(10) if note else ''}load_from: {load_weights(model, load_from, strict=True)}")
+            if note:
+                get_logger().info(note)
+            get_logger().info(f"load_from: {load_weights(model, load_from, strict=True)}")
         self.model = self.strategy.setup_model(model)
         eval_model = self.strategy.eval_model(self.model)  # DDP: the module itself, no collectives
         if compile:

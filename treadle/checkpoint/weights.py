@@ -44,7 +44,9 @@ class WeightsMismatchError(CheckpointError):
     """Checkpoint keys/shapes do not match the model under ``strict=True``."""
 
     def __init__(self, report: LoadReport) -> None:
-        super().__init__(str(report))
+        details = "\n".join(str(report).splitlines()[1:])  # the lists, not "loaded 0 entries"
+        where = f"the weights in {report.source}" if report.source else "the weights"
+        super().__init__(f"{where} do not match the model; nothing was loaded:\n{details}")
         self.report = report
 
 
