@@ -204,3 +204,14 @@ def test_the_short_form_points_at_the_users_line(tmp_path, capsys):
         sys.path.remove(str(tmp_path))
     assert rc == 1
     assert f"  at {tmp_path / 'mymodel.py'}:10 in forward: return self.fc(x)" in err.splitlines()
+
+
+def test_float_class_targets_and_float64_inputs_get_their_fix():
+    floats = TensorDataset(torch.randn(16, 6), torch.rand(16))
+    with pytest.raises(RuntimeError, match="expected target dtype") as info:
+        trainer(data=floats).fit()
+    assert "this loss takes class indices as int64 targets: convert them with targets.long()" in hint_of(info.value)
+    doubles = TensorDataset(torch.randn(16, 6, dtype=torch.float64), torch.randint(0, 3, (16,)))
+    with pytest.raises(RuntimeError) as info:
+        trainer(data=doubles).fit()
+    assert "inputs: Tensor (8, 6) float64; the inputs are float64 while the model is float32" in hint_of(info.value)

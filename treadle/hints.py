@@ -91,7 +91,11 @@ def model_error(error: BaseException, inputs: Any, mode: str, whole_batch: bool 
                "model(inputs) and loss_fn(outputs, targets), or unpack the batch in forward")
     elif ("expected scalar type" in text or "should be the same" in text or "dtype" in text) and _has_double(inputs):
         fix = "the inputs are float64 while the model is float32: build the data as float32 (e.g. x.float())"
-    elif "shapes cannot be multiplied" in text or "size mismatch" in text or "Expected" in text:
+    elif "same device" in text:
+        fix = ("the model and a tensor it uses are on different devices: treadle moves the batch to the "
+               "strategy's device; a tensor made in forward must go there too (e.g. device=x.device)")
+    elif "shapes cannot be multiplied" in text or "size mismatch" in text or ("expected input" in text
+                                                                              and "channels" in text):
         fix = "a layer does not fit the shape of the inputs: check the model's first layers against the data"
     return add_hint(error, line + (f"; {fix}" if fix else ""))
 
@@ -127,8 +131,9 @@ def loss_error(error: BaseException, outputs: Any, targets: Any, mode: str) -> B
         fix = (f"the model returned a {kind}, and loss_fn is given the model's output as it is: return one tensor "
                "from forward, or give a loss_fn that picks it, e.g. lambda outputs, targets: "
                "F.cross_entropy(outputs[0], targets)")
-    elif "expected scalar type Long" in text or ("Long" in text and "Float" in text):
-        fix = "class-index targets must be int64: convert them with targets.long() (or build the dataset with int64 labels)"
+    elif "expected target dtype to be Long" in text or "expected scalar type Long" in text:
+        fix = ("this loss takes class indices as int64 targets: convert them with targets.long() (or build the "
+               "dataset with int64 labels)")
     elif "out of bounds" in text and isinstance(outputs, Tensor) and outputs.dim() >= 2:
         fix = f"the model has {outputs.shape[1]} outputs per sample; class indices must lie in [0, {outputs.shape[1] - 1}]"
     elif "size" in text and isinstance(outputs, Tensor) and isinstance(targets, Tensor):
