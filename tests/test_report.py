@@ -160,3 +160,37 @@ def test_missing_log_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "empty" / "log.jsonl")):
         make_report([tmp_path / "a", tmp_path / "empty"], tmp_path / "out")
     assert not (tmp_path / "out").exists()  # nothing written before every run was found
+
+
+def test_a_run_keeps_its_colour_in_every_panel_and_its_best_is_starred(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    figures = {}
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: (figures.__setitem__(path.name, fig),
+                                                                     save(fig, path, **kw)))
+    only_loss = [{k: v for k, v in r.items() if k != "val/acc"} for r in RUN_A]
+    write_log(tmp_path / "a", only_loss)  # first run: no val/acc panel line
+    write_log(tmp_path / "b", RUN_MAE + [val(1, 2, 0.4, 1.1), val(2, 4, 0.8, 0.7), val(3, 6, 0.6, 0.9)])
+    make_report([tmp_path / "a", tmp_path / "b"], tmp_path / "out")
+    colours = {}
+    for ax in figures["metrics.png"].axes:
+        if not ax.get_visible():
+            continue
+        metric = ax.get_title().split(" ")[0]
+        lines = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+        for label, line in lines.items():
+            colours.setdefault(label, set()).add(line.get_color())
+        stars = [ln for ln in ax.get_lines() if ln.get_marker() == "*"]
+        if metric in ("val/acc", "val/loss", "val/mae"):
+            assert ax.get_title().endswith("best)")
+            best = {"val/acc": 0.8, "val/loss": 0.7, "val/mae": 0.3}[metric]
+            assert any(list(s.get_ydata()) == [best] for s in stars), (metric, [s.get_ydata() for s in stars])
+        if metric == "val/loss":
+            assert sorted(list(s.get_ydata()) for s in stars) == [[0.7], [0.8]]  # each run's own minimum
+        if metric == "val/mystery":
+            assert not stars  # no rule for it: no best marked
+    assert colours["a"] == {"C0"} and colours["b"] == {"C1"}
+    for name in ("loss.png", "throughput.png"):
+        by_label = {ln.get_label().split(" ")[0]: ln.get_color() for ln in figures[name].axes[0].get_lines()}
+        assert by_label.get("b") == "C1", name

@@ -8,6 +8,7 @@ config, a missing file or a bad option prints one message (no traceback unless
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -23,12 +24,39 @@ EPILOG = """examples:
   treadle env
 
 --set takes KEY=VALUE pairs (values read as YAML: 3, 1e-3, true, null, [1, 2]); nested
-keys with dots (optimizer.lr), list items by index (schedulers.0.end). Put --set last
-or repeat it. Config keys: docs/config.md."""
+keys with dots (optimizer.lr), list items by index (schedulers.0.end). --set may come
+anywhere and be repeated. Config keys: docs/config.md."""
 
 
 class UsageError(Exception):
     """A command-line problem found before anything runs: message, exit status 2."""
+
+
+FULL_TRACEBACK_ENV = "TREADLE_FULL_TRACEBACK"
+
+
+class RunFailure(Exception):
+    """An exception from the user's model, loss or metric during a run, which treadle
+    added a hint to (treadle/hints.py): printed in a short form, exit status 1."""
+
+    def __init__(self, error: BaseException, where: str, text_log: Path | None) -> None:
+        super().__init__(str(error))
+        self.error, self.where, self.text_log = error, where, text_log
+
+
+def _explained(trainer: Any, run: Callable[[], Any]) -> Any:
+    """``run()`` (fit, validate or test); an exception with a treadle hint becomes a
+    :class:`RunFailure` that knows where the run was and where its full traceback is."""
+    from treadle.hints import hint_of
+    from treadle.logging.writers import TEXT_LOG_NAME
+
+    try:
+        return run()
+    except Exception as e:
+        if hint_of(e) is None:
+            raise
+        log = Path(trainer.work_dir) / TEXT_LOG_NAME if trainer.work_dir is not None else None
+        raise RunFailure(e, trainer.state.position(), log if log is not None and log.is_file() else None) from e
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
 
     def add(name: str, help: str, example: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help, epilog=f"example:\n  {example}", formatter_class=fmt)
-        p.add_argument("--debug", action="store_true", help="show the full traceback of errors")
+        p.add_argument("--debug", action="store_true",
+                       help=f"show the full traceback of errors (as {FULL_TRACEBACK_ENV}=1 does)")
         return p
 
     def config_args(p: argparse.ArgumentParser) -> None:
@@ -103,10 +132,30 @@ def _train(args: argparse.Namespace) -> int:
     trainer.run_files["config.yaml"] = config_text(cfg, path)
     if main_rank:
         print(f"treadle train: run directory {cfg['work_dir']} (resolved config: {path})")
-    metrics = trainer.fit()
+    metrics = _explained(trainer, trainer.fit)
     if main_rank:
         _print_metrics(metrics, f"final metrics ({cfg['work_dir']})")
     return 0
+
+
+def _set_last(argv: list[str]) -> list[str]:
+    """``argv`` with every ``--set`` group moved to the end, so that ``--set`` may come
+    anywhere: ``treadle train --set max_epochs=3 CONFIG`` is ``treadle train CONFIG --set
+    max_epochs=3``. A group is the KEY=VALUE words after ``--set``; the first word
+    without "=" (the config path) or starting with "-" ends it."""
+    out: list[str] = []
+    pairs: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--set" and i + 1 < len(argv) and "=" in argv[i + 1] and not argv[i + 1].startswith("-"):
+            i += 1
+            while i < len(argv) and "=" in argv[i] and not argv[i].startswith("-"):
+                pairs.append(argv[i])
+                i += 1
+            continue  # (a --set without a KEY=VALUE after it stays: argparse or the config says what is wrong)
+        out.append(argv[i])
+        i += 1
+    return out + ["--set", *pairs] if pairs else out
 
 
 def _without_nproc(argv: Sequence[str]) -> list[str]:
@@ -126,29 +175,37 @@ def _evaluate(args: argparse.Namespace) -> int:
     from treadle.config import build_trainer, load_config
 
     cfg = load_config(args.config, args.overrides, mode=args.command, safe=args.safe)
-    if not Path(args.checkpoint).exists():
-        raise UsageError(f"--checkpoint {args.checkpoint}: no such file or directory")
+    checkpoint, note = _checkpoint_arg(args.checkpoint, "--checkpoint")
+    if note and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 says it
+        print(f"treadle {args.command}: {note}")
     ema_cfg = cfg.get("ema")
     use_ema = args.ema if args.ema is not None else (
         isinstance(ema_cfg, dict) and ema_cfg.get("use_for_val", True) is not False)
     if not use_ema:
-        trainer = build_trainer(cfg, args.command, safe=args.safe, load_from=args.checkpoint, work_dir=args.work_dir)
+        from treadle.checkpoint.weights import WeightsMismatchError
+
+        try:
+            trainer = build_trainer(cfg, args.command, safe=args.safe, load_from=checkpoint, work_dir=args.work_dir)
+        except WeightsMismatchError as e:
+            details = str(e).split("\n", 1)[-1]  # without the report's "loaded 0 entries" line
+            raise UsageError(f"--checkpoint {checkpoint} does not match the model {args.config} builds (saved from "
+                             f"another config?); nothing was loaded:\n{details}") from e
     else:  # the averaged weights, as the run's own validations used them
         from treadle.checkpoint.io import CheckpointError
         from treadle.checkpoint.weights import load_weights
 
         trainer = build_trainer(cfg, args.command, safe=args.safe, work_dir=args.work_dir)
-        source = _ema_in_hook_state(args.checkpoint) or args.checkpoint
+        source = _ema_source(checkpoint, "--checkpoint", "pass --no-ema to evaluate the model's own weights")
         try:
             report = load_weights(trainer.module, source, strict=True, key="ema")
         except (CheckpointError, KeyError, ValueError) as e:
-            raise UsageError(f"--checkpoint {args.checkpoint}: no EMA weights to evaluate ({e}); pass --no-ema "
+            raise UsageError(f"--checkpoint {checkpoint}: no EMA weights to evaluate ({e}); pass --no-ema "
                              "for the model's own weights") from e
         if trainer.is_main:
             print(f"EMA weights: {report}")
-    metrics = trainer.validate() if args.command == "validate" else trainer.test()
+    metrics = _explained(trainer, trainer.validate if args.command == "validate" else trainer.test)
     if trainer.is_main:  # under torchrun every rank evaluates its share; rank 0 reports
-        _print_metrics(metrics, f"{args.command}: {args.checkpoint}")
+        _print_metrics(metrics, f"{args.command}: {checkpoint}")
     return 0
 
 
@@ -168,19 +225,30 @@ def _export(args: argparse.Namespace) -> int:
     from treadle.checkpoint.io import CheckpointError
     from treadle.checkpoint.weights import export_safetensors
 
-    if not Path(args.checkpoint).exists():
-        raise UsageError(f"{args.checkpoint}: no such checkpoint")
+    checkpoint, note = _checkpoint_arg(args.checkpoint, "")
     _check_out_file(args.out)
+    if note:
+        print(f"treadle export: {note}")
     try:
-        source = _ema_in_hook_state(args.checkpoint) if args.ema else None
-        out = export_safetensors(source if source is not None else args.checkpoint, args.out,
-                                 key="ema" if args.ema else "model")
+        source = _ema_source(checkpoint, "", "export without --ema for the model's weights") if args.ema else checkpoint
+        out = export_safetensors(source, args.out, key="ema" if args.ema else "model")
     except CheckpointError as e:
         raise UsageError(str(e)) from e
     except OSError as e:  # e.g. no permission to read or write (the file is written whole or not at all)
         raise UsageError(f"export to {args.out} failed: {e}") from e
     print(out)
     return 0
+
+
+def _checkpoint_arg(path: str, what: str) -> tuple[Path, str | None]:
+    """A checkpoint argument: the checkpoint itself, or a run directory's latest verified
+    one with a message saying which (treadle/resume.py checkpoint_in)."""
+    from treadle.resume import checkpoint_in
+
+    try:
+        return checkpoint_in(path, what)
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from e
 
 
 def _check_out_file(out: str) -> None:
@@ -199,19 +267,24 @@ def _check_out_file(out: str) -> None:
             break
 
 
-def _ema_in_hook_state(checkpoint: str) -> dict[str, Any] | None:
-    """``{"ema": weights}`` for a full training checkpoint, where the EMA weights sit in
-    the EMAHook's state rather than under a top-level "ema" entry (which best-weights
-    checkpoints have); None when there is nothing to adapt."""
+def _ema_source(checkpoint: Path, what: str, instead: str) -> Any:
+    """What to read a checkpoint's EMA weights from (``key="ema"``): a full training
+    checkpoint keeps them in the EMAHook's state (``{"ema": weights}`` is returned), a
+    best-weights checkpoint under a top-level "ema" entry, a file as it may. A
+    checkpoint directory of a run trained without EMA is a UsageError that says so."""
     from treadle.checkpoint.io import STATE_FILE, load_checkpoint
 
-    if not Path(checkpoint).is_dir():
-        return None
+    if not checkpoint.is_dir() or (checkpoint / ".metadata").is_file():  # a file, or sharded: read as it is
+        return checkpoint
     state = load_checkpoint(checkpoint, files=[STATE_FILE])[STATE_FILE]
-    hook = state.get("hooks", {}).get("EMAHook") if isinstance(state, dict) and "ema" not in state else None
+    if isinstance(state, dict) and "ema" in state:
+        return checkpoint
+    hook = state.get("hooks", {}).get("EMAHook") if isinstance(state, dict) else None
     if isinstance(hook, dict) and isinstance(hook.get("ema"), dict) and "module" in hook["ema"]:
         return {"ema": hook["ema"]["module"]}
-    return None
+    named = f"{what} {checkpoint}".strip()
+    raise UsageError(f"{named}: the run had no EMA (it was trained without ema=), so there are no EMA weights; "
+                     f"{instead}")
 
 
 def _env(args: argparse.Namespace) -> int:
@@ -222,15 +295,21 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def _print_metrics(metrics: dict[str, Any], title: str) -> None:
+    """The title on a line of its own (a path in it is never wrapped), then the table, its
+    values formatted as in the log lines."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title)
+    from treadle.hooks.logger import format_value  # the log lines' format, kind by kind
+
+    table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in metrics.items():
-        table.add_row(str(k), f"{v:.6g}" if isinstance(v, float) else str(v))
-    Console().print(table)
+        table.add_row(str(k), format_value(str(k), v))
+    console = Console()
+    console.print(title, soft_wrap=True, markup=False, highlight=False)
+    console.print(table)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -238,10 +317,15 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def _full_traceback(args: argparse.Namespace) -> bool:
+    """``--debug``, or the environment variable ``TREADLE_FULL_TRACEBACK`` set (not 0)."""
+    return bool(getattr(args, "debug", False)) or os.environ.get(FULL_TRACEBACK_ENV, "") not in ("", "0")
+
+
 def _fail(args: argparse.Namespace, err: Exception, status: int = 2) -> int:
     from treadle.config import ConfigError
 
-    if getattr(args, "debug", False):
+    if _full_traceback(args):
         traceback.print_exception(err)
     source = (err.source or getattr(args, "config", None)) if isinstance(err, ConfigError) else None
     where = f"{source}: " if source else ""
@@ -250,12 +334,50 @@ def _fail(args: argparse.Namespace, err: Exception, status: int = 2) -> int:
     return status
 
 
+def _user_frame(error: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of ``error``'s traceback in the user's code: not in torch,
+    treadle or the standard library (None when there is none)."""
+    import sysconfig
+
+    import torch
+
+    skip = [str(Path(p).resolve()) for p in (Path(torch.__file__).parent, Path(__file__).parent,
+                                             sysconfig.get_paths()["stdlib"])]
+    frames = traceback.extract_tb(error.__traceback__)
+    for frame in reversed(frames):
+        path = str(Path(frame.filename).resolve())
+        if not any(path.startswith(s) for s in skip) and not frame.filename.startswith("<"):
+            return frame
+    return None
+
+
+def _fail_run(args: argparse.Namespace, failure: RunFailure) -> int:
+    """The short form of an error in the user's code: what, where, treadle's hint, the
+    user's line, and where the full traceback is."""
+    from treadle.hints import hint_of
+
+    err = failure.error
+    if _full_traceback(args):
+        traceback.print_exception(err)
+    message = str(err).strip().splitlines() or [""]
+    lines = [f"treadle {args.command}: error {failure.where}: {type(err).__name__}: {message[0]}"
+             + (" ..." if len(message) > 1 else "")]
+    lines.append(f"  treadle: {hint_of(err)}")
+    frame = _user_frame(err)
+    if frame is not None:
+        lines.append(f"  at {frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}")
+    where = f"in {failure.text_log}; " if failure.text_log is not None else ""
+    lines.append(f"  full traceback: {where}--debug or {FULL_TRACEBACK_ENV}=1 prints it here")
+    print("\n".join(lines), file=sys.stderr)
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2: bad config or arguments; 1: a
     checkpoint could not be written, e.g. disk full)."""
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_set_last(list(sys.argv[1:] if argv is None else argv)))
         args.argv = list(argv) if argv is not None else None
     except SystemExit as e:  # --help (0) or an argparse error (2, message already printed)
         return e.code if isinstance(e.code, int) else 2
@@ -268,6 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return COMMANDS[args.command](args)
+    except RunFailure as e:  # the user's model, loss or metric raised: the short form, status 1
+        return _fail_run(args, e)
     except CheckpointWriteError as e:  # disk full or another OS error at a save (sync or async): a run-time failure
         return _fail(args, e, status=1)
     except (ConfigError, UsageError, CheckpointError, WorkDirBusyError) as e:  # e.g. a resume that does not fit
@@ -282,4 +406,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-__all__ = ["COMMANDS", "EPILOG", "UsageError", "main"]
+__all__ = ["COMMANDS", "EPILOG", "FULL_TRACEBACK_ENV", "RunFailure", "UsageError", "main"]

@@ -53,7 +53,7 @@ from torch import Tensor
 from treadle.checkpoint.rng import set_rng_state
 from treadle.data.feed import DataFeed
 from treadle.hooks.base import HookDispatcher
-from treadle.metrics import flatten_results, to_python
+from treadle.metrics import flatten_results, to_python, update_metrics
 from treadle.step import batch_size_of
 
 if TYPE_CHECKING:
@@ -120,8 +120,7 @@ class EvalLoop:
                     logged, n = custom_step(batch), 1
                 else:
                     outputs, targets, logged = step(batch)
-                    for m in metrics.values():
-                        m.update(outputs, targets)
+                    update_metrics(metrics, outputs, targets, mode)  # float32 outputs; errors with a hint
                     n = batch_size_of(targets)
                 for k, v in logged.items():  # weighted by batch size: the dataset mean
                     v = v.detach().float() * n if isinstance(v, Tensor) else float(v) * n

@@ -1,5 +1,12 @@
 """Small built-in metrics with the ``update(outputs, targets) / compute() / reset()``
-protocol (torchmetrics objects follow the same protocol and work unchanged)."""
+protocol (torchmetrics objects follow the same protocol and work unchanged).
+
+The protocol: ``update(outputs, targets)`` is called once per evaluation batch with the
+model's outputs first and the batch's targets second (torchmetrics' ``update(preds,
+target)``), ``compute()`` once per pass, ``reset()`` before each pass. Outputs in a
+16-bit float type (the model under ``precision="bf16"`` or ``"16"``) are given as
+float32: a metric never loses precision to the autocast dtype (:func:`update_metrics`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from treadle.hints import metric_error
 
 
 class Accuracy:
@@ -90,6 +99,34 @@ def higher_is_better(name: str) -> bool | None:
     return None
 
 
+def as_float32(value: Any) -> Any:
+    """``value`` with every bfloat16/float16 tensor in it (also inside tuples, lists and
+    dicts) as float32; anything else as it is. Reads only dtypes: no device sync."""
+    if isinstance(value, Tensor):
+        return value.float() if value.dtype in (torch.bfloat16, torch.float16) else value
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(as_float32(v) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(as_float32(v) for v in value)
+    if isinstance(value, dict):
+        return {k: as_float32(v) for k, v in value.items()}
+    return value
+
+
+def update_metrics(metrics: dict[str, Any], outputs: Any, targets: Any, mode: str) -> None:
+    """``metric.update(outputs, targets)`` for each metric, with 16-bit float outputs as
+    float32; a metric's exception leaves with a line saying which metric, what it was
+    given and the protocol's argument order (treadle/hints.py). ``mode``: "val", "test"."""
+    if not metrics:
+        return
+    outputs = as_float32(outputs)
+    for name, m in metrics.items():
+        try:
+            m.update(outputs, targets)
+        except Exception as e:
+            raise metric_error(e, name, outputs, targets, mode)
+
+
 def sum_over_ranks(*values: float) -> list[float]:
     """Each value summed over every process (as given, in one process). For metrics
     whose state is counts: call it in ``compute()`` so results cover the whole
@@ -120,4 +157,5 @@ def flatten_results(key: str, value: Any) -> dict[str, Any]:
     return {key: to_python(value)}
 
 
-__all__ = ["Accuracy", "flatten_results", "higher_is_better", "sum_over_ranks", "to_python"]
+__all__ = ["Accuracy", "as_float32", "flatten_results", "higher_is_better", "sum_over_ranks", "to_python",
+           "update_metrics"]

@@ -244,13 +244,18 @@ def _finish(fig: Any, ax: Any, drawn: bool, empty: str, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def run_color(i: int) -> str:
+    """The colour of the ``i``-th run in every plot of a report (matplotlib's cycle)."""
+    return f"C{i % 10}"
+
+
 def _plot_loss(runs: list[Records], labels: list[str], path: Path) -> None:
     fig, (ax,) = _figure()
     drawn = False
-    for records, label in zip(runs, labels):
+    for i, (records, label) in enumerate(zip(runs, labels)):
         xs, ys = _series(records, "train", "loss")
         if xs:
-            ax.plot(xs, ys, label=label)
+            ax.plot(xs, ys, label=label, color=run_color(i))
             drawn = True
     ax.set(title="train loss", xlabel="iteration", ylabel="loss")
     _finish(fig, ax, drawn, "no train loss recorded", path)
@@ -259,43 +264,56 @@ def _plot_loss(runs: list[Records], labels: list[str], path: Path) -> None:
 def _plot_lr(runs: list[Records], labels: list[str], path: Path) -> None:
     fig, (ax,) = _figure()
     drawn = False
-    for records, label in zip(runs, labels):
+    styles = ("-", "--", ":", "-.")
+    for i, (records, label) in enumerate(zip(runs, labels)):
         keys = dict.fromkeys(k for r in records if r.get("mode") == "train" for k in r
                              if k == "lr" or k.startswith("lr/"))
-        for key in keys:
+        for j, key in enumerate(keys):
             xs, ys = _series(records, "train", key)
             if xs:
-                ax.plot(xs, ys, label=label if key == "lr" else f"{label} {key}")
+                ax.plot(xs, ys, label=label if key == "lr" else f"{label} {key}", color=run_color(i),
+                        linestyle=styles[j % len(styles)])
                 drawn = True
     ax.set(title="learning rate", xlabel="iteration", ylabel="lr")
     _finish(fig, ax, drawn, "no learning rate recorded", path)
 
 
-def _plot_metrics(runs: list[Records], labels: list[str], path: Path) -> None:
+def _plot_metrics(runs: list[Records], labels: list[str], rules: list[dict[str, bool]], path: Path) -> Any:
+    """One panel per val metric; a run keeps its colour in every panel, and its best
+    point (by the rule the summary uses) is marked with a star. Returns the figure."""
     names = list(dict.fromkeys(k for records in runs for k in _val_keys(records)))
     x = _val_x(runs)
     fig, axes = _figure(max(len(names), 1))
     if not names:
         _finish(fig, axes[0], False, "no validation metrics recorded", path)
-        return
+        return fig
     for ax, name in zip(axes, names):
-        for records, label in zip(runs, labels):
+        starred = False
+        for i, (records, label, run_rules) in enumerate(zip(runs, labels, rules)):
             xs, ys = _series(records, "val", name, x=x)
-            if xs:
-                ax.plot(xs, ys, marker="o", markersize=3, label=label)
-        ax.set(title=name, xlabel="epoch" if x == "epoch" else "iteration")
+            if not xs:
+                continue
+            ax.plot(xs, ys, marker="o", markersize=3, label=label, color=run_color(i))
+            best, _, record = best_and_final(records, name, higher=_direction(name, run_rules)[0])
+            bx = _num(record.get(x)) if record is not None else None
+            if best is not None and bx is not None:
+                ax.plot([bx], [best], marker="*", markersize=13, linestyle="none", color=run_color(i),
+                        markeredgecolor="black", markeredgewidth=0.6, label="_best")
+                starred = True
+        ax.set(title=f"{name} (\u2605 best)" if starred else name, xlabel="epoch" if x == "epoch" else "iteration")
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
     fig.savefig(path, dpi=100)
+    return fig
 
 
 def _plot_throughput(runs: list[Records], labels: list[str], path: Path) -> None:
     fig, (ax,) = _figure()
     drawn, units = False, set()
-    for records, label in zip(runs, labels):
+    for i, (records, label) in enumerate(zip(runs, labels)):
         xs, ys, unit = _throughput(records)
         if xs:
-            ax.plot(xs, ys, label=f"{label} ({unit})")
+            ax.plot(xs, ys, label=f"{label} ({unit})", color=run_color(i))
             units.add(unit)
             drawn = True
     ax.set(title="throughput", xlabel="iteration", ylabel=" / ".join(sorted(units)) or "rate")
@@ -342,7 +360,9 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
     ``summary.md`` for the runs into ``out_dir``; returns the path of summary.md.
 
     Each run directory must hold a ``log.jsonl`` (FileNotFoundError otherwise).
-    Several runs are overlaid in each plot, labelled by directory name. In the
+    Several runs are overlaid in each plot, labelled by directory name, each run in
+    one colour throughout (:func:`run_color`); in ``metrics.png`` a star marks each
+    run's best value of each metric, by the same rule as the summary. In the
     summary a val metric's best follows the run's checkpoint rule or the metric's
     name (none when neither says: see the module's docstring); see
     :func:`epoch_times` for how times are obtained.
@@ -356,7 +376,7 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     _plot_loss(runs, labels, out_dir / "loss.png")
     _plot_lr(runs, labels, out_dir / "lr.png")
-    _plot_metrics(runs, labels, out_dir / "metrics.png")
+    _plot_metrics(runs, labels, [_checkpoint_rules(d) for d in run_dirs], out_dir / "metrics.png")
     _plot_throughput(runs, labels, out_dir / "throughput.png")
     lines = ["# Training report", "", f"Runs: {', '.join(labels)}", ""]
     lines += [f"![{name}]({name}.png)" for name in ("loss", "lr", "metrics", "throughput")] + [""]
@@ -367,4 +387,4 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
     return summary
 
 
-__all__ = ["best_and_final", "epoch_times", "load_run", "make_report"]
+__all__ = ["best_and_final", "epoch_times", "load_run", "make_report", "run_color"]

@@ -1,7 +1,9 @@
-"""What ``resume=`` resumes from: the checks and the search, before anything is loaded.
+"""What ``resume=`` resumes from, and what a path given where a checkpoint is expected
+(``load_from=``, ``treadle validate/test --checkpoint``, ``treadle export``) names: the
+checks and the search, before anything is loaded.
 
-The Trainer (treadle/trainer.py) calls these; restoring a checkpoint into it is
-treadle/snapshot.py.
+The Trainer (treadle/trainer.py) and the command line (treadle/cli.py) call these;
+restoring a checkpoint into the Trainer is treadle/snapshot.py.
 """
 
 from __future__ import annotations
@@ -38,6 +40,48 @@ def latest_to_resume(ckpt_dir: Path, is_main: bool) -> Path | None:
     return path
 
 
+def checkpoint_in(path: str | Path, what: str, is_main: bool = True) -> tuple[Path, str | None]:
+    """The checkpoint that ``path``, given as ``what`` (e.g. "load_from" or
+    "--checkpoint"), names, and a message to show when it is not ``path`` itself.
+
+    A checkpoint directory, a weights file or anything else that is not a directory is
+    ``path`` itself (loading it says what is wrong with it). ``what`` may be "". A run directory (one with
+    ``checkpoints/``), or a directory of checkpoints, names the latest verified checkpoint
+    saved there, as ``resume=True`` picks it; the message says which. Rank 0 looks, every
+    rank gets its answer; every rank raises alike: FileNotFoundError when ``path`` does not
+    exist, CheckpointError when a directory holds no checkpoint that verifies.
+    """
+    found = _checkpoint_in(Path(path), what) if is_main else None
+    kind, value, note = comm.broadcast_object(found)
+    if kind == "missing":
+        raise FileNotFoundError(value)
+    if kind == "error":
+        raise CheckpointError(value)
+    return Path(value), note
+
+
+def _checkpoint_in(path: Path, what: str) -> tuple[str, str, str | None]:
+    named = f"{what} {path}".strip()
+    if not path.exists():
+        return "missing", f"{named}: no such checkpoint (no such file or directory)", None
+    if not path.is_dir() or (path / MANIFEST_NAME).is_file():
+        return "path", str(path), None  # a checkpoint or a file: loading it says what is wrong with it
+    ckpt_dir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    if ckpt_dir == path and any(f.suffix in (".pt", ".distcp") for f in path.iterdir()):
+        return "path", str(path), None  # a checkpoint's payloads without a manifest: loading it says so
+    cleanup_stale_tmp(ckpt_dir)
+    latest = find_latest_checkpoint(ckpt_dir, order="created")
+    if latest is not None:
+        kind = "run directory" if ckpt_dir != path else "directory of checkpoints"
+        return "path", str(latest), f"{named} is a {kind}: using its latest verified checkpoint {latest}"
+    invalid = len(list_checkpoints(ckpt_dir))
+    if invalid:
+        return "error", (f"{named}: none of the {invalid} checkpoint(s) in {ckpt_dir} passed verification "
+                         "(the warnings above say why); pass one checkpoint directory explicitly"), None
+    return "error", (f"{named}: a directory with no checkpoint in it; expected a checkpoint directory (with "
+                     f"{MANIFEST_NAME}), a run directory (with checkpoints/) or a weights file"), None
+
+
 def check_resume_dir(path: Path) -> None:
     """A directory given as ``resume=`` must be one checkpoint, not a run or a checkpoints dir."""
     if not path.is_dir() or (path / MANIFEST_NAME).is_file():
@@ -60,4 +104,4 @@ def note_other_runs(ckpt_dir: Path) -> None:
 
 
 
-__all__ = ["check_resume_dir", "latest_to_resume", "note_other_runs"]
+__all__ = ["check_resume_dir", "checkpoint_in", "latest_to_resume", "note_other_runs"]

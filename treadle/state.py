@@ -45,6 +45,14 @@ class TrainState:
             return min(self.epoch / self.max_epochs, 1.0)
         return 0.0
 
+    def position(self) -> str:
+        """Where the run is, as messages say it (1-based, see the README's "Epochs and
+        iterations"): "in epoch 3, iteration 91" is the 91st iteration, in the 3rd epoch."""
+        if self.mode == "train":
+            return f"in epoch {self.epoch + 1}, iteration {self.iter + 1}"
+        what = {"val": "validation", "test": "the test"}.get(self.mode, "the run")
+        return f"in {what} (after {self.iter} training iterations)" if self.iter else f"in {what}"
+
     def request_stop(self, reason: str = "") -> None:
         """Ask the loop to stop cleanly at the next iteration boundary."""
         self.should_stop = True

@@ -15,6 +15,9 @@ path has no branches for features that are off::
 
 ``Trainer(timer_breakdown=True)`` selects ``make_timed_train_step`` instead: the same
 computation with phase marks around it (``treadle/timing.py``).
+
+An exception from the model, the loss or backward leaves with one line of context
+added (``treadle/hints.py``), from ``except`` clauses only: nothing is checked per step.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Callable
 
 from torch import Tensor, nn
 
+from treadle.hints import backward_error, loss_error, model_error
 from treadle.optim.wrapper import OptimWrapper
 from treadle.timing import PhaseTimer
 
@@ -92,11 +96,21 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
 
     if loss_fn is None:
         def forward(batch: Batch) -> Any:
-            return model(batch)
+            try:
+                return model(batch)
+            except Exception as e:
+                raise model_error(e, batch, "train", whole_batch=True)
     else:
         def forward(batch: Batch) -> Any:
             inputs, targets = unpack_batch(batch)
-            return loss_fn(model(inputs), targets)
+            try:
+                outputs = model(inputs)
+            except Exception as e:
+                raise model_error(e, inputs, "train")
+            try:
+                return loss_fn(outputs, targets)
+            except Exception as e:
+                raise loss_error(e, outputs, targets, "train")
 
     if optim_wrapper.no_sync is not None and optim_wrapper.accumulate > 1:
         # DDP with accumulation: forward and backward of non-stepping micro-batches
@@ -110,12 +124,18 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
                 with autocast():
                     losses = forward(batch)
                 total, logged = parse_losses(losses)
-                update(total)
+                try:
+                    update(total)
+                except Exception as e:
+                    raise backward_error(e, total)
             return logged
     elif move is None and not amp:
         def step(batch: Batch) -> dict[str, Tensor]:
             total, logged = parse_losses(forward(batch))
-            update(total)
+            try:
+                update(total)
+            except Exception as e:
+                raise backward_error(e, total)
             return logged
     else:
         def step(batch: Batch) -> dict[str, Tensor]:
@@ -124,7 +144,10 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
             with autocast():
                 losses = forward(batch)
             total, logged = parse_losses(losses)
-            update(total)
+            try:
+                update(total)
+            except Exception as e:
+                raise backward_error(e, total)
             return logged
     return step
 
@@ -156,16 +179,28 @@ def make_timed_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, 
         with context():
             with autocast():
                 if loss_fn is None:
-                    losses = model(batch)
+                    try:
+                        losses = model(batch)
+                    except Exception as e:
+                        raise model_error(e, batch, "train", whole_batch=True)
                     mark()  # forward; the loss phase is parse_losses only
                 else:
                     inputs, targets = unpack_batch(batch)
-                    outputs = model(inputs)
+                    try:
+                        outputs = model(inputs)
+                    except Exception as e:
+                        raise model_error(e, inputs, "train")
                     mark()
-                    losses = loss_fn(outputs, targets)
+                    try:
+                        losses = loss_fn(outputs, targets)
+                    except Exception as e:
+                        raise loss_error(e, outputs, targets, "train")
             total, logged = parse_losses(losses)
             mark()
-            update(total)  # the after_backward callback marks the end of backward
+            try:
+                update(total)  # the after_backward callback marks the end of backward
+            except Exception as e:
+                raise backward_error(e, total)
         end()
         return logged
     return step
@@ -194,11 +229,20 @@ def make_eval_step(model: nn.Module, loss_fn: Callable[..., Any] | None, autocas
         with autocast():
             if loss_fn is not None:
                 inputs, targets = unpack_batch(batch)
-                outputs = model(inputs)
-                losses = loss_fn(outputs, targets)
+                try:
+                    outputs = model(inputs)
+                except Exception as e:
+                    raise model_error(e, inputs, "eval")
+                try:
+                    losses = loss_fn(outputs, targets)
+                except Exception as e:
+                    raise loss_error(e, outputs, targets, "eval")
                 _, logged = parse_losses(losses)
                 return outputs, targets, logged
-            outputs = model(batch)
+            try:
+                outputs = model(batch)
+            except Exception as e:
+                raise model_error(e, batch, "eval", whole_batch=True)
         try:
             targets = unpack_batch(batch)[1]
         except TypeError:

@@ -26,13 +26,15 @@ from treadle.hooks.logger import LoggerHook, check_writers
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.timer import IterTimerHook
 from treadle.logging.store import MetricStore
-from treadle.logging.writers import get_logger
+from treadle.hints import strict_loss_shapes
+from treadle.logging.writers import get_logger, log_details, log_failure
+from treadle.metrics import update_metrics
 from treadle.loops import EpochLoop, EvalLoop, IterLoop, TrainLoop, check_workflow, default_workflow
 from treadle import snapshot
 from treadle.checkpoint.checkpointer import Checkpointer
 from treadle.checkpoint.weights import load_weights
 from treadle.hooks.checkpoint import CheckpointHook
-from treadle.resume import check_resume_dir, latest_to_resume, note_other_runs
+from treadle.resume import check_resume_dir, checkpoint_in, latest_to_resume, note_other_runs
 from treadle.preemption import INTERRUPTED_EXIT_CODE, PreemptionConfig, PreemptionHandlers, requeue_slurm_job
 from treadle.run_dir import RunDir
 from treadle.optim.wrapper import OptimWrapper, check_clip_grad, check_precision, make_autocast
@@ -95,6 +97,8 @@ class Trainer:
         safe: config dicts below name only registered names and torch.nn / torch.optim
             classes; other dotted ``type`` paths and ``collate_fn`` strings are refused
             before anything is imported (treadle/config/safe.py). Objects are not affected.
+        verbose: print the environment and hook-order tables on the console too (they
+            always go to ``log.txt``, with one console line saying so).
 
     Config dicts: ``model``, the three dataloaders, ``loss_fn``, each metric and each
     hook may also be given as the dict a config file would hold, e.g.
@@ -145,6 +149,7 @@ class Trainer:
         progress: bool | str = "auto",
         timer_breakdown: bool = False,
         safe: bool = False,
+        verbose: bool = False,
     ) -> None:
         # -- check every argument before anything happens ---------------------------
         # Config dicts become objects as in a config file (model and data: after seeding, below).
@@ -197,6 +202,7 @@ class Trainer:
         for name, flag in (("seed_per_rank", seed_per_rank), ("deterministic", deterministic), ("compile", compile)):
             check_bool(name, flag)
         check_writers("log_writers", log_writers)
+        self.verbose = check_bool("verbose", verbose)
         guard = nan_guard_hook(nan_guard, log_interval)
         ema_h = ema_hook(ema) if ema is not None else None
         checkpoint_h = checkpoint_hook(checkpoint) if checkpoint is not None and checkpoint is not False else None
@@ -241,8 +247,11 @@ class Trainer:
         self.module = model  # the user's module, unwrapped
         self.resume = resume
         self._resume_loaded = False  # validate/test load `resume` too, unless fit already did
-        if load_from is not None:
-            get_logger().info(f"load_from {load_from}:\n{load_weights(model, load_from, strict=True)}")
+        if load_from is not None:  # a run directory: its latest verified checkpoint (treadle/resume.py)
+            load_from, note = checkpoint_in(load_from, "load_from", self.is_main)
+            if note:
+                get_logger().info(note)
+            get_logger().info(f"load_from: {load_weights(model, load_from, strict=True)}")
         self.model = self.strategy.setup_model(model)
         eval_model = self.strategy.eval_model(self.model)  # DDP: the module itself, no collectives
         if compile:
@@ -395,9 +404,8 @@ class Trainer:
         raise RuntimeError("no optimizer was given, so there is no training step")
 
     def update_metrics(self, outputs: Any, targets: Any) -> None:
-        """For custom val steps: feed every metric."""
-        for m in self.metrics.values():
-            m.update(outputs, targets)
+        """For custom val steps: feed every metric (16-bit float outputs as float32)."""
+        update_metrics(self.metrics, outputs, targets, self.state.mode)
 
     # -- entry points ------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -416,10 +424,10 @@ class Trainer:
         # Nothing in work_dir changes before the resume checks pass (a misfit is refused first).
         pos = self._resume_position() if self.resume else None
         self._resume_loaded = True
+        env = None  # the environment table: env.txt, and log.txt once the run starts
         if self.run_dir is not None:
             if self.is_main:
                 env = format_env(collect_env(seed=self.seed, world_size=self.strategy.world_size))
-                get_logger().info("environment:\n" + env)
                 self.run_dir.write_files({"env.txt": env + "\n", **self.run_files})
                 if pos is None:
                     note_other_runs(self.work_dir / "checkpoints")  # type: ignore[operator]
@@ -439,7 +447,7 @@ class Trainer:
         handlers = (PreemptionHandlers(self.preemption, s, deferred=self.strategy.distributed, verbose=self.is_main)
                     if self.preemption else contextlib.nullcontext())
         with handlers:
-            self._run(self._train_and_save_on_preemption)
+            self._run(self._train_and_save_on_preemption, env=env)
         self.strategy.finish_saves()  # FSDP: an asynchronous save still in flight
         if s.preempted and self.preemption is not None:
             if s.interrupted:  # Ctrl-C: the user stopped it; nothing to requeue
@@ -525,7 +533,8 @@ class Trainer:
         state, own = self.checkpointer.load(path, template=functools.partial(snapshot.sharded_template, self))
         pos = snapshot.restore(self, {snapshot.STATE_FILE: state, snapshot.rng_file(self.strategy.rank): own})
         self._call("after_load_checkpoint", state)
-        get_logger().info(f"resumed from {path} at epoch {self.state.epoch}, iter {self.state.iter}")
+        get_logger().info(f"resumed from {path}: {self.state.iter} iterations done, training goes on in epoch "
+                          f"{self.state.epoch + 1}")  # 1-based, as the log lines (README: Epochs and iterations)
         return pos
 
     def _load_resume(self) -> None:
@@ -562,16 +571,20 @@ class Trainer:
             self._load_resume()
             return self._run(self.test_loop.run)
 
-    def _run(self, body: Callable[[], Any]) -> Any:
+    def _run(self, body: Callable[[], Any], env: str | None = None) -> Any:
         if self.work_dir is not None and self.is_main:
             self.work_dir.mkdir(parents=True, exist_ok=True)
         self.state.should_stop = False
         self._call("before_run")
         try:
-            if self.is_main:
-                get_logger().info(describe_order(self.hooks))
-            result = body()
+            if self.is_main:  # to log.txt, one console line (treadle/logging/writers.py)
+                log_details({**({"environment": f"environment:\n{env}"} if env else {}),
+                             "hook order": describe_order(self.hooks)}, verbose=self.verbose)
+            with strict_loss_shapes():  # torch's loss broadcasting warning is an error (treadle/hints.py)
+                result = body()
         except BaseException as error:
+            if isinstance(error, Exception):
+                log_failure(error, self.state.position())  # the full traceback, to log.txt only
             self._after_run(error)
             raise  # the body's error, not a later one of an after_run hook (logged and noted on it)
         finally:

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
+from treadle.hints import check_metric_update
 from treadle.hooks.base import Hook
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.early_stopping import EarlyStoppingHook
@@ -192,6 +193,7 @@ def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
         missing = [a for a in ("update", "compute", "reset") if not callable(getattr(m, a, None))]
         if missing:
             raise TypeError(f"metrics[{name!r}] ({type(m).__name__}) lacks {missing}; a metric needs update(outputs, targets), compute() and reset()")
+        check_metric_update(name, m)
     return dict(metrics)
 
 

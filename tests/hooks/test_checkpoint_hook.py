@@ -173,7 +173,7 @@ def test_a_new_run_prunes_only_its_own_checkpoints_and_resume_finds_it(tmp_path,
     with caplog.at_level("INFO", logger="treadle"):
         resumed = make(tmp_path, max_epochs=3, checkpoint=dict(interval=1, keep=1), resume=True)
         resumed.fit()
-    assert "epoch_0002 at epoch 2" in caplog.text and resumed.state.epoch == 3
+    assert "epoch_0002: 8 iterations done, training goes on in epoch 3" in caplog.text and resumed.state.epoch == 3
     assert resumed.run_id == second.run_id
     assert names(tmp_path) == ["epoch_0003", "epoch_0004"]  # the second run's epoch_0002 pruned, the first's kept
     assert read_manifest(tmp_path / "checkpoints" / "epoch_0004") == first

@@ -152,7 +152,7 @@ def test_a_resume_that_reaches_a_taken_name_saves_beside_it(tmp_path, damage, ca
     before = tree(tmp_path / "checkpoints")
     resumed = make(tmp_path, **{**run, "max_iters": 8}, resume=True)
     resumed.fit()  # steps back to iter 5, trains 6..8: iter_00000006 is taken, so -v1
-    assert "iter_00000005 at epoch 1, iter 5" in caplog.text and resumed.state.iter == 8
+    assert "iter_00000005: 5 iterations done, training goes on in epoch 2" in caplog.text and resumed.state.iter == 8
     after = tree(tmp_path / "checkpoints")
     assert {k: v for k, v in after.items() if k in before} == before
     assert (ckpts / "iter_00000006-v1" / "manifest.json").is_file()

@@ -49,13 +49,13 @@ def test_raise_mode_names_iteration_and_every_loss_value():
     with pytest.raises(FloatingPointError) as info:
         t.fit()
     msg = str(info.value)
-    assert "iteration=5" in msg and "'loss_cls': nan" in msg and "'loss_aux': 0.25" in msg and "'loss': nan" in msg
+    assert "iteration=6" in msg and "'loss_cls': nan" in msg and "'loss_aux': 0.25" in msg and "'loss': nan" in msg
     assert t.state.iter == 5  # raised during the bad iteration itself (check_interval=1)
 
 
 def test_raise_mode_with_interval_reports_first_bad_iteration_later():
     t = trainer(NaNGuardHook(check_interval=4), bad={5, 6})
-    with pytest.raises(FloatingPointError, match=r"iteration=5 .*after iteration 7") as info:
+    with pytest.raises(FloatingPointError, match=r"iteration=6 .*after iteration 8") as info:
         t.fit()
     assert "'loss_aux': 0.25" in str(info.value)
     assert t.state.iter == 7  # the window 4..7 was checked after its last iteration
@@ -63,7 +63,7 @@ def test_raise_mode_with_interval_reports_first_bad_iteration_later():
 
 def test_raise_mode_checks_the_last_partial_window_at_the_end():
     t = trainer(NaNGuardHook(check_interval=100), bad={15})  # 16 iterations: no full window
-    with pytest.raises(FloatingPointError, match="iteration=15"):
+    with pytest.raises(FloatingPointError, match="iteration=16"):
         t.fit()
 
 
@@ -129,7 +129,7 @@ def test_bad_arguments(kw):
 def test_trainer_default_guard_raises_at_the_log_interval_without_per_step_sync():
     """By default the Trainer raises, checking at the log interval (no sync per step)."""
     t = trainer(None, bad={2}, log_interval=4)
-    with pytest.raises(FloatingPointError, match=r"iteration=2 \(epoch 0\) \(found at the check after iteration 3\)"):
+    with pytest.raises(FloatingPointError, match=r"iteration=3 \(epoch 1\) \(found at the check after iteration 4\)"):
         t.fit()
 
 
@@ -144,7 +144,7 @@ def test_default_guard_shares_the_loggers_read(monkeypatch, as_device):
 
 def test_shared_check_writes_the_record_then_names_the_first_bad_iteration(tmp_path):
     t = trainer(None, bad={5, 6}, tmp_path=tmp_path, log_interval=4)
-    with pytest.raises(FloatingPointError, match=r"iteration=5 \(epoch 0\) \(found at the check after iteration 7\)") as info:
+    with pytest.raises(FloatingPointError, match=r"iteration=6 \(epoch 1\) \(found at the check after iteration 8\)") as info:
         t.fit()
     assert "'loss_aux': 0.25" in str(info.value) and t.state.iter == 7
     train = [r for r in read_jsonl(tmp_path / "log.jsonl") if r["mode"] == "train"]
@@ -158,7 +158,7 @@ def test_shared_check_raises_when_only_the_mean_over_ranks_is_nonfinite():
     def reduce(values):
         return {**values, "loss": math.nan} if t.state.iter >= 7 else values
     t.strategy.reduce_log_values = reduce
-    with pytest.raises(FloatingPointError, match=r"between iterations 4 and 7 .*'loss': nan.*another process"):
+    with pytest.raises(FloatingPointError, match=r"between iterations 5 and 8 .*'loss': nan.*another process"):
         t.fit()
 
 
@@ -168,7 +168,7 @@ def test_guard_after_the_logger_keeps_its_own_checks(monkeypatch, as_device):
     guard = NaNGuardHook(check_interval=4)
     guard.priority = "LOWEST"
     t = trainer(guard, bad={5}, log_interval=4)
-    with pytest.raises(FloatingPointError, match="iteration=5"):
+    with pytest.raises(FloatingPointError, match="iteration=6"):
         t.fit()
     late = NaNGuardHook(check_interval=4)
     late.priority = "LOWEST"
@@ -191,6 +191,6 @@ def test_no_checkpoint_is_written_after_a_nonfinite_loss(tmp_path):
     # The default guard checks every log_interval (20 here) and at epoch ends, but the
     # iteration checkpoint at 10 comes first: the save checks the window and fails before writing.
     t = trainer(None, bad={9}, tmp_path=tmp_path, log_interval=20, checkpoint=dict(interval=5, by_epoch=False))
-    with pytest.raises(FloatingPointError, match="iteration=9"):
+    with pytest.raises(FloatingPointError, match="iteration=10"):
         t.fit()  # epochs of 8 iterations: the epoch-end check would come at 16, after the save at 10
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["iter_00000005"]

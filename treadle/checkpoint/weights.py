@@ -44,7 +44,9 @@ class WeightsMismatchError(CheckpointError):
     """Checkpoint keys/shapes do not match the model under ``strict=True``."""
 
     def __init__(self, report: LoadReport) -> None:
-        super().__init__(str(report))
+        details = "\n".join(str(report).splitlines()[1:])  # the lists, not "loaded 0 entries"
+        where = f"the weights in {report.source}" if report.source else "the weights"
+        super().__init__(f"{where} do not match the model; nothing was loaded:\n{details}")
         self.report = report
 
 
@@ -235,7 +237,8 @@ def export_safetensors(
 
     ``module.``/``_orig_mod.`` prefixes are stripped, tensors made contiguous and
     shared storage (tied weights) cloned. The file is written atomically: temp
-    file in the same dir, fsync, rename, fsync of the dir.
+    file in the same dir, fsync, rename, fsync of the dir. Its mode is what the umask
+    gives any new file (0644 under the usual 022), as for checkpoints' files.
     """
     is_dir = not isinstance(checkpoint, Mapping) and Path(checkpoint).is_dir()
     # A dir's state.pt always has a "model" entry; a file or mapping may already be a
@@ -249,7 +252,11 @@ def export_safetensors(
     import safetensors.torch  # here, not at the top: `import treadle` stays light
 
     try:
+        with open(tmp, "xb"):  # created as open() creates any file, so the umask decides its mode ...
+            pass
+        mode = tmp.stat().st_mode & 0o777
         safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
+        os.chmod(tmp, mode)  # ... which safetensors would make 0600: the mode checkpoints' files get
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())  # contents durable before the rename publishes them
         os.replace(tmp, out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from treadle.checkpoint.manifest import CheckpointError
 from treadle.config.build import trainer_kwargs
 from treadle.config.errors import ConfigError
 from treadle.config.schema import SCHEMA
@@ -39,7 +40,7 @@ def build_trainer(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fals
     kw.update(overrides)
     try:
         return Trainer(**kw, safe=safe)
-    except ConfigError:
+    except (ConfigError, CheckpointError):  # a checkpoint that does not load is not a config error
         raise
     except (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError, RuntimeError) as e:
         raise _explain(e, cfg) from e

@@ -188,6 +188,8 @@ TRAINER_KEYS: tuple[Key, ...] = (
         "Live progress bar (rich): auto shows it when stdout is a terminal; main process only.", _progress),
     Key("timer_breakdown", (bool,), "true or false",
         "Log `time/forward`, `time/loss`, `time/backward`, `time/optimizer`, `time/hooks` of the default step."),
+    Key("verbose", (bool,), "true or false",
+        "Print the environment and hook-order tables on the console too (they always go to `log.txt`)."),
 )
 
 SCHEMA: dict[str, Key] = {k.name: k for k in TRAINER_KEYS}

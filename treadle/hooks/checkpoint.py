@@ -189,6 +189,7 @@ class CheckpointHook(Hook):
         # epoch closed or a validation ran in between: then it records that (finished) state.
         if self.last_saved == name and not self._moved_since_save:
             return
+        again = self.last_saved == name  # the final save after a validation: same name, newer state
         self.last_saved = name  # before saving: the hook state goes into the checkpoint
         self._moved_since_save = False
         ckpt_dir = trainer.work_dir / "checkpoints"
@@ -198,12 +199,13 @@ class CheckpointHook(Hook):
         path = trainer.checkpoint_path(name)
         if not self.async_save:
             path = trainer.save_checkpoint(path)
-            _saved(path, ckpt_dir, prune, trainer.run_id)
+            _saved(path, ckpt_dir, prune, trainer.run_id, again)
             return
         if self._saver is None:
             self._saver = AsyncCheckpointer()
         path = trainer.save_checkpoint(path, writer=functools.partial(
-            self._saver.save, on_done=functools.partial(_saved, checkpoints=ckpt_dir, keep=prune, run=trainer.run_id)))
+            self._saver.save, on_done=functools.partial(_saved, checkpoints=ckpt_dir, keep=prune, run=trainer.run_id,
+                                                        again=again)))
         if trainer.is_main:
             get_logger().info(f"checkpoint {path}: state copied, writing in the background")
 
@@ -267,9 +269,10 @@ def _remove_best(trainer: "Trainer", relative: str) -> None:
         get_logger().warning(f"checkpoint best-K: {e}")
 
 
-def _saved(path: Path, checkpoints: Path, keep: int | None, run: str) -> None:
+def _saved(path: Path, checkpoints: Path, keep: int | None, run: str, again: bool = False) -> None:
     """After a save is complete: prune to the last ``keep`` and say so (in the writer
-    thread for asynchronous saves).
+    thread for asynchronous saves); ``again``: the save replaced this run's checkpoint of
+    the same name with the state after the final validation, which is said as such.
 
     Only this run's checkpoints are pruned, in the order they were saved: an earlier
     run's in the same directory are never deleted, and after a resume from an earlier
@@ -277,4 +280,7 @@ def _saved(path: Path, checkpoints: Path, keep: int | None, run: str) -> None:
     """
     if keep:
         prune_checkpoints(checkpoints, keep_last=keep, run=run, order="created")
-    get_logger().info(f"saved checkpoint {path}")
+    if again:
+        get_logger().info(f"updated checkpoint {path}: it now holds the state after the last validation")
+    else:
+        get_logger().info(f"saved checkpoint {path}")

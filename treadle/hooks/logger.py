@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from treadle.hooks.base import Hook, Priority
 from treadle.logging.specs import WRITERS, build_writer, check_writers
-from treadle.logging.writers import LOGGER_NAME, add_file_handler, get_logger, remove_handler
+from treadle.logging.writers import LOGGER_NAME, TEXT_LOG_NAME, add_file_handler, get_logger, remove_handler
 
 if TYPE_CHECKING:
     from treadle.trainer import Trainer
@@ -109,7 +110,7 @@ class LoggerHook(Hook):
             return
         work_dir = Path(trainer.work_dir)
         if self.text_log:
-            self._handler = add_file_handler(work_dir / "log.txt")
+            self._handler = add_file_handler(work_dir / TEXT_LOG_NAME)
         self._writers = [build_writer(w, work_dir) for w in self.writer_specs]
         if not self._opened:  # before this trainer wrote anything there: an earlier run's files
             self._opened = True
@@ -248,8 +249,10 @@ class LoggerHook(Hook):
         record = {"mode": mode, "epoch": state.epoch, "iter": state.iter, "timestamp": round(time.time(), 3), **metrics}
         self._write(record)
         if trainer.is_main:
-            shown = "  ".join(f"{k} {_fmt(v)}" for k, v in metrics.items())
-            get_logger().info(f"{mode} (epoch {state.epoch}, iter {state.iter})  {shown}")
+            shown = "  ".join(f"{k} {format_value(k, v)}" for k, v in metrics.items())
+            # After no training (validate() of loaded weights): no epoch 0, iter 0 to show.
+            where = f" (epoch {state.epoch}, iter {state.iter})" if state.iter or state.epoch else ""
+            get_logger().info(f"{mode}{where}  {shown}")
 
 
 def _file_name(writer: Any) -> str:
@@ -257,10 +260,37 @@ def _file_name(writer: Any) -> str:
     return Path(path).name if path is not None else type(writer).__name__
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e-3 or abs(v) >= 1e4 else f"{v:.4f}"
-    return str(v)
+def format_value(key: str, v: Any) -> str:
+    """A logged value as the console shows it: one format per kind of value, whatever
+    its size. Learning rates ``2.00e-03``; times (``*_time``, ``time/*``, in seconds)
+    as milliseconds ``12.3ms``; rates (``*_per_s``) ``1234.5``; memory (``*_mb``)
+    ``512.0``; the fp16 loss scale ``65536``; anything else (losses, metrics, norms) 4
+    significant digits: ``0.04982``, ``2.102``, ``1.046e+04``. Integers as they are.
+    (``log.jsonl`` keeps the values as they are.)"""
+    if isinstance(v, bool) or not isinstance(v, float):
+        return str(v)
+    head, tail = key.split("/", 1)[0], key.rsplit("/", 1)[-1]
+    if head == "lr":
+        return f"{v:.2e}"
+    if head == "time" or tail.endswith("_time"):
+        return f"{v * 1000:.1f}ms"
+    if tail.endswith(("_per_s", "_mb")):
+        return f"{v:.1f}"
+    if head == "loss_scale":
+        return f"{v:.0f}"
+    return _four_digits(v)
+
+
+def _four_digits(v: float) -> str:
+    """4 significant digits, trailing zeros kept (``1.120``, ``0.04982``, ``7075``);
+    scientific outside [1e-4, 1e4) (``1.046e+04``)."""
+    if not math.isfinite(v) or v == 0:
+        return str(v) if v != 0 else "0.000"
+    magnitude = math.floor(math.log10(abs(v)))
+    if not -4 <= magnitude < 4:
+        return f"{v:.3e}"
+    text = f"{v:.{max(0, 3 - magnitude)}f}"
+    return text if len(text.lstrip("-").replace(".", "").lstrip("0")) <= 4 else f"{float(text):.{max(0, 2 - magnitude)}f}"
 
 
 def _format_train_line(record: dict[str, Any], state: Any) -> str:
@@ -271,7 +301,7 @@ def _format_train_line(record: dict[str, Any], state: Any) -> str:
     if state.max_iters:
         head += f"/{state.max_iters}"
     skip = {"mode", "epoch", "iter", "eta_s", "timestamp"}
-    parts = [f"{k} {_fmt(v)}" for k, v in record.items() if k not in skip]
+    parts = [f"{k} {format_value(k, v)}" for k, v in record.items() if k not in skip]
     if "eta_s" in record:
         parts.append(f"eta {datetime.timedelta(seconds=int(record['eta_s']))}")
     return head + "  " + "  ".join(parts)

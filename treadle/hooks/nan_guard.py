@@ -150,8 +150,8 @@ class NaNGuardHook(Hook):
         # Every value here is finite, yet the logged mean is not: it was averaged with
         # another rank's non-finite value (or overflowed). Raise on every rank alike.
         shown = {k: values[k] for k in bad_keys}
-        raise FloatingPointError(f"Loss became infinite or NaN between iterations {window[0][0]} and {window[-1][0]} "
-                                 f"(epoch {window[-1][1]}): the logged means {shown} are non-finite although every "
+        raise FloatingPointError(f"Loss became infinite or NaN between iterations {window[0][0] + 1} and "
+                                 f"{window[-1][0] + 1} (epoch {window[-1][1] + 1}): the logged means {shown} are non-finite although every "
                                  "value of this process is finite (another process's values, or an overflow)")
 
     def _check(self) -> None:
@@ -167,8 +167,9 @@ class NaNGuardHook(Hook):
     def _raise(window: list[tuple[int, int, dict[str, Any]]], bad: int) -> None:
         it, epoch, outputs = window[bad]
         values = {k: _to_host(v) for k, v in outputs.items()}
-        late = "" if window[-1][0] == it else f" (found at the check after iteration {window[-1][0]})"
-        raise FloatingPointError(f"Loss became infinite or NaN at iteration={it} (epoch {epoch}){late}!\n"
+        # 1-based, as every message (the window holds 0-based indices): "iteration=6" is the 6th
+        late = "" if window[-1][0] == it else f" (found at the check after iteration {window[-1][0] + 1})"
+        raise FloatingPointError(f"Loss became infinite or NaN at iteration={it + 1} (epoch {epoch + 1}){late}!\n"
                                  f"loss_dict = {values}")
 
     # -- skip mode -----------------------------------------------------------------------
@@ -182,7 +183,7 @@ class NaNGuardHook(Hook):
         for p in params:
             p.grad = None  # a None grad: the optimizer skips the parameter entirely
         self.skipped += 1
-        get_logger().warning(f"NaNGuardHook: non-finite gradients at iteration {trainer.state.iter}; "
+        get_logger().warning(f"NaNGuardHook: non-finite gradients at iteration {trainer.state.iter + 1}; "
                              f"optimizer step skipped ({self.skipped} so far)")
 
     def state_dict(self) -> dict[str, Any]:

@@ -15,7 +15,21 @@ from typing import IO, Any, Callable, Mapping
 from treadle.fsutil import fsync_dir
 
 LOGGER_NAME = "treadle"
+TEXT_LOG_NAME = "log.txt"  # in the work_dir: every line of the console and more (LoggerHook writes it)
 _FORMAT = "%(asctime)s %(levelname)s %(message)s"
+# ``logger.info(text, extra=FILE_ONLY)``: the record goes to the text log (``log.txt``)
+# and other handlers, but not to treadle's console handler (see get_logger).
+FILE_ONLY = {"treadle_file_only": True}
+# ``extra=CONSOLE_ONLY``: the other way round (e.g. a line that points to the text log).
+CONSOLE_ONLY = {"treadle_console_only": True}
+
+
+def _not_file_only(record: logging.LogRecord) -> bool:
+    return not getattr(record, "treadle_file_only", False)
+
+
+def _not_console_only(record: logging.LogRecord) -> bool:
+    return not getattr(record, "treadle_console_only", False)
 
 
 def get_logger() -> logging.Logger:
@@ -28,6 +42,7 @@ def get_logger() -> logging.Logger:
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
         handler.set_name("treadle-console")
+        handler.addFilter(_not_file_only)
         logger.addHandler(handler)
     return logger
 
@@ -37,6 +52,7 @@ def add_file_handler(path: Path) -> logging.Handler:
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+    handler.addFilter(_not_console_only)
     get_logger().addHandler(handler)
     return handler
 
@@ -44,6 +60,34 @@ def add_file_handler(path: Path) -> logging.Handler:
 def remove_handler(handler: logging.Handler) -> None:
     get_logger().removeHandler(handler)
     handler.close()
+
+
+def text_log_path() -> Path | None:
+    """The text log the treadle logger writes to now (``work_dir/log.txt`` during a run
+    with a work_dir), or None."""
+    for h in get_logger().handlers:
+        if isinstance(h, logging.FileHandler):
+            return Path(h.baseFilename)
+    return None
+
+
+def log_details(sections: Mapping[str, str], verbose: bool = False) -> None:
+    """Log long texts (e.g. ``{"environment": table, "hook order": table}``) to the text
+    log, with one console line that says where they are; ``verbose``: on the console too.
+    Without a text log and without ``verbose`` they go to no console at all."""
+    logger = get_logger()
+    for text in sections.values():
+        logger.info(text, extra=None if verbose else FILE_ONLY)
+    path = text_log_path()
+    if not verbose and path is not None and sections:
+        logger.info(f"{' and '.join(sections)}: in {path} (verbose prints them here)", extra=CONSOLE_ONLY)
+
+
+def log_failure(error: BaseException, where: str) -> None:
+    """The full traceback of ``error`` (raised ``where``, e.g. "in epoch 1, iteration 3")
+    to the text log only; the console shows the error the way its caller does (the
+    command line: a short form)."""
+    get_logger().error(f"failed {where}: {type(error).__name__}: {error}", exc_info=error, extra=FILE_ONLY)
 
 
 def _jsonable(value: Any) -> Any:
