@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -48,6 +49,15 @@ from treadle.trainer_args import (build_optim_wrappers, build_scheduler_map, che
                                   warn_without_validation)
 from treadle.strategies.base import Strategy
 from treadle.strategies.build import resolve_strategy
+
+
+class LearningRates(dict):
+    """The dict of :attr:`Trainer.learning_rates`; calling it returns itself (it was a
+    method before), with a DeprecationWarning."""
+
+    def __call__(self) -> "LearningRates":
+        warnings.warn("trainer.learning_rates is a property now: drop the ()", DeprecationWarning, stacklevel=2)
+        return self
 
 
 class Trainer:
@@ -389,9 +399,12 @@ class Trainer:
     def is_main(self) -> bool:
         return self.strategy.is_main
 
-    def learning_rates(self) -> dict[str, float]:
-        """``lr`` of every optimizer and param group, keyed for logging."""
-        out: dict[str, float] = {}
+    @property
+    def learning_rates(self) -> "LearningRates":
+        """``lr`` of every optimizer and param group now, keyed as logged (``lr``, ``lr/pg1``;
+        ``lr/<optimizer>`` with several): a property like ``optimizer``. Calling it, as
+        earlier versions needed, still works and says so."""
+        out = LearningRates()
         single = len(self.optim_wrappers) == 1
         for name, ow in self.optim_wrappers.items():
             prefix = "lr" if single else f"lr/{name}"

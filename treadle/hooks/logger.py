@@ -199,7 +199,7 @@ class LoggerHook(Hook):
         state = trainer.state
         record: dict[str, Any] = {"mode": "train", "epoch": state.epoch + 1, "iter": done,
                                   "timestamp": round(time.time(), 3)}
-        record.update(trainer.learning_rates())
+        record.update(trainer.learning_rates)
         record.update(self._optim_values(trainer))
         if self.window is not None:
             for window in trainer.store.pending.values():
