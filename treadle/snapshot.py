@@ -142,7 +142,7 @@ def check_restorable(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, 
     """The checkpoint's state, once it is known to fit this trainer; nothing is changed
     before that. Raises CheckpointError naming what does not fit."""
     from treadle.checkpoint.io import CheckpointError
-    from treadle.checkpoint.weights import LoadReport, WeightsMismatchError
+    from treadle.checkpoint.weights import WeightsMismatchError, compare_weights
 
     state = payloads.get(STATE_FILE)
     hint = ("a weights-only checkpoint (e.g. checkpoints/best/...) or a state dict restores weights with "
@@ -163,11 +163,7 @@ def check_restorable(trainer: "Trainer", payloads: dict[str, Any]) -> dict[str, 
     model_sd = trainer.module.state_dict()
     saved = state["model"]
     if all(type(v) is torch.Tensor for v in (*model_sd.values(), *saved.values())):  # sharded states: DCP checks
-        report = LoadReport()
-        report.missing = [k for k in model_sd if k not in saved]
-        report.unexpected = [k for k in saved if k not in model_sd]
-        report.mismatched = [(k, tuple(v.shape), tuple(model_sd[k].shape)) for k, v in saved.items()
-                             if k in model_sd and v.shape != model_sd[k].shape]
+        report = compare_weights(model_sd, saved)
         if not report.ok:
             err = WeightsMismatchError(report)
             details = "\n".join(str(report).splitlines()[1:])  # without the "loaded 0 entries" line

@@ -81,6 +81,19 @@ def parse_losses(losses: Tensor | dict[str, Tensor] | list[Tensor] | tuple[Tenso
     raise TypeError(f"losses must be a Tensor, a dict of Tensors or a list of Tensors, got {type(losses).__name__}")
 
 
+def hinted_update(optim_wrapper: OptimWrapper) -> Callable[[Tensor], None]:
+    """``optim_wrapper.update``, whose errors (backward, the optimizer step) leave with a
+    line of context (treadle/hints.py); one place for every step variant."""
+    update = optim_wrapper.update
+
+    def hinted(total: Tensor) -> None:
+        try:
+            update(total)
+        except Exception as e:
+            raise backward_error(e, total)
+    return hinted
+
+
 def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_wrapper: OptimWrapper,
                     move: Callable[[Batch], Batch] | None, timer: PhaseTimer | None = None) -> StepFn:
     """The default training step, specialised for this configuration.
@@ -90,7 +103,7 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
     """
     if timer is not None:
         return make_timed_train_step(model, loss_fn, optim_wrapper, move, timer)
-    update = optim_wrapper.update
+    update = hinted_update(optim_wrapper)
     amp = optim_wrapper.precision != "32"
     autocast = optim_wrapper.autocast
 
@@ -124,18 +137,12 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
                 with autocast():
                     losses = forward(batch)
                 total, logged = parse_losses(losses)
-                try:
-                    update(total)
-                except Exception as e:
-                    raise backward_error(e, total)
+                update(total)
             return logged
     elif move is None and not amp:
         def step(batch: Batch) -> dict[str, Tensor]:
             total, logged = parse_losses(forward(batch))
-            try:
-                update(total)
-            except Exception as e:
-                raise backward_error(e, total)
+            update(total)
             return logged
     else:
         def step(batch: Batch) -> dict[str, Tensor]:
@@ -144,10 +151,7 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
             with autocast():
                 losses = forward(batch)
             total, logged = parse_losses(losses)
-            try:
-                update(total)
-            except Exception as e:
-                raise backward_error(e, total)
+            update(total)
             return logged
     return step
 
@@ -164,7 +168,7 @@ def make_timed_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, 
     callbacks = optim_wrapper.after_backward_callbacks
     if timer.mark not in callbacks:
         optim_wrapper.after_backward_callbacks = (timer.mark, *callbacks)
-    update = optim_wrapper.update
+    update = hinted_update(optim_wrapper)
     autocast = optim_wrapper.autocast
     begin, mark, end = timer.begin, timer.mark, timer.end
     if optim_wrapper.no_sync is not None and optim_wrapper.accumulate > 1:
@@ -197,10 +201,7 @@ def make_timed_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, 
                         raise loss_error(e, outputs, targets, "train")
             total, logged = parse_losses(losses)
             mark()
-            try:
-                update(total)  # the after_backward callback marks the end of backward
-            except Exception as e:
-                raise backward_error(e, total)
+            update(total)  # the after_backward callback marks the end of backward
         end()
         return logged
     return step

@@ -224,7 +224,6 @@ class Trainer:
         self.strategy.setup_env(seed=seed, seed_per_rank=seed_per_rank, deterministic=deterministic, draw_seed=False)
         distributed = self.strategy.distributed
         self.run_timestamp, self.run_id = self.strategy.timestamp, self.strategy.run_id
-        self._data_seed = self.strategy.data_seed  # rank 0's: every rank reads the same order
         self.seed = seed
         # Files written into work_dir when fit() starts, once the resume checks have passed
         # (`treadle train` adds "config.yaml"); see treadle/run_dir.py write_run_file.
@@ -450,7 +449,7 @@ class Trainer:
         if pos is not None and trained and not (pos["open"] or pos.get("val_due")):  # else: finish the last cycle
             get_logger().info(f"the run in {self.work_dir} already finished (epoch {s.epoch}, iter {s.iter}); nothing to do")
             return dict(s.metrics)
-        feed = DataFeed(self.train_dataloader, seed=pos["seed"] if pos else self._data_seed, rank=self.strategy.rank)
+        feed = DataFeed(self.train_dataloader, seed=pos["seed"] if pos else self.strategy.data_seed, rank=self.strategy.rank)
         total = s.max_epochs if s.by_epoch else s.max_iters
         workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
         loop_cls = EpochLoop if s.by_epoch else IterLoop

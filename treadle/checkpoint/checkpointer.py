@@ -104,7 +104,7 @@ class Checkpointer:
             except CheckpointError as e:
                 refusal = str(e)
         if describe is not None:
-            bad = describe(dict(state))
+            bad = describe(state)
         else:
             name = first_nonfinite(named_tensors(state))
             bad = repr(name) if name is not None else None

@@ -133,6 +133,20 @@ def _read_source(source: Source, key: str | None) -> tuple[dict[str, Any], str]:
     return _pick_state_dict(load_checkpoint(path)[STATE_FILE], key, str(path)), str(path)
 
 
+def compare_weights(expected: Mapping[str, Any], given: Mapping[str, Any]) -> LoadReport:
+    """Keys of ``expected`` missing from ``given``, keys of ``given`` not in ``expected``, and
+    those whose shapes differ (values: tensors, or shapes); nothing is loaded."""
+    def shape(v: Any) -> tuple[int, ...]:
+        return tuple(v.shape if hasattr(v, "shape") else v)
+
+    report = LoadReport()
+    report.missing = [k for k in expected if k not in given]
+    report.unexpected = [k for k in given if k not in expected]
+    report.mismatched = [(k, shape(v), shape(expected[k])) for k, v in given.items()
+                         if k in expected and shape(v) != shape(expected[k])]
+    return report
+
+
 def revise_state_keys(sd: Mapping[str, Any], revise_keys: Iterable[tuple[str, str]]) -> dict[str, Any]:
     """``sd`` with each key rewritten by the ``(regex, replacement)`` pairs in turn."""
     return _revise(sd, revise_keys)

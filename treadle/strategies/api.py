@@ -44,6 +44,7 @@ import treadle
 from treadle.checkpoint.checkpointer import Checkpointer
 from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.rng import set_rng_state
+from treadle.checkpoint.weights import compare_weights
 from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.data.resumable import ResumableLoader
 from treadle.distributed import comm
@@ -79,6 +80,7 @@ class StrategyAPI:
     launcher: str = "none"
     deterministic: bool = False
     _env_ready: bool = False
+    _prepared: bool = False
 
     # -- environment ---------------------------------------------------------------------
     def setup_env(self, *, work_dir: str | Path | None = None, seed: int | None = None,
@@ -111,6 +113,8 @@ class StrategyAPI:
         if deterministic:
             set_deterministic(True)
         self.work_dir = Path(work_dir) if work_dir is not None else None
+        self._loaders: list[ResumableLoader] = []  # prepared training loaders, in order
+        self._pending_loaders: list[dict[str, Any]] = []  # places resumed before their loader was prepared
         self._env_ready = True
 
     def collect_env(self) -> tuple[dict[str, str], dict[str, Any]]:
@@ -134,7 +138,7 @@ class StrategyAPI:
         ``max_epochs``, ``max_iters`` for schedulers configured by epoch or without ``end``.
         """
         self.setup_env()
-        if getattr(self, "_prepared", False):
+        if self._prepared:
             raise RuntimeError(f"{type(self).__name__}.prepare() was called already; a strategy prepares one model")
         if param_scheduler is not None and optim_wrapper is None:
             raise ValueError("prepare(param_scheduler=...) needs optim_wrapper= too: schedulers act on an optimizer")
@@ -182,16 +186,14 @@ class StrategyAPI:
             loader = shard(loader, self.rank, self.world_size)
         if not train:
             return loader
-        loaders = self.__dict__.setdefault("_loaders", [])
-        prepared = ResumableLoader(loader, seed=derive_seed(self.data_seed, len(loaders)), rank=self.rank)
-        loaders.append(prepared)
-        pending = self.__dict__.get("_pending_loaders") or []
-        if pending:  # resumed before this loader was prepared
-            prepared.load_state_dict(pending.pop(0))
+        prepared = ResumableLoader(loader, seed=derive_seed(self.data_seed, len(self._loaders)), rank=self.rank)
+        self._loaders.append(prepared)
+        if self._pending_loaders:  # resumed before this loader was prepared
+            prepared.load_state_dict(self._pending_loaders.pop(0))
         return prepared
 
     def _need(self, what: str) -> None:
-        if not getattr(self, "_prepared", False):
+        if not self._prepared:
             raise RuntimeError(f"{what} needs strategy.prepare(model, ...) first")
 
     # -- state dicts ---------------------------------------------------------------------
@@ -259,7 +261,7 @@ class StrategyAPI:
             state["optim"] = {"default": ow_state}
         if save_param_scheduler:
             state["param_schedulers"] = self.scheduler_state_dict()
-        state["data"] = [ld.state_dict() for ld in self.__dict__.get("_loaders", [])]
+        state["data"] = [ld.state_dict() for ld in self._loaders]
         state["extra"] = _plain(extra_ckpt if extra_ckpt is not None else {}, "extra_ckpt")
         state["strategy"] = {"run": self.run_id, "world_size": self.world_size, "treadle": treadle.__version__}
         if callback is not None:
@@ -295,7 +297,7 @@ class StrategyAPI:
             self.load_optim_state_dict(ow_state)
         if resume_param_scheduler and "param_schedulers" in state:
             self.load_scheduler_state_dict(state["param_schedulers"])
-        loaders, saved = self.__dict__.get("_loaders", []), list(state["data"])
+        loaders, saved = self._loaders, list(state["data"])
         for ld in loaders:
             ld.load_state_dict(saved.pop(0))
         self._pending_loaders = saved  # loaders prepared after the resume take these
@@ -379,12 +381,12 @@ def _check_fits(strategy: StrategyAPI, state: dict[str, Any], filename: str | Pa
     model_sd = strategy.module.state_dict()  # type: ignore[attr-defined]
     saved = state["model"]
     if all(type(v) is torch.Tensor for v in (*model_sd.values(), *saved.values())):  # sharded: DCP checks
-        differ = sorted(set(model_sd) ^ set(saved)) + [k for k, v in saved.items()
-                                                       if k in model_sd and v.shape != model_sd[k].shape]
+        report = compare_weights(model_sd, saved)
+        differ = [*report.missing, *report.unexpected, *(k for k, _, _ in report.mismatched)]
         if differ:
             raise CheckpointError(f"{where}: the checkpoint is of another model; these keys are missing, "
                                   f"unexpected or of another shape: {differ[:8]}{' ...' if len(differ) > 8 else ''}")
-    loaders = len(strategy.__dict__.get("_loaders", []))
+    loaders = len(strategy._loaders)
     if loaders > len(state["data"]):
         raise CheckpointError(f"{where}: {loaders} loader(s) were prepared, the checkpoint has the place of "
                               f"{len(state['data'])}")

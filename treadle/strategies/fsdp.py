@@ -198,17 +198,14 @@ class FSDPStrategy(ProcessGroupStrategy):
         rank 0's are broadcast (the other ranks' ``state`` is not read). Keys are rewritten
         by ``revise_keys`` and shapes checked first; ``strict``: missing or unexpected keys
         raise. A collective; every rank raises alike."""
-        from treadle.checkpoint.weights import LoadReport, WeightsMismatchError, read_weights, revise_state_keys
+        from treadle.checkpoint.weights import LoadReport, WeightsMismatchError, compare_weights, read_weights, revise_state_keys
 
         sd: dict[str, Any] = {}
         report = LoadReport()
         if self.is_main:
             sd = revise_state_keys(read_weights(state), revise_keys)
-            full = {k: v.shape for k, v in get_model_state_dict(module).items()}  # DTensor shapes are global
-            report.missing = [k for k in full if k not in sd]
-            report.unexpected = [k for k in sd if k not in full]
-            report.mismatched = [(k, tuple(v.shape), tuple(full[k])) for k, v in sd.items()
-                                 if k in full and v.shape != full[k]]
+            full = get_model_state_dict(module)  # DTensors: their shapes are the global ones
+            report = compare_weights(full, sd)
             sd = {k: v for k, v in sd.items() if k in full}
         else:
             get_model_state_dict(module)  # the collective rank 0 runs above
