@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("change, message", [
     ("model.classes=4", "resume needs the model the checkpoint was saved from"),
-    ("optimizer={type: AdamW, lr: 0.01}", "the checkpoint was saved by SGD, this trainer has AdamW"),
+    ("optimizer={type: AdamW, lr: 0.01}", "the checkpoint was saved by SGD, this run has AdamW"),
 ])
 def test_a_refused_resume_leaves_config_yaml_as_it_was(tiny, tmp_path, capsys, change, message):
     work = tmp_path / "run"

@@ -49,9 +49,9 @@ def test_a_weights_only_checkpoint_is_refused_naming_load_from(tmp_path, saved):
 
 def test_a_broken_counter_is_refused(tmp_path, saved):
     state = load_checkpoint(saved)
-    state["state.pt"]["trainer"]["epoch"] = "one"
+    state["state.pt"]["loop"]["epoch"] = "one"
     _resume_fails(tmp_path, save_checkpoint(tmp_path / "bad", state), CheckpointError,
-                  r"state.pt: trainer\['epoch'\] is 'one'; expected an int >= 0")
+                  r"the checkpoint's loop position has epoch='one'; expected an int >= 0")
 
 
 def test_another_model_shape_is_refused_before_anything_is_loaded(tmp_path, saved):
@@ -64,7 +64,7 @@ def test_another_model_shape_is_refused_before_anything_is_loaded(tmp_path, save
 
 def test_another_optimizer_is_refused(tmp_path, saved):
     _resume_fails(tmp_path, saved, CheckpointError, r"optimizer 'default': the checkpoint was saved by SGD, this "
-                  r"trainer has Adam", optimizer=dict(type="Adam", lr=1e-3))
+                  r"run has Adam", optimizer=dict(type="Adam", lr=1e-3))
 
 
 def test_other_param_groups_are_refused(tmp_path, saved):

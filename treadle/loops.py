@@ -43,7 +43,7 @@ open epoch is reopened (``before_train_epoch`` runs again) with its first
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -53,10 +53,12 @@ from torch import Tensor
 from treadle.checkpoint.rng import set_rng_state
 from treadle.data.feed import DataFeed
 from treadle.hooks.base import HookDispatcher
+from treadle.logging.writers import get_logger
 from treadle.metrics import flatten_results, to_python, update_metrics
 from treadle.step import batch_size_of
 
 if TYPE_CHECKING:
+    from treadle.state import TrainState
     from treadle.trainer import Trainer
 
 Workflow = list[tuple[str, "int | None"]]
@@ -76,13 +78,14 @@ class EvalLoop:
         self.feed = DataFeed(loader, seed=trainer.seed)  # started at the first pass: no workers before
         self._passes = 0
 
-    def position(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, int]:
         """Passes done and where the feed is: iteration workflows validate ``k`` batches
-        at a time and go on where the last phase stopped; checkpoints record it."""
+        at a time and go on where the last phase stopped; checkpoints record it (each
+        rank its own: each reads its shard)."""
         return {"passes": self._passes, "epoch": self.feed.epoch, "batch_idx": self.feed.batch_idx}
 
-    def restore(self, pos: dict[str, Any]) -> None:
-        """Inverse of :meth:`position` (on resume)."""
+    def load_state_dict(self, pos: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict` (on resume)."""
         self._passes = int(pos["passes"])
         self.feed.start_epoch(int(pos["epoch"]), skip=int(pos["batch_idx"]))
 
@@ -211,6 +214,38 @@ class LoopPosition:
     batch_size: int | None
     phase: list[int]
     val_due: bool
+    world_size: int = 1
+
+
+class LoopCounters:
+    """Where training stands when there is no train loop (a Trainer for validation or
+    test only): the counters of ``state``, saved and restored as a loop's would be."""
+
+    def __init__(self, state: "TrainState", seed: int, world_size: int) -> None:
+        self.state, self.seed, self.world_size = state, seed, world_size
+
+    def state_dict(self) -> dict[str, Any]:
+        s = self.state
+        return asdict(LoopPosition(epoch=s.epoch, iter=s.iter, inner_iter=0, batch_idx=0, open=False, seed=self.seed,
+                                   batch_size=None, phase=[0, 0], val_due=False, world_size=self.world_size))
+
+    def check_state_dict(self, state: Any) -> None:
+        check_position(state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.epoch, self.state.iter = int(state["epoch"]), int(state["iter"])
+
+
+def check_position(state: Any) -> None:
+    """A saved loop position has the counters a resume needs (ints >= 0)."""
+    from treadle.checkpoint.io import CheckpointError
+
+    if not isinstance(state, dict):
+        raise CheckpointError(f"the checkpoint's loop position is a {type(state).__name__}, not a dict")
+    for key in ("epoch", "iter", "inner_iter", "batch_idx"):
+        value = state.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CheckpointError(f"the checkpoint's loop position has {key}={value!r}; expected an int >= 0")
 
 
 class TrainLoop:
@@ -220,13 +255,15 @@ class TrainLoop:
 
     def __init__(self, trainer: "Trainer", feed: DataFeed, workflow: Workflow, *, hooks: HookDispatcher,
                  step: Callable[[Any], Any], agree: Callable[[], None] | None = None,
-                 resume_pos: dict[str, Any] | None = None) -> None:
+                 resume_pos: dict[str, Any] | None = None, world_size: int = 1) -> None:
         self.trainer = trainer
         self.hooks = hooks
         self.step = step  # batch -> values to log (after_backward/before_optimizer_step fire inside)
         self.agree = agree  # None in one process; several: the ranks agree on stopping each iteration
         self.feed = feed
         self.workflow = workflow
+        self.world_size = world_size
+        # Where a resumed run goes on (load_state_dict sets it; the first epoch opened takes it).
         self.resume_pos = resume_pos
         self._epoch_open = False
         self._closing_complete = False  # True while after_train_epoch runs for a complete epoch
@@ -235,6 +272,14 @@ class TrainLoop:
         # the units done before the train phase began; checkpoints record it (snapshot.py).
         self.phase = 0
         self.phase_base = 0
+        self._fresh_seed = feed.seed
+
+    def reset(self) -> None:
+        """Before each ``fit()``: nothing open, nothing to resume (a resume then sets it)."""
+        self.resume_pos = None
+        self._epoch_open = self._closing_complete = self._stopped_inside_epoch = False
+        self.phase = self.phase_base = 0
+        self.feed.seed = self._fresh_seed
 
     def run(self) -> None:
         t, s = self.trainer, self.trainer.state
@@ -320,7 +365,48 @@ class TrainLoop:
         phase, val_due = self.phase_position(epoch if self.by_epoch else it)
         return LoopPosition(epoch=epoch, iter=it, inner_iter=inner, batch_idx=inner, open=opened, seed=feed.seed,
                             batch_size=getattr(feed.loader, "batch_size", None) if opened else None,
-                            phase=phase, val_due=val_due)
+                            phase=phase, val_due=val_due, world_size=self.world_size)
+
+    # -- Stateful: what a checkpoint holds of the loop ---------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`position` as a dict."""
+        return asdict(self.position())
+
+    def check_state_dict(self, state: Any) -> None:
+        check_position(state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the counters and the place to resume from: :meth:`run` then goes on there
+        (reopening an open epoch with its first ``batch_idx`` batches skipped). Saved by
+        another number of processes: the samples already taken are kept, counted in this
+        run's batches. The RNG streams are set by :meth:`resume_rng`."""
+        pos = dict(state)
+        s = self.trainer.state
+        s.epoch, s.iter, s.inner_iter = int(pos["epoch"]), int(pos["iter"]), int(pos["inner_iter"])
+        saved_world = int(pos.get("world_size") or 1)
+        if saved_world != self.world_size:
+            # The sampler splits the data differently: keep the number of samples taken.
+            get_logger().warning(f"resuming a run saved by {saved_world} process(es) on {self.world_size}: "
+                                 "weights, optimizer and counters are exact; the rest of the open epoch's "
+                                 "order and the per-rank RNG streams cannot be, so they restart from the "
+                                 "same number of samples with fresh streams")
+        if saved_world != self.world_size and pos.get("open"):
+            saved_batch, batch = pos.get("batch_size"), getattr(self.feed.loader, "batch_size", None)
+            if not (isinstance(saved_batch, int) and isinstance(batch, int) and saved_batch > 0 and batch > 0):
+                saved_batch = batch = 1  # unknown (older checkpoints): the per-process batch is assumed unchanged
+            pos["batch_idx"] = int(pos["batch_idx"]) * saved_world * saved_batch // (self.world_size * batch)
+        if pos.get("seed") is not None:
+            self.feed.seed = int(pos["seed"])
+        pos["rng"] = None
+        self.resume_pos = pos
+
+    def resume_rng(self, rng: dict[str, Any] | None) -> None:
+        """The RNG states (a rank file's) to set exactly where the interrupted run took its
+        next batch; None: fresh streams. Not restored from a run of fewer processes than
+        this one (there are ranks without a saved stream)."""
+        if self.resume_pos is not None:
+            saved_world = int(self.resume_pos.get("world_size") or 1)
+            self.resume_pos["rng"] = rng if self.world_size <= saved_world else None
 
     def phase_position(self, units: int) -> tuple[list[int], bool]:
         """The workflow position a checkpoint taken now records (``units``: epochs or

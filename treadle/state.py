@@ -59,12 +59,9 @@ class TrainState:
         self.stop_reason = reason
 
     def state_dict(self) -> dict[str, Any]:
-        """Counters to checkpoint (not the timestamps or the mode)."""
-        return {"epoch": self.epoch, "iter": self.iter, "inner_iter": self.inner_iter,
-                "max_epochs": self.max_epochs, "max_iters": self.max_iters, "metrics": dict(self.metrics)}
+        """What a checkpoint holds of this object: the last validation/test results (the
+        counters are the train loop's, saved at an iteration boundary; see treadle/loops.py)."""
+        return {"metrics": dict(self.metrics)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch = int(state["epoch"])
-        self.iter = int(state["iter"])
-        self.inner_iter = int(state.get("inner_iter", 0))
-        self.metrics = dict(state.get("metrics", {}))
+        self.metrics = dict(state.get("metrics") or {})

@@ -20,7 +20,7 @@ from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.data.feed import DataFeed
 from treadle.distributed import comm
 from treadle.env import collect_env, format_env
-from treadle.hooks.base import (HOOK_POINTS, Hook, HookDispatcher, check_hook_points, describe_order, get_priority,
+from treadle.hooks.base import (HOOK_POINTS, Hook, HookDispatcher, HookStates, check_hook_points, describe_order, get_priority,
                                 sort_hooks)
 from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import LoggerHook, check_writers
@@ -30,9 +30,9 @@ from treadle.logging.store import MetricStore
 from treadle.hints import strict_loss_shapes
 from treadle.logging.writers import get_logger, log_details, log_failure
 from treadle.metrics import update_metrics
-from treadle.loops import EpochLoop, EvalLoop, IterLoop, TrainLoop, check_workflow, default_workflow
+from treadle.loops import EpochLoop, EvalLoop, IterLoop, LoopCounters, TrainLoop, check_workflow, default_workflow
 from treadle import snapshot
-from treadle.checkpoint.checkpointer import Checkpointer
+from treadle.checkpoint.checkpointer import Checkpointer, rng_file
 from treadle.checkpoint.weights import load_weights
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.resume import check_resume_dir, checkpoint_in, latest_to_resume, note_other_runs
@@ -49,6 +49,7 @@ from treadle.trainer_args import (build_optim_wrappers, build_scheduler_map, che
                                   warn_without_validation)
 from treadle.strategies.base import Strategy
 from treadle.strategies.build import resolve_strategy
+from treadle.strategies.states import ModelState, OptimStates, RunState
 
 
 class LearningRates(dict):
@@ -223,7 +224,7 @@ class Trainer:
         # prunes and replaces only its own (treadle/hooks/checkpoint.py).
         self.strategy.setup_env(seed=seed, seed_per_rank=seed_per_rank, deterministic=deterministic, draw_seed=False)
         distributed = self.strategy.distributed
-        self.run_timestamp, self.run_id = self.strategy.timestamp, self.strategy.run_id
+        self.run_timestamp = self.strategy.timestamp
         self.seed = seed
         # Files written into work_dir when fit() starts, once the resume checks have passed
         # (`treadle train` adds "config.yaml"); see treadle/run_dir.py write_run_file.
@@ -315,9 +316,9 @@ class Trainer:
         self._set_hooks(defaults, hooks)
         if train_dataloader is not None and val_dataloader is None and self.is_main:
             warn_without_validation(self.hooks)
-        self.train_loop: TrainLoop | None = None
         self.val_loop = self._eval_loop(val_dataloader, "val") if val_dataloader is not None else None
         self.test_loop = self._eval_loop(test_dataloader, "test") if test_dataloader is not None else None
+        self.train_loop = self._train_loop() if train_dataloader is not None else None
 
     # -- construction helpers ------------------------------------------------------
     def _set_hooks(self, defaults: list[Hook], extra: Iterable[Hook]) -> None:
@@ -354,6 +355,15 @@ class Trainer:
         self.hooks = sort_hooks([*self.hooks, hook])
         self._rebuild_dispatch()
 
+    def _train_loop(self) -> TrainLoop:
+        s = self.state
+        feed = DataFeed(self.train_dataloader, seed=self.strategy.data_seed, rank=self.strategy.rank)  # type: ignore[arg-type]
+        total = s.max_epochs if s.by_epoch else s.max_iters
+        workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
+        loop_cls = EpochLoop if s.by_epoch else IterLoop
+        return loop_cls(self, feed, workflow, hooks=self._dispatch, step=self._train_step, agree=self._agree_stop,
+                        world_size=self.strategy.world_size)
+
     def _eval_loop(self, loader: Any, mode: str) -> EvalLoop:
         custom = self._custom_val_step
         return EvalLoop(self, loader, mode, hooks=self._dispatch, step=self._eval_step,
@@ -368,6 +378,8 @@ class Trainer:
             ow.after_backward_callbacks = after_backward
             ow.before_step_callbacks = before_step
         self._train_step = self._select_train_step()
+        if getattr(self, "train_loop", None) is not None:  # built once the hooks are set
+            self.train_loop.step = self._train_step  # type: ignore[union-attr]
 
     def _select_train_step(self) -> Callable[[Any], dict[str, Any]]:
         if type(self).train_step is not Trainer.train_step:  # overridden in a subclass
@@ -397,6 +409,12 @@ class Trainer:
     @property
     def is_main(self) -> bool:
         return self.strategy.is_main
+
+    @property
+    def run_id(self) -> str:
+        """This run's id, recorded in its checkpoints; a resume carries the saved one on
+        (held by the strategy, see treadle/strategies/states.py RunState)."""
+        return self.strategy.run_id
 
     @property
     def learning_rates(self) -> "LearningRates":
@@ -434,14 +452,17 @@ class Trainer:
 
     def _fit(self) -> dict[str, Any]:
         # Nothing in work_dir changes before the resume checks pass (a misfit is refused first).
-        pos = self._resume_position() if self.resume else None
+        loop = self.train_loop
+        loop.reset()  # type: ignore[union-attr]  # a resume below sets where it goes on
+        resumed = self._resume() if self.resume else False
+        pos = loop.resume_pos  # type: ignore[union-attr]
         self._resume_loaded = True
         env = None  # the environment table: env.txt, and log.txt once the run starts
         if self.run_dir is not None:
             if self.is_main:
                 env = format_env(collect_env(seed=self.seed, world_size=self.strategy.world_size))
                 self.run_dir.write_files({"env.txt": env + "\n", **self.run_files})
-                if pos is None:
+                if not resumed:
                     note_other_runs(self.work_dir / "checkpoints")  # type: ignore[operator]
             self._check_checkpoint_dirs()
         s = self.state
@@ -449,12 +470,6 @@ class Trainer:
         if pos is not None and trained and not (pos["open"] or pos.get("val_due")):  # else: finish the last cycle
             get_logger().info(f"the run in {self.work_dir} already finished (epoch {s.epoch}, iter {s.iter}); nothing to do")
             return dict(s.metrics)
-        feed = DataFeed(self.train_dataloader, seed=pos["seed"] if pos else self.strategy.data_seed, rank=self.strategy.rank)
-        total = s.max_epochs if s.by_epoch else s.max_iters
-        workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
-        loop_cls = EpochLoop if s.by_epoch else IterLoop
-        self.train_loop = loop_cls(self, feed, workflow, hooks=self._dispatch, step=self._train_step,
-                                   agree=self._agree_stop, resume_pos=pos)
         self.model.train()
         handlers = (PreemptionHandlers(self.preemption, s, deferred=self.strategy.distributed, verbose=self.is_main)
                     if self.preemption else contextlib.nullcontext())
@@ -525,45 +540,76 @@ class Trainer:
         """Saves and loads through the strategy (the same one your own loop uses)."""
         return self.strategy.checkpointer
 
+    def checkpoint_states(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(states, rank_states)``: the owners of this trainer's training state by name,
+        as the checkpointer takes them (the layout: treadle/snapshot.py)."""
+        strategy = self.strategy
+        optim = OptimStates(strategy, self.module, self.optim_wrappers)
+        loop = self.train_loop if self.train_loop is not None else LoopCounters(self.state, strategy.data_seed,
+                                                                                strategy.world_size)
+        states = {"model": ModelState(strategy, self.module), "optim": optim, "hooks": HookStates(lambda: self.hooks),
+                  "loop": loop, "results": self.state, "strategy": RunState(strategy)}
+        rank_states: dict[str, Any] = {"log_windows": self.store, "optim": optim.local}
+        if self.val_loop is not None:
+            rank_states["val"] = self.val_loop
+        return states, rank_states
+
     def save_checkpoint(self, path: str | Path, writer: Callable[..., Path] | None = None) -> Path:
-        """Save the complete state (atomic; see treadle/snapshot.py for what is in it).
+        """Save the complete state (atomic; treadle/snapshot.py lists what is in it).
 
         ``writer``: replaces ``treadle.checkpoint.io.save_checkpoint`` on rank 0, e.g. an
         ``AsyncCheckpointer`` (which returns once the state is copied to CPU memory).
         """
-        state, rank_state, meta = snapshot.collect(self)
+        states, rank_states = self.checkpoint_states()
+        pos = states["loop"].state_dict()
+        s = self.state
+        meta = {"epoch": pos["epoch"], "iter": pos["iter"],
+                "finished": snapshot.finished(pos, s.max_epochs, s.max_iters, s.by_epoch)}
         # Checked on every rank (FSDP: each its shards), agreed on, raised everywhere alike.
         return self.checkpointer.save(
-            path, state, rank_states=rank_state, meta=meta, run=self.run_id, writer=writer,
+            path, states, rank_states=rank_states, meta=meta, run=self.run_id, writer=writer,
             callback=functools.partial(self._call, "before_save_checkpoint"),
-            describe=functools.partial(snapshot.nonfinite_entry, self),
+            describe=states["optim"].describe_nonfinite,
             hint=" (a non-finite gradient with a finite loss does this); nan_guard='skip' skips such steps, "
                  "clip_grad or a lower lr may avoid them")
 
-    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Restore the complete state from ``path``; returns the data position."""
-        state, own = self.checkpointer.load(path, template=functools.partial(snapshot.sharded_template, self))
-        pos = snapshot.restore(self, {snapshot.STATE_FILE: state, snapshot.rng_file(self.strategy.rank): own})
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore the complete state from ``path``. Every owner checks its part first: a
+        checkpoint that does not fit this trainer changes nothing."""
+        states, rank_states = self.checkpoint_states()
+        state, own = self.checkpointer.load(path, states)
+        snapshot.check_training_checkpoint(state)
+        saved_world = int(state["loop"].get("world_size") or 1)
+        if own is None and self.strategy.distributed and saved_world == self.strategy.world_size:
+            raise FileNotFoundError(f"the checkpoint has no {rng_file(self.strategy.rank)}; it was not saved by this job")
+        Checkpointer.restore(states, state, where=str(path))
+        local = own.get("rank_state") if own is not None else None
+        if isinstance(local, dict):  # another world size: this rank may have none
+            Checkpointer.restore(rank_states, local, where=f"{path} ({rng_file(self.strategy.rank)})",
+                                 optional=rank_states)
+        if self.train_loop is not None:
+            self.train_loop.resume_rng(own)  # set where the interrupted run took its next batch
         self._call("after_load_checkpoint", state)
         get_logger().info(f"resumed from {path}: {self.state.iter} iterations done, training goes on in epoch "
                           f"{self.state.epoch + 1}")  # 1-based, as the log lines (README: Epochs and iterations)
-        return pos
 
     def _load_resume(self) -> None:
         """validate()/test() before any fit start from what ``resume`` names, as fit does
         (MMEngine's val/test resume too); after a fit they use the trained weights."""
         if self.resume and not self._resume_loaded:
-            self._resume_position()
+            self._resume()
             self._resume_loaded = True
 
-    def _resume_position(self) -> dict[str, Any] | None:
+    def _resume(self) -> bool:
+        """Load the checkpoint ``resume`` names; False when ``resume=True`` finds none."""
         if self.resume is True:
             path = latest_to_resume(self.work_dir / "checkpoints", self.is_main)  # type: ignore[operator]
             if path is None:
-                return None
+                return False
         else:
             path = Path(self.resume)  # type: ignore[arg-type]
-        return self.load_checkpoint(path)
+        self.load_checkpoint(path)
+        return True
 
     def validate(self) -> dict[str, Any]:
         """One pass over ``val_dataloader``; returns ``{"val/<name>": value}``. Before any

@@ -63,14 +63,13 @@ def main():
         import treadle.loops as loops
         loops.set_rng_state = lambda state: None
     if a.no_data_pos:  # negative control: restart the epoch's data instead of skipping ahead
-        import treadle.snapshot as snap
-        orig = snap.restore
+        from treadle.loops import TrainLoop
+        orig = TrainLoop.load_state_dict
 
-        def restore(trainer, payloads):
-            pos = orig(trainer, payloads)
-            pos["batch_idx"] = 0
-            return pos
-        snap.restore = restore
+        def load_state_dict(self, state):
+            orig(self, state)
+            self.resume_pos["batch_idx"] = 0
+        TrainLoop.load_state_dict = load_state_dict
     if a.kill_in_save:
         import treadle.checkpoint.io as cio
         orig_write, count = cio._write_durably, {"saves": 0, "files": 0}

@@ -217,7 +217,7 @@ def _run(tmp_path, name, **checkpoint):
     t = treadle.Trainer(TinyNet(), work_dir=tmp_path / name, train_dataloader=DataLoader(make_data(32), batch_size=4),
                         loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="AdamW", lr=1e-2), max_iters=20, seed=0,
                         log_writers=("jsonl",), checkpoint=dict(interval=4, by_epoch=False, keep=2, **checkpoint))
-    t.run_id = "same-run"  # recorded in every checkpoint: the same for both, so that their bytes compare
+    t.strategy.run_id = "same-run"  # recorded in every checkpoint: the same for both, so that their bytes compare
     t.fit()
     return t
 
@@ -250,7 +250,7 @@ def test_trainer_reserves_the_buffers_after_the_first_iteration(tmp_path, monkey
     wait_reserved, reserve = AsyncCheckpointer._wait_reserved, AsyncCheckpointer.reserve
 
     def spy_reserve(self, payloads):
-        at_iter.append(payloads["state.pt"]["trainer"]["iter"])
+        at_iter.append(payloads["state.pt"]["loop"]["iter"])
         reserve(self, payloads)
 
     def spy_wait(self):

@@ -255,4 +255,4 @@ def test_newer_format_version_is_not_supported(tmp_path):
     assert not isinstance(err.value, CorruptCheckpointError)  # not damaged: too new
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert read_manifest(_with_version(tmp_path / "ok", ckio.FORMAT_VERSION))["format_version"] == 1
+        assert read_manifest(_with_version(tmp_path / "ok", ckio.FORMAT_VERSION))["format_version"] == ckio.FORMAT_VERSION

@@ -83,9 +83,10 @@ def fsdp_worker(rank: int, world: int) -> dict:
         out[f"{opt_name}/{micro}"] = strategy.get_full_model_state(model)
         sharded = strategy.get_model_state(model)
         out.setdefault("local_numel", sum(t.to_local().numel() for t in sharded.values()))
-    try:  # sharded tensors outside the model and optimizer (an EMA copy) are refused before writing
+    try:  # sharded tensors outside the entries written sharded (an EMA copy) are refused before writing
         sd = strategy.get_model_state(model)
-        strategy.write_checkpoint("unused", {"state.pt": {"model": sd, "optim": {}, "hooks": {"EMAHook": {"ema": sd}}}}, {})
+        strategy.write_checkpoint("unused", {"state.pt": {"model": sd, "optim": {}, "hooks": {"EMAHook": {"ema": sd}}}},
+                                  {}, sharded=("model", "optim"))
     except ValueError as e:
         out["full_save_error"] = str(e)
     # An optimizer built before wrapping holds the replaced parameters.
@@ -162,7 +163,7 @@ def test_cpu_offload_and_clipping_match_one_process(fsdp_results: list[dict]) ->
 def test_misuse_is_reported(fsdp_results: list[dict]) -> None:
     for r in fsdp_results:
         assert "state['hooks']['EMAHook']['ema']" in r["full_save_error"]
-        assert "outside the model and optimizer" in r["full_save_error"]
+        assert "an entry that is not written sharded" in r["full_save_error"]
         assert "built before FSDPStrategy.setup_model()" in r["stale_error"]
         assert "optimizer=dict(type=" in r["stale_error"]
 

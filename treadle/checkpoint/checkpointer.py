@@ -1,10 +1,11 @@
 """The checkpointer: saves what it is handed, ``states={name: Stateful}``, and puts it back.
 
     ckpt = Checkpointer(strategy)
-    ckpt.save(path, {"model": ..., "optim": ..., "schedulers": ..., "data": ...},
-              rank_states={"grads": ...}, meta={"iter": 120}, run="20261123_2301-ab12cd34")
-    state, rank_state = ckpt.load(path, template=...)
-    ckpt.restore(states, state)          # each obj.load_state_dict(state[name])
+    ckpt.save(path, {"model": ..., "optim": ..., "loop": ...},
+              rank_states={"optim": ...}, meta={"iter": 120}, run="20261123_2301-ab12cd34")
+    state, own = ckpt.load(path, states)  # own: this rank's file (its RNG, "rank_state")
+    ckpt.restore(states, state)          # every owner's check first, then each load_state_dict
+    ckpt.restore(rank_states, own["rank_state"])
 
 A *Stateful* is anything with ``state_dict()`` / ``load_state_dict()`` (torch's
 ``torch.distributed.checkpoint.stateful.Stateful`` protocol); a plain dict is saved as
@@ -14,16 +15,17 @@ differs from one process to the next, go with that process's RNG to its own
 (treadle/checkpoint/io.py: atomic, verified by a manifest, read with ``weights_only``).
 
 Where and how the bytes are written is the strategy's part (its ``write_checkpoint`` /
-``read_checkpoint`` primitives: one file per payload from rank 0, or DCP shards from
-every rank under FSDP, where ``"model"`` and each ``"optim"`` entry's ``"optimizer"``
-are sharded). Before any write, every rank checks its share for NaN and inf, and
-the path for another run's checkpoint; all ranks agree, so they raise alike.
+``read_checkpoint`` primitives: one file per payload from rank 0, or, for a strategy
+that shards, DCP files from every rank holding the tensors of the entries whose owner
+is marked ``sharded``; see treadle/checkpoint/tree.py). Before any write, every rank
+checks its share for NaN and inf, and the path for another run's checkpoint; all ranks
+agree, so they raise alike.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from treadle.checkpoint.directory import claim_checkpoint_path
 from treadle.checkpoint.finite import first_nonfinite, named_tensors
@@ -49,7 +51,7 @@ class StorageBackend(Protocol):
     distributed: bool
 
     def write_checkpoint(self, path: str | Path, payloads: dict[str, Any], meta: dict[str, Any],
-                         writer: Callable[..., Path] | None = None) -> Path: ...
+                         writer: Callable[..., Path] | None = None, sharded: Iterable[str] = ()) -> Path: ...
 
     def read_checkpoint(self, path: str | Path,
                         template: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]: ...
@@ -83,7 +85,8 @@ class Checkpointer:
             callback(state)
         meta = {**(meta or {}), **({"run": run} if run is not None else {})}
         self.check_savable(path, state, run, meta.get("iter"), describe=describe, hint=hint)
-        return self.backend.write_checkpoint(path, self.payloads(state, rank_states), meta, writer=writer)
+        return self.backend.write_checkpoint(path, self.payloads(state, rank_states), meta, writer=writer,
+                                             sharded=sharded_names(states))
 
     def payloads(self, states: Mapping[str, Any], rank_states: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The files :meth:`save` hands the strategy: ``state.pt`` and this rank's
@@ -117,27 +120,48 @@ class Checkpointer:
         if problems[0][1] is not None:
             raise CheckpointError(problems[0][1])
 
-    def load(self, path: str | Path, template: Callable[[], dict[str, Any]] | None = None
+    def load(self, path: str | Path, states: Mapping[str, Any] | None = None
              ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """``(state, this rank's RNG file)`` of the checkpoint at ``path`` (verified first;
-        ``template()``: this run's sharded states, which a sharded checkpoint is read into).
-        The RNG file is None when this rank has none (saved by fewer processes)."""
+        """``(state, this rank's RNG file)`` of the checkpoint at ``path``, verified first;
+        a sharded checkpoint's tensors are read into the current states of the owners in
+        ``states`` marked sharded (DCP reshards them). A checkpoint of format 1 comes back
+        migrated (treadle/checkpoint/migrate.py). The RNG file is None when this rank has
+        none (saved by fewer processes)."""
+        names = sharded_names(states or {})
+        template = (lambda: {n: _state_of(states[n]) for n in names}) if names else None  # type: ignore[index]
         payloads = self.backend.read_checkpoint(path, template=template)
         state = payloads.get(STATE_FILE)
         if not isinstance(state, dict):
             raise CheckpointError(f"{path}: not a training checkpoint (it has no {STATE_FILE} dict of states)")
         own = payloads.get(rng_file(self.backend.rank))
-        return state, own if isinstance(own, dict) else None
+        own = own if isinstance(own, dict) else None
+        from treadle.checkpoint.migrate import migrate
+
+        return migrate(state, own)
 
     @staticmethod
-    def restore(states: Mapping[str, Any], state: Mapping[str, Any], *, where: str = "the checkpoint") -> None:
-        """``obj.load_state_dict(state[name])`` for each Stateful in ``states`` (a name
-        missing from ``state`` is an error naming it)."""
-        missing = [name for name in states if name not in state]
+    def restore(states: Mapping[str, Any], state: Mapping[str, Any], *, where: str = "the checkpoint",
+                optional: Iterable[str] = ()) -> None:
+        """``obj.load_state_dict(state[name])`` for each Stateful in ``states``, once every
+        owner's ``check_state_dict`` (where it has one) accepted its part: a checkpoint
+        that does not fit changes nothing. A name missing from ``state`` is an error
+        naming it, unless it is in ``optional`` (then that owner keeps its state)."""
+        optional = set(optional)
+        missing = [name for name in states if name not in state and name not in optional]
         if missing:
             raise CheckpointError(f"{where} has no state for {missing} (it has {sorted(state)})")
-        for name, obj in states.items():
+        present = {name: obj for name, obj in states.items() if name in state}
+        for name, obj in present.items():
+            check = getattr(obj, "check_state_dict", None)
+            if check is not None:
+                check(state[name])
+        for name, obj in present.items():
             obj.load_state_dict(state[name])
 
 
-__all__ = ["Checkpointer", "Stateful", "StorageBackend", "rng_file"]
+def sharded_names(states: Mapping[str, Any]) -> list[str]:
+    """The entries whose owner marks them ``sharded`` (their tensors go through DCP)."""
+    return [name for name, obj in states.items() if getattr(obj, "sharded", False)]
+
+
+__all__ = ["Checkpointer", "Stateful", "StorageBackend", "rng_file", "sharded_names"]

@@ -20,7 +20,10 @@ from typing import Any
 from .durable import _is_flat_dir, _sha256_file
 
 FORMAT = "treadle-checkpoint"
-FORMAT_VERSION = 1
+# 2: state.pt holds one entry per owner (Stateful), and a sharded checkpoint's DCP files
+# the tensors of the entries their owner marks sharded. 1: the Trainer's older layout
+# ("trainer"/"data" entries), migrated when read (treadle/checkpoint/migrate.py).
+FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 STATE_FILE = "state.pt"  # main payload; a legacy single-file checkpoint is returned under this name
 LEGACY_SUFFIXES = (".pt", ".pth")

@@ -219,3 +219,39 @@ class HookDispatcher:
     def call(self, point: str, trainer: Any, *args: Any) -> None:
         for fn in self.table[point]:
             fn(trainer, *args)
+
+
+class HookStates:
+    """The state of every hook, keyed by class name (``#n`` for repeats), for checkpoints.
+
+    ``hooks()`` gives the current list (hooks can be registered after construction). On
+    load, a saved key with no hook of that name here is ignored (a hook removed since)."""
+
+    def __init__(self, hooks: Callable[[], list[Hook]]) -> None:
+        self.hooks = hooks
+
+    def keyed(self) -> dict[str, Hook]:
+        keys: dict[str, Hook] = {}
+        for h in self.hooks():
+            name = type(h).__name__
+            key, n = name, 1
+            while key in keys:
+                n += 1
+                key = f"{name}#{n}"
+            keys[key] = h
+        return keys
+
+    def state_dict(self) -> dict[str, Any]:
+        return {key: h.state_dict() for key, h in self.keyed().items()}
+
+    def check_state_dict(self, state: Any) -> None:
+        if not isinstance(state, dict):
+            from treadle.checkpoint.io import CheckpointError
+
+            raise CheckpointError(f"the checkpoint's hook states are a {type(state).__name__}, not a dict")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        hooks = self.keyed()
+        for key, hstate in state.items():
+            if key in hooks:
+                hooks[key].load_state_dict(hstate)

@@ -168,10 +168,8 @@ class CheckpointHook(Hook):
             return
         if self._saver is None:
             self._saver = AsyncCheckpointer()
-        from treadle import snapshot
-
-        state, rank_state, _ = snapshot.collect(trainer)  # references only: nothing is copied here
-        self._saver.reserve(trainer.checkpointer.payloads(state, rank_state))
+        states, rank_states = trainer.checkpoint_states()
+        self._saver.reserve(trainer.checkpointer.payloads(states, rank_states))  # the states' own tensors: no copy
 
     def before_save_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
         if self._saver is not None:  # e.g. a preemption save: never two writes at once

@@ -101,8 +101,8 @@ class LoggerHook(Hook):
         self._fit_started = False
 
     def after_load_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
-        counters, data = checkpoint.get("trainer") or {}, checkpoint.get("data") or {}
-        self._resume_at = (int(counters.get("iter", 0)), bool(data.get("val_due", False)))
+        pos = checkpoint.get("loop") or {}  # where the run goes on (treadle/snapshot.py)
+        self._resume_at = (int(pos.get("iter", 0)), bool(pos.get("val_due", False)))
 
     def before_run(self, trainer: "Trainer") -> None:
         self._batch_size = getattr(trainer.train_dataloader, "batch_size", None)

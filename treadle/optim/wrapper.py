@@ -228,8 +228,9 @@ class OptimWrapper:
         """Learning rate of each param group."""
         return [float(g["lr"]) for g in self.optimizer.param_groups]
 
-    def state_dict(self, optimizer_state: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Optimizer, scaler, accumulation counters (and an open window's gradients).
+    def state_dict(self, optimizer_state: dict[str, Any] | None = None, *, grads: bool = True) -> dict[str, Any]:
+        """Optimizer, scaler, accumulation counters (and an open window's gradients;
+        ``grads=False``: without them, see :meth:`local_state_dict`).
         ``optimizer_state``: the optimizer's state as the strategy gives it (FSDP)."""
         if optimizer_state is None:
             optimizer_state = self.optimizer.state_dict()
@@ -242,10 +243,31 @@ class OptimWrapper:
         # Gradients the next step will add to are state too: an open accumulation window's,
         # or those a custom step leaves (a GAN's generator loss reaching the discriminator).
         # The default step sets them to None after each update: then nothing is copied.
+        if grads:
+            state.update(self.local_state_dict(norms=False))
+        return state
+
+    def local_state_dict(self, norms: bool = True) -> dict[str, Any]:
+        """What differs from one process to the next: the gradients the next step will add
+        to, an open accumulation window's (each rank's own under DDP's ``no_sync``) or those
+        a custom step leaves (a GAN's generator loss reaching the discriminator), and
+        clipping's gradient norms since the last log line (read here, at a save, not per
+        step). Empty when there are none: the default step sets gradients to None."""
+        out: dict[str, Any] = {}
         grads = [p.grad for p in self._params()]
         if self.micro_step or any(g is not None for g in grads):
-            state["grads"] = [g.detach().clone() if g is not None else None for g in grads]
-        return state
+            out["grads"] = [g.detach().clone() if g is not None else None for g in grads]
+        if norms and self.grad_norms:
+            out["grad_norms"] = [float(v) for v in self.grad_norms]
+        return out
+
+    def load_local_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`local_state_dict`."""
+        if "grads" in state:
+            for p, g in zip(self._params(), state["grads"]):
+                p.grad = g.to(p.device) if g is not None else None
+        if "grad_norms" in state:
+            self.grad_norms.extend(torch.tensor(v, dtype=torch.float64) for v in state["grad_norms"])
 
     def _params(self) -> list[Tensor]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -263,8 +285,7 @@ class OptimWrapper:
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
         if "grads" in state:
-            for p, g in zip(self._params(), state["grads"]):
-                p.grad = g.to(p.device) if g is not None else None
+            self.load_local_state_dict({"grads": state["grads"]})
 
     def __repr__(self) -> str:
         return (f"OptimWrapper({type(self.optimizer).__name__}, precision={self.precision!r}, "

@@ -12,7 +12,7 @@ Every Strategy (single device, DDP, FSDP) has these methods; the flow of a loop:
 
 A checkpoint saved here is a treadle checkpoint directory (atomic, verified,
 ``weights_only``), written by :class:`treadle.checkpoint.checkpointer.Checkpointer`.
-``state.pt`` holds::
+``state.pt`` holds (each entry's owner: treadle/strategies/states.py)::
 
     model             the module's state (FSDP: sharded, in DCP files)
     optim             {"default": OptimWrapper state}  (optimizer, scaler, accumulation)
@@ -21,7 +21,7 @@ A checkpoint saved here is a treadle checkpoint directory (atomic, verified,
     extra             the ``extra_ckpt`` dict
     strategy          {"run", "world_size", "treadle"}
 
-and each ``rng_rank<r>.pt`` that rank's RNGs and, under ``rank_state``, an open
+and each ``rng_rank<r>.pt`` that rank's RNGs and, under ``rank_state["optim"]``, an open
 accumulation window's gradients (its own under DDP's ``no_sync``). ``resume``
 restores all of it, RNG last, so the next batch and the next random draw are those an
 uninterrupted run would have had.
@@ -40,11 +40,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-import treadle
 from treadle.checkpoint.checkpointer import Checkpointer
 from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.rng import set_rng_state
-from treadle.checkpoint.weights import compare_weights
 from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.data.resumable import ResumableLoader
 from treadle.distributed import comm
@@ -53,6 +51,7 @@ from treadle.optim.scheduler_builder import build_schedulers
 from treadle.optim.wrapper import OptimWrapper, build_optim_wrapper
 from treadle.seeding import derive_seed, seed_everything, set_deterministic
 from treadle.strategies.search import find_latest_saved
+from treadle.strategies.states import ModelState, OptimStates, RunState
 
 DEFAULT_REVISE_KEYS = [(r"^module\.", "")]
 
@@ -244,6 +243,12 @@ class StrategyAPI:
     def checkpointer(self) -> Checkpointer:
         return Checkpointer(self)  # type: ignore[arg-type]
 
+    def _owners(self, with_optimizer: bool = True) -> dict[str, Any]:
+        """The owners of what :meth:`prepare` placed (treadle/strategies/states.py)."""
+        wrappers = {"default": self.optim_wrapper} if with_optimizer and self.optim_wrapper is not None else {}
+        return {"model": ModelState(self, self.module), "optim": OptimStates(self, self.module, wrappers),  # type: ignore[arg-type]
+                "strategy": RunState(self)}  # type: ignore[arg-type]
+
     def save_checkpoint(self, filename: str | Path, *, save_optimizer: bool = True, save_param_scheduler: bool = True,
                         extra_ckpt: dict[str, Any] | None = None,
                         callback: Callable[[dict[str, Any]], None] | None = None) -> Path:
@@ -252,30 +257,17 @@ class StrategyAPI:
         dicts of them) handed back by :meth:`resume`. ``callback(state)`` may edit the
         state before it is written. Refuses to replace what another run saved."""
         self._need("save_checkpoint()")
-        state: dict[str, Any] = {"model": self.get_model_state(self.module), "optim": {}}  # type: ignore[attr-defined]
-        rank_state: dict[str, Any] = {}
-        if save_optimizer and self.optim_wrapper is not None:
-            ow_state = self.optim_wrapper.state_dict(self.get_optim_state(self.module, self.optim_wrapper.optimizer))  # type: ignore[attr-defined]
-            if self.name != "fsdp" and "grads" in ow_state:  # per-rank gradients of an open window
-                rank_state["grads"] = ow_state.pop("grads")
-            state["optim"] = {"default": ow_state}
+        owners = self._owners(with_optimizer=save_optimizer)
+        states: dict[str, Any] = {"model": owners["model"], "optim": owners["optim"]}
         if save_param_scheduler:
-            state["param_schedulers"] = self.scheduler_state_dict()
-        state["data"] = [ld.state_dict() for ld in self._loaders]
-        state["extra"] = _plain(extra_ckpt if extra_ckpt is not None else {}, "extra_ckpt")
-        state["strategy"] = {"run": self.run_id, "world_size": self.world_size, "treadle": treadle.__version__}
-        if callback is not None:
-            callback(state)
-        meta = {"kind": "strategy", "run": self.run_id}
-        path = self.checkpointer.save(filename, state, rank_states=rank_state, meta=meta, run=self.run_id)
+            states["param_schedulers"] = self.scheduler_state_dict()
+        states["data"] = [ld.state_dict() for ld in self._loaders]
+        states["extra"] = _plain(extra_ckpt if extra_ckpt is not None else {}, "extra_ckpt")
+        states["strategy"] = owners["strategy"]
+        path = self.checkpointer.save(filename, states, rank_states={"optim": owners["optim"].local},
+                                      meta={"kind": "strategy"}, run=self.run_id, callback=callback)
         get_logger().debug(f"saved checkpoint {path}")
         return Path(path)
-
-    def _template(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"model": self.get_model_state(self.module), "optim": {}}  # type: ignore[attr-defined]
-        if self.optim_wrapper is not None:
-            out["optim"]["default"] = self.get_optim_state(self.module, self.optim_wrapper.optimizer)  # type: ignore[attr-defined]
-        return out
 
     def resume(self, filename: str | Path, *, resume_optimizer: bool = True, resume_param_scheduler: bool = True,
                map_location: str = "default", callback: Callable[[dict[str, Any]], None] | None = None
@@ -283,18 +275,18 @@ class StrategyAPI:
         """Restore everything :meth:`save_checkpoint` saved in ``filename``; returns its
         ``extra_ckpt``. Nothing is changed before the checkpoint is known to fit."""
         self._need("resume()")
-        state, own = self.checkpointer.load(filename, template=self._template)
+        owners = self._owners(with_optimizer=resume_optimizer)
+        state, own = self.checkpointer.load(filename, owners)
         if callback is not None:
             callback(state)
         _check_fits(self, state, filename, resume_optimizer)
-        self.set_model_state(self.module, state["model"])  # type: ignore[attr-defined]
+        where = f"resume({str(filename)!r})"
+        if not owners["optim"].wrappers:  # resume_optimizer=False, or no optimizer prepared
+            del owners["optim"]
+        Checkpointer.restore(owners, state, where=where)  # every owner checks its part first
         local = own.get("rank_state") if own is not None else None
-        local = local if isinstance(local, dict) else {}
-        if resume_optimizer and self.optim_wrapper is not None:
-            ow_state = dict(state["optim"]["default"])
-            if local.get("grads") is not None:
-                ow_state["grads"] = local["grads"]
-            self.load_optim_state_dict(ow_state)
+        if isinstance(local, dict) and "optim" in owners:
+            Checkpointer.restore({"optim": owners["optim"].local}, local, where=where, optional=["optim"])
         if resume_param_scheduler and "param_schedulers" in state:
             self.load_scheduler_state_dict(state["param_schedulers"])
         loaders, saved = self._loaders, list(state["data"])
@@ -302,7 +294,6 @@ class StrategyAPI:
             ld.load_state_dict(saved.pop(0))
         self._pending_loaders = saved  # loaders prepared after the resume take these
         info = state["strategy"]
-        self.run_id = str(info.get("run") or self.run_id)  # the same run goes on
         if int(info.get("world_size", 1)) != self.world_size or own is None:
             get_logger().warning(f"resuming a checkpoint saved by {info.get('world_size')} process(es) on "
                                  f"{self.world_size}: weights, optimizer and positions are restored, the RNG "
@@ -373,19 +364,11 @@ def _check_fits(strategy: StrategyAPI, state: dict[str, Any], filename: str | Pa
     missing = [k for k in ("model", "optim", "data", "extra", "strategy") if k not in state]
     if missing:
         kind = ("a Trainer checkpoint: resume it with Trainer(resume=...), or take its weights with "
-                "load_checkpoint()" if "trainer" in state else f"it lacks {missing}")
+                "load_checkpoint()" if "loop" in state else f"it lacks {missing}")
         raise CheckpointError(f"{where}: not a checkpoint saved by Strategy.save_checkpoint ({kind})")
     if resume_optimizer and strategy.optim_wrapper is not None and "default" not in state["optim"]:
         raise CheckpointError(f"{where}: the checkpoint holds no optimizer state (saved with save_optimizer=False); "
                               "pass resume_optimizer=False")
-    model_sd = strategy.module.state_dict()  # type: ignore[attr-defined]
-    saved = state["model"]
-    if all(type(v) is torch.Tensor for v in (*model_sd.values(), *saved.values())):  # sharded: DCP checks
-        report = compare_weights(model_sd, saved)
-        differ = [*report.missing, *report.unexpected, *(k for k, _, _ in report.mismatched)]
-        if differ:
-            raise CheckpointError(f"{where}: the checkpoint is of another model; these keys are missing, "
-                                  f"unexpected or of another shape: {differ[:8]}{' ...' if len(differ) > 8 else ''}")
     loaders = len(strategy._loaders)
     if loaders > len(state["data"]):
         raise CheckpointError(f"{where}: {loaders} loader(s) were prepared, the checkpoint has the place of "

@@ -17,7 +17,7 @@ The Trainer talks to a strategy at these points, in this order::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -63,6 +63,9 @@ class Strategy(StrategyAPI):
     local_rank: int = 0
     #: The training loader is sharded across ranks (a DistributedSampler) unless False.
     shard_data: bool = True
+    #: Model and optimizer states are sharded (DTensors): checkpoints write their tensors
+    #: through DCP, every rank its shards (treadle/checkpoint/tree.py).
+    shards_state: bool = False
     #: Evaluation has collectives inside forward (FSDP): ranks run equally many batches.
     eval_in_lockstep: bool = False
 
@@ -109,8 +112,10 @@ class Strategy(StrategyAPI):
 
     # -- checkpoints ---------------------------------------------------------------------
     def write_checkpoint(self, path: str | Path, payloads: dict[str, Any], meta: dict[str, Any],
-                        writer: Callable[..., Path] | None = None) -> Path:
+                         writer: Callable[..., Path] | None = None, sharded: Iterable[str] = ()) -> Path:
         """Write a checkpoint directory once, from rank 0, with every rank's RNG file.
+        (``sharded``: the ``state.pt`` entries a sharding strategy writes through DCP;
+        nothing is sharded here.)
 
         ``payloads`` holds this rank's ``rng_rank<r>.pt``; the others are gathered
         (a collective: every rank calls this). ``writer(path, payloads, meta=meta)``
@@ -140,7 +145,7 @@ class Strategy(StrategyAPI):
 
     def read_checkpoint(self, path: str | Path, template: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
         """Every payload of the checkpoint at ``path`` (verified, weights_only).
-        ``template()`` gives this run's model/optimizer states, for sharded loads."""
+        ``template()`` gives this run's states of the sharded entries, for sharded loads."""
         from treadle.checkpoint.io import load_checkpoint
 
         return load_checkpoint(path)

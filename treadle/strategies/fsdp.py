@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Callable, Iterable, Iterator, Union
 
 import torch
 from torch import nn
@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
@@ -111,6 +112,7 @@ class FSDPStrategy(ProcessGroupStrategy):
     """
 
     name = "fsdp"
+    shards_state = True
     eval_in_lockstep = True  # forward all-gathers parameters
 
     def __init__(self, wrap: WrapPolicy = None, mixed_precision: dict[str, Any] | None = None,
@@ -232,34 +234,21 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     # -- checkpoints ---------------------------------------------------------------------
     def write_checkpoint(self, path: str | Path, payloads: dict[str, Any], meta: dict[str, Any],
-                        writer: Any = None) -> Path:
-        """The Trainer's checkpoint, sharded through DCP (on one process too, so any
-        number of processes can resume it): the model and optimizer states go to DCP
-        files written by every rank; counters, hook states and RNGs to ``state.pt`` and
-        ``rng_rank<r>.pt`` by rank 0. ``writer`` (an asynchronous saver) makes it a DCP
-        ``async_save``, committed by the next save or :func:`wait_pending` at the end.
+                         writer: Any = None, sharded: Iterable[str] = ()) -> Path:
+        """A sharded checkpoint through DCP (on one process too, so any number of processes
+        can resume it): the tensors of the ``state.pt`` entries named in ``sharded`` go to
+        DCP files written by every rank; the rest of ``state.pt`` and the RNG files are
+        written by rank 0. ``writer`` (an asynchronous saver) makes it a DCP
+        ``async_save``, committed by the next save or :meth:`finish_saves`."""
+        from treadle.checkpoint.tree import split_tensors
 
-        An open accumulation window's gradients are not saved (sharded gradients
-        under ``no_sync`` have no stable layout): the window restarts on resume.
-        """
         self.finish_saves()  # an asynchronous save still in flight is committed first
-        state = dict(payloads[STATE_FILE])
-        sharded: dict[str, Any] = {"model": state.pop("model"), "optim": {}}
-        optim = {}
-        for name, ow_state in state["optim"].items():
-            ow_state = dict(ow_state)
-            sharded["optim"][name] = ow_state.pop("optimizer")
-            if ow_state.pop("grads", None) is not None:
-                get_logger().warning(f"FSDP checkpoint inside an accumulation window of optimizer {name!r}: "
-                                     "its partial gradients are not saved; the window restarts on resume")
-                ow_state["micro_step"] = 0
-            optim[name] = ow_state
-        state["optim"] = optim
-        where = _find_dtensor(state)
+        tensors, rest = split_tensors(payloads[STATE_FILE], sharded)
+        where = _find_dtensor(rest)
         if where is not None:
-            raise ValueError(f"FSDP checkpoint: {where.replace('payloads', 'state')} is a sharded DTensor outside "
-                             "the model and optimizer (e.g. EMA), which is not supported with FSDP yet")
-        pending = self.save_sharded_checkpoint(path, sharded, {**payloads, STATE_FILE: state}, meta,
+            raise ValueError(f"sharded checkpoint: {where.replace('payloads', 'state')} is a sharded DTensor of an "
+                             "entry that is not written sharded (e.g. EMA), which is not supported with FSDP yet")
+        pending = self.save_sharded_checkpoint(path, tensors, {**payloads, STATE_FILE: rest}, meta,
                                                async_=writer is not None)
         if writer is None:
             return pending.wait()
@@ -280,21 +269,27 @@ class FSDPStrategy(ProcessGroupStrategy):
             pending[0](path)
 
     def read_checkpoint(self, path: str | Path, template: Any = None) -> dict[str, Any]:
-        """Payloads with the model and optimizer states read through DCP into
-        ``template()`` (this run's sharded states: DCP reshards across world sizes)."""
+        """Payloads with the tensors of the sharded entries read through DCP into
+        ``template()`` (this run's states of those entries: DCP reshards across world
+        sizes) and put back into ``state.pt``'s entries."""
+        from treadle.checkpoint.manifest import read_manifest
         from treadle.checkpoint.sharded import is_sharded_checkpoint
+        from treadle.checkpoint.tree import merge_tensors, split_tensors
 
         if not is_sharded_checkpoint(path):
             raise ValueError(f"{path} is not a sharded (FSDP) checkpoint; strategy='fsdp' resumes from its own "
                              "checkpoints (saved by any number of processes). For weights only, use load_from=")
         if template is None:
-            raise ValueError("FSDPStrategy.load_checkpoint needs template=, the current sharded states")
-        state, payloads = self.load_sharded_checkpoint(path, template())
-        merged = dict(payloads[STATE_FILE])
-        merged["model"] = state["model"]
-        merged["optim"] = {name: {**ow_state, "optimizer": state["optim"][name]}
-                           for name, ow_state in merged["optim"].items()}
-        return {**payloads, STATE_FILE: merged}
+            raise ValueError("FSDPStrategy.read_checkpoint needs template=, the current sharded states")
+        version = read_manifest(path).get("format_version")
+        if version == 1:
+            raise CheckpointError(f"{path}: a sharded checkpoint of format version 1 (an earlier treadle) cannot be "
+                                  "resumed by this treadle (format 2 stores the optimizer shards differently); "
+                                  "load_from= still takes its weights")
+        wanted = template()
+        tensors, _ = split_tensors(wanted, wanted)
+        loaded, payloads = self.load_sharded_checkpoint(path, tensors)
+        return {**payloads, STATE_FILE: merge_tensors(payloads[STATE_FILE], loaded)}
 
     def save_sharded_checkpoint(self, path: str | Path, sharded_state: dict[str, Any], payloads: dict[str, Any],
                                 meta: dict[str, Any], async_: bool = False) -> Any:

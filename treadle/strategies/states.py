@@ -1,0 +1,181 @@
+"""The owners of what a strategy places: the model, the optimizers, the run's identity.
+
+Each is a *Stateful* (``state_dict`` / ``load_state_dict``) that the checkpointer is
+handed by name, by the Trainer and by the Strategy API alike::
+
+    states = {"model": ModelState(strategy, module),
+              "optim": OptimStates(strategy, module, {"default": optim_wrapper}),
+              "strategy": RunState(strategy)}
+    rank_states = {"optim": optim_states.local}      # each rank's own: open-window gradients
+
+``check_state_dict`` (optional on a Stateful) refuses a saved state that does not fit
+before anything is loaded: the checkpointer calls every owner's check first. ``sharded``
+marks an owner whose tensors a sharding strategy (FSDP) writes through DCP.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Mapping
+
+import torch
+from torch import nn
+
+import treadle
+from treadle.checkpoint.finite import first_nonfinite, named_tensors
+from treadle.checkpoint.io import CheckpointError
+from treadle.logging.writers import get_logger
+
+if TYPE_CHECKING:
+    from treadle.optim.wrapper import OptimWrapper
+    from treadle.strategies.base import Strategy
+
+
+class ModelState:
+    """The model's state as the strategy gives it (FSDP: sharded DTensors)."""
+
+    def __init__(self, strategy: "Strategy", module: nn.Module) -> None:
+        self.strategy, self.module = strategy, module
+        self.sharded = strategy.shards_state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.strategy.get_model_state(self.module)
+
+    def check_state_dict(self, state: Any) -> None:
+        """The saved weights are this model's: same keys, same shapes (sharded states:
+        DCP checks them as it reads)."""
+        from treadle.checkpoint.weights import WeightsMismatchError, compare_weights
+
+        if not isinstance(state, dict):
+            raise CheckpointError(f"the checkpoint's model state is a {type(state).__name__}, not a dict")
+        model_sd = self.module.state_dict()
+        if all(type(v) is torch.Tensor for v in (*model_sd.values(), *state.values())):
+            report = compare_weights(model_sd, state)
+            if not report.ok:
+                err = WeightsMismatchError(report)
+                details = "\n".join(str(report).splitlines()[1:])  # without the "loaded 0 entries" line
+                err.args = (f"resume needs the model the checkpoint was saved from; nothing was loaded:\n{details}",)
+                raise err
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.strategy.set_model_state(self.module, state)
+
+
+class OptimStates:
+    """``{name: OptimWrapper.state_dict()}`` of every optimizer, the optimizer part as the
+    strategy gives it. What differs between ranks (open-window gradients, clipping's
+    norms) is in :attr:`local`, for each rank's own file."""
+
+    def __init__(self, strategy: "Strategy", module: nn.Module, wrappers: Mapping[str, "OptimWrapper"]) -> None:
+        self.strategy, self.module, self.wrappers = strategy, module, wrappers
+        self.sharded = strategy.shards_state
+        self.local = _LocalOptimStates(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        out = {}
+        for name, ow in self.wrappers.items():
+            st = ow.state_dict(self.strategy.get_optim_state(self.module, ow.optimizer), grads=False)
+            if self.sharded and ow.local_state_dict(norms=False):
+                # Sharded gradients under no_sync have no stable layout: not saved.
+                get_logger().warning(f"sharded checkpoint inside an accumulation window of optimizer {name!r}: "
+                                     "its partial gradients are not saved; the window restarts on resume")
+                st["micro_step"] = 0
+            out[name] = st
+        return out
+
+    def check_state_dict(self, state: Any) -> None:
+        if not isinstance(state, dict) or set(state) != set(self.wrappers):
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise CheckpointError(f"the checkpoint's optimizers {got} do not match these {sorted(self.wrappers)}")
+        for name, ow in self.wrappers.items():
+            check_optimizer(name, ow.optimizer, state[name])
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, ow in self.wrappers.items():
+            ow.load_state_dict(state[name], functools.partial(self.strategy.set_optim_state, self.module, ow.optimizer))
+
+    def describe_nonfinite(self, state: dict[str, Any]) -> str | None:
+        """The first model weight or optimizer entry of a collected ``state`` (``"model"``,
+        ``"optim"``) holding NaN or inf, named for a person; None when all are finite.
+        This process's share only (FSDP: its shards): the checkpointer combines ranks."""
+        named = [(f"model weight {k!r}", t) for k, t in named_tensors(state.get("model", {}))]
+        names = {id(p): n for n, p in self.module.named_parameters()}
+        optim = state.get("optim", {})
+        for opt_name, ow_state in optim.items():
+            optimizer = self.wrappers[opt_name].optimizer
+            order = [names.get(id(p), f"#{i}") for i, p in
+                     enumerate(p for g in optimizer.param_groups for p in g["params"])]
+            where = "the optimizer" if len(optim) == 1 else f"optimizer {opt_name!r}"
+            per_param = (ow_state.get("optimizer") or {}).get("state") or {}
+            for key, entries in per_param.items():  # torch: {index: {"exp_avg": ...}}; FSDP: {fqn: ...}
+                param = order[key] if isinstance(key, int) and 0 <= key < len(order) else key
+                named += [(f"{where}'s {k!r} of parameter {param!r}", t) for k, t in named_tensors(entries)]
+        return first_nonfinite(named)
+
+
+class _LocalOptimStates:
+    """This rank's part of :class:`OptimStates` (see ``OptimWrapper.local_state_dict``)."""
+
+    def __init__(self, owner: OptimStates) -> None:
+        self.owner = owner
+
+    def state_dict(self) -> dict[str, Any]:
+        out = {}
+        for name, ow in self.owner.wrappers.items():
+            st = ow.local_state_dict()
+            if self.owner.sharded:  # sharded gradients are not saved (see OptimStates.state_dict)
+                st.pop("grads", None)
+            if st:
+                out[name] = st
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, st in state.items():
+            if name in self.owner.wrappers:
+                self.owner.wrappers[name].load_local_state_dict(st)
+
+
+class RunState:
+    """The run's identity: its id (a resume carries it on), the number of processes that
+    saved, the treadle version."""
+
+    def __init__(self, strategy: "Strategy") -> None:
+        self.strategy = strategy
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"run": self.strategy.run_id, "world_size": self.strategy.world_size, "treadle": treadle.__version__}
+
+    def check_state_dict(self, state: Any) -> None:
+        if not isinstance(state, dict):
+            raise CheckpointError(f"the checkpoint's strategy entry is a {type(state).__name__}, not a dict")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if isinstance(state.get("run"), str) and state["run"]:  # the same run goes on
+            self.strategy.run_id = state["run"]
+
+
+def check_optimizer(name: str, optimizer: torch.optim.Optimizer, saved: Any) -> None:
+    """The saved optimizer state is of the same kind and shape as ``optimizer``'s (torch
+    would take another optimizer's hyperparameters and fail at the first step)."""
+    where = f"optimizer {name!r}"
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{where}: the checkpoint's state is a {type(saved).__name__}, not a dict")
+    kind = saved.get("type")
+    if isinstance(kind, str) and kind != type(optimizer).__name__:
+        raise CheckpointError(f"{where}: the checkpoint was saved by {kind}, this run has "
+                              f"{type(optimizer).__name__}; resume needs the same optimizer (load_from= takes "
+                              "the weights alone)")
+    opt = saved.get("optimizer")
+    groups = opt.get("param_groups") if isinstance(opt, dict) else None
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+        return  # a strategy's own layout: its loader checks it
+    if len(groups) != len(optimizer.param_groups):
+        raise CheckpointError(f"{where}: the checkpoint has {len(groups)} param group(s), this optimizer "
+                              f"{len(optimizer.param_groups)}")
+    for i, (g, mine) in enumerate(zip(groups, optimizer.param_groups)):
+        if len(g["params"]) != len(mine["params"]):
+            raise CheckpointError(f"{where}: param group {i} has {len(g['params'])} parameters in the checkpoint, "
+                                  f"{len(mine['params'])} here")
+
+
+__all__ = ["ModelState", "OptimStates", "RunState", "check_optimizer"]
