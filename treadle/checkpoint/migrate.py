@@ -43,11 +43,13 @@ def migrate(state: dict[str, Any], own: dict[str, Any] | None) -> tuple[dict[str
            "strategy": {"run": trainer.get("run"), "world_size": loop["world_size"], "treadle": state.get("treadle")}}
     local = own.get("rank_state") if own is not None else None
     if not isinstance(local, dict):  # before rank files held it: rank 0's copy in state.pt
-        local = {"log_windows": trainer.get("log_windows"), "val": data.get("val"), "grads": grads}
+        local = {"log_windows": trainer.get("log_windows"), "val": data.get("val")}
     per_optim: dict[str, dict[str, Any]] = {}
     for key, short in (("grads", "grads"), ("grad_norms", "grad_norms")):
         for name, value in (local.get(key) or {}).items():
             per_optim.setdefault(name, {})[short] = value
+    for name, value in grads.items():  # the oldest: in state.pt
+        per_optim.setdefault(name, {}).setdefault("grads", value)
     rank_state = {k: v for k, v in (("log_windows", local.get("log_windows")), ("val", local.get("val")))
                   if isinstance(v, dict)}
     rank_state["optim"] = per_optim

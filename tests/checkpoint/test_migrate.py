@@ -1,0 +1,81 @@
+"""Checkpoints of format 1 (before each piece of state had one owner) still resume exactly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from treadle.checkpoint.migrate import is_format_1, migrate
+
+from format1_run import SAVE_AT, make_trainer
+
+FIXTURE = Path(__file__).parent / "data" / "format1"  # saved by commit 415a029 (make_format1_fixture.py)
+
+
+def test_the_fixture_is_of_format_1():
+    manifest = json.loads((FIXTURE / "manifest.json").read_text())
+    assert manifest["format_version"] == 1 and manifest["meta"]["iter"] == SAVE_AT
+    assert is_format_1(torch.load(FIXTURE / "state.pt", weights_only=True))
+
+
+def test_a_format_1_checkpoint_resumes_bit_exact(tmp_path):
+    """Saved mid-epoch inside an open accumulation window (gradients in the rank file),
+    with a warmup scheduler and dropout; resumed by today's code, the run ends with the
+    weights and optimizer state of an uninterrupted run."""
+    ref = make_trainer(tmp_path / "ref")
+    ref.fit()
+    src = tmp_path / "old" / "iter_00000007"
+    shutil.copytree(FIXTURE, src)
+    run = make_trainer(tmp_path / "run", resume=src)
+    run.fit()
+    assert run.state.iter == ref.state.iter == 15
+    for k, v in ref.module.state_dict().items():
+        assert torch.equal(run.module.state_dict()[k], v), k
+    a, b = ref.optimizer.state_dict()["state"], run.optimizer.state_dict()["state"]
+    assert all(torch.equal(a[i]["exp_avg_sq"], b[i]["exp_avg_sq"]) for i in a)
+    saved_run = json.loads((FIXTURE / "manifest.json").read_text())["meta"]["run"]
+    assert run.run_id == saved_run  # the same run goes on
+
+
+def test_without_the_migrated_gradients_the_resume_differs(tmp_path):
+    """Negative control: dropping the open window's gradients (what a migration that
+    missed the rank file would do) changes the weights, so the test above can fail."""
+    ref = make_trainer(tmp_path / "ref")
+    ref.fit()
+    src = tmp_path / "old" / "iter_00000007"
+    shutil.copytree(FIXTURE, src)
+    run = make_trainer(tmp_path / "run", resume=src)
+    original = run.optim_wrapper.load_local_state_dict
+    run.optim_wrapper.load_local_state_dict = lambda state: original({k: v for k, v in state.items() if k != "grads"})
+    run.fit()
+    assert not all(torch.equal(run.module.state_dict()[k], v) for k, v in ref.module.state_dict().items())
+
+
+def test_migrate_maps_every_entry():
+    state = {"model": {"w": torch.ones(1)}, "optim": {"default": {"micro_step": 1, "grads": [torch.ones(1)]}},
+             "hooks": {"H": {}}, "treadle": "0.1.0",
+             "trainer": {"epoch": 1, "iter": 7, "inner_iter": 2, "metrics": {"val/acc": 0.5}, "run": "r"},
+             "data": {"epoch": 1, "batch_idx": 2, "open": True, "seed": 3, "world_size": 2, "batch_size": 8,
+                      "phase": [0, 7], "val_due": True}}
+    own = {"torch": torch.ones(1), "rank_state": {"log_windows": {"loss": [1.0]}, "grad_norms": {"default": [0.5]},
+                                                  "val": {"passes": 1, "epoch": 0, "batch_idx": 0}}}
+    new, new_own = migrate(state, own)
+    assert set(new) == {"model", "optim", "hooks", "loop", "results", "strategy"}
+    assert new["loop"] == {"epoch": 1, "iter": 7, "inner_iter": 2, "batch_idx": 2, "open": True, "seed": 3,
+                           "batch_size": 8, "phase": [0, 7], "val_due": True, "world_size": 2}
+    assert new["results"] == {"metrics": {"val/acc": 0.5}}
+    assert new["strategy"] == {"run": "r", "world_size": 2, "treadle": "0.1.0"}
+    assert "grads" not in new["optim"]["default"]  # moved to the rank file
+    rank = new_own["rank_state"]  # type: ignore[index]
+    assert rank["optim"]["default"]["grads"][0].equal(torch.ones(1))
+    assert rank["optim"]["default"]["grad_norms"] == [0.5]
+    assert rank["log_windows"] == {"loss": [1.0]} and rank["val"]["passes"] == 1
+    assert "grads" in state["optim"]["default"]  # the arguments are not changed
+
+
+def test_format_2_passes_through_unchanged():
+    state = {"model": {}, "loop": {"iter": 1}}
+    assert migrate(state, None) == (state, None)
