@@ -136,7 +136,7 @@ def test_no_weight_decay_leaves_weight_decay_to_the_optimizer():
     ({"custom_keys": {"head": {"lr_mult": "0.1"}}}, r"custom_keys\['head'\].lr_mult must be a number"),
     ({"bias_lr_mult": None}, "bias_lr_mult must be a number"),
     ({"bypass_duplicate": 1}, "bypass_duplicate must be true or false"),
-    ({"dcn_offset_lr_mult": 0.1}, "dcn_offset_lr_mult is not supported: .*deformable"),
+    ({"dcn_offset_lr_mult": "0.1"}, "dcn_offset_lr_mult must be a number"),
 ])
 def test_paramwise_errors(paramwise, match):
     model, _, _ = build("convnext-flat-only")
@@ -170,3 +170,77 @@ def test_custom_key_options_are_free_for_an_optimizer_taking_any_keyword():
     opt = build_optimizer({"type": KwargsSGD, "lr": 0.1, "paramwise": {
         "custom_keys": {"head": {"my_option": 3}}}}, model)
     assert options_by_name(model, opt)["head.weight"]["my_option"] == 3
+
+
+# Stand-ins for mmcv.ops' deformable convolutions: recognised by class name and package.
+class DeformConv2d(nn.Module):
+    __module__ = "mmcv.ops.deform_conv"
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(c, c, 3, 3))
+        self.bias = nn.Parameter(torch.zeros(c))
+
+
+class DeformConv2dPack(DeformConv2d):
+    __module__ = "mmcv.ops.deform_conv"
+
+    def __init__(self, c: int) -> None:
+        super().__init__(c)
+        self.conv_offset = nn.Conv2d(c, 18, 3)
+        self.scale = nn.Parameter(torch.ones(3))
+        self.norm = nn.BatchNorm2d(c)
+
+
+class DeformNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.dcn = DeformConv2dPack(4)
+        self.block = nn.Sequential(DeformConv2dPack(4))
+        self.block[0].conv_offset.inner = nn.Sequential(nn.Conv2d(4, 4, 1))  # a grandchild: no exemption
+        self.gamma = nn.Parameter(torch.ones(4))
+
+
+def test_deformable_conv_rules_as_mmengine():
+    """Checked against MMEngine 0.10.7 with these classes installed as mmcv.ops: the offset
+    conv gets dcn_offset_lr_mult, and a deformable conv's children skip the bias and flat rules."""
+    model = DeformNet()
+    opt = build_optimizer({"type": "SGD", "lr": 0.01, "weight_decay": 0.9, "paramwise": dict(
+        bias_lr_mult=2.0, bias_decay_mult=0.5, flat_decay_mult=0.3, norm_decay_mult=0.0, dcn_offset_lr_mult=0.1)}, model)
+    got = {n: (pytest.approx(o["lr"]), pytest.approx(o["weight_decay"])) for n, o in options_by_name(model, opt).items()}
+    for dcn in ("dcn", "block.0"):
+        assert got[f"{dcn}.weight"] == (0.01, 0.9) and got[f"{dcn}.bias"] == (0.02, 0.45)  # its own: the usual rules
+        assert got[f"{dcn}.conv_offset.weight"] == got[f"{dcn}.conv_offset.bias"] == (0.001, 0.9)
+        assert got[f"{dcn}.scale"] == (0.01, 0.27) and got[f"{dcn}.norm.bias"] == (0.01, 0.0)
+    assert got["block.0.conv_offset.inner.0.bias"] == (0.02, 0.45) and got["gamma"] == (0.01, 0.27)
+    assert got["conv.bias"] == (0.02, 0.45)
+
+
+def test_without_paramwise_frozen_parameters_are_optimized_too():
+    """As MMEngine's constructor without paramwise_cfg (model.parameters()): a frozen
+    parameter is in the optimizer (no gradient, no update), so unfreezing it later trains it."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    model[0].requires_grad_(False)
+    opt = build_optimizer({"type": "SGD", "lr": 0.1}, model)
+    assert [p for g in opt.param_groups for p in g["params"]] == list(model.parameters())
+    before = model[0].weight.detach().clone()
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    assert torch.equal(model[0].weight, before)
+    model[0].requires_grad_(True)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    assert not torch.equal(model[0].weight, before)
+    model.requires_grad_(False)
+    assert len(build_optimizer({"type": "SGD", "lr": 0.1}, model).param_groups[0]["params"]) == 4
+
+
+def test_skipped_parameters_are_named_in_one_warning_each(caplog):
+    model, optimizer, _ = build("mixed-bypass")
+    with caplog.at_level("WARNING", logger="treadle"):
+        build_optimizer({**optimizer, "paramwise": {"bypass_duplicate": True}}, model)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("treadle")]
+    assert len(lines) == 2
+    assert "frozen (requires_grad=False): frozen.weight" in lines[0]
+    assert "bypass_duplicate=True): branch.0.weight (= shared.weight)" in lines[1]

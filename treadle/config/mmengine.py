@@ -73,6 +73,7 @@ from typing import Any
 from treadle.config.errors import ConfigError, join_path
 from treadle.config.mmengine_common import take
 from treadle.config.mmengine_runtime import RUNTIME_KEYS, helper_names, translate_runtime, visualization_hook
+from treadle.config.mmengine_strategy import is_mmengine_strategy, translate_strategy
 from treadle.config.registry import REGISTRIES
 from treadle.config.schema import SCHEMA, trainer_defaults
 
@@ -101,7 +102,7 @@ _LOGGER_WHY = {
 
 def is_mmengine_style(cfg: dict[str, Any]) -> bool:
     """True when ``cfg`` uses any of MMEngine's key names."""
-    return any(k in cfg for k in MMENGINE_KEYS)
+    return any(k in cfg for k in MMENGINE_KEYS) or is_mmengine_strategy(cfg.get("strategy"))
 
 
 class _Out:
@@ -310,6 +311,8 @@ def translate(cfg: dict[str, Any]) -> dict[str, Any]:
     rt = translate_runtime(cfg, deterministic=out.cfg.get("deterministic") is True, log_interval=log_interval)
     for key, value, source in rt.settings:
         out.set(key, value, source)
+    if is_mmengine_strategy(out.cfg.get("strategy")):
+        out.cfg["strategy"] = translate_strategy(out.cfg["strategy"])
     if rt.strategy:
         out.cfg["strategy"] = _strategy_with(out.cfg.get("strategy"), rt.strategy, rt.strategy_source)
     hooks = rt.hooks + hooks

@@ -68,8 +68,10 @@ def build_optimizer(cfg: torch.optim.Optimizer | dict[str, Any], params: Iterabl
                     where: str = "optimizer") -> torch.optim.Optimizer:
     """An optimizer as given, or built from ``dict(type=..., **kwargs)`` over ``params``.
 
-    A ``paramwise`` (or MMEngine's ``paramwise_cfg``) entry sets per-parameter lr and
-    weight decay multipliers, see :mod:`treadle.optim.paramwise`. On CUDA, Adam, AdamW
+    Over a module, every parameter is optimized (frozen ones too: they get no gradient,
+    and one unfrozen later is trained). A ``paramwise`` (or MMEngine's ``paramwise_cfg``)
+    entry sets per-parameter lr and weight decay multipliers and leaves frozen parameters
+    out, see :mod:`treadle.optim.paramwise`. On CUDA, Adam, AdamW
     and SGD configs that set neither ``fused`` nor ``foreach`` get ``fused=True`` (see
     :func:`wants_fused`; give ``fused=False`` or ``foreach=True`` to choose otherwise).
     """
@@ -97,7 +99,9 @@ def build_optimizer(cfg: torch.optim.Optimizer | dict[str, Any], params: Iterabl
         params = build_param_groups(params, kwargs["lr"], kwargs.get("weight_decay"), paramwise,
                                     where=f"{where}.paramwise")
     elif module is not None:
-        params = [p for p in module.parameters() if p.requires_grad]
+        # Every parameter, frozen ones included, as MMEngine and torch.optim(model.parameters()) do: a frozen
+        # parameter has no gradient and so is not updated, and one unfrozen later is trained.
+        params = list(module.parameters())
     params = list(params)  # type: ignore[arg-type]
     if wants_fused(cls, kwargs, params, module):
         try:

@@ -18,13 +18,23 @@ module's own parameters, then each child's, depth first. Each parameter is match
 * otherwise each rule below applies only when its multiplier is given (a rule whose
   multiplier is absent is skipped, and the next one is tried):
 
-  - learning rate: a ``bias`` outside norm layers gets ``lr * bias_lr_mult``;
+  - learning rate: a ``bias`` outside norm layers gets ``lr * bias_lr_mult``; a
+    parameter of a ``Conv2d`` whose path contains ``conv_offset`` and whose parent is
+    one of mmcv's deformable convolutions gets ``lr * dcn_offset_lr_mult``;
   - weight decay, the first rule that applies, in this order: a parameter of a norm
     layer (BatchNorm, InstanceNorm, GroupNorm, LayerNorm) ``norm_decay_mult``; a
     ``bias`` ``bias_decay_mult``; a parameter of a depth-wise ``Conv2d`` (``groups ==
     in_channels``, which includes a conv with one input channel)
     ``dwconv_decay_mult``; a one-dimensional parameter (a layer-scale ``gamma``, a
     position or class token of shape ``(d,)``) ``flat_decay_mult``.
+
+  The direct children of a deformable convolution (mmcv's ``DeformConv2d``,
+  ``ModulatedDeformConv2d`` and their subclasses such as ``DeformConv2dPack``, known by
+  class name so that mmcv need not be installed) are exempt from ``bias_lr_mult``,
+  ``bias_decay_mult`` and ``flat_decay_mult``, as in MMEngine.
+
+Skipped parameters (frozen ones, and duplicates under ``bypass_duplicate``) are named in
+one warning each on the ``treadle`` logger.
 
 Weight-decay multipliers need the optimizer's ``weight_decay`` (an error otherwise;
 MMEngine ignores ``flat_decay_mult`` then). Parameters that end with the same options
@@ -34,22 +44,22 @@ the same, the optimizer just runs fewer groups).
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable, Iterator
 
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-MULTIPLIERS = ("bias_lr_mult", "bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult", "flat_decay_mult")
+MULTIPLIERS = ("bias_lr_mult", "bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult", "flat_decay_mult",
+               "dcn_offset_lr_mult")
 PARAMWISE_KEYS = ("custom_keys", *MULTIPLIERS, "bypass_duplicate")
 DECAY_MULTIPLIERS = ("bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult", "flat_decay_mult")
 _NORMS = (_BatchNorm, _InstanceNorm, nn.GroupNorm, nn.LayerNorm)
+_DCN_CLASSES = ("DeformConv2d", "ModulatedDeformConv2d")  # mmcv.ops' deformable convolutions
+_SHOWN = 8  # names listed in a skip warning
 
-# Known MMEngine keys treadle cannot honour, and why.
-_REFUSED = {
-    "dcn_offset_lr_mult": "it applies to mmcv's deformable convolutions (DeformConv2d), which treadle does not know; "
-                          "give their offset layers a custom_keys entry such as {'conv_offset': dict(lr_mult=0.1)}",
-}
+logger = logging.getLogger(__name__)
 
 
 def _is_number(value: Any) -> bool:
@@ -63,9 +73,6 @@ def check_paramwise(cfg: Any, base_wd: float | None, where: str = "optimizer.par
     ``decay_mult`` (None: any name)."""
     if not isinstance(cfg, dict):
         raise TypeError(f"{where} must be a dict, got {type(cfg).__name__}")
-    for key in cfg:
-        if key in _REFUSED:
-            raise ValueError(f"{where}.{key} is not supported: {_REFUSED[key]}")
     unknown = set(cfg) - set(PARAMWISE_KEYS)
     if unknown:
         raise ValueError(f"{where} has unknown keys {sorted(unknown)}; expected some of {list(PARAMWISE_KEYS)}")
@@ -94,16 +101,24 @@ def check_paramwise(cfg: Any, base_wd: float | None, where: str = "optimizer.par
     return cfg
 
 
-def _walk(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
-    """``(path, module)`` in MMEngine's order: the module, then each child's walk. A
-    module reached along two paths is walked twice (its parameters are then met twice)."""
-    yield prefix, module
+def is_deformable_conv(module: nn.Module) -> bool:
+    """Whether ``module`` is one of mmcv's deformable convolutions (or a subclass), by class
+    name and package, without importing mmcv."""
+    return any(c.__name__ in _DCN_CLASSES and c.__module__.split(".")[0] == "mmcv" for c in type(module).__mro__)
+
+
+def _walk(module: nn.Module, prefix: str = "", in_dcn: bool = False) -> Iterator[tuple[str, nn.Module, bool]]:
+    """``(path, module, parent is deformable)`` in MMEngine's order: the module, then each
+    child's walk. A module reached along two paths is walked twice (its parameters are
+    then met twice)."""
+    yield prefix, module, in_dcn
+    dcn = is_deformable_conv(module)
     for name, child in module.named_children():
-        yield from _walk(child, f"{prefix}.{name}" if prefix else name)
+        yield from _walk(child, f"{prefix}.{name}" if prefix else name, dcn)
 
 
-def _options(name: str, p: nn.Parameter, mod: nn.Module, key: str | None, lr: float, weight_decay: float | None,
-             cfg: dict[str, Any]) -> dict[str, Any]:
+def _options(name: str, p: nn.Parameter, mod: nn.Module, prefix: str, in_dcn: bool, key: str | None, lr: float,
+             weight_decay: float | None, cfg: dict[str, Any]) -> dict[str, Any]:
     """One trainable parameter's options (see the module's docstring)."""
     opts: dict[str, Any] = {"lr": lr}
     if weight_decay is not None:
@@ -117,17 +132,25 @@ def _options(name: str, p: nn.Parameter, mod: nn.Module, key: str | None, lr: fl
         return opts
     is_norm = isinstance(mod, _NORMS)
     is_bias = name == "bias"
-    if is_bias and not is_norm and cfg.get("bias_lr_mult") is not None:
+    if is_bias and not (is_norm or in_dcn) and cfg.get("bias_lr_mult") is not None:
         opts["lr"] = lr * cfg["bias_lr_mult"]
+    if in_dcn and "conv_offset" in prefix and isinstance(mod, nn.Conv2d) and cfg.get("dcn_offset_lr_mult") is not None:
+        opts["lr"] = lr * cfg["dcn_offset_lr_mult"]
     if weight_decay is None:
         return opts
     is_dw = isinstance(mod, nn.Conv2d) and mod.in_channels == mod.groups
-    for applies, mult in ((is_norm, "norm_decay_mult"), (is_bias, "bias_decay_mult"), (is_dw, "dwconv_decay_mult"),
-                          (p.ndim == 1, "flat_decay_mult")):
+    for applies, mult in ((is_norm, "norm_decay_mult"), (is_bias and not in_dcn, "bias_decay_mult"),
+                          (is_dw, "dwconv_decay_mult"), (p.ndim == 1 and not in_dcn, "flat_decay_mult")):
         if applies and cfg.get(mult) is not None:
             opts["weight_decay"] = weight_decay * cfg[mult]
             break
     return opts
+
+
+def _warn_skipped(where: str, names: list[str], why: str) -> None:
+    if names:
+        shown = ", ".join(names[:_SHOWN]) + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+        logger.warning("%s: %d parameter(s) left out of the optimizer, %s: %s", where, len(names), why, shown)
 
 
 def build_param_groups(module: nn.Module, lr: float, weight_decay: float | None, cfg: dict[str, Any],
@@ -137,21 +160,27 @@ def build_param_groups(module: nn.Module, lr: float, weight_decay: float | None,
     keys = sorted(sorted(custom), key=len, reverse=True)
     groups: dict[tuple, dict[str, Any]] = {}
     first_name: dict[int, str] = {}
-    for prefix, mod in _walk(module):
+    frozen: list[str] = []
+    duplicates: list[str] = []
+    for prefix, mod, in_dcn in _walk(module):
         for name, p in mod.named_parameters(recurse=False):
             full = f"{prefix}.{name}"  # as MMEngine matches custom keys: ".weight" for the model's own
             shown = full if prefix else name
             if not p.requires_grad:
+                frozen.append(shown)
                 continue
             if id(p) in first_name:
                 if cfg.get("bypass_duplicate", False):
+                    duplicates.append(f"{shown} (= {first_name[id(p)]})")
                     continue
                 raise ValueError(f"{where}: parameter {shown!r} is the same tensor as {first_name[id(p)]!r} (tied "
                                  "weights or a module used twice); set bypass_duplicate=True to optimize it once, "
                                  "with the options of its first name")
             first_name[id(p)] = shown
             key = next((k for k in keys if k in full), None)
-            opts = _options(name, p, mod, key, lr, weight_decay, cfg)
+            opts = _options(name, p, mod, prefix, in_dcn, key, lr, weight_decay, cfg)
             sig = tuple(sorted((k, repr(v)) for k, v in opts.items()))
             groups.setdefault(sig, {"params": [], **opts})["params"].append(p)
+    _warn_skipped(where, frozen, "frozen (requires_grad=False)")
+    _warn_skipped(where, duplicates, "already optimized under another name (bypass_duplicate=True)")
     return list(groups.values())

@@ -1,0 +1,3 @@
+_base_ = ['model_data.py', 'schedules/schedule_1x.py', 'default_runtime.py']
+num_samples = 176  # 44 iterations an epoch: the 500-iteration warmup ends in epoch 12
+train_dataloader = dict(dataset=dict(n=num_samples))

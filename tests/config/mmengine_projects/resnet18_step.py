@@ -1,0 +1,1 @@
+_base_ = ['model_data.py', 'schedules/imagenet_bs256.py', 'default_runtime.py']

@@ -1,0 +1,133 @@
+"""FlexibleRunner's ``strategy`` dicts (DDPStrategy, FSDPStrategy) translated to treadle's
+strategies; what treadle cannot honour is an error naming the key as written."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from treadle.config import ConfigError, build_trainer, load_config, translate
+from treadle.strategies.build import resolve_strategy
+from treadle.strategies.ddp import DDPStrategy
+from treadle.strategies.fsdp import FSDPStrategy
+
+WRAP_POLICY = "torch.distributed.fsdp.wrap.transformer_auto_wrap_policy"
+
+
+class Block(nn.Module):
+    """A layer for the FSDP wrap policy."""
+
+
+def strategy_of(spec: dict) -> object:
+    return translate({"strategy": spec})["strategy"]
+
+
+def test_ddp_strategy_keeps_mmengines_default_wrapper_without_buffer_broadcast():
+    out = strategy_of({"type": "DDPStrategy"})
+    assert out == {"type": "ddp", "sync_buffers": False}  # MMEngine's default wrapper: broadcast_buffers=False
+    built = resolve_strategy(out)
+    assert isinstance(built, DDPStrategy) and built.sync_buffers is False
+
+
+def test_ddp_strategy_model_wrapper_options():
+    out = strategy_of({"type": "DDPStrategy", "sync_bn": None, "model_wrapper": {
+        "type": "MMDistributedDataParallel", "find_unused_parameters": True, "static_graph": False,
+        "detect_anomalous_params": False}})
+    # a model_wrapper without broadcast_buffers: torch's default (True), treadle's too
+    assert out == {"type": "ddp", "find_unused_parameters": True, "static_graph": False}
+    built = resolve_strategy(out)
+    assert built.find_unused_parameters is True and built.sync_buffers is True
+    out = strategy_of({"type": "DDPStrategy", "model_wrapper": {"broadcast_buffers": False,
+                                                                "gradient_as_bucket_view": False}})
+    assert out == {"type": "ddp", "sync_buffers": False, "gradient_as_bucket_view": False}
+
+
+def test_fsdp_strategy_options():
+    out = strategy_of({"type": "FSDPStrategy", "state_dict_cfg": "local", "skip_init_weights": False, "model_wrapper": {
+        "type": "MMFullyShardedDataParallel",
+        "auto_wrap_policy": {"type": WRAP_POLICY, "transformer_layer_cls": {Block}},
+        "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32", "buffer_dtype": None},
+        "sharding_strategy": "SHARD_GRAD_OP", "cpu_offload": True, "use_orig_params": True}})
+    assert out == {"type": "fsdp", "wrap": [Block], "cpu_offload": True, "reshard_after_forward": False,
+                   "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"}}
+    built = resolve_strategy(out)
+    assert isinstance(built, FSDPStrategy) and built.reshard_after_forward is False and built.cpu_offload is True
+    assert built.mp_policy.param_dtype is torch.bfloat16 and built.mp_policy.reduce_dtype is torch.float32
+    out = strategy_of({"type": "FSDPStrategy", "state_dict_cfg": {"state_dict_type": "SHARDED_STATE_DICT"},
+                       "model_wrapper": {"sharding_strategy": "FULL_SHARD", "cpu_offload": {"offload_params": False},
+                                         "auto_wrap_policy": {"type": "transformer_auto_wrap_policy",
+                                                              "transformer_layer_cls": ["Block", "Attention"]}}})
+    assert out == {"type": "fsdp", "wrap": ["Attention", "Block"], "cpu_offload": False, "reshard_after_forward": True}
+    assert strategy_of({"type": "FSDPStrategy"}) == {"type": "fsdp"}
+    assert strategy_of({"type": "SingleDeviceStrategy"}) == "single"
+
+
+def test_strategy_file_merges_dist_timeout_and_trains_on_one_process(tmp_path):
+    (tmp_path / "config.py").write_text(textwrap.dedent("""
+        model = dict(type='support.TinyNet')
+        loss_fn = dict(type='CrossEntropyLoss')
+        train_dataloader = dict(batch_size=4, num_workers=0, dataset=dict(type='support.make_data', n=16),
+                                sampler=dict(type='DefaultSampler', shuffle=True))
+        optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.1))
+        train_cfg = dict(by_epoch=True, max_epochs=1)
+        env_cfg = dict(dist_cfg=dict(backend='gloo', timeout=600))
+        strategy = dict(type='DDPStrategy', model_wrapper=dict(type='MMDistributedDataParallel',
+                                                               find_unused_parameters=True))
+        progress = False
+    """))
+    cfg = load_config(tmp_path / "config.py", mode="train", work_dir=str(tmp_path / "run"))
+    assert cfg["strategy"] == {"type": "ddp", "find_unused_parameters": True, "timeout_s": 600}
+    trainer = build_trainer(cfg)
+    trainer.fit()
+    assert isinstance(trainer.strategy, DDPStrategy) and trainer.strategy.find_unused_parameters is True
+    lines = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert lines and lines[-1]["iter"] == 4
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"type": "DeepSpeedStrategy", "config": {"zero_optimization": {"stage": 2}}},
+     "strategy.type: DeepSpeed support is not in treadle yet (got 'DeepSpeedStrategy')"),
+    ({"type": "ColossalAIStrategy"}, "strategy.type: ColossalAI is not supported"),
+    ({"type": "DDPStrategy", "sync_bn": "torch"}, "strategy.sync_bn: option has no treadle equivalent (got 'torch')"),
+    ({"type": "DDPStrategy", "env_kwargs": {}}, "strategy.env_kwargs: option has no treadle equivalent"),
+    ({"type": "DDPStrategy", "model_wrapper": {"type": "MMSeparateDistributedDataParallel"}},
+     "strategy.model_wrapper.type: unsupported model wrapper (got 'MMSeparateDistributedDataParallel')"),
+    ({"type": "DDPStrategy", "model_wrapper": {"bucket_cap_mb": 25}},
+     "strategy.model_wrapper.bucket_cap_mb: option has no treadle equivalent (got 25)"),
+    ({"type": "DDPStrategy", "model_wrapper": {"detect_anomalous_params": True}},
+     "strategy.model_wrapper.detect_anomalous_params: option has no treadle equivalent for this value"),
+    ({"type": "FSDPStrategy", "state_dict_cfg": "full"},
+     "strategy.state_dict_cfg: option has no treadle equivalent (got 'full'); expected local"),
+    ({"type": "FSDPStrategy", "state_dict_cfg": {"state_dict_type": "FULL_STATE_DICT"}},
+     "strategy.state_dict_cfg: option has no treadle equivalent"),
+    ({"type": "FSDPStrategy", "state_dict_cfg": {"state_dict_type": "LOCAL_STATE_DICT", "state_dict_config": {}}},
+     "strategy.state_dict_cfg.state_dict_config: option has no treadle equivalent"),
+    ({"type": "FSDPStrategy", "activation_checkpointing": {"check_fn": "x"}},
+     "strategy.activation_checkpointing: option has no treadle equivalent"),
+    ({"type": "FSDPStrategy", "model_wrapper": {"auto_wrap_policy": {
+        "type": "torch.distributed.fsdp.wrap.size_based_auto_wrap_policy", "min_num_params": 10_000_000}}},
+     "strategy.model_wrapper.auto_wrap_policy: wrap policy has no treadle equivalent "
+     "(got 'size_based_auto_wrap_policy')"),
+    ({"type": "FSDPStrategy", "model_wrapper": {"auto_wrap_policy": "my_policy"}},
+     "strategy.model_wrapper.auto_wrap_policy: wrap policy has no treadle equivalent (got 'my_policy')"),
+    ({"type": "FSDPStrategy", "model_wrapper": {"auto_wrap_policy": {"type": WRAP_POLICY}}},
+     "strategy.model_wrapper.auto_wrap_policy.transformer_layer_cls: not a set of layer classes (got None)"),
+    ({"type": "FSDPStrategy", "model_wrapper": {"sharding_strategy": "HYBRID_SHARD"}},
+     "strategy.model_wrapper.sharding_strategy: sharding strategy has no treadle equivalent (got 'HYBRID_SHARD')"),
+    ({"type": "FSDPStrategy", "model_wrapper": {"mixed_precision": {"buffer_dtype": "float16"}}},
+     "strategy.model_wrapper.mixed_precision.buffer_dtype: option has no treadle equivalent (got 'float16')"),
+    ({"type": "FSDPStrategy", "model_wrapper": {"use_orig_params": False}},
+     "strategy.model_wrapper.use_orig_params: option has no treadle equivalent for this value (got False)"),
+    ({"type": "FSDPStrategy", "model_wrapper": {"backward_prefetch": "BACKWARD_PRE"}},
+     "strategy.model_wrapper.backward_prefetch: option has no treadle equivalent"),
+    ({"type": "SingleDeviceStrategy", "env_kwargs": {}}, "strategy.env_kwargs: option has no treadle equivalent"),
+])
+def test_strategy_options_treadle_cannot_honour_name_the_key(spec, message):
+    with pytest.raises(ConfigError) as e:
+        translate({"strategy": spec})
+    assert str(e.value).startswith(message)
+    assert "\n" not in str(e.value)

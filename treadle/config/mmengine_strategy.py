@@ -1,0 +1,178 @@
+"""FlexibleRunner's ``strategy=dict(type="DDPStrategy" | "FSDPStrategy", ...)`` as treadle's
+``strategy: {type: ddp | fsdp, ...}`` (options of :class:`treadle.strategies.ddp.DDPStrategy`
+and :class:`treadle.strategies.fsdp.FSDPStrategy`).
+
+=====================================================  ==============================================
+MMEngine                                               treadle
+=====================================================  ==============================================
+``DDPStrategy`` without ``model_wrapper``              ``{type: ddp, sync_buffers: false}`` (MMEngine's
+                                                       default wrapper has ``broadcast_buffers=False``)
+``model_wrapper.find_unused_parameters``,              ``find_unused_parameters``, ``sync_buffers``,
+``broadcast_buffers``, ``static_graph``,               ``static_graph``, ``gradient_as_bucket_view``
+``gradient_as_bucket_view``
+``FSDPStrategy``                                       ``{type: fsdp}``
+``model_wrapper.auto_wrap_policy`` (transformer        ``wrap: [the layer classes or names]``
+policy with ``transformer_layer_cls``)
+``model_wrapper.mixed_precision``                      ``mixed_precision`` (``param_dtype``,
+                                                       ``reduce_dtype``, ``cast_forward_inputs``)
+``model_wrapper.cpu_offload``                          ``cpu_offload``
+``model_wrapper.sharding_strategy: FULL_SHARD /        ``reshard_after_forward: true / false``
+SHARD_GRAD_OP``
+``state_dict_cfg: local`` (or sharded/local types)     equivalent: treadle's FSDP checkpoints are sharded
+``SingleDeviceStrategy``                               ``single``
+=====================================================  ==============================================
+
+Anything else (``DeepSpeedStrategy``, ``sync_bn``, size-based wrapping, ``state_dict_cfg:
+full``, activation checkpointing...) is a :class:`ConfigError` naming the key as written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treadle.config.errors import ConfigError, join_path
+from treadle.config.mmengine_common import take
+
+#: FlexibleRunner's strategy class names: a ``strategy`` dict with one of them is MMEngine's.
+MMENGINE_STRATEGIES = ("SingleDeviceStrategy", "DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy",
+                       "ColossalAIStrategy")
+_DDP_WRAPPERS = (None, "MMDistributedDataParallel", "DistributedDataParallel",
+                 "torch.nn.parallel.DistributedDataParallel")
+_FSDP_WRAPPERS = (None, "MMFullyShardedDataParallel", "FullyShardedDataParallel",
+                  "torch.distributed.fsdp.FullyShardedDataParallel")
+_SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
+_LOCAL_STATE = ("local", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
+_WHY = {
+    "sync_bn": "treadle does not convert BatchNorm layers; call torch.nn.SyncBatchNorm.convert_sync_batchnorm on "
+               "the model in Python",
+    "skip_init_weights": "treadle builds the model with its weights",
+    "activation_checkpointing": "treadle has no activation checkpointing option; apply torch's checkpoint_wrapper "
+                                "to the model in Python",
+    "use_orig_params": "FSDP2 always keeps the original parameters",
+    "limit_all_gathers": "FSDP2 limits all-gathers itself",
+    "detect_anomalous_params": "treadle has no such check",
+}
+
+
+def is_mmengine_strategy(value: Any) -> bool:
+    """Whether ``value`` is a FlexibleRunner strategy dict (``type`` among :data:`MMENGINE_STRATEGIES`)."""
+    return isinstance(value, dict) and value.get("type") in MMENGINE_STRATEGIES
+
+
+def _short(name: Any) -> Any:
+    """``'torch.distributed.fsdp.wrap.transformer_auto_wrap_policy'`` → its last part; a function → its name."""
+    if callable(name):
+        return getattr(name, "__name__", name)
+    return name.rsplit(".", 1)[-1] if isinstance(name, str) else name
+
+
+def _only_null(spec: dict[str, Any], path: str, keys: tuple[str, ...]) -> None:
+    """Options treadle honours only when off (null)."""
+    for key in keys:
+        if spec.get(key) is not None:
+            raise ConfigError(join_path(path, key), "option has no treadle equivalent", value=spec[key],
+                              expected="null", hint=_WHY[key])
+
+
+def _wrapper(spec: Any, path: str, types: tuple) -> dict[str, Any]:
+    if not isinstance(spec, dict):
+        raise ConfigError(path, "must be a mapping", value=spec, expected="{type: ..., option: value}")
+    if spec.get("type") not in types:
+        raise ConfigError(join_path(path, "type"), "unsupported model wrapper", value=spec.get("type"),
+                          expected=f"one of {', '.join(t for t in types if t)} (or no type)")
+    return {k: v for k, v in spec.items() if k != "type"}
+
+
+def _ddp(spec: dict[str, Any], path: str) -> dict[str, Any]:
+    _only_null(spec, path, ("sync_bn",))
+    top = take(spec, path, {"model_wrapper": "model_wrapper"}, {"type": None, "sync_bn": None}, _WHY)
+    if top.get("model_wrapper") is None:
+        return {"type": "ddp", "sync_buffers": False}
+    wpath = join_path(path, "model_wrapper")
+    options = take(_wrapper(top["model_wrapper"], wpath, _DDP_WRAPPERS), wpath,
+                   {"find_unused_parameters": "find_unused_parameters", "broadcast_buffers": "sync_buffers",
+                    "static_graph": "static_graph", "gradient_as_bucket_view": "gradient_as_bucket_view"},
+                   {"detect_anomalous_params": False}, _WHY)
+    return {"type": "ddp", **options}
+
+
+def _wrap_policy(policy: Any, path: str) -> list[Any]:
+    if isinstance(policy, dict) and _short(policy.get("type")) == "transformer_auto_wrap_policy":
+        layers = take({k: v for k, v in policy.items() if k != "type"}, path,
+                      {"transformer_layer_cls": "layers"}, {}).get("layers")
+        if isinstance(layers, (list, tuple, set, frozenset)) and layers:
+            return sorted(layers, key=lambda c: c if isinstance(c, str) else c.__name__)
+        raise ConfigError(join_path(path, "transformer_layer_cls"), "not a set of layer classes", value=layers,
+                          expected="the classes (or class names) of the layers to shard one by one")
+    kind = _short(policy.get("type") if isinstance(policy, dict) else policy)
+    raise ConfigError(path, "wrap policy has no treadle equivalent", value=kind,
+                      expected="dict(type='torch.distributed.fsdp.wrap.transformer_auto_wrap_policy', "
+                               "transformer_layer_cls={...})",
+                      hint="treadle shards the listed layer classes (FSDPStrategy wrap=...), not by parameter count")
+
+
+def _fsdp(spec: dict[str, Any], path: str) -> dict[str, Any]:
+    _only_null(spec, path, ("sync_bn", "activation_checkpointing"))
+    top = take(spec, path, {"model_wrapper": "model_wrapper", "state_dict_cfg": "state_dict_cfg"},
+               {"type": None, "sync_bn": None, "skip_init_weights": False, "activation_checkpointing": None}, _WHY)
+    state = top.get("state_dict_cfg", "local")
+    kind = state.get("state_dict_type", "LOCAL_STATE_DICT") if isinstance(state, dict) else state
+    extra = sorted(set(state) - {"state_dict_type"}) if isinstance(state, dict) else []
+    if _short(getattr(kind, "name", kind)) not in _LOCAL_STATE or extra:
+        where = join_path(path, "state_dict_cfg") + (f".{extra[0]}" if extra else "")
+        raise ConfigError(where, "option has no treadle equivalent", value=state,
+                          expected="local (each rank saves its shard, as treadle's FSDP checkpoints do)",
+                          hint="full weights come from `treadle export CHECKPOINT` and best checkpoints")
+    out: dict[str, Any] = {"type": "fsdp"}
+    if top.get("model_wrapper") is None:
+        return out
+    wpath = join_path(path, "model_wrapper")
+    opts = take(_wrapper(top["model_wrapper"], wpath, _FSDP_WRAPPERS), wpath,
+                {"auto_wrap_policy": "wrap", "mixed_precision": "mixed_precision", "cpu_offload": "cpu_offload",
+                 "sharding_strategy": "sharding_strategy"},
+                {"use_orig_params": True, "limit_all_gathers": True}, _WHY)
+    if opts.get("wrap") is not None:
+        out["wrap"] = _wrap_policy(opts["wrap"], join_path(wpath, "auto_wrap_policy"))
+    if opts.get("mixed_precision") is not None:
+        mp = opts["mixed_precision"]
+        if not isinstance(mp, dict):
+            raise ConfigError(join_path(wpath, "mixed_precision"), "must be a mapping", value=mp,
+                              expected="{param_dtype: bfloat16, reduce_dtype: float32, ...}")
+        if mp.get("buffer_dtype") is not None:
+            raise ConfigError(join_path(join_path(wpath, "mixed_precision"), "buffer_dtype"), "option has no treadle equivalent",
+                              value=mp["buffer_dtype"], expected="null (FSDP2 keeps buffers in their own dtype)")
+        out["mixed_precision"] = take(mp, join_path(wpath, "mixed_precision"),
+                                      {"param_dtype": "param_dtype", "reduce_dtype": "reduce_dtype",
+                                       "cast_forward_inputs": "cast_forward_inputs"},
+                                      {"buffer_dtype": None, "keep_low_precision_grads": False,
+                                       "cast_root_forward_inputs": True})
+    offload = opts.get("cpu_offload")
+    if isinstance(offload, dict):
+        offload = take(offload, join_path(wpath, "cpu_offload"), {"offload_params": "on"}, {}).get("on", False)
+    if offload is not None:
+        out["cpu_offload"] = offload
+    sharding = _short(getattr(opts.get("sharding_strategy"), "name", opts.get("sharding_strategy")))
+    if sharding is not None:
+        if sharding not in _SHARDING:
+            raise ConfigError(join_path(wpath, "sharding_strategy"), "sharding strategy has no treadle equivalent",
+                              value=sharding, expected="FULL_SHARD or SHARD_GRAD_OP")
+        out["reshard_after_forward"] = _SHARDING[sharding]
+    return out
+
+
+def translate_strategy(spec: dict[str, Any], path: str = "strategy") -> str | dict[str, Any]:
+    """treadle's ``strategy`` for a FlexibleRunner strategy dict (see the module's table)."""
+    kind = spec["type"]
+    if kind == "DeepSpeedStrategy":
+        raise ConfigError(join_path(path, "type"), "DeepSpeed support is not in treadle yet", value=kind,
+                          expected="DDPStrategy or FSDPStrategy (or strategy: {type: ddp|fsdp})")
+    if kind == "ColossalAIStrategy":
+        raise ConfigError(join_path(path, "type"), "ColossalAI is not supported", value=kind,
+                          expected="DDPStrategy or FSDPStrategy (or strategy: {type: ddp|fsdp})")
+    if kind == "SingleDeviceStrategy":
+        take(spec, path, {}, {"type": None})
+        return "single"
+    return _ddp(spec, path) if kind == "DDPStrategy" else _fsdp(spec, path)
+
+
+__all__ = ["MMENGINE_STRATEGIES", "is_mmengine_strategy", "translate_strategy"]
