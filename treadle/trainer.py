@@ -16,40 +16,33 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-from treadle.data.distributed import shard_eval_loader, shard_train_loader
+from treadle.checkpoint.checkpointer import Checkpointer, rng_file
+from treadle.checkpoint.weights import load_weights
 from treadle.data.feed import DataFeed
 from treadle.distributed import comm
 from treadle.env import collect_env, format_env
-from treadle.hooks.base import (HOOK_POINTS, Hook, HookDispatcher, HookStates, check_hook_points, describe_order, get_priority,
-                                sort_hooks)
-from treadle.hooks.ema import EMAHook
-from treadle.hooks.logger import LoggerHook, check_writers
-from treadle.hooks.scheduler import ParamSchedulerHook
-from treadle.hooks.timer import IterTimerHook
-from treadle.logging.store import MetricStore
 from treadle.hints import strict_loss_shapes
-from treadle.logging.writers import get_logger, log_details, log_failure
-from treadle.metrics import update_metrics
-from treadle.loops import EpochLoop, EvalLoop, IterLoop, LoopCounters, TrainLoop, check_workflow, default_workflow
-from treadle import snapshot
-from treadle.checkpoint.checkpointer import Checkpointer, rng_file
-from treadle.checkpoint.weights import load_weights
+from treadle.hooks.base import HOOK_POINTS, Hook, HookDispatcher, HookStates, check_hook_points, describe_order, get_priority, sort_hooks
 from treadle.hooks.checkpoint import CheckpointHook
-from treadle.resume import check_resume_dir, checkpoint_in, latest_to_resume, note_other_runs
-from treadle.preemption import INTERRUPTED_EXIT_CODE, PreemptionConfig, PreemptionHandlers, requeue_slurm_job
+from treadle.hooks.ema import EMAHook
+from treadle.logging.store import MetricStore
+from treadle.logging.writers import get_logger, log_details, log_failure
+from treadle.loops import EpochLoop, EvalLoop, IterLoop, LoopCounters, TrainLoop, default_workflow
+from treadle.metrics import update_metrics
+from treadle.optim.wrapper import OptimWrapper, make_autocast
+from treadle.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, requeue_slurm_job
+from treadle.resume import checkpoint_in, latest_to_resume, note_other_runs
 from treadle.run_dir import RunDir
-from treadle.optim.wrapper import OptimWrapper, check_clip_grad, check_precision, make_autocast
-from treadle.seeding import seed_everything
 from treadle.state import TrainState
 from treadle.step import make_eval_step, make_train_step
-from treadle.timing import PhaseTimer, PhaseTimerHook
-from treadle.trainer_args import (build_optim_wrappers, build_scheduler_map, check_bool, check_hook_list,
-                                  check_loader, check_metrics, check_resume, checkpoint_hook, ema_hook, from_spec,
-                                  nan_guard_hook, positive_int, progress_on, scale_lr, warn_if_unpinned,
-                                  warn_without_validation)
 from treadle.strategies.base import Strategy
 from treadle.strategies.build import resolve_strategy
 from treadle.strategies.states import ModelState, OptimStates, RunState
+from treadle.timing import PhaseTimer
+from treadle.trainer_args import (build_args, build_model_and_data, check_bool, check_hook_list, default_hooks,
+                                  warn_if_unpinned, warn_without_validation)
+from treadle.trainer_spec import check_args
+from treadle import snapshot
 
 
 class LearningRates(dict):
@@ -162,133 +155,43 @@ class Trainer:
         safe: bool = False,
         verbose: bool = False,
     ) -> None:
-        # -- check every argument before anything happens ---------------------------
-        # Config dicts become objects as in a config file (model and data: after seeding, below).
-        if not isinstance(model, (nn.Module, Mapping)):
-            raise TypeError(f"model must be a torch.nn.Module or a config dict such as dict(type='DigitsCNN'), "
-                            f"got {type(model).__name__}")
+        # -- every argument is checked before anything happens (treadle/trainer_spec.py) --
         check_bool("safe", safe)
-        loss_fn = from_spec(loss_fn, "loss", "loss_fn", safe=safe)
-        if isinstance(metrics, Mapping):
-            metrics = {name: from_spec(m, "metric", f"metrics.{name}", safe=safe) for name, m in metrics.items()}
-        hooks = [from_spec(h, "hook", f"hooks[{i}]", safe=safe) for i, h in enumerate(check_hook_list(hooks))]
-        for name, loader in (("train_dataloader", train_dataloader), ("val_dataloader", val_dataloader),
-                             ("test_dataloader", test_dataloader)):
-            check_loader(name, loader)
-        if max_epochs is not None and max_iters is not None:
-            raise ValueError(f"give either max_epochs or max_iters, not both (got max_epochs={max_epochs!r}, max_iters={max_iters!r})")
-        positive_int("max_epochs", max_epochs, allow_none=True)
-        positive_int("max_iters", max_iters, allow_none=True)
-        if train_dataloader is not None:
-            if max_epochs is None and max_iters is None:
-                raise ValueError("training needs max_epochs (epoch-based) or max_iters (iteration-based); neither was given")
-            if optimizer is None:
-                raise ValueError("training needs an optimizer: an Optimizer object or e.g. dict(type='AdamW', lr=1e-3)")
-        positive_int("val_interval", val_interval)
-        positive_int("log_interval", log_interval)
-        positive_int("accumulate", accumulate)
-        self.precision = check_precision(precision)
-        self.clip_grad = check_clip_grad(clip_grad)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
-        if loss_fn is not None and not callable(loss_fn):
-            raise TypeError(f"loss_fn must be callable (outputs, targets) -> loss, got {type(loss_fn).__name__}")
-        self.metrics = check_metrics(metrics)
-        for i, h in enumerate(hooks):
-            if not isinstance(h, Hook):
-                raise TypeError(f"hooks[{i}] must be a treadle.Hook instance or a config dict, got {type(h).__name__}")
-            get_priority(h.priority)
-            check_hook_points(h, f"hooks[{i}]")
-        self.workflow = check_workflow(workflow, val_dataloader is not None) if workflow is not None else None
-        resume = check_resume(resume)
-        if resume is True and work_dir is None:
-            raise ValueError("resume=True looks for the latest checkpoint in work_dir, but work_dir is None")
-        if resume not in (True, False) and not Path(resume).exists():  # type: ignore[arg-type]
-            raise FileNotFoundError(f"resume={str(resume)!r}: no such checkpoint")
-        if resume not in (True, False):
-            check_resume_dir(Path(resume))  # type: ignore[arg-type]
-        if load_from is not None and not Path(load_from).exists():
-            raise FileNotFoundError(f"load_from={str(load_from)!r}: no such file or checkpoint")
-        self.preemption = PreemptionConfig.build(preemption)
-        for name, flag in (("seed_per_rank", seed_per_rank), ("deterministic", deterministic), ("compile", compile)):
-            check_bool(name, flag)
-        check_writers("log_writers", log_writers)
-        self.verbose = check_bool("verbose", verbose)
-        guard = nan_guard_hook(nan_guard, log_interval)
-        ema_h = ema_hook(ema) if ema is not None else None
-        checkpoint_h = checkpoint_hook(checkpoint) if checkpoint is not None and checkpoint is not False else None
+        hooks = check_hook_list(hooks)
+        check_args(locals())
+        a = build_args(locals())  # config dicts of components built (model and data: after seeding, below)
+        self.precision, self.clip_grad, self.metrics, self.workflow = a.precision, a.clip_grad, a.metrics, a.workflow
+        self.preemption, self.verbose, self.resume = a.preemption, verbose, a.resume
         self.strategy = resolve_strategy(strategy)
 
-        # -- process group (several processes), run id, seeds; then components --------
-        # A run's checkpoints carry its id (meta "run"); a resume carries it on, and a run
-        # prunes and replaces only its own (treadle/hooks/checkpoint.py).
+        # -- process group, run id and seeds; then model and data ----------------------
         self.strategy.setup_env(seed=seed, seed_per_rank=seed_per_rank, deterministic=deterministic, draw_seed=False)
-        distributed = self.strategy.distributed
-        self.run_timestamp = self.strategy.timestamp
-        self.seed = seed
-        # Files written into work_dir when fit() starts, once the resume checks have passed
-        # (`treadle train` adds "config.yaml"); see treadle/run_dir.py write_run_file.
-        self.run_files: dict[str, str] = {}
-        specs = [isinstance(v, Mapping) for v in (model, train_dataloader, val_dataloader, test_dataloader)]
-        if any(specs):
-            model = from_spec(model, "model", "model", safe=safe)
-            train_dataloader = from_spec(train_dataloader, "dataloader", "train_dataloader", safe=safe)
-            val_dataloader = from_spec(val_dataloader, "dataloader", "val_dataloader", safe=safe)
-            test_dataloader = from_spec(test_dataloader, "dataloader", "test_dataloader", safe=safe)
-            if seed is not None:  # training's random streams do not depend on what building drew (as in a config run)
-                seed_everything(seed, rank=self.strategy.rank, per_rank=seed_per_rank)
+        self.run_timestamp, self.seed = self.strategy.timestamp, seed
+        self.run_files: dict[str, str] = {}  # written into work_dir once fit's resume checks pass (run_dir.py)
+        model, loaders = build_model_and_data(a, self.strategy, safe=safe)
+        self.train_dataloader, self.val_dataloader, self.test_dataloader = loaders
         self.work_dir = Path(work_dir) if work_dir is not None else None
         self.run_dir = RunDir(self.work_dir, self.is_main) if self.work_dir is not None else None
-        if distributed and self.strategy.shard_data:  # each rank reads its share
-            rank, world = self.strategy.rank, self.strategy.world_size
-            train_dataloader = shard_train_loader(train_dataloader, rank, world) if train_dataloader is not None else None
-            val_dataloader = shard_eval_loader(val_dataloader, rank, world) if val_dataloader is not None else None
-            test_dataloader = shard_eval_loader(test_dataloader, rank, world) if test_dataloader is not None else None
-        self.train_dataloader = train_dataloader
-        self.val_dataloader = val_dataloader
-        self.test_dataloader = test_dataloader
-        self.loss_fn = loss_fn
-        self.val_interval = val_interval
-        self.log_interval = log_interval
+        self.loss_fn, self.val_interval, self.log_interval = a.loss_fn, val_interval, log_interval
         self.state = TrainState(max_epochs=max_epochs, max_iters=max_iters, by_epoch=max_iters is None)
-        if train_dataloader is not None:
+        if self.train_dataloader is not None:
             self._set_loop_length()
         self.store = MetricStore()
         self.module = model  # the user's module, unwrapped
-        self.resume = resume
         self._resume_loaded = False  # validate/test load `resume` too, unless fit already did
-        if load_from is not None:  # a run directory: its latest verified checkpoint (treadle/resume.py)
-            load_from, note = checkpoint_in(load_from, "load_from", self.is_main)
-            if note:
-                get_logger().info(note)
-            get_logger().info(f"load_from: {load_weights(model, load_from, strict=True)}")
-        self.model = self.strategy.setup_model(model)
-        eval_model = self.strategy.eval_model(self.model)  # DDP: the module itself, no collectives
-        if compile:
-            compiled = torch.compile(self.model)
-            eval_model = compiled if eval_model is self.model else torch.compile(eval_model)
-            self.model = compiled
-        self.optim_wrappers = {} if optimizer is None else build_optim_wrappers(
-            optimizer, model, precision=self.precision, device_type=self.strategy.device.type, accumulate=accumulate,
-            clip_grad=self.clip_grad, safe=safe)
-        for ow in self.optim_wrappers.values():
-            self.strategy.setup_optim_wrapper(ow, self.model)
-        # Several processes: after each iteration the ranks agree on stopping (None: one process).
-        self._agree_stop: Callable[[], None] | None = self._agree_on_stop if distributed else None
-        if auto_scale_lr is not None:
-            scale_lr(auto_scale_lr, self.optim_wrappers, self.train_dataloader, self.strategy.world_size)
-        extra_hooks: list[Hook] = []
-        if schedulers:
-            extra_hooks.append(ParamSchedulerHook(build_scheduler_map(schedulers, self.optim_wrappers, self.state)))
-        if ema is not None:
-            if self.strategy.name == "fsdp" and distributed:
-                raise ValueError("ema= is not supported with strategy='fsdp' yet (the average would be a sharded "
-                                 "copy); use strategy='ddp', or train without EMA")
-            extra_hooks.append(ema_h)  # type: ignore[arg-type]
-        if checkpoint is None and work_dir is not None and train_dataloader is not None:
-            extra_hooks.append(CheckpointHook(interval=None))  # the default: save when training ends
-        elif checkpoint_h is not None:
-            extra_hooks.append(checkpoint_h)
+        if load_from is not None:
+            self._load_weights(load_from)
+
+        # -- placed, wrapped and optimized through the public Strategy API -------------
+        s = self.state
+        self.strategy.prepare(
+            model, optim_wrapper=a.optim_wrapper, param_scheduler=(schedulers or None) if a.optim_wrapper else None,
+            compile=compile, auto_scale_lr=auto_scale_lr if a.optim_wrapper else None,
+            dispatch_kwargs=dict(epoch_length=s.iters_per_epoch, max_epochs=s.max_epochs, max_iters=s.max_iters,
+                                 train_micro_batch_size_per_gpu=getattr(self.train_dataloader, "batch_size", None)))
+        self.model = self.strategy.model
+        self.optim_wrappers: dict[str, OptimWrapper] = self.strategy.optim_wrappers
+        self._agree_stop: Callable[[], None] | None = self._agree_on_stop if self.strategy.distributed else None
         self._move = self.strategy.batch_mover()
         if self.strategy.device.type == "cuda" and self.is_main:
             warn_if_unpinned(self.train_dataloader)
@@ -299,26 +202,23 @@ class Trainer:
             raise ValueError(f"several optimizers {sorted(self.optim_wrappers)} need a custom step: define "
                              "model.train_step(batch, trainer) that uses trainer.optim_wrappers[name]")
         autocast = make_autocast(self.precision, self.strategy.device.type)
-        self._eval_step = make_eval_step(eval_model, loss_fn, autocast, self._move)
+        self._eval_step = make_eval_step(self.strategy.eval_module, a.loss_fn, autocast, self._move)
+
+        # -- hooks and loops -----------------------------------------------------------
         self.hooks: list[Hook] = []
         self._dispatch = HookDispatcher()  # the loops get it when they are built
-        if guard is not None:
-            extra_hooks.append(guard)
-        if progress_on(progress, self.is_main):
-            from treadle.hooks.progress import ProgressBarHook  # imports rich: only when a bar is wanted
-
-            extra_hooks.append(ProgressBarHook(force_terminal=True if progress is True else None))
-        # Set before _set_hooks, which builds the train step.
-        self._phase_timer = PhaseTimer(self.strategy.device) if check_bool("timer_breakdown", timer_breakdown) else None
-        if self._phase_timer is not None:
-            extra_hooks.append(PhaseTimerHook(self._phase_timer))
-        defaults = [IterTimerHook(), LoggerHook(interval=log_interval, writers=tuple(log_writers)), *extra_hooks]
-        self._set_hooks(defaults, hooks)
-        if train_dataloader is not None and val_dataloader is None and self.is_main:
+        self.train_loop: TrainLoop | None = None
+        self._phase_timer = PhaseTimer(self.strategy.device) if timer_breakdown else None  # before the train step
+        scheds = self.strategy.param_schedulers
+        scheds = scheds if isinstance(scheds, dict) else {"default": scheds}  # by optimizer name
+        self._set_hooks(default_hooks(a, scheds if schedulers else None, self._phase_timer,
+                                      has_work_dir=work_dir is not None, is_main=self.is_main,
+                                      sharded=self.strategy.shards_state and self.strategy.distributed), a.hooks)
+        if self.train_dataloader is not None and self.val_dataloader is None and self.is_main:
             warn_without_validation(self.hooks)
-        self.val_loop = self._eval_loop(val_dataloader, "val") if val_dataloader is not None else None
-        self.test_loop = self._eval_loop(test_dataloader, "test") if test_dataloader is not None else None
-        self.train_loop = self._train_loop() if train_dataloader is not None else None
+        self.val_loop = self._eval_loop(self.val_dataloader, "val") if self.val_dataloader is not None else None
+        self.test_loop = self._eval_loop(self.test_dataloader, "test") if self.test_dataloader is not None else None
+        self.train_loop = self._train_loop() if self.train_dataloader is not None else None
 
     # -- construction helpers ------------------------------------------------------
     def _set_hooks(self, defaults: list[Hook], extra: Iterable[Hook]) -> None:
@@ -327,6 +227,14 @@ class Trainer:
         replaced = {type(h) for h in extra}
         self.hooks = sort_hooks([h for h in defaults if type(h) not in replaced] + extra)
         self._rebuild_dispatch()
+
+    def _load_weights(self, load_from: str | Path) -> None:
+        """``load_from``: weights into the module before it is placed (a run directory: its
+        latest verified checkpoint, treadle/resume.py)."""
+        path, note = checkpoint_in(load_from, "load_from", self.is_main)
+        if note:
+            get_logger().info(note)
+        get_logger().info(f"load_from: {load_weights(self.module, path, strict=True)}")
 
     def _set_loop_length(self) -> None:
         """Iterations per epoch, and max_iters (epoch-based) or max_epochs (iteration-based)."""

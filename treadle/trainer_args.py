@@ -9,23 +9,30 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import torch
 from torch import nn
 
 from treadle.hints import check_metric_update
-from treadle.hooks.base import Hook
+from treadle.data.distributed import shard_eval_loader, shard_train_loader
+from treadle.hooks.base import Hook, check_hook_points, get_priority
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.early_stopping import EarlyStoppingHook
 from treadle.hooks.ema import EMAHook
+from treadle.hooks.logger import LoggerHook, check_writers
 from treadle.hooks.nan_guard import NaNGuardHook
 from treadle.hooks.scheduler import ParamSchedulerHook
+from treadle.hooks.timer import IterTimerHook
+from treadle.loops import Workflow, check_workflow
 from treadle.logging.writers import get_logger
-from treadle.optim.builder import build_optimizer
-from treadle.optim.scheduler_builder import build_schedulers
-from treadle.optim.wrapper import OptimWrapper
-from treadle.state import TrainState
+from treadle.optim.wrapper import check_clip_grad, check_precision
+from treadle.optim.wrapper_builder import by_name
+from treadle.preemption import PreemptionConfig
+from treadle.resume import check_resume_dir
+from treadle.seeding import seed_everything
+from treadle.timing import PhaseTimerHook
 
 
 def positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
@@ -206,64 +213,6 @@ def check_optimizer_type(cfg: Any, where: str) -> None:
         check_name("optimizer", cfg["type"], f"{where}.type")
 
 
-def build_optim_wrappers(optimizer: Any, module: nn.Module, *, precision: str, device_type: str, accumulate: int,
-                         clip_grad: dict[str, Any] | None, safe: bool = False) -> dict[str, OptimWrapper]:
-    """``{name: OptimWrapper}`` from an Optimizer, a config dict, or a dict of those by name
-    (``safe``: see :func:`check_optimizer_type`)."""
-    if isinstance(optimizer, Mapping) and optimizer and all(isinstance(v, (Mapping, torch.optim.Optimizer)) for v in optimizer.values()):
-        built = {}
-        for name, cfg in optimizer.items():
-            params: Any = module
-            if safe:
-                check_optimizer_type(cfg, f"optimizer.{name}")
-            if not isinstance(cfg, torch.optim.Optimizer):
-                params = getattr(module, str(name), None)
-                if not isinstance(params, nn.Module):
-                    raise ValueError(f"optimizer[{name!r}] is a config, so the model needs a submodule named "
-                                     f"{name!r} to optimize; give an Optimizer object instead")
-            built[str(name)] = build_optimizer(cfg, params, where=f"optimizer[{name!r}]")
-    else:
-        if safe:
-            check_optimizer_type(optimizer, "optimizer")
-        built = {"default": build_optimizer(optimizer, module)}
-    return {name: OptimWrapper(opt, precision=precision, device_type=device_type, accumulate=accumulate,
-                               clip_grad=clip_grad) for name, opt in built.items()}
-
-
-def build_scheduler_map(schedulers: Any, optim_wrappers: Mapping[str, OptimWrapper],
-                        state: TrainState) -> dict[str, list[Any]]:
-    """``{optimizer name: [schedulers]}`` from a list (one optimizer) or a dict by name."""
-    if isinstance(schedulers, Mapping) and set(schedulers) <= set(optim_wrappers) and "type" not in schedulers:
-        per_name = dict(schedulers)
-    elif isinstance(schedulers, Mapping) and "type" not in schedulers:
-        raise ValueError(f"schedulers keys {sorted(schedulers)} must name optimizers {sorted(optim_wrappers)}")
-    else:
-        if len(optim_wrappers) != 1:
-            raise ValueError(f"with several optimizers {sorted(optim_wrappers)}, give schedulers as a dict by optimizer name")
-        per_name = {next(iter(optim_wrappers)): schedulers}
-    s = state
-    return {name: build_schedulers(cfgs, optim_wrappers[name].optimizer, epoch_length=s.iters_per_epoch,
-                                   max_epochs=s.max_epochs, max_iters=s.max_iters)
-            for name, cfgs in per_name.items()}
-
-
-def scale_lr(cfg: Any, optim_wrappers: Mapping[str, OptimWrapper], loader: Any, world_size: int) -> None:
-    """MMEngine's auto_scale_lr: lr *= world_size * batch_size / base_batch_size."""
-    if not isinstance(cfg, dict) or "base_batch_size" not in cfg or set(cfg) - {"base_batch_size", "enable"}:
-        raise ValueError(f"auto_scale_lr={cfg!r} must be dict(base_batch_size=N[, enable=True])")
-    if not check_bool("auto_scale_lr enable", cfg.get("enable", True)):
-        return
-    base = cfg["base_batch_size"]
-    batch = getattr(loader, "batch_size", None)
-    if isinstance(base, bool) or not isinstance(base, int) or base < 1 or not batch:
-        raise ValueError(f"auto_scale_lr needs a positive int base_batch_size (got {base!r}) and a train DataLoader with a batch_size (got {batch!r})")
-    ratio = world_size * batch / base
-    for ow in optim_wrappers.values():
-        for group in ow.param_groups:
-            group["lr"] = group["lr"] * ratio
-    get_logger().info(f"auto_scale_lr: lr scaled by {ratio:g} = {world_size} process(es) x batch {batch} / base {base}")
-
-
 def warn_without_validation(hooks: list[Hook]) -> None:
     """Say so when something waits for validation results that no validation will produce."""
     waiting = []
@@ -280,3 +229,153 @@ def warn_without_validation(hooks: list[Hook]) -> None:
         needs, it, them = ("needs", "it", "it") if len(waiting) == 1 else ("need", "they", "them")
         get_logger().warning(f"{', '.join(waiting)} {needs} validation results, but there is no val_dataloader, "
                              f"so {it} will never act; give a val_dataloader (or leave {them} out)")
+
+
+@dataclass
+class Args:
+    """The Trainer's arguments once checked, with config dicts of components built
+    (model and data are built later, after seeding: :func:`build_model_and_data`)."""
+
+    model: Any
+    loaders: tuple[Any, Any, Any]
+    loss_fn: Any
+    metrics: dict[str, Any]
+    hooks: list[Hook]
+    workflow: Workflow | None
+    resume: Any
+    preemption: PreemptionConfig | None
+    precision: str
+    clip_grad: dict[str, Any] | None
+    optim_wrapper: Any  # what Strategy.prepare takes, or None
+    schedulers: Any
+    guard: NaNGuardHook | None
+    ema: EMAHook | None
+    checkpoint: Any
+    checkpoint_hook: CheckpointHook | None
+    log_interval: int
+    log_writers: tuple[Any, ...]
+    progress: Any
+
+
+def build_args(v: Mapping[str, Any]) -> Args:
+    """The checks that need more than one argument or a Python object (the spec in
+    treadle/trainer_spec.py has checked each value), and the components given as config
+    dicts (loss, metrics, hooks) built as a config file builds them."""
+    safe = v["safe"]
+    model = v["model"]
+    if not isinstance(model, (nn.Module, Mapping)):
+        raise TypeError(f"model must be a torch.nn.Module or a config dict such as dict(type='DigitsCNN'), "
+                        f"got {type(model).__name__}")
+    loss_fn = from_spec(v["loss_fn"], "loss", "loss_fn", safe=safe)
+    metrics = v["metrics"]
+    if isinstance(metrics, Mapping):
+        metrics = {name: from_spec(m, "metric", f"metrics.{name}", safe=safe) for name, m in metrics.items()}
+    hooks = [from_spec(h, "hook", f"hooks[{i}]", safe=safe) for i, h in enumerate(v["hooks"])]
+    for i, h in enumerate(hooks):
+        if not isinstance(h, Hook):
+            raise TypeError(f"hooks[{i}] must be a treadle.Hook instance or a config dict, got {type(h).__name__}")
+        get_priority(h.priority)
+        check_hook_points(h, f"hooks[{i}]")
+    loaders = (v["train_dataloader"], v["val_dataloader"], v["test_dataloader"])
+    for name, loader in zip(("train_dataloader", "val_dataloader", "test_dataloader"), loaders):
+        check_loader(name, loader)
+    max_epochs, max_iters = v["max_epochs"], v["max_iters"]
+    if max_epochs is not None and max_iters is not None:
+        raise ValueError(f"give either max_epochs or max_iters, not both (got max_epochs={max_epochs!r}, "
+                         f"max_iters={max_iters!r})")
+    if loaders[0] is not None:
+        if max_epochs is None and max_iters is None:
+            raise ValueError("training needs max_epochs (epoch-based) or max_iters (iteration-based); neither was given")
+        if v["optimizer"] is None:
+            raise ValueError("training needs an optimizer: an Optimizer object or e.g. dict(type='AdamW', lr=1e-3)")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable (outputs, targets) -> loss, got {type(loss_fn).__name__}")
+    workflow = check_workflow(v["workflow"], loaders[1] is not None) if v["workflow"] is not None else None
+    resume = check_resume(v["resume"])
+    if resume is True and v["work_dir"] is None:
+        raise ValueError("resume=True looks for the latest checkpoint in work_dir, but work_dir is None")
+    if resume is not True and resume is not False:
+        if not Path(resume).exists():
+            raise FileNotFoundError(f"resume={str(resume)!r}: no such checkpoint")
+        check_resume_dir(Path(resume))
+    if v["load_from"] is not None and not Path(v["load_from"]).exists():
+        raise FileNotFoundError(f"load_from={str(v['load_from'])!r}: no such file or checkpoint")
+    check_writers("log_writers", v["log_writers"])
+    checkpoint = v["checkpoint"]
+    precision, clip_grad = check_precision(v["precision"]), check_clip_grad(v["clip_grad"])
+    return Args(
+        model=model, loaders=loaders, loss_fn=loss_fn, metrics=check_metrics(metrics), hooks=hooks, workflow=workflow,
+        resume=resume, preemption=PreemptionConfig.build(v["preemption"]), precision=precision, clip_grad=clip_grad,
+        optim_wrapper=trainer_optim_wrapper(v["optimizer"], precision, v["accumulate"], clip_grad, safe),
+        schedulers=v["schedulers"], guard=nan_guard_hook(v["nan_guard"], v["log_interval"]),
+        ema=ema_hook(v["ema"]) if v["ema"] is not None else None, checkpoint=checkpoint,
+        checkpoint_hook=checkpoint_hook(checkpoint) if checkpoint is not None and checkpoint is not False else None,
+        log_interval=v["log_interval"], log_writers=tuple(v["log_writers"]), progress=v["progress"])
+
+
+def trainer_optim_wrapper(optimizer: Any, precision: str, accumulate: int, clip_grad: dict[str, Any] | None,
+                          safe: bool = False) -> Any:
+    """The Trainer's ``optimizer`` (an Optimizer, a config dict, or a dict of those by
+    name) with its ``precision``, ``accumulate`` and ``clip_grad``, as the ``optim_wrapper``
+    that ``Strategy.prepare`` takes (``safe``: see :func:`check_optimizer_type`)."""
+    if optimizer is None:
+        return None
+    extra: dict[str, Any] = {"accumulative_counts": accumulate, "clip_grad": clip_grad}
+    if precision != "32":
+        extra["dtype"] = "bfloat16" if precision == "bf16" else "float16"
+    if isinstance(optimizer, Mapping) and by_name(optimizer):
+        for name, cfg in optimizer.items():
+            if safe:
+                check_optimizer_type(cfg, f"optimizer.{name}")
+        return {str(name): {"optimizer": cfg, **extra} for name, cfg in optimizer.items()}
+    if safe:
+        check_optimizer_type(optimizer, "optimizer")
+    return {"optimizer": optimizer, **extra}
+
+
+def build_model_and_data(a: Args, strategy: Any, *, safe: bool = False) -> tuple[nn.Module, tuple[Any, Any, Any]]:
+    """The model and the three loaders, config dicts built after the strategy seeded (and
+    the RNGs seeded again after, so that training's random streams do not depend on what
+    building drew, as in a config run); loaders sharded across ranks."""
+    model, (train, val, test) = a.model, a.loaders
+    if any(isinstance(x, Mapping) for x in (model, train, val, test)):
+        model = from_spec(model, "model", "model", safe=safe)
+        train = from_spec(train, "dataloader", "train_dataloader", safe=safe)
+        val = from_spec(val, "dataloader", "val_dataloader", safe=safe)
+        test = from_spec(test, "dataloader", "test_dataloader", safe=safe)
+        if strategy.seed is not None:
+            seed_everything(strategy.seed, rank=strategy.rank, per_rank=strategy.seed_per_rank)
+    if strategy.distributed and strategy.shard_data:  # each rank reads its share
+        rank, world = strategy.rank, strategy.world_size
+        train = shard_train_loader(train, rank, world) if train is not None else None
+        val = shard_eval_loader(val, rank, world) if val is not None else None
+        test = shard_eval_loader(test, rank, world) if test is not None else None
+    return model, (train, val, test)
+
+
+def default_hooks(a: Args, schedulers: dict[str, list[Any]] | None, phase_timer: Any, *, has_work_dir: bool,
+                  is_main: bool, sharded: bool) -> list[Hook]:
+    """The Trainer's default hooks for its arguments (a user's hook of the same class
+    replaces one of these): timer, logger, schedulers, EMA, checkpoints, NaN guard,
+    progress bar, phase timer."""
+    hooks: list[Hook] = [IterTimerHook(), LoggerHook(interval=a.log_interval, writers=a.log_writers)]
+    if schedulers:
+        hooks.append(ParamSchedulerHook(schedulers))
+    if a.ema is not None:
+        if sharded:
+            raise ValueError("ema= is not supported with strategy='fsdp' yet (the average would be a sharded "
+                             "copy); use strategy='ddp', or train without EMA")
+        hooks.append(a.ema)
+    if a.checkpoint is None and has_work_dir and a.loaders[0] is not None:
+        hooks.append(CheckpointHook(interval=None))  # the default: save when training ends
+    elif a.checkpoint_hook is not None:
+        hooks.append(a.checkpoint_hook)
+    if a.guard is not None:
+        hooks.append(a.guard)
+    if progress_on(a.progress, is_main):
+        from treadle.hooks.progress import ProgressBarHook  # imports rich: only when a bar is wanted
+
+        hooks.append(ProgressBarHook(force_terminal=True if a.progress is True else None))
+    if phase_timer is not None:
+        hooks.append(PhaseTimerHook(phase_timer))
+    return hooks

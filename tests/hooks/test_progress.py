@@ -93,7 +93,7 @@ def test_non_main_ranks_never_show_a_bar(monkeypatch):
 
 
 def test_bad_progress_value():
-    with pytest.raises(ValueError, match="progress='yes'"):
+    with pytest.raises(ValueError, match="progress: not a supported value \\(got 'yes'\\); expected one of 'auto'"):
         _trainer(progress="yes")
 
 

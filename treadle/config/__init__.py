@@ -26,15 +26,31 @@ like code: building it imports and calls the dotted ``type:`` paths it names, an
 torch.nn / torch.optim classes, no ``.py`` files.
 """
 
-from treadle.config.assemble import build_trainer
-from treadle.config.build import build_component, build_dataloader, build_hook, trainer_kwargs
-from treadle.config.errors import ConfigError
-from treadle.config.loader import apply_overrides, load_file, merge, parse_override
-from treadle.config.mmengine import is_mmengine_style, translate
-from treadle.config.registry import (DATASETS, HOOKS, LOSSES, METRICS, MODELS, OPTIMIZERS, REGISTRIES, SCHEDULERS,
-                                     import_object, resolve_type)
-from treadle.config.resolve import dump_config, load_config, resolve_config, save_config, validate_config
-from treadle.config.schema import DATALOADER_KEYS, SCHEMA, TRAINER_KEYS
+import importlib
+from typing import Any
+
+# Where each public name lives. Imported on first use (PEP 562), so that importing one
+# module of this package (e.g. treadle.config.keys, which the Trainer's argument spec
+# uses) does not import the rest, which builds Trainers.
+_WHERE = {
+    "build_trainer": "assemble", "build_component": "build", "build_dataloader": "build", "build_hook": "build",
+    "trainer_kwargs": "build", "ConfigError": "errors", "apply_overrides": "loader", "load_file": "loader",
+    "merge": "loader", "parse_override": "loader", "is_mmengine_style": "mmengine", "translate": "mmengine",
+    "DATASETS": "registry", "HOOKS": "registry", "LOSSES": "registry", "METRICS": "registry", "MODELS": "registry",
+    "OPTIMIZERS": "registry", "REGISTRIES": "registry", "SCHEDULERS": "registry", "import_object": "registry",
+    "resolve_type": "registry", "dump_config": "resolve", "load_config": "resolve", "resolve_config": "resolve",
+    "save_config": "resolve", "validate_config": "resolve", "DATALOADER_KEYS": "schema", "SCHEMA": "schema",
+    "TRAINER_KEYS": "schema",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'treadle.config' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"treadle.config.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ConfigError", "DATALOADER_KEYS", "DATASETS", "HOOKS", "LOSSES", "METRICS", "MODELS", "OPTIMIZERS", "REGISTRIES",

@@ -27,6 +27,9 @@ class Key:
     expected: str
     doc: str
     check: Check | None = None
+    #: Python objects the Trainer takes for this key besides the config's types (a
+    #: module, a DataLoader, an Optimizer...): checked by their builders, not here.
+    objects: tuple[type, ...] = ()
 
 
 def _min(low: int, what: str = "an int") -> Check:

@@ -29,7 +29,7 @@ import torch
 from treadle.optim import lr_momentum, param_schedulers, plateau
 from treadle.optim.scheduler_base import INF, ParamScheduler, explicit_init_params, init_arg_names
 
-__all__ = ["SCHEDULERS", "build_schedulers", "is_torch_scheduler"]
+__all__ = ["SCHEDULERS", "build_scheduler_map", "build_schedulers", "is_torch_scheduler"]
 
 #: Scheduler name -> class, for the ``type`` key of configs.
 SCHEDULERS: dict[str, type[ParamScheduler]] = {name: getattr(module, name)
@@ -250,3 +250,21 @@ def _build_one(index: int, cfg: dict[str, Any], optimizer: Any, epoch_length: in
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         new_type = ValueError if isinstance(exc, KeyError) else type(exc)
         raise new_type(f"{where}: {message}") from exc
+
+
+def build_scheduler_map(schedulers: Any, optimizers: Mapping[str, torch.optim.Optimizer], *,
+                        epoch_length: int | None = None, max_epochs: int | None = None,
+                        max_iters: int | None = None) -> dict[str, list[Any]]:
+    """``{optimizer name: [schedulers]}`` from a list (one optimizer) or a dict of lists
+    by optimizer name (several); the arguments after ``*`` as :func:`build_schedulers`."""
+    if isinstance(schedulers, Mapping) and set(schedulers) <= set(optimizers) and "type" not in schedulers:
+        per_name = dict(schedulers)
+    elif isinstance(schedulers, Mapping) and "type" not in schedulers:
+        raise ValueError(f"schedulers keys {sorted(schedulers)} must name optimizers {sorted(optimizers)}")
+    else:
+        if len(optimizers) != 1:
+            raise ValueError(f"with several optimizers {sorted(optimizers)}, give schedulers as a dict by optimizer name")
+        per_name = {next(iter(optimizers)): schedulers}
+    return {name: build_schedulers(cfgs, optimizers[name], epoch_length=epoch_length, max_epochs=max_epochs,
+                                   max_iters=max_iters)
+            for name, cfgs in per_name.items()}

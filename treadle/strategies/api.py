@@ -15,8 +15,9 @@ A checkpoint saved here is a treadle checkpoint directory (atomic, verified,
 ``state.pt`` holds (each entry's owner: treadle/strategies/states.py)::
 
     model             the module's state (FSDP: sharded, in DCP files)
-    optim             {"default": OptimWrapper state}  (optimizer, scaler, accumulation)
-    param_schedulers  [scheduler.state_dict(), ...]
+    optim             {"default": OptimWrapper state}  (optimizer, scaler, accumulation;
+                      by name for several wrappers)
+    param_schedulers  [scheduler.state_dict(), ...]    (a dict of lists by name for several)
     data              [ResumableLoader.state_dict(), ...]  one per prepared loader
     extra             the ``extra_ckpt`` dict
     strategy          {"run", "world_size", "treadle"}
@@ -47,13 +48,16 @@ from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.data.resumable import ResumableLoader
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
-from treadle.optim.scheduler_builder import build_schedulers
-from treadle.optim.wrapper import OptimWrapper, build_optim_wrapper
+from treadle.optim.scheduler_builder import build_scheduler_map
+from treadle.optim.wrapper import OptimWrapper
+from treadle.optim.wrapper_builder import build_optim_wrappers, by_name, scale_lr
 from treadle.seeding import derive_seed, seed_everything, set_deterministic
 from treadle.strategies.search import find_latest_saved
 from treadle.strategies.states import ModelState, OptimStates, RunState
 
 DEFAULT_REVISE_KEYS = [(r"^module\.", "")]
+#: What ``prepare(dispatch_kwargs=...)`` takes (MMEngine's names).
+DISPATCH_KEYS = ("epoch_length", "max_epochs", "max_iters", "train_micro_batch_size_per_gpu")
 
 
 class StrategyAPI:
@@ -128,13 +132,22 @@ class StrategyAPI:
     # -- prepare -------------------------------------------------------------------------
     def prepare(self, model: nn.Module | Mapping[str, Any], *, optim_wrapper: Any = None,
                 param_scheduler: Any = None, compile: bool | dict[str, Any] = False,
-                dispatch_kwargs: dict[str, Any] | None = None) -> Any:
+                dispatch_kwargs: dict[str, Any] | None = None, auto_scale_lr: dict[str, Any] | None = None) -> Any:
         """Place and wrap ``model`` (a module or a config dict), build the optimizer over
         the wrapped parameters and the schedulers over that optimizer.
 
+        ``optim_wrapper``: MMEngine's ``optim_wrapper`` dict, an Optimizer or an
+        OptimWrapper; or several by name, ``{"gen": {...}, "disc": {...}}`` (a config
+        optimizes the model's submodule of that name), which ``param_scheduler`` then
+        gives by name too. ``dispatch_kwargs``: ``epoch_length``, ``max_epochs``,
+        ``max_iters`` for schedulers configured by epoch or without ``end``, and
+        ``train_micro_batch_size_per_gpu`` for ``auto_scale_lr`` (``dict(base_batch_size=N)``:
+        lr x processes x batch / N, before the schedulers record it).
+
         Returns the model alone, ``(model, optim_wrapper)``, or ``(model, optim_wrapper,
-        schedulers)``, as much as was asked for. ``dispatch_kwargs``: ``epoch_length``,
-        ``max_epochs``, ``max_iters`` for schedulers configured by epoch or without ``end``.
+        schedulers)``, as much as was asked for (a dict by name for several wrappers).
+        ``self.eval_module`` is the model to evaluate with (DDP: the module inside, no
+        collectives; compiled too with ``compile``).
         """
         self.setup_env()
         if self._prepared:
@@ -142,9 +155,9 @@ class StrategyAPI:
         if param_scheduler is not None and optim_wrapper is None:
             raise ValueError("prepare(param_scheduler=...) needs optim_wrapper= too: schedulers act on an optimizer")
         kwargs = dict(dispatch_kwargs or {})
-        unknown = sorted(set(kwargs) - {"epoch_length", "max_epochs", "max_iters"})
+        unknown = sorted(set(kwargs) - set(DISPATCH_KEYS))
         if unknown:
-            raise ValueError(f"dispatch_kwargs has unknown keys {unknown}; expected epoch_length, max_epochs, max_iters")
+            raise ValueError(f"dispatch_kwargs has unknown keys {unknown}; expected some of {', '.join(DISPATCH_KEYS)}")
         if isinstance(model, Mapping):
             from treadle.config.build import build_model  # the config layer: only for a config dict
 
@@ -152,21 +165,29 @@ class StrategyAPI:
         if not isinstance(model, nn.Module):
             raise TypeError(f"prepare(model=...) needs a torch.nn.Module or a config dict, got {type(model).__name__}")
         self.module = model
-        self.model = self.setup_model(model)  # type: ignore[attr-defined]
+        wrapped = self.setup_model(model)  # type: ignore[attr-defined]
+        self.model, self.eval_module = wrapped, self.eval_model(wrapped)  # type: ignore[attr-defined]
         if compile:
-            self.model = torch.compile(self.model, **(compile if isinstance(compile, dict) else {}))
+            options = compile if isinstance(compile, dict) else {}
+            self.model = torch.compile(wrapped, **options)
+            self.eval_module = self.model if self.eval_module is wrapped else torch.compile(self.eval_module, **options)
         items: list[Any] = [self.model]
-        self.optim_wrapper: OptimWrapper | None = None
-        self.param_schedulers: list[Any] = []
+        self.optim_wrappers: dict[str, OptimWrapper] = {}
+        self.optim_wrapper: Any = None
+        self.param_schedulers: Any = []
         if optim_wrapper is not None:
-            ow = build_optim_wrapper(optim_wrapper, model, device_type=self.device.type)
-            self.setup_optim_wrapper(ow, self.model)  # type: ignore[attr-defined]
-            self.optim_wrapper = ow
-            items.append(ow)
+            self.optim_wrappers = build_optim_wrappers(optim_wrapper, model, device_type=self.device.type)
+            for ow in self.optim_wrappers.values():
+                self.setup_optim_wrapper(ow, self.model)  # type: ignore[attr-defined]
+            self.optim_wrapper = self.optim_wrappers if by_name(optim_wrapper) else self.optim_wrappers["default"]
+            items.append(self.optim_wrapper)
+        if auto_scale_lr is not None:
+            scale_lr(auto_scale_lr, self.optim_wrappers, kwargs.get("train_micro_batch_size_per_gpu"), self.world_size)
         if param_scheduler is not None:
-            self.param_schedulers = build_schedulers(
-                param_scheduler, self.optim_wrapper.optimizer, epoch_length=kwargs.get("epoch_length"),  # type: ignore[union-attr]
-                max_epochs=kwargs.get("max_epochs"), max_iters=kwargs.get("max_iters"))
+            per_name = build_scheduler_map(param_scheduler, {n: ow.optimizer for n, ow in self.optim_wrappers.items()},
+                                           epoch_length=kwargs.get("epoch_length"), max_epochs=kwargs.get("max_epochs"),
+                                           max_iters=kwargs.get("max_iters"))
+            self.param_schedulers = per_name if isinstance(self.optim_wrapper, dict) else per_name["default"]
             items.append(self.param_schedulers)
         self._prepared = True
         return items[0] if len(items) == 1 else tuple(items)
@@ -202,16 +223,21 @@ class StrategyAPI:
         return self.get_full_model_state(self.module)  # type: ignore[attr-defined]
 
     def optim_state_dict(self) -> dict[str, Any]:
-        """The optimizer wrapper's state (optimizer, scaler, accumulation)."""
+        """The optimizer wrapper's state (optimizer, scaler, accumulation); by name for
+        several wrappers."""
         self._need("optim_state_dict()")
-        if self.optim_wrapper is None:
+        if not self.optim_wrappers:
             raise RuntimeError("optim_state_dict(): prepare() was given no optim_wrapper")
-        ow = self.optim_wrapper
-        return ow.state_dict(self.get_optim_state(self.module, ow.optimizer))  # type: ignore[attr-defined]
+        states = {name: ow.state_dict(self.get_optim_state(self.module, ow.optimizer))  # type: ignore[attr-defined]
+                  for name, ow in self.optim_wrappers.items()}
+        return states if isinstance(self.optim_wrapper, dict) else states["default"]
 
-    def scheduler_state_dict(self) -> list[dict[str, Any]]:
-        """Each prepared scheduler's state, in order."""
+    def scheduler_state_dict(self) -> Any:
+        """Each prepared scheduler's state, in order (a dict of lists by optimizer name
+        for several wrappers)."""
         self._need("scheduler_state_dict()")
+        if isinstance(self.param_schedulers, dict):
+            return {name: [s.state_dict() for s in group] for name, group in self.param_schedulers.items()}
         return [s.state_dict() for s in self.param_schedulers]
 
     def load_model_state_dict(self, state_dict: Mapping[str, Any], *, strict: bool = False,
@@ -224,19 +250,26 @@ class StrategyAPI:
     def load_optim_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Inverse of :meth:`optim_state_dict`."""
         self._need("load_optim_state_dict()")
-        if self.optim_wrapper is None:
+        if not self.optim_wrappers:
             raise RuntimeError("load_optim_state_dict(): prepare() was given no optim_wrapper")
-        ow = self.optim_wrapper
-        ow.load_state_dict(state_dict, functools.partial(self.set_optim_state, self.module, ow.optimizer))  # type: ignore[attr-defined]
+        states = state_dict if isinstance(self.optim_wrapper, dict) else {"default": state_dict}
+        for name, ow in self.optim_wrappers.items():
+            ow.load_state_dict(states[name], functools.partial(self.set_optim_state, self.module, ow.optimizer))  # type: ignore[attr-defined]
 
-    def load_scheduler_state_dict(self, state_dict: list[dict[str, Any]]) -> None:
+    def load_scheduler_state_dict(self, state_dict: Any) -> None:
         """Inverse of :meth:`scheduler_state_dict` (as many states as schedulers)."""
         self._need("load_scheduler_state_dict()")
-        if not isinstance(state_dict, list) or len(state_dict) != len(self.param_schedulers):
-            got = len(state_dict) if isinstance(state_dict, list) else type(state_dict).__name__
-            raise CheckpointError(f"scheduler states: {got}, but {len(self.param_schedulers)} scheduler(s) were prepared")
-        for s, st in zip(self.param_schedulers, state_dict):
-            s.load_state_dict(st)
+        mine = self.param_schedulers if isinstance(self.param_schedulers, dict) else {"": self.param_schedulers}
+        saved = state_dict if isinstance(self.param_schedulers, dict) and isinstance(state_dict, dict) else {"": state_dict}
+        for name, group in mine.items():
+            states = saved.get(name)
+            if not isinstance(states, list) or len(states) != len(group):
+                got = len(states) if isinstance(states, list) else type(states).__name__
+                where = f" of optimizer {name!r}" if name else ""
+                raise CheckpointError(f"scheduler states{where}: {got}, but {len(group)} scheduler(s) were prepared")
+        for name, group in mine.items():
+            for sched, st in zip(group, saved[name]):
+                sched.load_state_dict(st)
 
     # -- checkpoints ---------------------------------------------------------------------
     @property
@@ -245,7 +278,7 @@ class StrategyAPI:
 
     def _owners(self, with_optimizer: bool = True) -> dict[str, Any]:
         """The owners of what :meth:`prepare` placed (treadle/strategies/states.py)."""
-        wrappers = {"default": self.optim_wrapper} if with_optimizer and self.optim_wrapper is not None else {}
+        wrappers = self.optim_wrappers if with_optimizer else {}
         return {"model": ModelState(self, self.module), "optim": OptimStates(self, self.module, wrappers),  # type: ignore[arg-type]
                 "strategy": RunState(self)}  # type: ignore[arg-type]
 
@@ -366,7 +399,7 @@ def _check_fits(strategy: StrategyAPI, state: dict[str, Any], filename: str | Pa
         kind = ("a Trainer checkpoint: resume it with Trainer(resume=...), or take its weights with "
                 "load_checkpoint()" if "loop" in state else f"it lacks {missing}")
         raise CheckpointError(f"{where}: not a checkpoint saved by Strategy.save_checkpoint ({kind})")
-    if resume_optimizer and strategy.optim_wrapper is not None and "default" not in state["optim"]:
+    if resume_optimizer and strategy.optim_wrappers and not set(strategy.optim_wrappers) <= set(state["optim"]):
         raise CheckpointError(f"{where}: the checkpoint holds no optimizer state (saved with save_optimizer=False); "
                               "pass resume_optimizer=False")
     loaders = len(strategy._loaders)
