@@ -13,7 +13,8 @@ A round runs each variant once, in a rotated order; the figure for each is its m
 over the rounds with the interquartile range, and the difference from the hand loop is
 the median of the per-round differences (each taken seconds apart). ``import treadle``
 is timed apart (``import_time.py`` measures it in detail); "fit" is Trainer(...) plus
-fit().
+fit(). The process's CPU time (all its threads, import included) is reported too: on a
+shared machine it moves less than wall time, though it leaves out waiting for the disk.
 
 ``--tree DIR`` (repeatable) runs treadle from each source tree in turn (an A/B of two
 checkouts in one run); the default is this checkout. Byte-code caching is left on in
@@ -52,6 +53,7 @@ def child(variant: str) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     with tempfile.TemporaryDirectory() as tmp:
+        cpu = time.process_time()
         start = time.perf_counter()
         if variant == "hand":
             model.train()
@@ -69,8 +71,9 @@ def child(variant: str) -> None:
                                       loss_fn=loss_fn, optimizer=opt, max_epochs=1, log_interval=50, progress=False)
             trainer.fit()
         end = time.perf_counter()
+        cpu = time.process_time() - cpu
         files = sorted(str(p.relative_to(tmp)).split(".tfevents.")[0] for p in Path(tmp).rglob("*") if p.is_file())
-    print(json.dumps({"import": imported - start, "fit": end - imported, "files": files}))
+    print(json.dumps({"import": imported - start, "fit": end - imported, "cpu": cpu, "files": files}))
 
 
 def sample(variant: str, tree: Path) -> dict:
@@ -123,8 +126,9 @@ def main() -> None:
             fit = [s["fit"] for s in rows]
             over = [s["fit"] - h for s, h in zip(rows, hand)]
             total = [s["fit"] + s["import"] - h for s, h in zip(rows, hand)]
+            cpu_over = [s["cpu"] - h["cpu"] for s, h in zip(rows, times[("hand", trees[0])])]
             print(f"  treadle, {variant:<12}      fit {fmt(fit)}; over the hand loop {fmt(over)}; "
-                  f"with import treadle {fmt(total)}")
+                  f"with import treadle {fmt(total)}; CPU time (import included) over the hand loop's {fmt(cpu_over)}")
             print(f"    files: {', '.join(rows[-1]['files']) or 'none'}")
         imports = [s["import"] for v in VARIANTS[1:] for s in times[(v, tree)]]
         print(f"  import treadle (after torch) {fmt(imports)}")
