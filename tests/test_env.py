@@ -126,10 +126,8 @@ def test_prefetch_finds_the_same_values_in_a_thread_that_collect_env_waits_for(m
 
 
 def test_a_trainer_with_a_work_dir_starts_the_prefetch_and_one_without_does_not(tmp_path, monkeypatch):
-    import treadle.trainer
-
     calls = []
-    monkeypatch.setattr(treadle.trainer, "prefetch_env", lambda: calls.append(1))
+    monkeypatch.setattr(env, "prefetch_env", lambda: calls.append(1))
     data = [(torch.randn(4, 2), torch.zeros(4, dtype=torch.long))]
     for work_dir in (None, tmp_path):
         treadle.Trainer(torch.nn.Linear(2, 2), work_dir=work_dir, train_dataloader=data, max_iters=1,

@@ -19,7 +19,7 @@ from torch import nn
 from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.data.feed import DataFeed
 from treadle.distributed import comm
-from treadle.env import collect_env, format_env, prefetch_env
+from treadle.env import collect_env, format_env
 from treadle.hooks.base import (HOOK_POINTS, Hook, HookDispatcher, check_hook_points, describe_order, get_priority,
                                 sort_hooks)
 from treadle.hooks.ema import EMAHook
@@ -229,7 +229,9 @@ class Trainer:
         # (`treadle train` adds "config.yaml"); see treadle/run_dir.py write_run_file.
         self.run_files: dict[str, str] = {}
         if work_dir is not None and self.is_main:
-            prefetch_env()  # env.txt's slowest values, in a thread, ready when fit() writes it (treadle/env.py)
+            from treadle.env import prefetch_env  # env.txt's slowest values, in a thread, ready when fit() writes it
+
+            prefetch_env()
         specs = [isinstance(v, Mapping) for v in (model, train_dataloader, val_dataloader, test_dataloader)]
         if any(specs):
             model = from_spec(model, "model", "model", safe=safe)
