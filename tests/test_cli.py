@@ -125,6 +125,8 @@ ERRORS = [
     (["--set", "strategy={type: ddp, bucket: 3}"], "strategy: strategy 'ddp': bad options ['bucket']"),
     (["--set", "nope"], "--set nope: an override must look like KEY=VALUE"),
     (["--nproc", "0"], "--nproc 0: must be >= 1"),
+    (["--nproc", "2", "--max-restarts", "-1"], "--max-restarts -1: must be >= 0"),
+    (["--max-restarts", "1"], "--max-restarts 1 needs --nproc N"),
 ]
 
 
@@ -388,8 +390,34 @@ def test_train_nproc_2_launches_two_ddp_processes(tiny, tmp_path):
     assert proc.stdout.count("final metrics") == 1  # printed by rank 0 only
 
 
-def test_without_nproc_drops_the_launch_option():
-    from treadle.cli import _without_nproc
+def test_worker_argv_drops_the_launch_options():
+    from treadle.cli import _worker_argv
 
-    assert _without_nproc(["train", "c.yaml", "--nproc", "4", "--seed", "1"]) == ["train", "c.yaml", "--seed", "1"]
-    assert _without_nproc(["train", "--nproc=2", "c.yaml"]) == ["train", "c.yaml"]
+    assert _worker_argv(["train", "c.yaml", "--nproc", "4", "--seed", "1"]) == ["train", "c.yaml", "--seed", "1"]
+    assert _worker_argv(["train", "--nproc=2", "c.yaml"]) == ["train", "c.yaml"]
+    assert _worker_argv(["train", "c.yaml", "--nproc", "2", "--max-restarts", "1", "--seed", "1"]) == \
+        ["train", "c.yaml", "--seed", "1"]
+    assert _worker_argv(["train", "--max-restarts=3", "c.yaml", "--nproc=2"]) == ["train", "c.yaml"]
+
+
+def test_an_elastic_restart_resumes_as_resume_does_and_the_first_attempt_does_not(tmp_path, monkeypatch, capsys):
+    """TORCHELASTIC_RESTART_COUNT > 0 (a restart under --max-restarts, of `treadle train
+    --nproc` or torchrun): resume=True, unless a given checkpoint path is still the newest
+    (nothing saved in the work dir yet). The real restart: tests/strategies/test_elastic.py."""
+    from treadle.checkpoint.io import save_checkpoint
+    from treadle.cli import _resume_on_restart
+
+    work = tmp_path / "run"
+
+    def after(attempt, resume):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(attempt))
+        cfg = {"work_dir": str(work), "resume": resume}
+        _resume_on_restart(cfg)
+        return cfg["resume"]
+
+    assert [after(0, r) for r in (False, True, "a/ckpt")] == [False, True, "a/ckpt"]
+    assert [after(1, r) for r in (False, None, True, "a/ckpt")] == [True, True, True, "a/ckpt"]
+    assert "restart 1 of an elastic job: resuming from the latest verified checkpoint in " + str(work) in \
+        capsys.readouterr().out
+    save_checkpoint(work / "checkpoints" / "iter_00000003", {"state.pt": {"x": 1}})
+    assert after(2, "a/ckpt") is True  # the run has saved since: its own latest checkpoint

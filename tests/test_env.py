@@ -109,3 +109,27 @@ def test_format_env_aligns_values():
     starts = {line.index(v) for line, v in zip(body, ("3.11.9", "2", sys.platform))}
     assert starts == {len("world size") + 2}
     assert "python" in format_env(collect_env())
+
+
+def test_prefetch_finds_the_same_values_in_a_thread_that_collect_env_waits_for(monkeypatch):
+    monkeypatch.setattr(env, "_prefetch", None)
+    env._process_constants.cache_clear()
+    env.prefetch_env()
+    thread = env._prefetch
+    assert thread is not None and thread.name == "treadle-env" and thread.daemon
+    env.prefetch_env()
+    assert env._prefetch is thread  # one thread per process
+    info = collect_env()
+    assert not thread.is_alive()
+    assert info["platform"] == platform.platform() and info["treadle"] == treadle.__version__
+    assert env._process_constants.cache_info().hits >= 1  # collect_env took the thread's result
+
+
+def test_a_trainer_with_a_work_dir_starts_the_prefetch_and_one_without_does_not(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(env, "prefetch_env", lambda: calls.append(1))
+    data = [(torch.randn(4, 2), torch.zeros(4, dtype=torch.long))]
+    for work_dir in (None, tmp_path):
+        treadle.Trainer(torch.nn.Linear(2, 2), work_dir=work_dir, train_dataloader=data, max_iters=1,
+                        loss_fn=torch.nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), progress=False)
+        assert len(calls) == (work_dir is not None)

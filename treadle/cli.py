@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=1,
                    help="processes to start on this machine (through torch.distributed.run's API; "
                         "each gets one GPU, or CPU with gloo)")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                   help="with --nproc: when a process fails, start them all again up to K times (torchrun's "
+                        "--max-restarts); each restart resumes from the latest verified checkpoint by itself")
     for name in ("validate", "test"):
         p = add(name, f"evaluate a checkpoint on the config's {'val' if name == 'validate' else 'test'}_dataloader",
                 f"treadle {name} runs/d/config.yaml --checkpoint runs/d/checkpoints/epoch_0003")
@@ -116,6 +119,11 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.nproc < 1:
         raise UsageError(f"--nproc {args.nproc}: must be >= 1")
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts {args.max_restarts}: must be >= 0")
+    if args.max_restarts and args.nproc == 1:
+        raise UsageError(f"--max-restarts {args.max_restarts} needs --nproc N (N >= 2: the processes that "
+                         "are restarted); for one process use torchrun --nproc-per-node 1 --max-restarts K")
     cfg = load_config(args.config, args.overrides, mode="train", safe=args.safe, work_dir=args.work_dir,
                       seed=args.seed, resume=args.resume)
     if cfg["work_dir"] is None:
@@ -123,7 +131,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.nproc > 1:  # the config is checked above; each process builds its own trainer
         from treadle.distributed.launch import launch_local
 
-        return launch_local(args.nproc, ["-m", "treadle", *_without_nproc(sys.argv[1:] if args.argv is None else args.argv)])
+        argv = _worker_argv(sys.argv[1:] if args.argv is None else args.argv)
+        return launch_local(args.nproc, ["-m", "treadle", *argv], max_restarts=args.max_restarts)
+    _resume_on_restart(cfg)
     trainer = build_trainer(cfg, "train", safe=args.safe)  # everything is built and checked before the work dir exists
     main_rank = trainer.is_main
     path = Path(cfg["work_dir"]) / "config.yaml"
@@ -158,17 +168,42 @@ def _set_last(argv: list[str]) -> list[str]:
     return out + ["--set", *pairs] if pairs else out
 
 
-def _without_nproc(argv: Sequence[str]) -> list[str]:
-    """The command line minus ``--nproc N`` (what every launched process runs)."""
+def _worker_argv(argv: Sequence[str]) -> list[str]:
+    """The command line minus ``--nproc N`` and ``--max-restarts K`` (what every launched
+    process runs)."""
+    launch = ("--nproc", "--max-restarts")
     out, skip = [], False
     for a in argv:
         if skip:
             skip = False
-        elif a == "--nproc":
+        elif a in launch:
             skip = True
-        elif not a.startswith("--nproc="):
+        elif not a.startswith(tuple(f"{o}=" for o in launch)):
             out.append(a)
     return out
+
+
+def _resume_on_restart(cfg: dict[str, Any]) -> None:
+    """A restart of an elastic job (``TORCHELASTIC_RESTART_COUNT`` > 0: ``--max-restarts``
+    of ``treadle train --nproc`` or of torchrun) continues the run: ``resume=True``, the
+    latest verified checkpoint saved in the work dir (none yet: from scratch), as
+    ``--resume`` does. A checkpoint path given to the first attempt is kept only while the
+    work dir holds no checkpoint; after that the run's own saves are newer."""
+    from treadle.distributed.env import restart_count
+
+    attempt = restart_count()
+    if attempt == 0 or cfg.get("resume") is True:
+        return
+    if isinstance(cfg.get("resume"), str):
+        from treadle.checkpoint.directory import list_checkpoints
+
+        saved = Path(cfg["work_dir"]) / "checkpoints"
+        if not (saved.is_dir() and list_checkpoints(saved)):
+            return
+    cfg["resume"] = True
+    if os.environ.get("RANK", "0") == "0":
+        print(f"treadle train: restart {attempt} of an elastic job: resuming from the latest verified checkpoint "
+              f"in {cfg['work_dir']}")
 
 
 def _evaluate(args: argparse.Namespace) -> int:

@@ -92,7 +92,7 @@ def test_tensorboard_scalars_read_back(tmp_path, records):
 
 
 def test_tensorboard_missing_package_says_what_to_install(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tensorboard.compat.proto.event_pb2", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
     with pytest.raises(ImportError, match="pip install tensorboard"):
         TensorBoardWriter(tmp_path)
 

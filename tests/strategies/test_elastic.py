@@ -2,9 +2,16 @@
 of an epoch makes the agent restart every worker; with ``resume=True`` in the script the
 restarted job takes up its latest verified checkpoint by itself (no flag changed) and ends
 with the weights of an uninterrupted 2-process run, bit for bit.
-Runs tests/strategies/ddp_script.py (DDP on gloo, shuffled data, dropout)."""
+Runs tests/strategies/ddp_script.py (DDP on gloo, shuffled data, dropout). The same
+through treadle's own launcher: ``treadle train CONFIG --nproc 2 --max-restarts 1``, where
+the restart resumes without ``--resume`` (TORCHELASTIC_RESTART_COUNT > 0)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +20,8 @@ from support import wait_all
 from trainer_ranks import SCRIPT, _final, _run, start_torchrun
 
 pytestmark = pytest.mark.slow  # two torchrun jobs of 2 processes
+
+TESTS = Path(__file__).resolve().parent.parent
 
 
 def test_a_worker_killed_mid_epoch_is_restarted_and_resumes_from_the_latest_checkpoint(tmp_path):
@@ -42,3 +51,64 @@ def test_a_worker_killed_mid_epoch_is_restarted_and_resumes_from_the_latest_chec
     assert sorted(ref) == sorted(got)
     for name, w in ref.items():
         assert torch.equal(got[name], w), name
+
+
+# 48 samples, batch 4 per rank, 2 ranks: 6 iterations per epoch, 12 in all; a checkpoint every 3.
+ELASTIC_CONFIG = """\
+model: {type: support.TinyNet, dropout: 0.2}
+train_dataloader:
+  dataset: {type: support.make_data, n: 48}
+  batch_size: 4
+  shuffle: true
+loss_fn: {type: CrossEntropyLoss}
+optimizer: {type: SGD, lr: 0.1, momentum: 0.9}
+max_epochs: 2
+checkpoint: {interval: 3, by_epoch: false}
+log_interval: 2
+log_writers: [jsonl]
+seed: 7
+"""
+
+
+def _treadle_train(config, work, *args: str) -> tuple[int, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"):
+        env.pop(key, None)  # the launcher sets the store option itself
+    proc = subprocess.Popen([sys.executable, "-m", "treadle", "train", str(config), "--work-dir", str(work),
+                             "--nproc", "2", *args], env=env, cwd=work.parent, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    [result] = wait_all([proc])
+    return result
+
+
+def _weights(work) -> dict[str, torch.Tensor]:
+    return torch.load(work / "checkpoints" / "iter_00000012" / "state.pt", weights_only=True)["model"]
+
+
+def test_treadle_train_max_restarts_restarts_a_killed_worker_which_resumes_by_itself(tmp_path):
+    """`treadle train CONFIG --nproc 2 --max-restarts 1`, no --resume: rank 1 SIGKILLed after
+    iteration 10 of attempt 0 (the latest checkpoint: iteration 9's, inside epoch 2); the
+    launcher restarts both, the restart resumes from that checkpoint (TORCHELASTIC_RESTART_COUNT
+    makes `treadle train` resume as --resume does), and the job ends with exit 0 and the
+    weights of an uninterrupted `--nproc 2` run, bit for bit. The launcher unshares the
+    rendezvous store itself (pytorch/pytorch#135712): nothing is exported here."""
+    config = tmp_path / "elastic.yaml"
+    config.write_text(ELASTIC_CONFIG)
+    code, log = _treadle_train(config, tmp_path / "ref")
+    assert code == 0, log[-6000:]
+    work = tmp_path / "run"
+    code, log = _treadle_train(config, work, "--max-restarts", "1",
+                               "--set", "hooks=[{type: faults.SigkillAt, rank: 1, at_iter: 10, attempt: 0}]")
+    assert code == 0, log[-6000:]
+    assert "restart 1 of an elastic job: resuming from the latest verified checkpoint" in log, log[-6000:]
+    assert "resumed from " + str(work / "checkpoints" / "iter_00000009") in log, log[-6000:]
+    assert "epoch 2/2  iter 10/12" in (work / "log.txt").read_text()  # attempt 0 got past the checkpoint
+    saved = sorted(p.name for p in (work / "checkpoints").iterdir())
+    assert saved == [f"iter_{i:08d}" for i in (6, 9, 12)], saved  # keep=3 by default
+    ref, got = _weights(tmp_path / "ref"), _weights(work)
+    assert sorted(ref) == sorted(got)
+    for name, w in ref.items():
+        assert torch.equal(got[name], w), name
+

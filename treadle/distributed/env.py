@@ -93,6 +93,16 @@ def detect_launcher(environ: Mapping[str, str] | None = None) -> DistEnv:
     return DistEnv("none")
 
 
+def restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """Which restart of an elastic job this process belongs to: TorchElastic's
+    ``TORCHELASTIC_RESTART_COUNT`` (0 in the first attempt, and without torchrun's agent)."""
+    env = os.environ if environ is None else environ
+    try:
+        return max(int(env.get("TORCHELASTIC_RESTART_COUNT", "0")), 0)
+    except ValueError:
+        return 0
+
+
 def restart_store_hazard(environ: Mapping[str, str] | None = None) -> str | None:
     """Why a torchrun restart of this job may fail to connect, or None.
 

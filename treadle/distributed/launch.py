@@ -6,34 +6,52 @@ Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
 fails, the agent stops the others at once (no waiting for a collective timeout)
 and the failure, with the rank and the error, is reported. Multi-node runs use
 ``torchrun`` or SLURM directly (see the README).
+
+With ``max_restarts`` > 0 the agent instead starts every process again, up to that many
+times (``torchrun --max-restarts``); ``treadle train`` then resumes from the run's latest
+verified checkpoint by itself (treadle/cli.py, :func:`treadle.distributed.env.restart_count`).
+The rendezvous store is then not shared with the workers
+(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): shared, it keeps the failed attempt's
+addresses and a restart may fail to connect (pytorch/pytorch#135712).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 from treadle.logging.writers import get_logger
 
 
-def launch_local(nproc: int, args: Sequence[str], *, monitor_interval: float = 0.1) -> int:
+UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # read by the agent's c10d rendezvous
+
+
+def launch_local(nproc: int, args: Sequence[str], *, max_restarts: int = 0, monitor_interval: float = 0.1) -> int:
     """Run ``python ARGS...`` in ``nproc`` processes on this machine; returns the exit
     status: 0, the failed process's own status (143 after a preemption), 128 + the
-    signal's number when this launcher was stopped by one (130 for Ctrl-C), or 1."""
+    signal's number when this launcher was stopped by one (130 for Ctrl-C), or 1.
+    ``max_restarts``: how many times the agent starts every process again after one
+    failed (each attempt sees ``TORCHELASTIC_RESTART_COUNT``); the status is the last
+    attempt's."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be an int >= 1, got {nproc!r}")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"treadle-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",  # a free port, like torchrun --standalone
-        max_restarts=0, monitor_interval=monitor_interval, start_method="spawn",
+        max_restarts=max_restarts, monitor_interval=monitor_interval, start_method="spawn",
     )
     try:
-        elastic_launch(config, entrypoint=sys.executable)(*args)
+        with _environ({UNSHARED_STORE: "1"} if max_restarts > 0 else {}):
+            elastic_launch(config, entrypoint=sys.executable)(*args)
     except SignalException as e:
         # Ctrl-C (or SIGTERM) reached this launcher: the agent has passed it on to every
         # process (each in its own session, so once), which saved and exited, and waited
@@ -48,3 +66,19 @@ def launch_local(nproc: int, args: Sequence[str], *, monitor_interval: float = 0
             return 143
         return failure.exitcode if failure.exitcode > 0 else 1
     return 0
+
+
+@contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set while the agent runs (it and the processes it
+    starts read them), as it was afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
