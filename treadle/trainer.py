@@ -20,7 +20,7 @@ from treadle.checkpoint.checkpointer import Checkpointer, rng_file
 from treadle.checkpoint.weights import load_weights
 from treadle.data.feed import DataFeed
 from treadle.distributed import comm
-from treadle.env import collect_env, format_env, prefetch_env
+from treadle.env import collect_env, format_env
 from treadle.hints import strict_loss_shapes
 from treadle.hooks.base import HOOK_POINTS, Hook, HookDispatcher, HookStates, check_hook_points, describe_order, get_priority, sort_hooks
 from treadle.hooks.checkpoint import CheckpointHook
@@ -169,7 +169,9 @@ class Trainer:
         self.run_timestamp, self.seed = self.strategy.timestamp, seed
         self.run_files: dict[str, str] = {}  # written into work_dir once fit's resume checks pass (run_dir.py)
         if work_dir is not None and self.is_main:
-            prefetch_env()  # env.txt's slowest values, in a thread, ready when fit() writes it
+            from treadle.env import prefetch_env  # env.txt's slowest values, in a thread, ready when fit() writes it
+
+            prefetch_env()
         model, loaders = build_model_and_data(a, self.strategy, safe=safe)
         self.train_dataloader, self.val_dataloader, self.test_dataloader = loaders
         self.work_dir = Path(work_dir) if work_dir is not None else None
