@@ -92,6 +92,8 @@ class Trainer:
         strategy: "auto" (DDP under a multi-process launcher, else one device) | "single" |
             "ddp" | "fsdp" | ``dict(type="ddp", find_unused_parameters=True, ...)`` | a
             Strategy (treadle/strategies/). seed, seed_per_rank, deterministic.
+        seed_per_sample: seed the randomness a map-style dataset draws for each sample from
+            ``(seed, epoch, index)``, so it is the same for any num_workers and on resume.
         resume: False, True (newest verified checkpoint in work_dir) or a path.
         load_from: weights only, from a checkpoint, a .pt file or a .safetensors file.
         checkpoint: ``dict(interval=1, by_epoch=True, keep=3, best="val/acc", rule="max")``;
@@ -147,6 +149,7 @@ class Trainer:
         strategy: str | Strategy = "auto",
         seed: int | None = None,
         seed_per_rank: bool = False,
+        seed_per_sample: bool = True,
         deterministic: bool = False,
         resume: bool | str | Path = False,
         load_from: str | Path | None = None,
@@ -210,8 +213,10 @@ class Trainer:
         if load_from is not None and not Path(load_from).exists():
             raise FileNotFoundError(f"load_from={str(load_from)!r}: no such file or checkpoint")
         self.preemption = PreemptionConfig.build(preemption)
-        for name, flag in (("seed_per_rank", seed_per_rank), ("deterministic", deterministic), ("compile", compile)):
+        for name, flag in (("seed_per_rank", seed_per_rank), ("deterministic", deterministic), ("compile", compile),
+                           ("seed_per_sample", seed_per_sample)):
             check_bool(name, flag)
+        self.seed_per_sample = seed_per_sample  # the loaders' DataFeeds (treadle/data/worker_seed.py)
         check_writers("log_writers", log_writers)
         self.verbose = check_bool("verbose", verbose)
         guard = nan_guard_hook(nan_guard, log_interval)
@@ -357,7 +362,8 @@ class Trainer:
 
     def _train_loop(self) -> TrainLoop:
         s = self.state
-        feed = DataFeed(self.train_dataloader, seed=self.strategy.data_seed, rank=self.strategy.rank)  # type: ignore[arg-type]
+        feed = DataFeed(self.train_dataloader, seed=self.strategy.data_seed, rank=self.strategy.rank,  # type: ignore[arg-type]
+                        seed_per_sample=self.seed_per_sample)
         total = s.max_epochs if s.by_epoch else s.max_iters
         workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
         loop_cls = EpochLoop if s.by_epoch else IterLoop
