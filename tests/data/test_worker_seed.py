@@ -6,6 +6,7 @@ slow (each loader starts its workers)."""
 
 from __future__ import annotations
 
+import pickle
 import random
 
 import numpy as np
@@ -19,6 +20,7 @@ import treadle
 from support import TinyNet, make_data
 from treadle.data import DataFeed
 from treadle.data.resumable import ResumableLoader
+from treadle.data.worker_seed import SeededDataset
 
 N, BATCH = 20, 3  # 7 batches an epoch, the last one short
 
@@ -225,6 +227,11 @@ def test_the_users_loader_and_dataset_stay_as_they_were():
     assert feed.loader is loader and loader.dataset is data and isinstance(data, Draws)
     wrapped = ResumableLoader(loader, seed=7)
     assert wrapped.dataset is data
+    # What a worker gets (pickled under spawn/forkserver): attributes read and written on the dataset.
+    copy = pickle.loads(pickle.dumps(SeededDataset(data)))
+    assert len(copy) == N and copy.n == N and not copy.opened
+    copy.opened = True
+    assert copy._treadle_dataset.opened and copy[(5, 3, 0)][0] == 3
 
 
 def test_a_bad_switch_is_refused():

@@ -58,6 +58,11 @@ class DataFeed:
         for batch in feed:     # raises StopIteration at the end of the epoch
             ...
         feed.position()        # {"epoch": ..., "batch_idx": ..., "seed": ...}
+
+    ``seed``: the order's seed (one for all ranks); ``rank`` salts the workers' seeds;
+    ``seed_per_sample``: read a DataLoader over a map-style dataset through a copy that
+    seeds each sample's randomness from ``(seed, epoch, index)`` (treadle/data/worker_seed.py);
+    the attribute of that name says whether this feed does.
     """
 
     def __init__(self, loader: Iterable[Any], *, seed: int | None = None, rank: int = 0,
