@@ -75,7 +75,8 @@ class EvalLoop:
         self.hooks = hooks
         self.step = step  # batch -> (outputs, targets, values to log)
         self.custom_step = custom_step  # the model's val_step(batch, trainer): values to log
-        self.feed = DataFeed(loader, seed=trainer.seed)  # started at the first pass: no workers before
+        # Started at the first pass: no workers before.
+        self.feed = DataFeed(loader, seed=trainer.seed, seed_per_sample=trainer.seed_per_sample)
         self._passes = 0
 
     def state_dict(self) -> dict[str, int]:

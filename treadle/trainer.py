@@ -85,6 +85,8 @@ class Trainer:
         strategy: "auto" (DDP under a multi-process launcher, else one device) | "single" |
             "ddp" | "fsdp" | ``dict(type="ddp", find_unused_parameters=True, ...)`` | a
             Strategy (treadle/strategies/). seed, seed_per_rank, deterministic.
+        seed_per_sample: seed the randomness a map-style dataset draws for each sample from
+            ``(seed, epoch, index)``, so it is the same for any num_workers and on resume.
         resume: False, True (newest verified checkpoint in work_dir) or a path.
         load_from: weights only, from a checkpoint, a .pt file or a .safetensors file.
         checkpoint: ``dict(interval=1, by_epoch=True, keep=3, best="val/acc", rule="max")``;
@@ -140,6 +142,7 @@ class Trainer:
         strategy: str | Strategy = "auto",
         seed: int | None = None,
         seed_per_rank: bool = False,
+        seed_per_sample: bool = True,
         deterministic: bool = False,
         resume: bool | str | Path = False,
         load_from: str | Path | None = None,
@@ -162,6 +165,7 @@ class Trainer:
         a = build_args(locals())  # config dicts of components built (model and data: after seeding, below)
         self.precision, self.clip_grad, self.metrics, self.workflow = a.precision, a.clip_grad, a.metrics, a.workflow
         self.preemption, self.verbose, self.resume = a.preemption, verbose, a.resume
+        self.seed_per_sample = seed_per_sample  # the loaders' DataFeeds (treadle/data/worker_seed.py)
         self.strategy = resolve_strategy(strategy)
 
         # -- process group, run id and seeds; then model and data ----------------------
@@ -269,7 +273,8 @@ class Trainer:
 
     def _train_loop(self) -> TrainLoop:
         s = self.state
-        feed = DataFeed(self.train_dataloader, seed=self.strategy.data_seed, rank=self.strategy.rank)  # type: ignore[arg-type]
+        feed = DataFeed(self.train_dataloader, seed=self.strategy.data_seed, rank=self.strategy.rank,  # type: ignore[arg-type]
+                        seed_per_sample=self.seed_per_sample)
         total = s.max_epochs if s.by_epoch else s.max_iters
         workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
         loop_cls = EpochLoop if s.by_epoch else IterLoop

@@ -173,6 +173,9 @@ TRAINER_KEYS: tuple[Key, ...] = (
     Key("seed", (int, NoneType), "an int >= 0, or null",
         "Seed of every RNG; the command line seeds before building the model, so initial weights repeat too.", _min(0)),
     Key("seed_per_rank", (bool,), "true or false", "Each process uses seed + rank."),
+    Key("seed_per_sample", (bool,), "true or false",
+        "Seed each sample's randomness in a map-style dataset from (seed, epoch, index): the same for any "
+        "num_workers and on resume."),
     Key("deterministic", (bool,), "true or false", "Deterministic algorithms (slower, repeatable)."),
     Key("resume", (bool, str), "true, false, or a checkpoint path",
         "Continue a run: true takes the latest checkpoint in work_dir.", objects=(os.PathLike,)),

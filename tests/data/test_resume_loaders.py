@@ -35,22 +35,22 @@ class CrashAt(treadle.Hook):
             raise Crash
 
 
-def trainer(work_dir, loader, resume=False, hooks=(), max_epochs=3):
+def trainer(work_dir, loader, resume=False, hooks=(), max_epochs=3, **kw):
     torch.manual_seed(0)
     return treadle.Trainer(TinyNet(dropout=0.3), work_dir=work_dir, train_dataloader=loader(),
                            loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), max_epochs=max_epochs,
                            seed=0, checkpoint=dict(interval=1, by_epoch=False), log_writers=(), progress=False,
-                           resume=resume, hooks=list(hooks))
+                           resume=resume, hooks=list(hooks), **kw)
 
 
-def assert_resume_is_exact(tmp_path, loader, at, after=lambda: None):
-    ref = trainer(tmp_path / "ref", loader)
+def assert_resume_is_exact(tmp_path, loader, at, after=lambda: None, **kw):
+    ref = trainer(tmp_path / "ref", loader, **kw)
     ref.fit()
     after()
     with pytest.raises(Crash):
-        trainer(tmp_path / "run", loader, hooks=[CrashAt(at)]).fit()
+        trainer(tmp_path / "run", loader, hooks=[CrashAt(at)], **kw).fit()
     after()
-    res = trainer(tmp_path / "run", loader, resume=True)
+    res = trainer(tmp_path / "run", loader, resume=True, **kw)
     res.fit()
     after()
     assert res.state.iter == ref.state.iter
@@ -143,8 +143,10 @@ def test_persistent_workers_resume_exactly_at_a_boundary_and_inside_an_epoch(tmp
 
     with caplog.at_level(logging.WARNING, logger="treadle"):
         assert_resume_is_exact(tmp_path / "boundary", loader, at=10, after=stop_workers)  # end of epoch 2
-        assert "persistent_workers=True" in caplog.text  # worker-side randomness is not restored
         assert_resume_is_exact(tmp_path / "inside", loader, at=7, after=stop_workers)
+        assert "persistent_workers=True" not in caplog.text  # seeded per sample: the workers' RNG does not matter
+        assert_resume_is_exact(tmp_path / "off", loader, at=10, after=stop_workers, seed_per_sample=False)
+        assert "persistent_workers=True" in caplog.text  # worker-side randomness is not restored
 
 
 class GlobalRNG(Sampler[int]):

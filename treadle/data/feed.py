@@ -20,6 +20,12 @@ with a ``generator`` attribute that is None. ``DistributedSampler`` gets its see
 ``set_epoch``; other samplers with ``set_epoch`` are trusted to order themselves by
 epoch. Any other sampler that draws from torch's global RNG cannot be rebuilt inside
 an epoch: resuming in one warns.
+
+The randomness a map-style dataset draws in ``__getitem__`` is seeded per sample, from
+``(seed, epoch, index)`` (treadle/data/worker_seed.py): the feed iterates a copy of the
+DataLoader that seeds torch, numpy and ``random`` before each sample, so augmentation is
+the same for any ``num_workers`` and after a resume inside an epoch. ``seed_per_sample=
+False`` turns that off (the workers' streams then run per worker, as torch's do).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, R
                               SubsetRandomSampler, WeightedRandomSampler)
 
 from treadle.logging.writers import get_logger
+from treadle.data.worker_seed import SeededCopy, seedable
 from treadle.seeding import derive_seed
 
 # torch's samplers that draw their order from ``self.generator`` (a user's one is replaced).
@@ -51,9 +58,17 @@ class DataFeed:
         for batch in feed:     # raises StopIteration at the end of the epoch
             ...
         feed.position()        # {"epoch": ..., "batch_idx": ..., "seed": ...}
+
+    ``seed``: the order's seed (one for all ranks); ``rank`` salts the workers' seeds;
+    ``seed_per_sample``: read a DataLoader over a map-style dataset through a copy that
+    seeds each sample's randomness from ``(seed, epoch, index)`` (treadle/data/worker_seed.py);
+    the attribute of that name says whether this feed does.
     """
 
-    def __init__(self, loader: Iterable[Any], *, seed: int | None = None, rank: int = 0) -> None:
+    def __init__(self, loader: Iterable[Any], *, seed: int | None = None, rank: int = 0,
+                 seed_per_sample: bool = True) -> None:
+        if not isinstance(seed_per_sample, bool):
+            raise TypeError(f"seed_per_sample must be True or False, got {seed_per_sample!r}")
         self.loader = loader
         # Without a seed the order is still recorded (and so reproducible on resume).
         # Several processes must agree on it: the trainer passes rank 0's seed.
@@ -63,6 +78,9 @@ class DataFeed:
         self.batch_idx = 0
         self._it: Iterator[Any] | None = None
         self._started = False  # the first start_epoch of a resumed run starts past (0, 0)
+        # A DataLoader over a map-style dataset is read through a seeded copy (made at the first epoch).
+        self.seed_per_sample = seed_per_sample and seedable(loader)
+        self._seeded: SeededCopy | None = None
 
     @property
     def length(self) -> int | None:
@@ -91,7 +109,11 @@ class DataFeed:
         self.batch_idx = skip
         gen = self._seed_epoch(epoch)
         loader = self.loader
-        if skip and isinstance(loader, DataLoader) and loader.batch_sampler is not None \
+        if self.seed_per_sample:
+            if self._seeded is None:
+                self._seeded = SeededCopy(loader)  # type: ignore[arg-type]
+            self._it = self._seeded.epoch(self.seed, epoch, skip, gen)
+        elif skip and isinstance(loader, DataLoader) and loader.batch_sampler is not None \
                 and not isinstance(loader.dataset, IterableDataset):
             self._it = iter(_clone_with_batch_sampler(loader, _SkipBatches(loader.batch_sampler, skip), gen))
         else:
@@ -126,12 +148,13 @@ class DataFeed:
         loader = self.loader
         if not isinstance(loader, DataLoader):
             return
-        if loader.persistent_workers and loader.num_workers > 0:
+        if loader.persistent_workers and loader.num_workers > 0 and not self.seed_per_sample:
             get_logger().warning(
                 "resuming a training DataLoader with persistent_workers=True: the data order is restored, but "
                 "the workers' RNG is not: an uninterrupted run's workers keep the seeds of the first epoch they "
                 "started in, a resumed run's start from the resumed epoch's; random augmentation inside the "
-                "dataset will differ from an uninterrupted run (use persistent_workers=False for exact resume)")
+                "dataset will differ from an uninterrupted run (persistent_workers=False makes it exact at epoch "
+                "boundaries; for a map-style dataset, seed_per_sample=True, the default, makes it exact anywhere)")
         sampler = _order_source(loader)
         inside = skip and (self.length is None or skip < self.length)  # else: the epoch's end
         if inside and _unseeded(sampler):
@@ -160,8 +183,9 @@ class DataFeed:
         shutdown = getattr(it, "_shutdown_workers", None)  # torch's multi-process iterator
         if callable(shutdown):
             shutdown()
-        if isinstance(self.loader, DataLoader) and getattr(self.loader, "_iterator", None) is it:
-            self.loader._iterator = None  # persistent workers: the loader keeps its iterator
+        for loader in (self.loader, self._seeded.loader if self._seeded else None):
+            if isinstance(loader, DataLoader) and getattr(loader, "_iterator", None) is it:
+                loader._iterator = None  # persistent workers: the loader keeps its iterator
 
     def position(self) -> dict[str, int]:
         """Where the feed is: epoch, batches taken in it, shuffle seed."""

@@ -28,11 +28,14 @@ class ResumableLoader:
         loader: a DataLoader (or any re-iterable); for several processes, already sharded.
         seed: the order's seed, the same on every rank.
         rank: salts the loader workers' seeds (the order is shared by the ranks).
+        seed_per_sample: seed the randomness of each sample of a map-style dataset from
+            ``(seed, epoch, index)``, whichever worker loads it (treadle/data/worker_seed.py).
     """
 
-    def __init__(self, loader: Iterable[Any], *, seed: int, rank: int = 0) -> None:
+    def __init__(self, loader: Iterable[Any], *, seed: int, rank: int = 0, seed_per_sample: bool = True) -> None:
         self.loader = loader
-        self._feed = DataFeed(loader, seed=seed, rank=rank)
+        self._feed = DataFeed(loader, seed=seed, rank=rank, seed_per_sample=seed_per_sample)
+        self._seed_per_sample = seed_per_sample
         self._next_epoch = 0  # what the next iter() starts
         self._resume_at: int | None = None  # batches already taken in epoch _next_epoch (after a load)
         self._open = False  # inside an epoch that has not reached its end
@@ -102,7 +105,8 @@ class ResumableLoader:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"loader state {key}={value!r}; expected an int >= 0 (state: {state!r})")
         self._feed.close()
-        self._feed = DataFeed(self.loader, seed=state["seed"], rank=self._feed.rank)
+        self._feed = DataFeed(self.loader, seed=state["seed"], rank=self._feed.rank,
+                              seed_per_sample=self._seed_per_sample)
         self._next_epoch = state["epoch"]
         self._resume_at = state["batch_idx"] or None
         self._open = False

@@ -192,10 +192,12 @@ class StrategyAPI:
         self._prepared = True
         return items[0] if len(items) == 1 else tuple(items)
 
-    def prepare_dataloader(self, loader: Any, *, train: bool = True) -> Any:
+    def prepare_dataloader(self, loader: Any, *, train: bool = True, seed_per_sample: bool = True) -> Any:
         """``loader`` (a DataLoader or a config dict) for this process: sharded across
         ranks and, for training, a :class:`ResumableLoader` whose place each checkpoint
-        holds. ``train=False``: sharded for evaluation (every sample once), not tracked."""
+        holds. ``train=False``: sharded for evaluation (every sample once), not tracked.
+        ``seed_per_sample``: seed each sample's randomness in a map-style dataset from
+        ``(seed, epoch, index)``, the same for any ``num_workers`` and on resume (training only)."""
         self.setup_env()
         if isinstance(loader, Mapping):
             from treadle.config.build import build_dataloader  # the config layer: only for a config dict
@@ -206,7 +208,8 @@ class StrategyAPI:
             loader = shard(loader, self.rank, self.world_size)
         if not train:
             return loader
-        prepared = ResumableLoader(loader, seed=derive_seed(self.data_seed, len(self._loaders)), rank=self.rank)
+        prepared = ResumableLoader(loader, seed=derive_seed(self.data_seed, len(self._loaders)), rank=self.rank,
+                                   seed_per_sample=seed_per_sample)
         self._loaders.append(prepared)
         if self._pending_loaders:  # resumed before this loader was prepared
             prepared.load_state_dict(self._pending_loaders.pop(0))
