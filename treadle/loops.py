@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor
@@ -58,25 +58,39 @@ from treadle.metrics import flatten_results, to_python, update_metrics
 from treadle.step import batch_size_of
 
 if TYPE_CHECKING:
+    from torch import nn
+
+    from treadle.optim.wrapper import OptimWrapper
     from treadle.state import TrainState
-    from treadle.trainer import Trainer
 
 Workflow = list[tuple[str, "int | None"]]
+
+
+@dataclass(frozen=True)
+class EvalComm:
+    """An evaluation across several processes: this rank, and whether every rank must run
+    as many batches (FSDP gathers parameters inside forward: its collectives pair up)."""
+
+    rank: int
+    lockstep: bool
 
 
 class EvalLoop:
     """One validation or test pass: metrics with update/compute/reset, mean losses."""
 
-    def __init__(self, trainer: "Trainer", loader: Iterable[Any], mode: str, *, hooks: HookDispatcher,
+    def __init__(self, owner: Any, loader: Iterable[Any], mode: str, *, hooks: HookDispatcher,
+                 state: TrainState, model: nn.Module, metrics: dict[str, Any],
                  step: Callable[[Any], tuple[Any, Any, dict[str, Any]]],
-                 custom_step: Callable[[Any], dict[str, Any]] | None = None) -> None:
-        self.trainer = trainer
+                 custom_step: Callable[[Any], dict[str, Any]] | None = None, seed: int | None = None,
+                 seed_per_sample: bool = True, comm: EvalComm | None = None) -> None:
+        self.owner = owner  # what the hooks receive (the Trainer)
         self.mode = mode  # "val" | "test"
-        self.hooks = hooks
+        self.hooks, self.state, self.model, self.metrics = hooks, state, model, metrics
         self.step = step  # batch -> (outputs, targets, values to log)
         self.custom_step = custom_step  # the model's val_step(batch, trainer): values to log
+        self.comm = comm  # several processes: how results are summed, and lockstep (FSDP)
         # Started at the first pass: no workers before.
-        self.feed = DataFeed(loader, seed=trainer.seed, seed_per_sample=trainer.seed_per_sample)
+        self.feed = DataFeed(loader, seed=seed, seed_per_sample=seed_per_sample)
         self._passes = 0
 
     def state_dict(self) -> dict[str, int]:
@@ -93,18 +107,18 @@ class EvalLoop:
     def run(self, num_iters: int | None = None) -> dict[str, Any]:
         """A full pass (``num_iters=None``) or ``num_iters`` batches from an endless
         feed (iteration workflows); returns ``{"<mode>/<name>": value}``."""
-        t, mode, hooks = self.trainer, self.mode, self.hooks
-        state, d = t.state, hooks.table
+        t, mode, hooks = self.owner, self.mode, self.hooks
+        state, d = self.state, hooks.table
         prev_mode = state.mode
         state.mode = mode
         hooks.call(f"before_{mode}", t)
         hooks.call(f"before_{mode}_epoch", t)
         before_iter, after_iter = d[f"before_{mode}_iter"], d[f"after_{mode}_iter"]
         step, custom_step = self.step, self.custom_step
-        metrics = t.metrics
+        metrics = self.metrics
         for m in metrics.values():
             m.reset()
-        model = t.model
+        model = self.model
         was_training = model.training
         model.eval()
         sums: dict[str, Tensor] = {}
@@ -113,7 +127,7 @@ class EvalLoop:
             self.feed.start_epoch(self._passes)
             self._passes += 1
         # FSDP gathers parameters inside forward: every rank must run as many batches.
-        lockstep = num_iters is None and t.strategy.distributed and t.strategy.eval_in_lockstep
+        lockstep = num_iters is None and self.comm is not None and self.comm.lockstep
         target = _most_batches(self.feed.length) if lockstep else 0  # before any forward: collectives pair up
         batch = None
         with torch.no_grad():
@@ -136,7 +150,7 @@ class EvalLoop:
                 self._replay_for_lockstep(target - self.feed.batch_idx, batch)
         model.train(was_training)
         totals = {k: to_python(v) for k, v in sums.items()}  # one host read per evaluation
-        if t.strategy.distributed:  # each rank saw its own share of the samples: add them up
+        if self.comm is not None:  # each rank saw its own share of the samples: add them up
             totals, count = _sum_over_ranks(totals, count)
         results = {f"{mode}/{k}": v / max(count, 1) for k, v in totals.items()}
         for name, m in metrics.items():
@@ -164,9 +178,9 @@ class EvalLoop:
     def _replay_for_lockstep(self, extra: int, last: Any) -> None:
         """Ranks with fewer evaluation batches repeat forward passes (results dropped) until
         every rank has run as many: the collectives inside forward then always pair up."""
-        t = self.trainer
         if extra and last is None:
-            raise RuntimeError(f"rank {t.strategy.rank} has no {t.state.mode} batch while others have {extra}: "
+            rank = self.comm.rank if self.comm is not None else 0
+            raise RuntimeError(f"rank {rank} has no {self.state.mode} batch while others have {extra}: "
                                "the dataset is smaller than the number of processes")
         for _ in range(extra):
             if self.custom_step is not None:
@@ -254,11 +268,12 @@ class TrainLoop:
 
     by_epoch: bool
 
-    def __init__(self, trainer: "Trainer", feed: DataFeed, workflow: Workflow, *, hooks: HookDispatcher,
-                 step: Callable[[Any], Any], agree: Callable[[], None] | None = None,
+    def __init__(self, owner: Any, feed: DataFeed, workflow: Workflow, *, hooks: HookDispatcher,
+                 state: TrainState, optim_wrappers: Mapping[str, OptimWrapper], step: Callable[[Any], Any],
+                 val_loop: EvalLoop | None = None, agree: Callable[[], None] | None = None,
                  resume_pos: dict[str, Any] | None = None, world_size: int = 1) -> None:
-        self.trainer = trainer
-        self.hooks = hooks
+        self.owner = owner  # what the hooks receive (the Trainer)
+        self.hooks, self.state, self.optim_wrappers, self.val_loop = hooks, state, optim_wrappers, val_loop
         self.step = step  # batch -> values to log (after_backward/before_optimizer_step fire inside)
         self.agree = agree  # None in one process; several: the ranks agree on stopping each iteration
         self.feed = feed
@@ -283,10 +298,10 @@ class TrainLoop:
         self.feed.seed = self._fresh_seed
 
     def run(self) -> None:
-        t, s = self.trainer, self.trainer.state
+        t, s = self.owner, self.state
         s.mode = "train"
         if not self.by_epoch and not (self.resume_pos and s.iter):  # windows run on to max_iters
-            for ow in t.optim_wrappers.values():
+            for ow in self.optim_wrappers.values():
                 ow.start_run(s.max_iters - s.iter)  # type: ignore[operator]
         self.hooks.call("before_train", t)
         if self.resume_pos and not self.resume_pos["open"]:
@@ -357,7 +372,7 @@ class TrainLoop:
         """The iteration boundary a checkpoint taken now records. From ``after_train_iter``
         it already counts the running iteration (its step is done); from
         ``after_train_epoch`` of a complete epoch, that epoch."""
-        s, feed = self.trainer.state, self.feed
+        s, feed = self.state, self.feed
         if self._epoch_open or self._stopped_inside_epoch:  # a stop that closed the epoch early resumes inside it
             pending = feed.batch_idx - s.inner_iter  # 1 while the iteration's after_train_iter runs
             epoch, it, inner, opened = s.epoch, s.iter + pending, feed.batch_idx, True
@@ -382,7 +397,7 @@ class TrainLoop:
         another number of processes: the samples already taken are kept, counted in this
         run's batches. The RNG streams are set by :meth:`resume_rng`."""
         pos = dict(state)
-        s = self.trainer.state
+        s = self.state
         s.epoch, s.iter, s.inner_iter = int(pos["epoch"]), int(pos["iter"]), int(pos["inner_iter"])
         saved_world = int(pos.get("world_size") or 1)
         if saved_world != self.world_size:
@@ -429,7 +444,7 @@ class TrainLoop:
         raise NotImplementedError
 
     def _open_epoch(self) -> None:
-        s = self.trainer.state
+        s = self.state
         pos, self.resume_pos = self.resume_pos, None
         self._stopped_inside_epoch = False
         skip = pos["batch_idx"] if pos and pos["open"] and pos["epoch"] == s.epoch else 0
@@ -437,9 +452,9 @@ class TrainLoop:
         self.feed.start_epoch(s.epoch, skip=skip)
         self._epoch_open = True
         if self.by_epoch and not skip:  # accumulation windows close at the end of each epoch
-            for ow in self.trainer.optim_wrappers.values():  # (a resumed window keeps its count)
+            for ow in self.optim_wrappers.values():  # (a resumed window keeps its count)
                 ow.start_run(self.feed.length)
-        self.hooks.call("before_train_epoch", self.trainer)
+        self.hooks.call("before_train_epoch", self.owner)
         if pos and pos["open"]:
             self._restore_rng(pos)  # exactly where the interrupted run took its next batch
 
@@ -453,16 +468,15 @@ class TrainLoop:
         self._epoch_open = False
         self._closing_complete = complete
         self._stopped_inside_epoch = not complete
-        self.hooks.call("after_train_epoch", self.trainer)
+        self.hooks.call("after_train_epoch", self.owner)
         self._closing_complete = False
         if complete:
-            self.trainer.state.epoch += 1
+            self.state.epoch += 1
 
     def _run_batches(self, limit: int | None) -> bool:
         """Train on the open epoch's batches, at most ``limit`` of them. Returns True
         when the epoch is exhausted. Everything here runs once per iteration."""
-        t = self.trainer
-        s = t.state
+        t, s = self.owner, self.state
         step, agree = self.step, self.agree
         before, after = self.hooks.table["before_train_iter"], self.hooks.table["after_train_iter"]
         end = s.iter + limit if limit is not None else -1
@@ -493,14 +507,14 @@ class EpochLoop(TrainLoop):
     by_epoch = True
 
     def _done(self) -> bool:
-        s = self.trainer.state
+        s = self.state
         return s.epoch >= s.max_epochs  # type: ignore[operator]
 
     def _units_done(self) -> int:
-        return self.trainer.state.epoch
+        return self.state.epoch
 
     def train_phase(self, k: int) -> None:
-        s = self.trainer.state
+        s = self.state
         for _ in range(k):
             resuming_inside = self.resume_pos is not None and self.resume_pos["open"]
             if (self._done() and not resuming_inside) or s.should_stop:
@@ -515,7 +529,7 @@ class EpochLoop(TrainLoop):
 
     def val_phase(self, k: int | None) -> None:
         for _ in range(k or 1):
-            self.trainer.val_loop.run()  # type: ignore[union-attr]
+            self.val_loop.run()  # type: ignore[union-attr]
 
 
 class IterLoop(TrainLoop):
@@ -526,14 +540,14 @@ class IterLoop(TrainLoop):
     by_epoch = False
 
     def _done(self) -> bool:
-        s = self.trainer.state
+        s = self.state
         return s.iter >= s.max_iters  # type: ignore[operator]
 
     def _units_done(self) -> int:
-        return self.trainer.state.iter
+        return self.state.iter
 
     def train_phase(self, k: int) -> None:
-        s = self.trainer.state
+        s = self.state
         pos = self.resume_pos
         if pos is not None and pos["open"] and self.feed.length is not None and pos["batch_idx"] >= self.feed.length:
             # Resumed right after an epoch's last batch (a preemption there): close that
@@ -555,7 +569,7 @@ class IterLoop(TrainLoop):
                 self._close_epoch(complete=True)
 
     def val_phase(self, k: int | None) -> None:
-        self.trainer.val_loop.run(num_iters=k)  # type: ignore[union-attr]
+        self.val_loop.run(num_iters=k)  # type: ignore[union-attr]
 
 
 def default_workflow(by_epoch: bool, val_interval: int, has_val: bool, total: int) -> Workflow:

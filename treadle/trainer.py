@@ -27,7 +27,7 @@ from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.ema import EMAHook
 from treadle.logging.store import MetricStore
 from treadle.logging.writers import get_logger, log_details, log_failure
-from treadle.loops import EpochLoop, EvalLoop, IterLoop, LoopCounters, TrainLoop, default_workflow
+from treadle.loops import EpochLoop, EvalComm, EvalLoop, IterLoop, LoopCounters, TrainLoop, default_workflow
 from treadle.metrics import update_metrics
 from treadle.optim.wrapper import OptimWrapper, make_autocast
 from treadle.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, requeue_slurm_job
@@ -278,13 +278,17 @@ class Trainer:
         total = s.max_epochs if s.by_epoch else s.max_iters
         workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
         loop_cls = EpochLoop if s.by_epoch else IterLoop
-        return loop_cls(self, feed, workflow, hooks=self._dispatch, step=self._train_step, agree=self._agree_stop,
+        return loop_cls(self, feed, workflow, hooks=self._dispatch, state=s, optim_wrappers=self.optim_wrappers,
+                        step=self._train_step, val_loop=self.val_loop, agree=self._agree_stop,
                         world_size=self.strategy.world_size)
 
     def _eval_loop(self, loader: Any, mode: str) -> EvalLoop:
-        custom = self._custom_val_step
-        return EvalLoop(self, loader, mode, hooks=self._dispatch, step=self._eval_step,
-                        custom_step=(lambda batch: custom(batch, self)) if custom is not None else None)
+        custom, strategy = self._custom_val_step, self.strategy
+        comm = EvalComm(strategy.rank, strategy.eval_in_lockstep) if strategy.distributed else None
+        return EvalLoop(self, loader, mode, hooks=self._dispatch, state=self.state, model=self.model,
+                        metrics=self.metrics, step=self._eval_step, seed=self.seed,
+                        custom_step=(lambda batch: custom(batch, self)) if custom is not None else None,
+                        seed_per_sample=self.seed_per_sample, comm=comm)
 
     def _rebuild_dispatch(self) -> None:
         self._dispatch.rebuild(self.hooks)
