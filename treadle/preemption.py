@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 from treadle.state import TrainState
 
@@ -166,3 +167,19 @@ def requeue_slurm_job() -> bool:
         return False
     get_logger().info(f"requeued SLURM job {job}")
     return True
+
+
+def agree_on_stop(state: Any) -> None:
+    """Every rank learns whether any rank must stop, was preempted or interrupted (one
+    CPU all-reduce per iteration; the Trainer calls it in multi-process runs only)."""
+    s = state
+    stop, preempted, interrupted = comm.any_rank(s.should_stop or s.preempt_requested, s.preempt_requested,
+                                                 s.interrupted)
+    if preempted and not s.preempted:
+        s.preempted = True
+        s.stop_reason = s.stop_reason or "preempted (signal received by another rank)"
+    if interrupted and not s.interrupted:
+        s.interrupted = True
+        s.stop_reason = "interrupted (Ctrl-C received by another rank)"
+    if stop:
+        s.should_stop = True

@@ -26,10 +26,20 @@ epoch. Checkpoints of format 1 are migrated when read (treadle/checkpoint/migrat
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
+from treadle.checkpoint.checkpointer import Checkpointer, rng_file
 from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
+from treadle.hooks.base import HookStates
+from treadle.logging.writers import get_logger
+from treadle.loops import LoopCounters
+from treadle.strategies.states import ModelState, OptimStates, RunState
+
+if TYPE_CHECKING:
+    from treadle.trainer import Trainer
 
 #: The entries of a Trainer checkpoint's ``state.pt``.
 ENTRIES = ("model", "optim", "hooks", "loop", "results", "strategy")
@@ -60,4 +70,55 @@ def finished(pos: dict[str, Any], max_epochs: int | None, max_iters: int | None,
     return bool(done and not (pos["open"] or pos.get("val_due")))
 
 
-__all__ = ["ENTRIES", "check_training_checkpoint", "finished"]
+def trainer_states(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(states, rank_states)``: the owners of ``trainer``'s training state, by name."""
+    strategy = trainer.strategy
+    optim = OptimStates(strategy, trainer.module, trainer.optim_wrappers)
+    loop = trainer.train_loop if trainer.train_loop is not None else LoopCounters(
+        trainer.state, strategy.data_seed, strategy.world_size)
+    states = {"model": ModelState(strategy, trainer.module), "optim": optim,
+              "hooks": HookStates(lambda: trainer.hooks), "loop": loop, "results": trainer.state,
+              "strategy": RunState(strategy)}
+    rank_states: dict[str, Any] = {"log_windows": trainer.store, "optim": optim.local}
+    if trainer.val_loop is not None:
+        rank_states["val"] = trainer.val_loop
+    return states, rank_states
+
+
+def save(trainer: "Trainer", path: str | Path, writer: Callable[..., Path] | None = None) -> Path:
+    """``Trainer.save_checkpoint``: the owners handed to the strategy's checkpointer, the
+    manifest's meta (position, finished), the ``before_save_checkpoint`` hooks."""
+    states, rank_states = trainer_states(trainer)
+    pos, s = states["loop"].state_dict(), trainer.state
+    meta = {"epoch": pos["epoch"], "iter": pos["iter"], "finished": finished(pos, s.max_epochs, s.max_iters, s.by_epoch)}
+    # Checked on every rank (FSDP: each its shards), agreed on, raised everywhere alike.
+    return trainer.checkpointer.save(
+        path, states, rank_states=rank_states, meta=meta, run=trainer.run_id, writer=writer,
+        callback=functools.partial(trainer.call_hook, "before_save_checkpoint"),
+        describe=states["optim"].describe_nonfinite,
+        hint=" (a non-finite gradient with a finite loss does this); nan_guard='skip' skips such steps, "
+             "clip_grad or a lower lr may avoid them")
+
+
+def load(trainer: "Trainer", path: str | Path) -> None:
+    """``Trainer.load_checkpoint``: every owner checks its part, then all load; the train
+    loop takes this rank's RNG to set where the interrupted run took its next batch."""
+    strategy = trainer.strategy
+    states, rank_states = trainer_states(trainer)
+    state, own = trainer.checkpointer.load(path, states)
+    check_training_checkpoint(state)
+    saved_world = int(state["loop"].get("world_size") or 1)
+    if own is None and strategy.distributed and saved_world == strategy.world_size:
+        raise FileNotFoundError(f"the checkpoint has no {rng_file(strategy.rank)}; it was not saved by this job")
+    Checkpointer.restore(states, state, where=str(path))
+    local = own.get("rank_state") if own is not None else None
+    if isinstance(local, dict):  # another world size: this rank may have none
+        Checkpointer.restore(rank_states, local, where=f"{path} ({rng_file(strategy.rank)})", optional=rank_states)
+    if trainer.train_loop is not None:
+        trainer.train_loop.resume_rng(own)
+    trainer.call_hook("after_load_checkpoint", state)
+    get_logger().info(f"resumed from {path}: {trainer.state.iter} iterations done, training goes on in epoch "
+                      f"{trainer.state.epoch + 1}")  # 1-based, as the log lines (README: Epochs and iterations)
+
+
+__all__ = ["ENTRIES", "check_training_checkpoint", "finished", "load", "save", "trainer_states"]

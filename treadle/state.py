@@ -53,6 +53,16 @@ class TrainState:
         what = {"val": "validation", "test": "the test"}.get(self.mode, "the run")
         return f"in {what} (after {self.iter} training iterations)" if self.iter else f"in {what}"
 
+    def set_epoch_length(self, iters_per_epoch: int | None) -> None:
+        """Iterations per epoch (None: a loader without a length), and from it ``max_iters``
+        (epoch-based) or ``max_epochs`` (iteration-based)."""
+        self.iters_per_epoch = iters_per_epoch
+        if iters_per_epoch:
+            if self.by_epoch:
+                self.max_iters = self.max_epochs * iters_per_epoch  # type: ignore[operator]
+            else:
+                self.max_epochs = -(-self.max_iters // iters_per_epoch)  # type: ignore[operator]
+
     def request_stop(self, reason: str = "") -> None:
         """Ask the loop to stop cleanly at the next iteration boundary."""
         self.should_stop = True

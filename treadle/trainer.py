@@ -16,28 +16,27 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-from treadle.checkpoint.checkpointer import Checkpointer, rng_file
+from treadle.checkpoint.checkpointer import Checkpointer
 from treadle.checkpoint.weights import load_weights
 from treadle.data.feed import DataFeed
 from treadle.distributed import comm
 from treadle.env import collect_env, format_env
 from treadle.hints import strict_loss_shapes
-from treadle.hooks.base import HOOK_POINTS, Hook, HookDispatcher, HookStates, check_hook_points, describe_order, get_priority, sort_hooks
+from treadle.hooks.base import HOOK_POINTS, Hook, HookDispatcher, check_hook_points, describe_order, get_priority, sort_hooks
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.ema import EMAHook
 from treadle.logging.store import MetricStore
 from treadle.logging.writers import get_logger, log_details, log_failure
-from treadle.loops import EpochLoop, EvalComm, EvalLoop, IterLoop, LoopCounters, TrainLoop, default_workflow
+from treadle.loops import EpochLoop, EvalComm, EvalLoop, IterLoop, TrainLoop, default_workflow
 from treadle.metrics import update_metrics
 from treadle.optim.wrapper import OptimWrapper, make_autocast
-from treadle.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, requeue_slurm_job
+from treadle.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, agree_on_stop, requeue_slurm_job
 from treadle.resume import checkpoint_in, latest_to_resume, note_other_runs
 from treadle.run_dir import RunDir
 from treadle.state import TrainState
 from treadle.step import make_eval_step, make_train_step
 from treadle.strategies.base import Strategy
 from treadle.strategies.build import resolve_strategy
-from treadle.strategies.states import ModelState, OptimStates, RunState
 from treadle.timing import PhaseTimer
 from treadle.trainer_args import (build_args, build_model_and_data, check_bool, check_hook_list, default_hooks,
                                   warn_if_unpinned, warn_without_validation)
@@ -183,7 +182,7 @@ class Trainer:
         self.loss_fn, self.val_interval, self.log_interval = a.loss_fn, val_interval, log_interval
         self.state = TrainState(max_epochs=max_epochs, max_iters=max_iters, by_epoch=max_iters is None)
         if self.train_dataloader is not None:
-            self._set_loop_length()
+            self.state.set_epoch_length(DataFeed(self.train_dataloader).length)
         self.store = MetricStore()
         self.module = model  # the user's module, unwrapped
         self._resume_loaded = False  # validate/test load `resume` too, unless fit already did
@@ -199,7 +198,8 @@ class Trainer:
                                  train_micro_batch_size_per_gpu=getattr(self.train_dataloader, "batch_size", None)))
         self.model = self.strategy.model
         self.optim_wrappers: dict[str, OptimWrapper] = self.strategy.optim_wrappers
-        self._agree_stop: Callable[[], None] | None = self._agree_on_stop if self.strategy.distributed else None
+        # Several processes: after each iteration the ranks agree on stopping (None: one process).
+        self._agree_stop = functools.partial(agree_on_stop, self.state) if self.strategy.distributed else None
         self._move = self.strategy.batch_mover()
         if self.strategy.device.type == "cuda" and self.is_main:
             warn_if_unpinned(self.train_dataloader)
@@ -243,16 +243,6 @@ class Trainer:
         if note:
             get_logger().info(note)
         get_logger().info(f"load_from: {load_weights(self.module, path, strict=True)}")
-
-    def _set_loop_length(self) -> None:
-        """Iterations per epoch, and max_iters (epoch-based) or max_epochs (iteration-based)."""
-        s = self.state
-        s.iters_per_epoch = DataFeed(self.train_dataloader).length  # type: ignore[arg-type]
-        if s.iters_per_epoch:
-            if s.by_epoch:
-                s.max_iters = s.max_epochs * s.iters_per_epoch  # type: ignore[operator]
-            else:
-                s.max_epochs = -(-s.max_iters // s.iters_per_epoch)  # type: ignore[operator]
 
     @property
     def ema(self) -> nn.Module | None:
@@ -312,7 +302,8 @@ class Trainer:
             return self.train_step
         return make_train_step(self.model, self.loss_fn, self.optim_wrapper, self._move, timer=self._phase_timer)
 
-    def _call(self, point: str, *args: Any) -> None:
+    def call_hook(self, point: str, *args: Any) -> None:
+        """Call every hook's ``point`` method (e.g. "before_save_checkpoint"), in priority order."""
         self._dispatch.call(point, self, *args)
 
     # -- accessors -----------------------------------------------------------------
@@ -418,21 +409,6 @@ class Trainer:
         elif s.preempted and self.is_main:
             get_logger().warning(f"{s.stop_reason}: stopped at iteration {s.iter}; nothing saved (no work_dir)")
 
-    def _agree_on_stop(self) -> None:
-        """Every rank learns whether any rank must stop, was preempted or interrupted
-        (one CPU all-reduce per iteration, multi-process runs only)."""
-        s = self.state
-        stop, preempted, interrupted = comm.any_rank(s.should_stop or s.preempt_requested, s.preempt_requested,
-                                                     s.interrupted)
-        if preempted and not s.preempted:
-            s.preempted = True
-            s.stop_reason = s.stop_reason or "preempted (signal received by another rank)"
-        if interrupted and not s.interrupted:
-            s.interrupted = True
-            s.stop_reason = "interrupted (Ctrl-C received by another rank)"
-        if stop:
-            s.should_stop = True
-
     # -- the run directory (treadle/run_dir.py) -----------------------------------------
     def _locked(self) -> Any:
         """fit/validate/test hold work_dir's lock: a second run there is refused at once."""
@@ -464,16 +440,7 @@ class Trainer:
     def checkpoint_states(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(states, rank_states)``: the owners of this trainer's training state by name,
         as the checkpointer takes them (the layout: treadle/snapshot.py)."""
-        strategy = self.strategy
-        optim = OptimStates(strategy, self.module, self.optim_wrappers)
-        loop = self.train_loop if self.train_loop is not None else LoopCounters(self.state, strategy.data_seed,
-                                                                                strategy.world_size)
-        states = {"model": ModelState(strategy, self.module), "optim": optim, "hooks": HookStates(lambda: self.hooks),
-                  "loop": loop, "results": self.state, "strategy": RunState(strategy)}
-        rank_states: dict[str, Any] = {"log_windows": self.store, "optim": optim.local}
-        if self.val_loop is not None:
-            rank_states["val"] = self.val_loop
-        return states, rank_states
+        return snapshot.trainer_states(self)
 
     def save_checkpoint(self, path: str | Path, writer: Callable[..., Path] | None = None) -> Path:
         """Save the complete state (atomic; treadle/snapshot.py lists what is in it).
@@ -481,38 +448,12 @@ class Trainer:
         ``writer``: replaces ``treadle.checkpoint.io.save_checkpoint`` on rank 0, e.g. an
         ``AsyncCheckpointer`` (which returns once the state is copied to CPU memory).
         """
-        states, rank_states = self.checkpoint_states()
-        pos = states["loop"].state_dict()
-        s = self.state
-        meta = {"epoch": pos["epoch"], "iter": pos["iter"],
-                "finished": snapshot.finished(pos, s.max_epochs, s.max_iters, s.by_epoch)}
-        # Checked on every rank (FSDP: each its shards), agreed on, raised everywhere alike.
-        return self.checkpointer.save(
-            path, states, rank_states=rank_states, meta=meta, run=self.run_id, writer=writer,
-            callback=functools.partial(self._call, "before_save_checkpoint"),
-            describe=states["optim"].describe_nonfinite,
-            hint=" (a non-finite gradient with a finite loss does this); nan_guard='skip' skips such steps, "
-                 "clip_grad or a lower lr may avoid them")
+        return snapshot.save(self, path, writer)
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore the complete state from ``path``. Every owner checks its part first: a
         checkpoint that does not fit this trainer changes nothing."""
-        states, rank_states = self.checkpoint_states()
-        state, own = self.checkpointer.load(path, states)
-        snapshot.check_training_checkpoint(state)
-        saved_world = int(state["loop"].get("world_size") or 1)
-        if own is None and self.strategy.distributed and saved_world == self.strategy.world_size:
-            raise FileNotFoundError(f"the checkpoint has no {rng_file(self.strategy.rank)}; it was not saved by this job")
-        Checkpointer.restore(states, state, where=str(path))
-        local = own.get("rank_state") if own is not None else None
-        if isinstance(local, dict):  # another world size: this rank may have none
-            Checkpointer.restore(rank_states, local, where=f"{path} ({rng_file(self.strategy.rank)})",
-                                 optional=rank_states)
-        if self.train_loop is not None:
-            self.train_loop.resume_rng(own)  # set where the interrupted run took its next batch
-        self._call("after_load_checkpoint", state)
-        get_logger().info(f"resumed from {path}: {self.state.iter} iterations done, training goes on in epoch "
-                          f"{self.state.epoch + 1}")  # 1-based, as the log lines (README: Epochs and iterations)
+        snapshot.load(self, path)
 
     def _load_resume(self) -> None:
         """validate()/test() before any fit start from what ``resume`` names, as fit does
@@ -554,7 +495,7 @@ class Trainer:
         if self.work_dir is not None and self.is_main:
             self.work_dir.mkdir(parents=True, exist_ok=True)
         self.state.should_stop = False
-        self._call("before_run")
+        self.call_hook("before_run")
         try:
             if self.is_main:  # to log.txt, one console line (treadle/logging/writers.py)
                 log_details({**({"environment": f"environment:\n{env}"} if env else {}),
@@ -564,11 +505,11 @@ class Trainer:
         except BaseException as error:
             if isinstance(error, Exception):
                 log_failure(error, self.state.position())  # the full traceback, to log.txt only
-            self._after_run(error)
+            self._dispatch.call_all("after_run", self, error)
             raise  # the body's error, not a later one of an after_run hook (logged and noted on it)
         finally:
             self._close_feeds()
-        self._after_run(None)
+        self._dispatch.call_all("after_run", self, None)
         return result
 
     def _close_feeds(self) -> None:
@@ -577,24 +518,6 @@ class Trainer:
             if loop is not None:
                 loop.feed.close()
 
-    def _after_run(self, error: BaseException | None) -> None:
-        """Call every ``after_run`` hook, even when one fails (they close files, wait for saves).
-
-        The body's ``error`` stays the one raised: a hook's failure is then logged and
-        added to it as a note. Without one, the first hook failure is raised."""
-        raised = error
-        for fn in self._dispatch.table["after_run"]:
-            try:
-                fn(self)
-            except Exception as e:
-                if raised is None:
-                    raised = e
-                    continue
-                what = f"{type(getattr(fn, '__self__', None)).__name__}.after_run also failed: {type(e).__name__}: {e}"
-                get_logger().error(f"{what} (raising the earlier {type(raised).__name__})", exc_info=e)
-                raised.add_note(what)
-        if raised is not None and raised is not error:
-            raise raised
 
 
 

@@ -220,6 +220,27 @@ class HookDispatcher:
         for fn in self.table[point]:
             fn(trainer, *args)
 
+    def call_all(self, point: str, trainer: Any, error: BaseException | None) -> None:
+        """Call every hook of ``point`` even when one fails (``after_run``: they close files
+        and wait for saves). The run's ``error`` stays the one raised (the caller raises
+        it): a hook's failure is then logged and added to it as a note. Without one, the
+        first hook failure is raised."""
+        raised = error
+        for fn in self.table[point]:
+            try:
+                fn(trainer)
+            except Exception as e:
+                if raised is None:
+                    raised = e
+                    continue
+                what = f"{type(getattr(fn, '__self__', None)).__name__}.{point} also failed: {type(e).__name__}: {e}"
+                from treadle.logging.writers import get_logger
+
+                get_logger().error(f"{what} (raising the earlier {type(raised).__name__})", exc_info=e)
+                raised.add_note(what)
+        if raised is not None and raised is not error:
+            raise raised
+
 
 class HookStates:
     """The state of every hook, keyed by class name (``#n`` for repeats), for checkpoints.
