@@ -223,10 +223,10 @@ def check_args(values: Mapping[str, Any]) -> None:
             check_value(key, value, key.name)
         except ConfigError as e:
             if e.problem.startswith("wrong type"):
-                if key.objects and key.objects != _ANY and "path" not in e.expected:  # what Python may pass too
-                    e.expected += ", or " + " or ".join(_type_name(t) for t in key.objects)
-                    e.args = (e._format(),)
-                raise TypeError(str(e)) from None
+                expected = e.expected
+                if key.objects and key.objects != _ANY and "path" not in expected:  # what Python may pass too
+                    expected += ", or " + " or ".join(_type_name(t) for t in key.objects)
+                raise TypeError(str(ConfigError(e.path, e.problem, value=e.value, expected=expected))) from None
             raise
 
 

@@ -79,7 +79,7 @@ DCP_METADATA = ".metadata"
 
 def _group() -> Any:
     """Process group for DCP's planning collectives (gloo: no device sync); None alone."""
-    return comm._control() if comm.is_distributed() else None
+    return comm.control_group() if comm.is_distributed() else None
 
 
 _async_pg: tuple[Any, Any] | None = None  # (the default group it belongs to, the group)

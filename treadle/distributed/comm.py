@@ -99,7 +99,7 @@ def init_distributed(env: DistEnv | None = None, *, backend: str | None = None,
     return device
 
 
-def _control() -> Any:
+def control_group() -> Any:
     """The gloo group for objects (created on first use when the user's group is NCCL)."""
     global _control_group
     if _control_group is None and dist.get_backend() != "gloo":
@@ -109,7 +109,7 @@ def _control() -> Any:
 
 def barrier() -> None:
     if is_distributed():
-        dist.barrier(group=_control())
+        dist.barrier(group=control_group())
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
@@ -117,7 +117,7 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     if not is_distributed():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src, group=_control())
+    dist.broadcast_object_list(box, src=src, group=control_group())
     return box[0]
 
 
@@ -126,7 +126,7 @@ def all_gather_object(obj: Any) -> list[Any]:
     if not is_distributed():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj, group=_control())
+    dist.all_gather_object(out, obj, group=control_group())
     return out
 
 
@@ -135,7 +135,7 @@ def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
     if not is_distributed():
         return [obj]
     out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
-    dist.gather_object(obj, out, dst=dst, group=_control())
+    dist.gather_object(obj, out, dst=dst, group=control_group())
     return out
 
 
@@ -144,7 +144,7 @@ def any_rank(*flags: bool) -> list[bool]:
     if not is_distributed():
         return list(flags)
     t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_control())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=control_group())
     return [bool(v) for v in t.tolist()]
 
 
@@ -155,7 +155,7 @@ def _shutdown_at_exit() -> None:
     if getattr(sys, "last_value", None) is not None or not dist.is_initialized():
         return
     try:
-        dist.barrier(group=_control())
+        dist.barrier(group=control_group())
     except Exception:  # a peer is gone: nothing left to agree with
         return
     shutdown()
