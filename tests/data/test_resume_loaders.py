@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import (DataLoader, IterableDataset, Sampler, SubsetRandomSampler, TensorDataset,
+from torch.utils.data import (DataLoader, Dataset, IterableDataset, Sampler, SubsetRandomSampler, TensorDataset,
                               WeightedRandomSampler, get_worker_info)
 
 import treadle
@@ -127,11 +127,23 @@ def test_iterable_dataset_resumes_mid_epoch_by_loading_and_dropping_batches(tmp_
     assert_resume_is_exact(tmp_path, loader, at=8)
 
 
+class Items(Dataset):
+    def __init__(self, data):
+        self.data = data
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.data[i]
+
+
 def test_persistent_workers_resume_exactly_at_a_boundary_and_inside_an_epoch(tmp_path, caplog):
     made = []
 
-    def loader():
-        made.append(DataLoader(make_data(N), batch_size=BATCH, shuffle=True, num_workers=2, persistent_workers=True))
+    def loader():  # a dataset of its own (a TensorDataset is known to draw nothing: never seeded, never warned)
+        made.append(DataLoader(Items(make_data(N)), batch_size=BATCH, shuffle=True, num_workers=2,
+                               persistent_workers=True))
         return made[-1]
 
     def stop_workers():

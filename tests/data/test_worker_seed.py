@@ -369,3 +369,19 @@ def test_strategy_api_resume_inside_an_epoch_is_exact_in_the_main_process(tmp_pa
 def test_strategy_api_resume_inside_an_epoch_is_exact_with_workers(tmp_path):
     assert _api_resumed_equals_whole(tmp_path / "on", 2)
     assert not _api_resumed_equals_whole(tmp_path / "off", 2, seed_per_sample=False)  # the test sees it
+
+
+def test_in_memory_tensor_datasets_are_not_seeded():
+    """torch's TensorDataset (alone or under Subset/ConcatDataset/StackDataset) draws
+    nothing: its loader is iterated as it is, at no cost per sample."""
+    from torch.utils.data import ConcatDataset, StackDataset, Subset, TensorDataset
+
+    from treadle.data.feed import DataFeed
+    from treadle.data.worker_seed import may_draw
+
+    t = TensorDataset(torch.arange(8.0))
+    for ds in (t, Subset(t, [0, 1]), ConcatDataset([t, t]), StackDataset(t, t), StackDataset(a=t)):
+        assert not may_draw(ds)
+        assert not DataFeed(DataLoader(ds, batch_size=2)).seed_per_sample
+    assert may_draw(ConcatDataset([t, Draws()]))
+    assert DataFeed(DataLoader(Draws(), batch_size=2)).seed_per_sample

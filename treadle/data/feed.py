@@ -40,7 +40,7 @@ from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, R
                               SubsetRandomSampler, WeightedRandomSampler)
 
 from treadle.logging.writers import get_logger
-from treadle.data.worker_seed import SeededCopy, seedable
+from treadle.data.worker_seed import SeededCopy, may_draw, seedable
 from treadle.seeding import derive_seed
 
 # torch's samplers that draw their order from ``self.generator`` (a user's one is replaced).
@@ -148,7 +148,7 @@ class DataFeed:
         loader = self.loader
         if not isinstance(loader, DataLoader):
             return
-        if loader.persistent_workers and loader.num_workers > 0 and not self.seed_per_sample:
+        if loader.persistent_workers and loader.num_workers > 0 and not self.seed_per_sample and may_draw(loader.dataset):
             get_logger().warning(
                 "resuming a training DataLoader with persistent_workers=True: the data order is restored, but "
                 "the workers' RNG is not: an uninterrupted run's workers keep the seeds of the first epoch they "

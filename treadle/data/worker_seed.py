@@ -36,8 +36,8 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import (DataLoader, Dataset, IterableDataset, RandomSampler, StackDataset, Subset,
-                              WeightedRandomSampler)
+from torch.utils.data import (ConcatDataset, DataLoader, Dataset, IterableDataset, RandomSampler, StackDataset,
+                              Subset, TensorDataset, WeightedRandomSampler)
 
 from treadle.seeding import derive_seed
 
@@ -205,10 +205,28 @@ def _repeats_from(sampler: Any) -> int | None:
 
 def seedable(loader: Any) -> bool:
     """True for a DataLoader over a map-style dataset that iterates as torch's does (a
-    subclass with its own ``__iter__``, such as a stateful loader, is left alone)."""
+    subclass with its own ``__iter__``, such as a stateful loader, is left alone) and may
+    draw random numbers: torch's in-memory ``TensorDataset`` (alone or under ``Subset``,
+    ``ConcatDataset``, ``StackDataset``) never does, so it costs nothing."""
     return (isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset)
             and type(loader).__iter__ is DataLoader.__iter__
-            and type(loader)._get_iterator is DataLoader._get_iterator)
+            and type(loader)._get_iterator is DataLoader._get_iterator
+            and may_draw(loader.dataset))
+
+
+def may_draw(dataset: Any) -> bool:
+    """False for datasets whose items are known to involve no randomness."""
+    kind = type(dataset)
+    if kind is TensorDataset:
+        return False
+    if kind is Subset:
+        return may_draw(dataset.dataset)
+    if kind is ConcatDataset:
+        return any(may_draw(d) for d in dataset.datasets)
+    if kind is StackDataset:
+        parts = dataset.datasets.values() if isinstance(dataset.datasets, dict) else dataset.datasets
+        return any(may_draw(d) for d in parts)
+    return True
 
 
 class SeededCopy:
@@ -238,4 +256,4 @@ class SeededCopy:
         return iter(self.loader)
 
 
-__all__ = ["KeyedIndices", "SeededCopy", "SeededDataset", "epoch_seed", "sample_seed", "seedable"]
+__all__ = ["KeyedIndices", "SeededCopy", "SeededDataset", "epoch_seed", "may_draw", "sample_seed", "seedable"]
