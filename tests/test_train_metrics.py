@@ -335,6 +335,14 @@ def test_two_ranks_log_the_value_over_both_ranks(tmp_path):
     assert [(r["iter"], r["train/acc"]) for r in _train_records(tmp_path / "one")] == \
         [(r["iter"], r["train/acc"]) for r in records]
 
+    # Crashed after iteration 4, resumed from the checkpoint at 3 (inside the window 3-4):
+    # each rank takes back its own counts, and the records equal the uninterrupted run's.
+    assert all(code != 0 for code, _ in run_ranks(script, [str(tmp_path / "cut"), "crash"]))
+    for rank, (code, output) in enumerate(run_ranks(script, [str(tmp_path / "cut"), "resume"])):
+        assert code == 0, f"rank {rank} exited {code}:\n{output[-4000:]}"
+    assert [(r["iter"], r["train/acc"]) for r in _train_records(tmp_path / "cut")] == \
+        [(r["iter"], r["train/acc"]) for r in records]
+
 
 def test_a_module_metric_is_made_persistent():
     # torchmetrics keeps a Metric's states out of state_dict() until persistent(True);
