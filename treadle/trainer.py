@@ -174,8 +174,6 @@ class Trainer:
         self.seed_per_sample = seed_per_sample  # the loaders' DataFeeds (treadle/data/worker_seed.py)
         self.strategy = resolve_strategy(strategy)
         self.train_metrics = a.train_metrics  # None unless given (treadle/train_metrics.py)
-        if self.train_metrics is not None:
-            self.train_metrics.to(self.strategy.device)
 
         # -- process group, run id and seeds; then model and data ----------------------
         self.strategy.setup_env(seed=seed, seed_per_rank=seed_per_rank, deterministic=deterministic, draw_seed=False)
@@ -211,6 +209,8 @@ class Trainer:
         # Several processes: after each iteration the ranks agree on stopping (None: one process).
         self._agree_stop = functools.partial(agree_on_stop, self.state) if self.strategy.distributed else None
         self._move = self.strategy.batch_mover()
+        if self.train_metrics is not None:  # torchmetrics objects (modules) on the training device
+            self.train_metrics.to(self.strategy.device)
         if self.strategy.device.type == "cuda" and self.is_main:
             warn_if_unpinned(self.train_dataloader)
         self._custom_train_step = getattr(self.module, "train_step", None)
