@@ -158,16 +158,19 @@ def backward_error(error: BaseException, total: Any) -> BaseException:
 
 
 # -- metrics ----------------------------------------------------------------------------
-def metric_error(error: BaseException, name: str, outputs: Any, targets: Any, mode: str) -> BaseException:
-    """An exception from ``metrics[name].update(outputs, targets)``."""
-    line = (f"in metrics[{name!r}].update(outputs, targets) during {_phase(mode)}, outputs: {describe(outputs)}, "
+def metric_error(error: BaseException, name: str, outputs: Any, targets: Any, mode: str,
+                 arg: str = "metrics") -> BaseException:
+    """An exception from ``metrics[name].update(outputs, targets)`` (``arg``: the Trainer
+    argument that holds it, "metrics" or "train_metrics")."""
+    line = (f"in {arg}[{name!r}].update(outputs, targets) during {_phase(mode)}, outputs: {describe(outputs)}, "
             f"targets: {describe(targets)}; treadle calls update(outputs, targets): the model's outputs first, "
             "as torchmetrics' update(preds, target)")
     return add_hint(error, line)
 
 
-def check_metric_update(name: str, metric: Any) -> None:
-    """At construction: ``metric.update`` must take ``(outputs, targets)`` positionally."""
+def check_metric_update(name: str, metric: Any, arg: str = "metrics") -> None:
+    """At construction: ``metric.update`` must take ``(outputs, targets)`` positionally
+    (``arg``: the Trainer argument that holds it)."""
     try:
         sig = inspect.signature(metric.update)
     except (TypeError, ValueError):  # a builtin without a signature: it will tell at the first call
@@ -175,7 +178,7 @@ def check_metric_update(name: str, metric: Any) -> None:
     try:
         sig.bind(None, None)
     except TypeError:
-        raise TypeError(f"metrics[{name!r}] ({type(metric).__name__}): update{sig} cannot be called as "
+        raise TypeError(f"{arg}[{name!r}] ({type(metric).__name__}): update{sig} cannot be called as "
                         "update(outputs, targets); treadle passes the model's outputs and the batch's targets, in "
                         "that order (torchmetrics' update(preds, target) works as it is)") from None
 

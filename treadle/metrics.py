@@ -73,6 +73,21 @@ class Accuracy:
             return float("nan")
         return correct / total
 
+    def state_dict(self) -> dict[str, Any]:
+        """The counts so far (read to the host: call it at checkpoints, not per step), so
+        that an accumulation interrupted by a checkpoint goes on exactly after a resume."""
+        correct = self.correct.detach().cpu() if isinstance(self.correct, Tensor) else torch.tensor(self.correct)
+        return {"topk": self.topk, "correct": correct, "total": self.total}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`; the counts of an Accuracy with another ``topk`` are refused."""
+        if not isinstance(state, dict) or not {"topk", "correct", "total"} <= set(state):
+            raise ValueError(f"Accuracy.load_state_dict: expected a dict with topk, correct and total, got {state!r}")
+        if state["topk"] != self.topk:
+            raise ValueError(f"Accuracy.load_state_dict: the counts are of topk={state['topk']}, this Accuracy has "
+                             f"topk={self.topk}")
+        self.correct, self.total = state["correct"], int(state["total"])
+
     def __repr__(self) -> str:
         return f"Accuracy(topk={self.topk})"
 
@@ -113,10 +128,11 @@ def as_float32(value: Any) -> Any:
     return value
 
 
-def update_metrics(metrics: dict[str, Any], outputs: Any, targets: Any, mode: str) -> None:
+def update_metrics(metrics: dict[str, Any], outputs: Any, targets: Any, mode: str, arg: str = "metrics") -> None:
     """``metric.update(outputs, targets)`` for each metric, with 16-bit float outputs as
     float32; a metric's exception leaves with a line saying which metric, what it was
-    given and the protocol's argument order (treadle/hints.py). ``mode``: "val", "test"."""
+    given and the protocol's argument order (treadle/hints.py). ``mode``: "val", "test",
+    "train"; ``arg``: the Trainer argument that holds them ("metrics", "train_metrics")."""
     if not metrics:
         return
     outputs = as_float32(outputs)
@@ -124,7 +140,7 @@ def update_metrics(metrics: dict[str, Any], outputs: Any, targets: Any, mode: st
         try:
             m.update(outputs, targets)
         except Exception as e:
-            raise metric_error(e, name, outputs, targets, mode)
+            raise metric_error(e, name, outputs, targets, mode, arg)
 
 
 def sum_over_ranks(*values: float) -> list[float]:

@@ -16,6 +16,7 @@ and each ``rng_rank<r>.pt`` that rank's RNGs and, under ``rank_state``, what dif
 from one process to the next::
 
     log_windows  MetricStore     the values the next log line averages
+    train_metrics  TrainMetrics  the train metrics' counts so far (with train_metrics=)
     optim        OptimStates.local  an open accumulation window's gradients, clipping's norms
     val          EvalLoop        the validation feed's place (each rank reads its shard)
 
@@ -82,6 +83,8 @@ def trainer_states(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
     rank_states: dict[str, Any] = {"log_windows": trainer.store, "optim": optim.local}
     if trainer.val_loop is not None:
         rank_states["val"] = trainer.val_loop
+    if trainer.train_metrics is not None:
+        rank_states["train_metrics"] = trainer.train_metrics
     return states, rank_states
 
 

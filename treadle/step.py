@@ -16,6 +16,10 @@ path has no branches for features that are off::
 ``Trainer(timer_breakdown=True)`` selects ``make_timed_train_step`` instead: the same
 computation with phase marks around it (``treadle/timing.py``).
 
+With ``train_metrics`` (a ``feed``, see ``treadle/train_metrics.py``) the forward that
+is chosen also calls ``feed(outputs, targets)`` after the loss, outside autocast; without
+them the step has no such call.
+
 An exception from the model, the loss or backward leaves with one line of context
 added (``treadle/hints.py``), from ``except`` clauses only: nothing is checked per step.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
+import torch
 from torch import Tensor, nn
 
 from treadle.hints import backward_error, loss_error, model_error
@@ -33,6 +38,7 @@ from treadle.timing import PhaseTimer
 
 Batch = Any
 StepFn = Callable[[Batch], dict[str, Tensor]]
+FeedFn = Callable[[Any, Any], None]  # (outputs, targets): the train metrics' update
 
 
 def unpack_batch(batch: Batch) -> tuple[Any, Any]:
@@ -94,15 +100,35 @@ def hinted_update(optim_wrapper: OptimWrapper) -> Callable[[Tensor], None]:
     return hinted
 
 
+def outside_autocast(feed: FeedFn, optim_wrapper: OptimWrapper) -> FeedFn:
+    """``feed`` as it is in fp32; under bf16/fp16 run with autocast off, so the metrics
+    compute in float32 as in evaluation (the step's forward runs inside autocast)."""
+    if optim_wrapper.precision == "32":
+        return feed
+    device_type = optim_wrapper.device_type
+
+    def fed(outputs: Any, targets: Any) -> None:
+        with torch.autocast(device_type, enabled=False):
+            feed(outputs, targets)
+    return fed
+
+
 def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_wrapper: OptimWrapper,
-                    move: Callable[[Batch], Batch] | None, timer: PhaseTimer | None = None) -> StepFn:
+                    move: Callable[[Batch], Batch] | None, timer: PhaseTimer | None = None,
+                    feed: FeedFn | None = None) -> StepFn:
     """The default training step, specialised for this configuration.
 
     With a ``timer`` (``Trainer(timer_breakdown=True)``) the step is
     :func:`make_timed_train_step`; without one, the closures below have no timing code.
+    ``feed``: the train metrics' ``update(outputs, targets)``, called after the loss
+    (it needs a ``loss_fn``: without one the model returns losses, not outputs).
     """
+    if feed is not None:
+        if loss_fn is None:
+            raise ValueError("train_metrics need the model's outputs, which the default step has only with a loss_fn")
+        feed = outside_autocast(feed, optim_wrapper)
     if timer is not None:
-        return make_timed_train_step(model, loss_fn, optim_wrapper, move, timer)
+        return make_timed_train_step(model, loss_fn, optim_wrapper, move, timer, feed)
     update = hinted_update(optim_wrapper)
     amp = optim_wrapper.precision != "32"
     autocast = optim_wrapper.autocast
@@ -113,6 +139,21 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
                 return model(batch)
             except Exception as e:
                 raise model_error(e, batch, "train", whole_batch=True)
+    elif feed is not None:
+        fed = feed
+
+        def forward(batch: Batch) -> Any:
+            inputs, targets = unpack_batch(batch)
+            try:
+                outputs = model(inputs)
+            except Exception as e:
+                raise model_error(e, inputs, "train")
+            try:
+                losses = loss_fn(outputs, targets)
+            except Exception as e:
+                raise loss_error(e, outputs, targets, "train")
+            fed(outputs, targets)
+            return losses
     else:
         def forward(batch: Batch) -> Any:
             inputs, targets = unpack_batch(batch)
@@ -157,9 +198,11 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
 
 
 def make_timed_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_wrapper: OptimWrapper,
-                          move: Callable[[Batch], Batch] | None, timer: PhaseTimer) -> StepFn:
+                          move: Callable[[Batch], Batch] | None, timer: PhaseTimer,
+                          feed: FeedFn | None = None) -> StepFn:
     """The default step with phase marks (see ``treadle/timing.py``); it computes
-    exactly what the untimed step computes, in the same order.
+    exactly what the untimed step computes, in the same order (the train metrics'
+    ``feed`` counts in the loss phase).
 
     The mark between backward and the optimizer is taken by a callback put first in
     ``optim_wrapper.after_backward_callbacks`` (the Trainer resets that tuple before
@@ -199,6 +242,8 @@ def make_timed_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, 
                         losses = loss_fn(outputs, targets)
                     except Exception as e:
                         raise loss_error(e, outputs, targets, "train")
+                    if feed is not None:
+                        feed(outputs, targets)
             total, logged = parse_losses(losses)
             mark()
             update(total)  # the after_backward callback marks the end of backward

@@ -73,6 +73,11 @@ class Trainer:
         workflow: mmcv-style phases such as ``[("train", 2), ("val", 1)]``.
         metrics: ``{name: obj}`` with ``update(outputs, targets)``, ``compute()``,
             ``reset()`` (torchmetrics objects work as they are).
+        train_metrics: the same, for training: updated each iteration on the device
+            (no host read), logged as ``train/<name>`` at the log interval, reduced over
+            ranks, checkpointed per rank (treadle/train_metrics.py). The default step
+            needs ``loss_fn``; a custom step calls :meth:`update_train_metrics`.
+        train_metrics_reset: "interval" (start over after each log record) or "epoch".
         hooks: Hook objects added to the defaults (a hook of a default's class
             replaces that default).
         precision: "32" | "bf16" | "16" (fp16 with a GradScaler).
@@ -133,6 +138,8 @@ class Trainer:
         val_interval: int = 1,
         workflow: list[tuple[str, int]] | None = None,
         metrics: Mapping[str, Any] | None = None,
+        train_metrics: Mapping[str, Any] | None = None,
+        train_metrics_reset: str = "interval",
         hooks: Iterable[Hook | Mapping[str, Any]] = (),
         precision: str = "32",
         accumulate: int = 1,
@@ -166,6 +173,7 @@ class Trainer:
         self.preemption, self.verbose, self.resume = a.preemption, verbose, a.resume
         self.seed_per_sample = seed_per_sample  # the loaders' DataFeeds (treadle/data/worker_seed.py)
         self.strategy = resolve_strategy(strategy)
+        self.train_metrics = a.train_metrics  # None unless given (treadle/train_metrics.py)
 
         # -- process group, run id and seeds; then model and data ----------------------
         self.strategy.setup_env(seed=seed, seed_per_rank=seed_per_rank, deterministic=deterministic, draw_seed=False)
@@ -201,6 +209,8 @@ class Trainer:
         # Several processes: after each iteration the ranks agree on stopping (None: one process).
         self._agree_stop = functools.partial(agree_on_stop, self.state) if self.strategy.distributed else None
         self._move = self.strategy.batch_mover()
+        if self.train_metrics is not None:  # torchmetrics objects (modules) on the training device
+            self.train_metrics.to(self.strategy.device)
         if self.strategy.device.type == "cuda" and self.is_main:
             warn_if_unpinned(self.train_dataloader)
         self._custom_train_step = getattr(self.module, "train_step", None)
@@ -300,7 +310,13 @@ class Trainer:
             return lambda batch: step(batch, self) or {}
         if not self.optim_wrappers:
             return self.train_step
-        return make_train_step(self.model, self.loss_fn, self.optim_wrapper, self._move, timer=self._phase_timer)
+        feed = self.train_metrics.update if self.train_metrics is not None else None
+        if feed is not None and self.loss_fn is None:
+            raise ValueError("train_metrics need the model's outputs, which the default step has only with a loss_fn "
+                             "(without one the model returns its losses): give loss_fn=, or define "
+                             "model.train_step(batch, trainer) and call trainer.update_train_metrics(outputs, targets)")
+        return make_train_step(self.model, self.loss_fn, self.optim_wrapper, self._move, timer=self._phase_timer,
+                               feed=feed)
 
     def call_hook(self, point: str, *args: Any) -> None:
         """Call every hook's ``point`` method (e.g. "before_save_checkpoint"), in priority order."""
@@ -348,6 +364,12 @@ class Trainer:
     def update_metrics(self, outputs: Any, targets: Any) -> None:
         """For custom val steps: feed every metric (16-bit float outputs as float32)."""
         update_metrics(self.metrics, outputs, targets, self.state.mode)
+
+    def update_train_metrics(self, outputs: Any, targets: Any) -> None:
+        """For custom train steps: feed every train metric one batch (on the device, no host
+        read; 16-bit float outputs as float32). Nothing happens without ``train_metrics``."""
+        if self.train_metrics is not None:
+            self.train_metrics.update(outputs, targets)
 
     # -- entry points ------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:

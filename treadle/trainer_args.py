@@ -33,6 +33,7 @@ from treadle.preemption import PreemptionConfig
 from treadle.resume import check_resume_dir
 from treadle.seeding import seed_everything
 from treadle.timing import PhaseTimerHook
+from treadle.train_metrics import TrainMetrics, TrainMetricsHook
 
 
 def positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
@@ -188,19 +189,21 @@ def from_spec(value: Any, kind: str, path: str, *, safe: bool = False) -> Any:
     raise ValueError(f"from_spec: kind={kind!r}; expected one of {SPEC_KINDS}")
 
 
-def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+def check_metrics(metrics: Mapping[str, Any] | None, arg: str = "metrics") -> dict[str, Any]:
+    """``metrics`` (or ``train_metrics``, as ``arg`` names it): metric objects with
+    ``update(outputs, targets)``, ``compute()`` and ``reset()`` by name; ``{}`` for None."""
     if metrics is None:
         return {}
     if not isinstance(metrics, Mapping):
-        raise TypeError(f"metrics must be a dict {{name: metric}}, got {type(metrics).__name__}")
+        raise TypeError(f"{arg} must be a dict {{name: metric}}, got {type(metrics).__name__}")
     for name, m in metrics.items():
         if isinstance(m, type):
-            raise TypeError(f"metrics[{name!r}]={m.__name__} is a class, not a metric object; expected an instance "
+            raise TypeError(f"{arg}[{name!r}]={m.__name__} is a class, not a metric object; expected an instance "
                             f"such as {m.__name__}()")
         missing = [a for a in ("update", "compute", "reset") if not callable(getattr(m, a, None))]
         if missing:
-            raise TypeError(f"metrics[{name!r}] ({type(m).__name__}) lacks {missing}; a metric needs update(outputs, targets), compute() and reset()")
-        check_metric_update(name, m)
+            raise TypeError(f"{arg}[{name!r}] ({type(m).__name__}) lacks {missing}; a metric needs update(outputs, targets), compute() and reset()")
+        check_metric_update(name, m, arg)
     return dict(metrics)
 
 
@@ -240,6 +243,7 @@ class Args:
     loaders: tuple[Any, Any, Any]
     loss_fn: Any
     metrics: dict[str, Any]
+    train_metrics: TrainMetrics | None  # None when none are given: the step then has no metric code
     hooks: list[Hook]
     workflow: Workflow | None
     resume: Any
@@ -270,6 +274,11 @@ def build_args(v: Mapping[str, Any]) -> Args:
     metrics = v["metrics"]
     if isinstance(metrics, Mapping):
         metrics = {name: from_spec(m, "metric", f"metrics.{name}", safe=safe) for name, m in metrics.items()}
+    train_metrics = v["train_metrics"]
+    if isinstance(train_metrics, Mapping):
+        train_metrics = {name: from_spec(m, "metric", f"train_metrics.{name}", safe=safe)
+                         for name, m in train_metrics.items()}
+    train_metrics = check_metrics(train_metrics, "train_metrics")
     hooks = [from_spec(h, "hook", f"hooks[{i}]", safe=safe) for i, h in enumerate(v["hooks"])]
     for i, h in enumerate(hooks):
         if not isinstance(h, Hook):
@@ -305,6 +314,7 @@ def build_args(v: Mapping[str, Any]) -> Args:
     precision, clip_grad = check_precision(v["precision"]), check_clip_grad(v["clip_grad"])
     return Args(
         model=model, loaders=loaders, loss_fn=loss_fn, metrics=check_metrics(metrics), hooks=hooks, workflow=workflow,
+        train_metrics=TrainMetrics(train_metrics, v["train_metrics_reset"]) if train_metrics else None,
         resume=resume, preemption=PreemptionConfig.build(v["preemption"]), precision=precision, clip_grad=clip_grad,
         optim_wrapper=trainer_optim_wrapper(v["optimizer"], precision, v["accumulate"], clip_grad, safe),
         schedulers=v["schedulers"], guard=nan_guard_hook(v["nan_guard"], v["log_interval"]),
@@ -357,7 +367,7 @@ def default_hooks(a: Args, schedulers: dict[str, list[Any]] | None, phase_timer:
                   is_main: bool, sharded: bool) -> list[Hook]:
     """The Trainer's default hooks for its arguments (a user's hook of the same class
     replaces one of these): timer, logger, schedulers, EMA, checkpoints, NaN guard,
-    progress bar, phase timer."""
+    train metrics, progress bar, phase timer."""
     hooks: list[Hook] = [IterTimerHook(), LoggerHook(interval=a.log_interval, writers=a.log_writers)]
     if schedulers:
         hooks.append(ParamSchedulerHook(schedulers))
@@ -372,6 +382,8 @@ def default_hooks(a: Args, schedulers: dict[str, list[Any]] | None, phase_timer:
         hooks.append(a.checkpoint_hook)
     if a.guard is not None:
         hooks.append(a.guard)
+    if a.train_metrics is not None:
+        hooks.append(TrainMetricsHook(a.train_metrics))
     if progress_on(a.progress, is_main):
         from treadle.hooks.progress import ProgressBarHook  # imports rich: only when a bar is wanted
 

@@ -156,6 +156,12 @@ TRAINER_KEYS: tuple[Key, ...] = (
         "mmcv-style phases such as `[[train, 2], [val, 1]]`; null: train `val_interval`, then validate.", _workflow),
     Key("metrics", (dict, NoneType), "a mapping {name: component spec}, or null",
         "Validation/test metrics, e.g. `{acc: {type: Accuracy}}`; logged as `val/<name>`.", objects=_ANY),
+    Key("train_metrics", (dict, NoneType), "a mapping {name: component spec}, or null",
+        "Training metrics (same specs as `metrics`), updated each iteration on the device without a host read "
+        "and logged as `train/<name>` at the log interval; the default step needs `loss_fn`.", objects=_ANY),
+    Key("train_metrics_reset", (str,), "'interval' or 'epoch'",
+        "When `train_metrics` start over: after each log record (`interval`: a record covers its window) or "
+        "when an epoch starts (`epoch`: running values over the epoch).", _choice("interval", "epoch")),
     Key("hooks", (list,), "a list of hook specs",
         "Extra hooks, e.g. `[{type: EarlyStoppingHook, patience: 3}]`; `priority:` sets a hook's priority. "
         "A hook of a default hook's class replaces the default.", objects=_ANY),

@@ -34,7 +34,7 @@ from treadle.optim.schedulers import init_arg_names
 
 # Keys that only training uses; `treadle validate|test` leaves them out.
 TRAINING_ONLY = ("train_dataloader", "optimizer", "schedulers", "ema", "checkpoint", "auto_scale_lr", "workflow",
-                 "resume", "max_epochs", "max_iters")
+                 "resume", "max_epochs", "max_iters", "train_metrics")
 
 
 def check_args(fn: Callable[..., Any], kwargs: dict[str, Any], path: str, skip: tuple[str, ...] = ()) -> None:
@@ -261,9 +261,10 @@ def named_types(cfg: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
                 yield "collate_fn", loader["collate_fn"], join_path(key, "collate_fn")
     if cfg.get("loss_fn") is not None:
         yield ("loss", *_spec_name(cfg["loss_fn"], "loss_fn"))
-    metrics = cfg.get("metrics")
-    for name, spec in (metrics.items() if isinstance(metrics, Mapping) else ()):
-        yield ("metric", *_spec_name(spec, join_path("metrics", name)))
+    for key in ("metrics", "train_metrics"):
+        metrics = cfg.get(key)
+        for name, spec in (metrics.items() if isinstance(metrics, Mapping) else ()):
+            yield ("metric", *_spec_name(spec, join_path(key, name)))
     hooks = cfg.get("hooks")
     for i, spec in enumerate(hooks if isinstance(hooks, list) else ()):
         yield ("hook", *_spec_name(spec, join_path("hooks", i)))
@@ -329,9 +330,10 @@ def trainer_kwargs(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fal
             kw[key] = build_dataloader(kw[key], key, safe=safe)
     if kw.get("loss_fn") is not None:
         kw["loss_fn"] = build_component(kw["loss_fn"], "loss", "loss_fn", safe=safe)
-    if kw.get("metrics") is not None:
-        kw["metrics"] = {name: build_component(spec, "metric", join_path("metrics", name), safe=safe)
-                         for name, spec in kw["metrics"].items()}
+    for key in ("metrics", "train_metrics"):
+        if kw.get(key) is not None:
+            kw[key] = {name: build_component(spec, "metric", join_path(key, name), safe=safe)
+                       for name, spec in kw[key].items()}
     kw["hooks"] = [build_hook(spec, join_path("hooks", i), safe=safe) for i, spec in enumerate(kw.get("hooks") or [])]
     return kw
 

@@ -58,7 +58,7 @@ def render_reference() -> str:
              f"* models (`model.type`): {names(MODELS)}",
              f"* datasets (`dataset.type`): {names(DATASETS)}",
              f"* hooks (`hooks[i].type`): {names(HOOKS)}",
-             f"* metrics (`metrics.<name>.type`): {names(METRICS)}",
+             f"* metrics (`metrics.<name>.type`, `train_metrics.<name>.type`): {names(METRICS)}",
              "* losses (`loss_fn.type`): every loss class of `torch.nn` (`CrossEntropyLoss`, `MSELoss`, ...)",
              "* optimizers (`optimizer.type`): every class of `torch.optim` (`SGD`, `AdamW`, ...)",
              "* schedulers (`schedulers[i].type`): `treadle.optim.scheduler_builder.SCHEDULERS`",

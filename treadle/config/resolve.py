@@ -79,9 +79,10 @@ def validate_config(cfg: dict[str, Any], mode: str | None = None) -> None:
     if cfg.get("workflow") and any(m == "val" for m, _ in cfg["workflow"]) and cfg.get("val_dataloader") is None \
             and mode == "train":
         raise ConfigError("workflow", "has a val phase but val_dataloader is not set", value=cfg["workflow"])
-    for name, spec in (cfg.get("metrics") or {}).items():
-        if not isinstance(spec, (dict, str)):
-            raise ConfigError(join_path("metrics", name), "not a component spec", value=spec, expected="{type: Accuracy}")
+    for key in ("metrics", "train_metrics"):
+        for name, spec in (cfg.get(key) or {}).items():
+            if not isinstance(spec, (dict, str)):
+                raise ConfigError(join_path(key, name), "not a component spec", value=spec, expected="{type: Accuracy}")
     if mode is None:
         return
     if mode not in MODES:

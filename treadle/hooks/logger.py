@@ -91,6 +91,11 @@ class LoggerHook(Hook):
         # values, after the record is written: the NaN guard checks these instead of
         # reading the device itself (one host transfer per interval for both).
         self.listeners: list[Any] = []
+        # Called as fn(trainer) -> {key: value} on every rank when a train record is built;
+        # the values join the record as they are: not averaged over the window nor over
+        # ranks (their producers reduce them, e.g. train metrics' compute(), see
+        # treadle/train_metrics.py), and not given to the listeners.
+        self.sources: list[Any] = []
         # Log files across runs (see the class docstring): the position of a checkpoint
         # loaded since the last fit() began, records written by this hook, the newest
         # modification time of the log files before this hook first opened them.
@@ -207,6 +212,8 @@ class LoggerHook(Hook):
         values = trainer.store.flush()  # after the grad norms joined the store: one transfer
         values = trainer.strategy.reduce_log_values(values)  # several ranks: mean, max for times
         record.update(values)
+        for source in self.sources:
+            record.update(source(trainer))
         per_iter = values.get("data_time", 0.0) + values.get("step_time", 0.0)
         if per_iter and self._batch_size:
             record["samples_per_s"] = round(self._batch_size * trainer.strategy.world_size / per_iter, 2)
