@@ -27,7 +27,8 @@ from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.ema import EMAHook
 from treadle.logging.store import MetricStore
 from treadle.logging.writers import get_logger, log_details, log_failure
-from treadle.loops import EpochLoop, EvalComm, EvalLoop, IterLoop, TrainLoop, default_workflow
+from treadle.eval_loop import EvalComm, EvalLoop
+from treadle.loops import EpochLoop, IterLoop, TrainLoop, default_workflow
 from treadle.metrics import update_metrics
 from treadle.optim.wrapper import OptimWrapper, make_autocast
 from treadle.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, agree_on_stop, requeue_slurm_job
@@ -198,29 +199,8 @@ class Trainer:
             self._load_weights(load_from)
 
         # -- placed, wrapped and optimized through the public Strategy API -------------
-        s = self.state
-        self.strategy.prepare(
-            model, optim_wrapper=a.optim_wrapper, param_scheduler=(schedulers or None) if a.optim_wrapper else None,
-            compile=compile, auto_scale_lr=auto_scale_lr if a.optim_wrapper else None,
-            dispatch_kwargs=dict(epoch_length=s.iters_per_epoch, max_epochs=s.max_epochs, max_iters=s.max_iters,
-                                 train_micro_batch_size_per_gpu=getattr(self.train_dataloader, "batch_size", None)))
-        self.model = self.strategy.model
-        self.optim_wrappers: dict[str, OptimWrapper] = self.strategy.optim_wrappers
-        # Several processes: after each iteration the ranks agree on stopping (None: one process).
-        self._agree_stop = functools.partial(agree_on_stop, self.state) if self.strategy.distributed else None
-        self._move = self.strategy.batch_mover()
-        if self.train_metrics is not None:  # torchmetrics objects (modules) on the training device
-            self.train_metrics.to(self.strategy.device)
-        if self.strategy.device.type == "cuda" and self.is_main:
-            warn_if_unpinned(self.train_dataloader)
-        self._custom_train_step = getattr(self.module, "train_step", None)
-        custom_val = getattr(self.module, "val_step", None)
-        self._custom_val_step = (lambda batch, t: custom_val(batch, t) or {}) if custom_val is not None else None
-        if len(self.optim_wrappers) > 1 and self._custom_train_step is None and type(self).train_step is Trainer.train_step:
-            raise ValueError(f"several optimizers {sorted(self.optim_wrappers)} need a custom step: define "
-                             "model.train_step(batch, trainer) that uses trainer.optim_wrappers[name]")
-        autocast = make_autocast(self.precision, self.strategy.device.type)
-        self._eval_step = make_eval_step(self.strategy.eval_module, a.loss_fn, autocast, self._move)
+        self._prepare(a, schedulers, compile, auto_scale_lr)
+        self._set_steps(a)
 
         # -- hooks and loops -----------------------------------------------------------
         self.hooks: list[Hook] = []
@@ -239,6 +219,38 @@ class Trainer:
         self.train_loop = self._train_loop() if self.train_dataloader is not None else None
 
     # -- construction helpers ------------------------------------------------------
+    def _prepare(self, a: Any, schedulers: Any, compile: bool, auto_scale_lr: Any) -> None:
+        """``strategy.prepare``, as a hand-written loop calls it: the model placed, wrapped
+        (and compiled), the optimizer wrappers and schedulers built over it."""
+        s, strategy = self.state, self.strategy
+        strategy.prepare(
+            self.module, optim_wrapper=a.optim_wrapper,
+            param_scheduler=(schedulers or None) if a.optim_wrapper else None, compile=compile,
+            auto_scale_lr=auto_scale_lr if a.optim_wrapper else None,
+            dispatch_kwargs=dict(epoch_length=s.iters_per_epoch, max_epochs=s.max_epochs, max_iters=s.max_iters,
+                                 train_micro_batch_size_per_gpu=getattr(self.train_dataloader, "batch_size", None)))
+        self.model = strategy.model
+        self.optim_wrappers: dict[str, OptimWrapper] = strategy.optim_wrappers
+        # Several processes: after each iteration the ranks agree on stopping (None: one process).
+        self._agree_stop = functools.partial(agree_on_stop, self.state) if strategy.distributed else None
+        self._move = strategy.batch_mover()
+        if self.train_metrics is not None:  # torchmetrics objects (modules) on the training device
+            self.train_metrics.to(strategy.device)
+        if strategy.device.type == "cuda" and self.is_main:
+            warn_if_unpinned(self.train_dataloader)
+
+    def _set_steps(self, a: Any) -> None:
+        """The model's own ``train_step``/``val_step`` when it has them, and the default
+        evaluation step (the training step is chosen with the hooks: _select_train_step)."""
+        self._custom_train_step = getattr(self.module, "train_step", None)
+        custom_val = getattr(self.module, "val_step", None)
+        self._custom_val_step = (lambda batch, t: custom_val(batch, t) or {}) if custom_val is not None else None
+        if len(self.optim_wrappers) > 1 and self._custom_train_step is None and type(self).train_step is Trainer.train_step:
+            raise ValueError(f"several optimizers {sorted(self.optim_wrappers)} need a custom step: define "
+                             "model.train_step(batch, trainer) that uses trainer.optim_wrappers[name]")
+        autocast = make_autocast(self.precision, self.strategy.device.type)
+        self._eval_step = make_eval_step(self.strategy.eval_module, a.loss_fn, autocast, self._move)
+
     def _set_hooks(self, defaults: list[Hook], extra: Iterable[Hook]) -> None:
         """Defaults plus the user's hooks (a hook of a default's class replaces it)."""
         extra = list(extra)
