@@ -131,3 +131,44 @@ def test_strategy_options_treadle_cannot_honour_name_the_key(spec, message):
         translate({"strategy": spec})
     assert str(e.value).startswith(message)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow  # two processes through `treadle train --nproc 2`
+@pytest.mark.parametrize("strategy, kind", [
+    ("dict(type='DDPStrategy', model_wrapper=dict(find_unused_parameters=False))", "DDPStrategy"),
+    ("dict(type='FSDPStrategy', model_wrapper=dict(sharding_strategy='FULL_SHARD'))", "FSDPStrategy"),
+])
+def test_translated_strategies_train_on_two_processes_as_one_with_the_doubled_batch(tmp_path, strategy, kind):
+    """An MMEngine config with FlexibleRunner's strategy dict trains on 2 gloo processes to
+    the weights of one process with the doubled batch (shuffle off: the same samples)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from treadle.checkpoint.weights import read_weights
+
+    root = Path(__file__).resolve().parents[2]
+    body = """
+        model = dict(type='support.TinyNet')
+        loss_fn = dict(type='CrossEntropyLoss')
+        train_dataloader = dict(batch_size={batch}, num_workers=0, dataset=dict(type='support.make_data', n=32),
+                                sampler=dict(type='DefaultSampler', shuffle=False))
+        optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.1))
+        train_cfg = dict(by_epoch=True, max_epochs=2)
+        randomness = dict(seed=0)
+        progress = False
+    """
+    (tmp_path / "two.py").write_text(textwrap.dedent(body.format(batch=4)) + f"strategy = {strategy}\n")
+    (tmp_path / "one.py").write_text(textwrap.dedent(body.format(batch=8)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root)]), "OMP_NUM_THREADS": "1"}
+    for name, extra in (("two", ["--nproc", "2"]), ("one", [])):
+        proc = subprocess.run([sys.executable, "-m", "treadle", "train", str(tmp_path / f"{name}.py"), "--work-dir",
+                               str(tmp_path / name), *extra], capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "world size      2" in (tmp_path / "two" / "env.txt").read_text()
+    two = read_weights(tmp_path / "two" / "checkpoints" / "epoch_0002")
+    one = read_weights(tmp_path / "one" / "checkpoints" / "epoch_0002")
+    assert set(two) == set(one)
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-5, atol=1e-6, msg=k)
