@@ -113,6 +113,21 @@ def outside_autocast(feed: FeedFn, optim_wrapper: OptimWrapper) -> FeedFn:
     return fed
 
 
+def outputs_and_loss(model: Callable[..., Any], loss_fn: Callable[..., Any], batch: Batch,
+                     mode: str) -> tuple[Any, Any, Any]:
+    """``(outputs, targets, losses)`` of ``model`` on the batch's inputs and ``loss_fn`` on
+    its targets; an error in either gets its hint (treadle/hints.py) for ``mode``."""
+    inputs, targets = unpack_batch(batch)
+    try:
+        outputs = model(inputs)
+    except Exception as e:
+        raise model_error(e, inputs, mode)
+    try:
+        return outputs, targets, loss_fn(outputs, targets)
+    except Exception as e:
+        raise loss_error(e, outputs, targets, mode)
+
+
 def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_wrapper: OptimWrapper,
                     move: Callable[[Batch], Batch] | None, timer: PhaseTimer | None = None,
                     feed: FeedFn | None = None) -> StepFn:
@@ -143,28 +158,12 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
         fed = feed
 
         def forward(batch: Batch) -> Any:
-            inputs, targets = unpack_batch(batch)
-            try:
-                outputs = model(inputs)
-            except Exception as e:
-                raise model_error(e, inputs, "train")
-            try:
-                losses = loss_fn(outputs, targets)
-            except Exception as e:
-                raise loss_error(e, outputs, targets, "train")
+            outputs, targets, losses = outputs_and_loss(model, loss_fn, batch, "train")
             fed(outputs, targets)
             return losses
     else:
         def forward(batch: Batch) -> Any:
-            inputs, targets = unpack_batch(batch)
-            try:
-                outputs = model(inputs)
-            except Exception as e:
-                raise model_error(e, inputs, "train")
-            try:
-                return loss_fn(outputs, targets)
-            except Exception as e:
-                raise loss_error(e, outputs, targets, "train")
+            return outputs_and_loss(model, loss_fn, batch, "train")[2]
 
     if optim_wrapper.no_sync is not None and optim_wrapper.accumulate > 1:
         # DDP with accumulation: forward and backward of non-stepping micro-batches
@@ -274,15 +273,7 @@ def make_eval_step(model: nn.Module, loss_fn: Callable[..., Any] | None, autocas
             batch = move(batch)
         with autocast():
             if loss_fn is not None:
-                inputs, targets = unpack_batch(batch)
-                try:
-                    outputs = model(inputs)
-                except Exception as e:
-                    raise model_error(e, inputs, "eval")
-                try:
-                    losses = loss_fn(outputs, targets)
-                except Exception as e:
-                    raise loss_error(e, outputs, targets, "eval")
+                outputs, targets, losses = outputs_and_loss(model, loss_fn, batch, "eval")
                 _, logged = parse_losses(losses)
                 return outputs, targets, logged
             try:
