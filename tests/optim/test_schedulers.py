@@ -490,3 +490,46 @@ def test_builder_errors_needing_loop_info():
         build_schedulers(dict(type="CosineAnnealingLR"), make_sgd(), epoch_length=None, max_epochs=None,
                          max_iters=None)
     assert "`end` is not set and max_epochs is unknown" in str(info.value)
+
+
+def test_a_step_before_the_optimizers_warns_once_with_torchs_link():
+    """As torch's and MMEngine's schedulers do, for hand-written loops; not in the Trainer
+    (its hook orders the calls) nor over an accumulating wrapper from prepare()."""
+    import warnings
+
+    from treadle.optim.schedulers import StepLR
+
+    param = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([param], lr=0.1)
+    sched = StepLR(opt, step_size=3)
+    with pytest.warns(UserWarning, match="how-to-adjust-learning-rate"):
+        sched.step()
+    opt2 = torch.optim.SGD([param], lr=0.1)
+    sched2 = StepLR(opt2, step_size=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt2.step()
+        sched2.step()  # in order: quiet
+        sched2.step()
+    opt3 = torch.optim.SGD([param], lr=0.1)
+    sched3 = StepLR(opt3, step_size=3)
+    opt3.step = lambda: None  # replaced after the scheduler was built: its steps are not seen
+    opt3.step()
+    with pytest.warns(UserWarning, match="optimizer.step was replaced"):
+        sched3.step()
+
+
+def test_prepare_and_the_trainer_do_not_check_the_order():
+    import warnings
+
+    import treadle
+
+    s = treadle.build_strategy("single")
+    _, ow, scheds = s.prepare(torch.nn.Linear(2, 1), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1),
+                                                                        accumulative_counts=2),
+                              param_scheduler=[dict(type="LinearLR", start_factor=0.5, by_epoch=False, end=4)])
+    assert not scheds[0].check_order
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ow.update_params(s.model(torch.ones(1, 2)).sum())  # the window is open: no optimizer step yet
+        scheds[0].step()

@@ -24,6 +24,10 @@ class ParamSchedulerHook(Hook):
 
     def __init__(self, schedulers: dict[str, list[Any]]) -> None:
         self.schedulers = schedulers
+        for scheds in schedulers.values():
+            for sch in scheds:  # the order is this hook's: no "step before optimizer" warning
+                if hasattr(sch, "check_order"):
+                    sch.check_order = False
         self._iter_based: list[tuple[Any, Any]] = []  # (optim wrapper, scheduler)
         self._epoch_based: list[Any] = []
         self._on_val: list[Any] = []

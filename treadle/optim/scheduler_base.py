@@ -9,9 +9,29 @@ from __future__ import annotations
 
 import inspect
 import warnings
+import weakref
 from typing import Any
 
 INF = int(1e9)  # MMEngine's "unbounded" sentinel; kept so configs/checks match.
+
+_COUNTERS: "weakref.WeakKeyDictionary[Any, list[int]]" = weakref.WeakKeyDictionary()
+
+
+def _step_counter(optimizer: Any) -> list[int] | None:
+    """``[steps]`` of a torch optimizer (a wrapper's: of its ``optimizer``), counted by a
+    step post-hook registered once; None for objects without one (not checked)."""
+    if not callable(getattr(optimizer, "register_step_post_hook", None)):
+        inner = getattr(optimizer, "optimizer", None)  # a wrapper (OptimWrapper): its optimizer's steps
+        return _step_counter(inner) if inner is not None and inner is not optimizer else None
+    counter = _COUNTERS.get(optimizer)
+    if counter is None:
+        counter = _COUNTERS[optimizer] = [0]
+
+        def count(opt: Any, args: Any, kwargs: Any, counter: list[int] = counter) -> None:
+            counter[0] += 1
+        optimizer.register_step_post_hook(count)
+    return counter
+
 
 def current_lrs(optimizer: Any) -> list[float]:
     """Return the learning rate of every param group of ``optimizer`` as floats."""
@@ -69,6 +89,11 @@ class ParamScheduler:
     _epoch_unit_args: tuple[str, ...] = ()
     #: Set by the LR/Momentum mixins; such classes do not take ``param_name``.
     _fixed_param_name: str | None = None
+    #: Warn once when the first ``step()`` comes before any ``optimizer.step()`` (torch's
+    #: and MMEngine's check, for hand-written loops). The Trainer's ParamSchedulerHook
+    #: turns it off: it orders the calls itself, and accumulation windows or steps the
+    #: fp16 GradScaler skips would warn for nothing.
+    check_order: bool = True
 
     def __init__(self, optimizer: Any, param_name: str, begin: int = 0, end: int = INF,
                  last_step: int = -1, by_epoch: bool = True, verbose: bool = False) -> None:
@@ -104,6 +129,8 @@ class ParamScheduler:
                                  f"resuming with last_step={last_step}")
         self.base_values = [group[key] for group in optimizer.param_groups]
         self.last_step = last_step
+        self._optimizer_steps = _step_counter(optimizer)
+        self._steps_at_start = self._optimizer_steps[0] if self._optimizer_steps is not None else 0
 
     @classmethod
     def build_iter_from_epoch(cls, optimizer: Any, *args: Any, begin: float = 0, end: float = INF,
@@ -156,6 +183,13 @@ class ParamScheduler:
     def step(self) -> None:
         """Advance one step; update the param groups if the step is inside ``[begin, end)``."""
         self._global_step += 1
+        steps = self._optimizer_steps
+        if self._global_step == 1 and self.check_order and steps is not None and steps[0] == self._steps_at_start:
+            warnings.warn(
+                f"{type(self).__name__}.step() was called before the optimizer's step(), so the schedule's first "
+                "value is skipped; call optimizer.step() first (also if optimizer.step was replaced after the "
+                "scheduler was built: its steps are then not seen). See "
+                "https://pytorch.org/docs/stable/optim.html#how-to-adjust-learning-rate", UserWarning, stacklevel=2)
         if self.begin <= self._global_step < self.end:
             self.last_step += 1
             for i, (group, value) in enumerate(zip(self.optimizer.param_groups, self._get_value())):

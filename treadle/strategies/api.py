@@ -187,6 +187,12 @@ class StrategyAPI:
             per_name = build_scheduler_map(param_scheduler, {n: ow.optimizer for n, ow in self.optim_wrappers.items()},
                                            epoch_length=kwargs.get("epoch_length"), max_epochs=kwargs.get("max_epochs"),
                                            max_iters=kwargs.get("max_iters"))
+            for name, group in per_name.items():  # windows and fp16's skipped steps are not misorderings
+                ow = self.optim_wrappers[name]
+                if ow.accumulate > 1 or ow.scaler is not None:
+                    for sch in group:
+                        if hasattr(sch, "check_order"):
+                            sch.check_order = False
             self.param_schedulers = per_name if isinstance(self.optim_wrapper, dict) else per_name["default"]
             items.append(self.param_schedulers)
         self._prepared = True
