@@ -311,8 +311,8 @@ class Trainer:
             ow.after_backward_callbacks = after_backward
             ow.before_step_callbacks = before_step
         self._train_step = self._select_train_step()
-        if getattr(self, "train_loop", None) is not None:  # built once the hooks are set
-            self.train_loop.step = self._train_step  # type: ignore[union-attr]
+        if self.train_loop is not None:  # built after the hooks: register_hook rebuilds the step
+            self.train_loop.step = self._train_step
 
     def _select_train_step(self) -> Callable[[Any], dict[str, Any]]:
         if type(self).train_step is not Trainer.train_step:  # overridden in a subclass

@@ -21,7 +21,7 @@ from treadle.hooks.base import Hook, check_hook_points, get_priority
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.early_stopping import EarlyStoppingHook
 from treadle.hooks.ema import EMAHook
-from treadle.hooks.logger import LoggerHook, check_writers
+from treadle.hooks.logger import LoggerHook
 from treadle.hooks.nan_guard import NaNGuardHook
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.timer import IterTimerHook
@@ -34,14 +34,6 @@ from treadle.resume import check_resume_dir
 from treadle.seeding import seed_everything
 from treadle.timing import PhaseTimerHook
 from treadle.train_metrics import TrainMetrics, TrainMetricsHook
-
-
-def positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def progress_on(progress: Any, is_main: bool) -> bool:
@@ -127,29 +119,18 @@ def check_loader(name: str, loader: Any) -> None:
 
 
 def checkpoint_hook(cfg: Any) -> CheckpointHook:
+    """``checkpoint=``: a CheckpointHook, True, or its arguments as a dict (type and keys
+    checked by the spec, treadle/trainer_spec.py)."""
     if isinstance(cfg, CheckpointHook):
         return cfg
-    if cfg is True:
-        return CheckpointHook()
-    if not isinstance(cfg, dict):
-        raise TypeError(f"checkpoint must be a dict such as dict(interval=1, by_epoch=True, keep=3), got {cfg!r}")
-    allowed = ("interval", "by_epoch", "keep", "best", "rule", "keep_best", "save_last", "async_save")
-    unknown = set(cfg) - set(allowed)
-    if unknown:
-        raise ValueError(f"checkpoint has unknown keys {sorted(unknown)}; expected some of {list(allowed)}")
-    return CheckpointHook(**cfg)
+    return CheckpointHook() if cfg is True else CheckpointHook(**cfg)
 
 
 def ema_hook(cfg: Any) -> EMAHook:
-    """``ema=``: an EMAHook, or its arguments as a dict (``start_iter`` is another name for ``start``)."""
+    """``ema=``: an EMAHook, or its arguments as a dict (``start_iter`` is another name for
+    ``start``; type and keys checked by the spec, treadle/trainer_spec.py)."""
     if isinstance(cfg, EMAHook):
         return cfg
-    if not isinstance(cfg, dict):
-        raise TypeError(f"ema must be a dict such as dict(momentum=0.9998, interval=1, start=0), got {cfg!r}")
-    allowed = ("momentum", "interval", "start", "start_iter", "alpha", "use_for_val")
-    unknown = set(cfg) - set(allowed)
-    if unknown:
-        raise ValueError(f"ema has unknown keys {sorted(unknown)}; expected some of {list(allowed)}")
     if "momentum" in cfg and "alpha" in cfg:
         raise ValueError("ema: give momentum or alpha, not both")
     if "start" in cfg and "start_iter" in cfg:
@@ -309,7 +290,6 @@ def build_args(v: Mapping[str, Any]) -> Args:
         check_resume_dir(Path(resume))
     if v["load_from"] is not None and not Path(v["load_from"]).exists():
         raise FileNotFoundError(f"load_from={str(v['load_from'])!r}: no such file or checkpoint")
-    check_writers("log_writers", v["log_writers"])
     checkpoint = v["checkpoint"]
     precision, clip_grad = check_precision(v["precision"]), check_clip_grad(v["clip_grad"])
     return Args(

@@ -254,12 +254,15 @@ class OptimWrapper:
         clipping's gradient norms since the last log line (read here, at a save, not per
         step). Empty when there are none: the default step sets gradients to None."""
         out: dict[str, Any] = {}
-        grads = [p.grad for p in self._params()]
-        if self.micro_step or any(g is not None for g in grads):
-            out["grads"] = [g.detach().clone() if g is not None else None for g in grads]
+        if self.holds_grads():
+            out["grads"] = [p.grad.detach().clone() if p.grad is not None else None for p in self._params()]
         if norms and self.grad_norms:
             out["grad_norms"] = [float(v) for v in self.grad_norms]
         return out
+
+    def holds_grads(self) -> bool:
+        """Gradients are waiting for the next step (an open window, or a custom step's)."""
+        return bool(self.micro_step) or any(p.grad is not None for p in self._params())
 
     def load_local_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`local_state_dict`."""

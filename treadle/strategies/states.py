@@ -75,7 +75,7 @@ class OptimStates:
         out = {}
         for name, ow in self.wrappers.items():
             st = ow.state_dict(self.strategy.get_optim_state(self.module, ow.optimizer), grads=False)
-            if self.sharded and ow.local_state_dict(norms=False):
+            if self.sharded and ow.holds_grads():
                 # Sharded gradients under no_sync have no stable layout: not saved.
                 get_logger().warning(f"sharded checkpoint inside an accumulation window of optimizer {name!r}: "
                                      "its partial gradients are not saved; the window restarts on resume")
