@@ -13,7 +13,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,trackers]'
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,trackers,deepspeed]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.slow  # each test imports treadle in a fresh interprete
 ROOT = Path(__file__).resolve().parent.parent
 
 # Each is needed by one feature only (TensorBoard writer, report plots, progress bar,
-# config files, safetensors export, trackers).
-LAZY = ("tensorboard", "torch.utils.tensorboard", "matplotlib", "rich", "yaml", "safetensors", "mlflow", "wandb")
+# config files, safetensors export, trackers, the DeepSpeed strategy).
+LAZY = ("tensorboard", "torch.utils.tensorboard", "matplotlib", "rich", "yaml", "safetensors", "mlflow", "wandb",
+        "deepspeed")
 
 
 def _modules_after(code: str) -> list[str]:
@@ -26,6 +27,8 @@ def _modules_after(code: str) -> list[str]:
 
 def test_import_treadle_imports_no_optional_package():
     assert _modules_after("import treadle") == []
+    # Resolving the DeepSpeed strategy checks its options; deepspeed is imported by its setup().
+    assert _modules_after("import treadle; treadle.strategies.build.resolve_strategy('deepspeed')") == []
 
 
 def test_building_a_trainer_without_a_work_dir_imports_no_optional_package():

@@ -178,6 +178,7 @@ class Trainer:
 
         # -- process group, run id and seeds; then model and data ----------------------
         self.strategy.setup_env(seed=seed, seed_per_rank=seed_per_rank, deterministic=deterministic, draw_seed=False)
+        self.strategy.check_trainer_options({"ema": a.ema, "compile": compile})
         self.run_timestamp, self.seed = self.strategy.timestamp, seed
         self.run_files: dict[str, str] = {}  # written into work_dir once fit's resume checks pass (run_dir.py)
         if work_dir is not None and self.is_main:
@@ -210,8 +211,7 @@ class Trainer:
         scheds = self.strategy.param_schedulers
         scheds = scheds if isinstance(scheds, dict) else {"default": scheds}  # by optimizer name
         self._set_hooks(default_hooks(a, scheds if schedulers else None, self._phase_timer,
-                                      has_work_dir=work_dir is not None, is_main=self.is_main,
-                                      sharded=self.strategy.shards_state and self.strategy.distributed), a.hooks)
+                                      has_work_dir=work_dir is not None, is_main=self.is_main), a.hooks)
         if self.train_dataloader is not None and self.val_dataloader is None and self.is_main:
             warn_without_validation(self.hooks)
         self.val_loop = self._eval_loop(self.val_dataloader, "val") if self.val_dataloader is not None else None

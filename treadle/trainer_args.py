@@ -344,17 +344,14 @@ def build_model_and_data(a: Args, strategy: Any, *, safe: bool = False) -> tuple
 
 
 def default_hooks(a: Args, schedulers: dict[str, list[Any]] | None, phase_timer: Any, *, has_work_dir: bool,
-                  is_main: bool, sharded: bool) -> list[Hook]:
+                  is_main: bool) -> list[Hook]:
     """The Trainer's default hooks for its arguments (a user's hook of the same class
     replaces one of these): timer, logger, schedulers, EMA, checkpoints, NaN guard,
     train metrics, progress bar, phase timer."""
     hooks: list[Hook] = [IterTimerHook(), LoggerHook(interval=a.log_interval, writers=a.log_writers)]
     if schedulers:
         hooks.append(ParamSchedulerHook(schedulers))
-    if a.ema is not None:
-        if sharded:
-            raise ValueError("ema= is not supported with strategy='fsdp' yet (the average would be a sharded "
-                             "copy); use strategy='ddp', or train without EMA")
+    if a.ema is not None:  # strategies that cannot keep an average refused it (check_trainer_options)
         hooks.append(a.ema)
     if a.checkpoint is None and has_work_dir and a.loaders[0] is not None:
         hooks.append(CheckpointHook(interval=None))  # the default: save when training ends

@@ -173,9 +173,9 @@ TRAINER_KEYS: tuple[Key, ...] = (
     Key("ema", (dict, NoneType), f"a mapping with keys among {', '.join(_EMA_KEYS)}, or null",
         "Exponential moving average of the weights (`treadle.hooks.ema.EMAHook` arguments; `start_iter` is "
         "another name for `start`).", _keys(_EMA_KEYS, "ema"), objects=(EMAHook,)),
-    Key("strategy", (str, dict), f"one of {', '.join(STRATEGY_NAMES)}, or {{type: ddp|fsdp, option: value}}",
+    Key("strategy", (str, dict), f"one of {', '.join(STRATEGY_NAMES)}, or {{type: ddp|fsdp|deepspeed, option: value}}",
         "Device and distribution strategy; options as in `treadle.strategies.ddp.DDPStrategy` / "
-        "`treadle.strategies.fsdp.FSDPStrategy`.", _strategy, objects=(Strategy,)),
+        "`treadle.strategies.fsdp.FSDPStrategy` / `treadle.strategies.deepspeed.DeepSpeedStrategy`.", _strategy, objects=(Strategy,)),
     Key("seed", (int, NoneType), "an int >= 0, or null",
         "Seed of every RNG; the command line seeds before building the model, so initial weights repeat too.", _min(0)),
     Key("seed_per_rank", (bool,), "true or false", "Each process uses seed + rank."),

@@ -66,6 +66,35 @@ def test_fsdp_strategy_options():
     assert strategy_of({"type": "SingleDeviceStrategy"}) == "single"
 
 
+def test_deepspeed_strategy_keys_become_the_trainers_settings_and_the_rest_its_config(tmp_path):
+    """MMEngine's DeepSpeedStrategy: clipping, accumulation and precision are the Trainer's
+    settings (they write DeepSpeed's config); the stage and the rest are the strategy's,
+    from the dict and from a JSON file alike."""
+    from treadle.strategies.deepspeed import DeepSpeedStrategy
+
+    spec = {"type": "DeepSpeedStrategy", "gradient_clipping": 1.0, "gradient_accumulation_steps": 2,
+            "bf16": {"enabled": True}, "inputs_to_half": ["inputs"], "steps_per_print": 10,
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "train_micro_batch_size_per_gpu": 4}
+    out = translate({"strategy": spec, "optim_wrapper": {"type": "DeepSpeedOptimWrapper",
+                                                         "optimizer": {"type": "AdamW", "lr": 1e-3}}})
+    assert out["strategy"] == {"type": "deepspeed", "zero_stage": 3, "config": {
+        "zero_optimization": {"stage3_param_persistence_threshold": 0}, "train_micro_batch_size_per_gpu": 4}}
+    assert (out["clip_grad"], out["accumulate"], out["precision"]) == ({"max_norm": 1.0}, 2, "bf16")
+    assert out["optimizer"] == {"type": "AdamW", "lr": 1e-3}
+    built = resolve_strategy(out["strategy"])  # deepspeed itself is imported by setup() only
+    assert isinstance(built, DeepSpeedStrategy) and built.zero_stage == 3
+
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}, "fp16": {"enabled": True},
+                                                  "gradient_clipping": 0.0}))
+    out = translate({"strategy": {"type": "DeepSpeedStrategy", "config": str(tmp_path / "ds.json")}})
+    assert out["strategy"] == {"type": "deepspeed", "zero_stage": 1, "config": {}}
+    assert out["precision"] == "16" and "clip_grad" not in out
+    with pytest.raises(ConfigError, match=r"strategy.gradient_clipping: sets 'clip_grad', which the config also"):
+        translate({"strategy": {"type": "DeepSpeedStrategy", "gradient_clipping": 1.0},
+                   "optim_wrapper": {"optimizer": {"type": "SGD", "lr": 0.1}, "clip_grad": {"max_norm": 2.0}}})
+
+
 def test_strategy_file_merges_dist_timeout_and_trains_on_one_process(tmp_path):
     (tmp_path / "config.py").write_text(textwrap.dedent("""
         model = dict(type='support.TinyNet')
@@ -89,8 +118,11 @@ def test_strategy_file_merges_dist_timeout_and_trains_on_one_process(tmp_path):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"type": "DeepSpeedStrategy", "config": {"zero_optimization": {"stage": 2}}},
-     "strategy.type: DeepSpeed support is not in treadle yet (got 'DeepSpeedStrategy')"),
+    ({"type": "DeepSpeedStrategy", "exclude_frozen_parameters": True},
+     "strategy.exclude_frozen_parameters: option has no treadle equivalent for this value (got True)"),
+    ({"type": "DeepSpeedStrategy", "config": 3}, "strategy.config: must be a mapping or a JSON file's path (got 3)"),
+    ({"type": "DeepSpeedStrategy", "config": "/nonexistent/ds.json"},
+     "strategy.config: cannot read the DeepSpeed JSON file"),
     ({"type": "ColossalAIStrategy"}, "strategy.type: ColossalAI is not supported"),
     ({"type": "DDPStrategy", "sync_bn": "torch"}, "strategy.sync_bn: option has no treadle equivalent (got 'torch')"),
     ({"type": "DDPStrategy", "env_kwargs": {}}, "strategy.env_kwargs: option has no treadle equivalent"),
@@ -137,6 +169,7 @@ def test_strategy_options_treadle_cannot_honour_name_the_key(spec, message):
 @pytest.mark.parametrize("strategy, kind", [
     ("dict(type='DDPStrategy', model_wrapper=dict(find_unused_parameters=False))", "DDPStrategy"),
     ("dict(type='FSDPStrategy', model_wrapper=dict(sharding_strategy='FULL_SHARD'))", "FSDPStrategy"),
+    ("dict(type='DeepSpeedStrategy', zero_optimization=dict(stage=2), gradient_clipping=0.0)", "DeepSpeedStrategy"),
 ])
 def test_translated_strategies_train_on_two_processes_as_one_with_the_doubled_batch(tmp_path, strategy, kind):
     """An MMEngine config with FlexibleRunner's strategy dict trains on 2 gloo processes to

@@ -59,7 +59,7 @@ def test_untranslated_mmengine_key_gets_a_hint():
     ("seed", -1, "seed: out of range (got -1); expected an int >= 0"),
     ("deterministic", "yes", "deterministic: wrong type str (got 'yes'); expected true or false"),
     ("strategy", "dpp", "strategy: not a supported value (got 'dpp'); expected one of 'auto', 'single', 'ddp', "
-                        "'fsdp'. Did you mean 'ddp'?"),
+                        "'fsdp', 'deepspeed'. Did you mean 'ddp'?"),
     ("precision", "fp8", "precision: precision='fp8' is not supported"),
     ("hooks", {"type": "X"}, "hooks: wrong type dict"),
     ("clip_grad", {"max_norm": -1}, "clip_grad: clip_grad bound must be a positive number, got -1"),

@@ -1,6 +1,6 @@
 """A hand-written loop on the public Strategy API (tests/strategies/test_api_resume.py).
 
-    python custom_loop_script.py STRATEGY WORK_DIR OUT [--kill-at N] [--save-every K]
+    python custom_loop_script.py STRATEGY WORK_DIR OUT     (STRATEGY: single|ddp|fsdp|deepspeed|deepspeed3) [--kill-at N] [--save-every K]
                                  [--control none|no-rng|no-loader]
 
 Shuffled data, dropout, accumulative_counts=2 and a warmup scheduler; a checkpoint
@@ -31,7 +31,10 @@ p.add_argument("--control", default="none", choices=["none", "no-rng", "no-loade
 args = p.parse_args()
 
 torch.set_num_threads(1)
-strategy = treadle.build_strategy(args.strategy, work_dir=args.work_dir, seed=3)
+spec = args.strategy
+if spec == "deepspeed3":  # ZeRO-3 with every parameter really partitioned
+    spec = dict(type="deepspeed", zero_stage=3, config={"zero_optimization": {"stage3_param_persistence_threshold": 0}})
+strategy = treadle.build_strategy(spec, work_dir=args.work_dir, seed=3)
 g = torch.Generator().manual_seed(0)
 x, y = torch.randn(96, 8, generator=g), torch.randn(96, 1, generator=g)
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
@@ -72,6 +75,12 @@ strategy.load_model_state_dict({f"module.{k}": v for k, v in weights.items()}, s
 again = strategy.model_state_dict()
 assert all(torch.equal(again[k], v) for k, v in weights.items())  # FSDP: on rank 0 (others: {})
 optim = strategy.optim_state_dict()["optimizer"]
+if args.strategy.startswith("deepspeed"):  # ZeRO partitions: gathered whole per parameter (collectives)
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    params = list(strategy.module.parameters())
+    optim = {"state": {i: {"fp32": safe_get_full_fp32_param(p), "exp_avg": safe_get_full_optimizer_state(p, "exp_avg"),
+                           "exp_avg_sq": safe_get_full_optimizer_state(p, "exp_avg_sq")} for i, p in enumerate(params)}}
 if args.strategy == "fsdp":  # sharded optimizer state: gathered whole (a collective)
     from torch.distributed.tensor import DTensor
     from torch.utils._pytree import tree_map_only

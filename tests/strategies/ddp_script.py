@@ -1,7 +1,7 @@
-"""One rank of a 2-process DDP (or FSDP, --strategy fsdp) training run (started by tests/strategies/test_ddp.py
+"""One rank of a 2-process DDP (or FSDP or DeepSpeed: --strategy fsdp|deepspeed) training run (started by tests/strategies/test_ddp.py
 with torchrun's environment variables).
 
-    python ddp_script.py OUT_DIR [--work-dir D] [--batch B] [--shuffle] [--accumulate N]
+    python ddp_script.py OUT_DIR [--strategy S] [--zero-stage Z] [--precision P] [--work-dir D] [--batch B] [--shuffle] [--accumulate N]
         [--dropout P] [--max-iters N] [--kill-at N] [--term-at N] [--int-at N] [--raise-at N] [--resume]
         [--interval K] [--val] [--fault-attempt N]
 
@@ -78,7 +78,13 @@ def main():
     p.add_argument("--val", action="store_true")
     p.add_argument("--strategy", default="auto")
     p.add_argument("--fault-attempt", type=int)
+    p.add_argument("--zero-stage", type=int, help="with --strategy deepspeed (parameters really partitioned at 3)")
+    p.add_argument("--precision", default="32")
     a = p.parse_args()
+    strategy = a.strategy
+    if a.zero_stage is not None:
+        strategy = dict(type=a.strategy, zero_stage=a.zero_stage,
+                        config={"zero_optimization": {"stage3_param_persistence_threshold": 0}})
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = TinyNet(dropout=a.dropout)
@@ -90,7 +96,8 @@ def main():
         model, work_dir=a.work_dir, train_dataloader=train, val_dataloader=val, loss_fn=nn.CrossEntropyLoss(),
         optimizer=dict(type="SGD", lr=0.1, momentum=0.9), max_epochs=a.max_epochs, accumulate=a.accumulate,
         metrics={"acc": treadle.Accuracy()} if a.val else None, seed=7, resume=a.resume,
-        checkpoint=checkpoint if a.work_dir else False, hooks=[fault], log_interval=2, strategy=a.strategy,
+        checkpoint=checkpoint if a.work_dir else False, hooks=[fault], log_interval=2, strategy=strategy,
+        precision=a.precision,
     )
     calls = [0]
     if isinstance(trainer.model, nn.parallel.DistributedDataParallel):

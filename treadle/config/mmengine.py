@@ -73,7 +73,7 @@ from typing import Any
 from treadle.config.errors import ConfigError, join_path
 from treadle.config.mmengine_common import take
 from treadle.config.mmengine_runtime import RUNTIME_KEYS, helper_names, translate_runtime, visualization_hook
-from treadle.config.mmengine_strategy import is_mmengine_strategy, translate_strategy
+from treadle.config.mmengine_strategy import is_mmengine_strategy, strategy_settings, translate_strategy
 from treadle.config.registry import REGISTRIES
 from treadle.config.schema import SCHEMA, trainer_defaults
 
@@ -127,9 +127,9 @@ def _optim_wrapper(spec: Any, out: _Out) -> None:
         raise ConfigError(path, "must be a mapping with an 'optimizer'", value=spec,
                           expected="{optimizer: {type: AdamW, lr: ...}, ...}")
     kind = spec.get("type", "OptimWrapper")
-    if kind not in ("OptimWrapper", "AmpOptimWrapper"):
+    if kind not in ("OptimWrapper", "AmpOptimWrapper", "DeepSpeedOptimWrapper"):  # DeepSpeed's: the strategy's
         raise ConfigError(join_path(path, "type"), "unsupported optimizer wrapper", value=kind,
-                          expected="OptimWrapper or AmpOptimWrapper")
+                          expected="OptimWrapper, AmpOptimWrapper or DeepSpeedOptimWrapper")
     rest = take(spec, path, {"optimizer": "optimizer", "paramwise_cfg": "paramwise", "clip_grad": "clip_grad",
                               "accumulative_counts": "accumulate", "dtype": "dtype"}, {"type": None})
     optimizer = rest.pop("optimizer")
@@ -312,6 +312,8 @@ def translate(cfg: dict[str, Any]) -> dict[str, Any]:
     for key, value, source in rt.settings:
         out.set(key, value, source)
     if is_mmengine_strategy(out.cfg.get("strategy")):
+        for key, value, source in strategy_settings(out.cfg["strategy"]):
+            out.set(key, value, source)
         out.cfg["strategy"] = translate_strategy(out.cfg["strategy"])
     if rt.strategy:
         out.cfg["strategy"] = _strategy_with(out.cfg.get("strategy"), rt.strategy, rt.strategy_source)

@@ -1,5 +1,5 @@
-"""FlexibleRunner's ``strategy=dict(type="DDPStrategy" | "FSDPStrategy", ...)`` as treadle's
-``strategy: {type: ddp | fsdp, ...}`` (options of :class:`treadle.strategies.ddp.DDPStrategy`
+"""FlexibleRunner's ``strategy=dict(type="DDPStrategy" | "FSDPStrategy" | "DeepSpeedStrategy", ...)``
+as treadle's ``strategy: {type: ddp | fsdp | deepspeed, ...}`` (options of :class:`treadle.strategies.ddp.DDPStrategy`
 and :class:`treadle.strategies.fsdp.FSDPStrategy`).
 
 =====================================================  ==============================================
@@ -20,9 +20,14 @@ policy with ``transformer_layer_cls``)
 SHARD_GRAD_OP``
 ``state_dict_cfg: local`` (or sharded/local types)     equivalent: treadle's FSDP checkpoints are sharded
 ``SingleDeviceStrategy``                               ``single``
+``DeepSpeedStrategy``                                  ``{type: deepspeed, zero_stage: <zero_optimization
+                                                       .stage>, config: {the rest}}``
+``DeepSpeedStrategy`` ``gradient_clipping``,           the Trainer's ``clip_grad: {max_norm: x}``,
+``gradient_accumulation_steps``, ``bf16``/``fp16``     ``accumulate``, ``precision`` (treadle's settings
+``.enabled`` (also inside ``config``)                  write DeepSpeed's config)
 =====================================================  ==============================================
 
-Anything else (``DeepSpeedStrategy``, ``sync_bn``, size-based wrapping, ``state_dict_cfg:
+Anything else (``ColossalAIStrategy``, ``sync_bn``, size-based wrapping, ``state_dict_cfg:
 full``, activation checkpointing...) is a :class:`ConfigError` naming the key as written.
 """
 
@@ -160,12 +165,73 @@ def _fsdp(spec: dict[str, Any], path: str) -> dict[str, Any]:
     return out
 
 
+#: MMEngine's DeepSpeedStrategy keys that are the Trainer's settings in treadle (treadle's
+#: settings write DeepSpeed's config: treadle/strategies/deepspeed_config.py).
+_DS_SETTINGS = {"gradient_clipping": "clip_grad", "gradient_accumulation_steps": "accumulate",
+                "bf16": "precision", "fp16": "precision"}
+#: MMEngine's DeepSpeedStrategy keys copied into DeepSpeed's config as they are.
+_DS_CONFIG = ("train_micro_batch_size_per_gpu", "activation_checkpointing", "aio", "amp")
+
+
+def strategy_settings(spec: Any, path: str = "strategy") -> list[tuple[str, Any, str]]:
+    """The Trainer settings an MMEngine ``DeepSpeedStrategy`` dict holds, as ``(key,
+    value, source)``: ``gradient_clipping`` -> ``clip_grad``, ``gradient_accumulation_steps``
+    -> ``accumulate``, ``bf16``/``fp16`` ``enabled`` -> ``precision``. Empty for the others."""
+    if not isinstance(spec, dict) or spec.get("type") != "DeepSpeedStrategy":
+        return []
+    spec = {**_ds_file(spec.get("config"), path), **spec}  # the strategy's keys override its config's (MMEngine)
+    out: list[tuple[str, Any, str]] = []
+    clip = spec.get("gradient_clipping")
+    if clip:  # 0 or None: no clipping, treadle's default
+        out.append(("clip_grad", {"max_norm": clip}, join_path(path, "gradient_clipping")))
+    if spec.get("gradient_accumulation_steps") not in (None, 1):
+        out.append(("accumulate", spec["gradient_accumulation_steps"], join_path(path, "gradient_accumulation_steps")))
+    for key, precision in (("bf16", "bf16"), ("fp16", "16")):
+        section = spec.get(key)
+        if isinstance(section, dict) and section.get("enabled", False):
+            out.append(("precision", precision, join_path(path, key)))
+    return out
+
+
+def _ds_file(config: Any, path: str) -> dict[str, Any]:
+    """A DeepSpeedStrategy's ``config``: a mapping, or a JSON file's path (MMEngine reads it)."""
+    import json
+
+    if isinstance(config, str):
+        try:
+            with open(config) as f:
+                config = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ConfigError(join_path(path, "config"), f"cannot read the DeepSpeed JSON file ({e})", value=config,
+                              expected="a readable JSON file or a mapping") from None
+    if config is not None and not isinstance(config, dict):
+        raise ConfigError(join_path(path, "config"), "must be a mapping or a JSON file's path", value=config)
+    return dict(config or {})
+
+
+def _deepspeed(spec: dict[str, Any], path: str) -> dict[str, Any]:
+    """treadle's ``dict(type="deepspeed", ...)`` for MMEngine's DeepSpeedStrategy; the keys
+    that are Trainer settings are taken by :func:`strategy_settings`."""
+    rest = take(spec, path, {"config": "config", "zero_optimization": "zero_optimization",
+                             **{k: k for k in _DS_CONFIG}},
+                {"type": None, "steps_per_print": None, "inputs_to_half": None, "exclude_frozen_parameters": False,
+                 **{k: None for k in _DS_SETTINGS}},
+                why={"exclude_frozen_parameters": "treadle's checkpoints hold every parameter"})
+    config = _ds_file(rest.pop("config", None), path)
+    config = {k: v for k, v in config.items() if k not in _DS_SETTINGS}  # strategy_settings takes these
+    config.update(rest)
+    zero = dict(config.pop("zero_optimization", None) or {})
+    stage = zero.pop("stage", 0)
+    if zero:
+        config["zero_optimization"] = zero
+    return {"type": "deepspeed", "zero_stage": stage, "config": config}
+
+
 def translate_strategy(spec: dict[str, Any], path: str = "strategy") -> str | dict[str, Any]:
     """treadle's ``strategy`` for a FlexibleRunner strategy dict (see the module's table)."""
     kind = spec["type"]
     if kind == "DeepSpeedStrategy":
-        raise ConfigError(join_path(path, "type"), "DeepSpeed support is not in treadle yet", value=kind,
-                          expected="DDPStrategy or FSDPStrategy (or strategy: {type: ddp|fsdp})")
+        return _deepspeed(spec, path)
     if kind == "ColossalAIStrategy":
         raise ConfigError(join_path(path, "type"), "ColossalAI is not supported", value=kind,
                           expected="DDPStrategy or FSDPStrategy (or strategy: {type: ddp|fsdp})")

@@ -64,7 +64,7 @@ class StrategyAPI:
     """The public methods of every Strategy (mixed into ``treadle.strategies.base.Strategy``).
 
     Needs of the concrete strategy: ``setup``, ``setup_model``, ``unwrap``,
-    ``setup_optim_wrapper``, ``get/set_model_state``, ``get/set_optim_state``,
+    ``setup_optim_wrappers``, ``get/set_model_state``, ``get/set_optim_state``,
     ``get_full_model_state``, ``load_full_model_state``, ``write/read_checkpoint``.
     """
 
@@ -166,19 +166,19 @@ class StrategyAPI:
             raise TypeError(f"prepare(model=...) needs a torch.nn.Module or a config dict, got {type(model).__name__}")
         self.module = model
         wrapped = self.setup_model(model)  # type: ignore[attr-defined]
+        wrappers = build_optim_wrappers(optim_wrapper, model, device_type=self.device.type) if optim_wrapper is not None else {}
+        # DeepSpeed: the engine (made from the model and the optimizer) is what the loop calls.
+        wrapped, self.optim_wrappers = self.setup_optim_wrappers(  # type: ignore[attr-defined]
+            wrapped, wrappers, micro_batch=kwargs.get("train_micro_batch_size_per_gpu"))
         self.model, self.eval_module = wrapped, self.eval_model(wrapped)  # type: ignore[attr-defined]
         if compile:
             options = compile if isinstance(compile, dict) else {}
             self.model = torch.compile(wrapped, **options)
             self.eval_module = self.model if self.eval_module is wrapped else torch.compile(self.eval_module, **options)
         items: list[Any] = [self.model]
-        self.optim_wrappers: dict[str, OptimWrapper] = {}
         self.optim_wrapper: Any = None
         self.param_schedulers: Any = []
         if optim_wrapper is not None:
-            self.optim_wrappers = build_optim_wrappers(optim_wrapper, model, device_type=self.device.type)
-            for ow in self.optim_wrappers.values():
-                self.setup_optim_wrapper(ow, self.model)  # type: ignore[attr-defined]
             self.optim_wrapper = self.optim_wrappers if by_name(optim_wrapper) else self.optim_wrappers["default"]
             items.append(self.optim_wrapper)
         if auto_scale_lr is not None:

@@ -4,14 +4,15 @@ The Trainer talks to a strategy at these points, in this order::
 
     strategy.setup()                         # process group (multi-process strategies)
     model = strategy.setup_model(module)     # place and wrap; the optimizer is built after
-    strategy.setup_optim_wrapper(ow, model)  # e.g. DDP's no_sync for accumulation
+    model, wrappers = strategy.setup_optim_wrappers(model, wrappers)  # DDP's no_sync; DeepSpeed's engine
     move = strategy.batch_mover()            # None on CPU
     ... training ...
     strategy.get_model_state(module) / get_optim_state(module, optimizer)
     strategy.write_checkpoint(path, payloads, meta) / read_checkpoint(path)
 
-``SingleDevice`` is the one-process case; ``DDPStrategy`` (strategies/ddp.py) and
-``FSDPStrategy`` (strategies/fsdp.py) are the multi-process ones.
+``SingleDevice`` is the one-process case; ``DDPStrategy`` (strategies/ddp.py),
+``FSDPStrategy`` (strategies/fsdp.py) and ``DeepSpeedStrategy`` (strategies/deepspeed.py)
+are the multi-process ones.
 """
 
 from __future__ import annotations
@@ -81,8 +82,21 @@ class Strategy(StrategyAPI):
     def setup(self) -> None:
         """Called once by the Trainer before the model is placed."""
 
+    def check_trainer_options(self, options: dict[str, Any]) -> None:
+        """Refuse, before anything starts, Trainer arguments this strategy cannot honour
+        (``options``: the Trainer's arguments by name)."""
+
     def setup_optim_wrapper(self, optim_wrapper: Any, model: nn.Module) -> None:
         """Give the optimizer wrapper what the strategy needs (DDP: ``no_sync``)."""
+
+    def setup_optim_wrappers(self, model: nn.Module, wrappers: dict[str, Any], *,
+                             micro_batch: int | None = None) -> tuple[nn.Module, dict[str, Any]]:
+        """After the optimizers were built over the placed model: ``(model to call,
+        wrappers)``. Here each wrapper gets :meth:`setup_optim_wrapper`; DeepSpeed makes
+        its engine from both. ``micro_batch``: the training loader's batch size, if known."""
+        for ow in wrappers.values():
+            self.setup_optim_wrapper(ow, model)
+        return model, wrappers
 
     # -- state dicts: full tensors here; FSDP returns sharded ones ---------------------
     def get_model_state(self, module: nn.Module) -> dict[str, Any]:
@@ -90,6 +104,11 @@ class Strategy(StrategyAPI):
 
     def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None:
         module.load_state_dict(state)
+
+    def full_shapes(self, module: nn.Module) -> dict[str, tuple[int, ...]]:
+        """The whole shape of each entry of ``module``'s state dict (DeepSpeed stage 3:
+        not the local placeholders'), to check a checkpoint against."""
+        return {k: tuple(v.shape) for k, v in module.state_dict().items()}
 
     def get_full_model_state(self, module: nn.Module) -> dict[str, Any]:
         """Full (unsharded) weights for exports and best checkpoints; a collective
@@ -109,6 +128,10 @@ class Strategy(StrategyAPI):
 
     def set_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         optimizer.load_state_dict(state)
+
+    def check_optim_state(self, state: Any) -> None:
+        """Refuse a saved optimizer state this strategy cannot load, before anything is
+        loaded (DeepSpeed: a partition of another stage or number of processes)."""
 
     # -- checkpoints ---------------------------------------------------------------------
     def write_checkpoint(self, path: str | Path, payloads: dict[str, Any], meta: dict[str, Any],

@@ -10,7 +10,7 @@ from typing import Any
 from treadle.distributed import comm
 from treadle.strategies.base import SingleDevice, Strategy
 
-STRATEGY_NAMES = ("auto", "single", "ddp", "fsdp")
+STRATEGY_NAMES = ("auto", "single", "ddp", "fsdp", "deepspeed")
 
 
 def build_strategy(strategy: str | dict[str, Any] | Strategy = "auto", *, work_dir: str | Path | None = None,
@@ -50,8 +50,10 @@ def resolve_strategy(strategy: str | dict[str, Any] | Strategy) -> Strategy:
         cls: type[Strategy] = SingleDevice
     elif strategy == "ddp":
         from treadle.strategies.ddp import DDPStrategy as cls  # type: ignore[no-redef]
-    else:  # imported when asked for: torch.distributed.checkpoint is slow to import
+    elif strategy == "fsdp":  # imported when asked for: torch.distributed.checkpoint is slow to import
         from treadle.strategies.fsdp import FSDPStrategy as cls  # type: ignore[no-redef]
+    else:  # deepspeed itself is imported by its setup() only
+        from treadle.strategies.deepspeed import DeepSpeedStrategy as cls  # type: ignore[no-redef]
     try:
         return cls(**options)
     except TypeError as e:

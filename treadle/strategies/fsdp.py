@@ -126,6 +126,11 @@ class FSDPStrategy(ProcessGroupStrategy):
         self.cpu_offload = bool(cpu_offload)
         self.mesh: Any = None
 
+    def check_trainer_options(self, options: dict[str, Any]) -> None:
+        if options.get("ema") is not None and self.distributed:
+            raise ValueError("ema= is not supported with strategy='fsdp' yet (the average would be a sharded "
+                             "copy); use strategy='ddp', or train without EMA")
+
     # -- wrapping ------------------------------------------------------------------------
     def setup_model(self, model: nn.Module) -> nn.Module:
         """``fully_shard`` the policy's submodules, then the root; returns ``model`` itself."""

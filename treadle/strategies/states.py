@@ -50,7 +50,7 @@ class ModelState:
             raise CheckpointError(f"the checkpoint's model state is a {type(state).__name__}, not a dict")
         model_sd = self.module.state_dict()
         if all(type(v) is torch.Tensor for v in (*model_sd.values(), *state.values())):
-            report = compare_weights(model_sd, state)
+            report = compare_weights(self.strategy.full_shapes(self.module), state)
             if not report.ok:
                 err = WeightsMismatchError(report)
                 details = "\n".join(str(report).splitlines()[1:])  # without the "loaded 0 entries" line
@@ -89,6 +89,7 @@ class OptimStates:
             raise CheckpointError(f"the checkpoint's optimizers {got} do not match these {sorted(self.wrappers)}")
         for name, ow in self.wrappers.items():
             check_optimizer(name, ow.optimizer, state[name])
+            self.strategy.check_optim_state(state[name].get("optimizer"))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, ow in self.wrappers.items():

@@ -1,0 +1,169 @@
+"""DeepSpeed ZeRO through treadle: the Trainer and a hand-written loop on 2 gloo processes
+equal one process with the doubled batch at stages 1, 2 and 3; SIGKILLed mid-epoch and
+resumed, they end bit for bit where an uninterrupted run ends; exports hold the final
+weights. One-process runs (a process group of one) check the refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+import treadle
+from support import TinyNet, make_data, run_ranks
+from treadle.checkpoint.weights import export_safetensors, read_safetensors
+from treadle.distributed import comm
+
+from trainer_ranks import _final, _reference, _run
+
+LOOP = str(Path(__file__).parent / "custom_loop_script.py")
+# bf16 weights hold 8 bits of mantissa (weights of about 0.5 are 2e-3 apart), and 12 steps
+# of SGD with momentum carry the rounding on: measured 1.8e-2 at most, against weights that
+# moved by more than 0.2 from where they started.
+BF16_ATOL = 3e-2
+
+
+@pytest.fixture
+def one_process_group():
+    """DeepSpeed needs a process group: on one process the strategy makes a group of one;
+    freed after the test so that other tests see none."""
+    yield
+    comm.shutdown()
+
+
+def _trainer(model, **kw):
+    args = dict(train_dataloader=DataLoader(make_data(32), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
+                optimizer=dict(type="SGD", lr=0.1, momentum=0.9), max_epochs=2, seed=7, log_writers=(), progress=False,
+                strategy="deepspeed")
+    args.update(kw)
+    return treadle.Trainer(model, **args)
+
+
+def test_one_process_with_accumulation_equals_a_hand_written_loop(one_process_group):
+    torch.manual_seed(0)
+    model = TinyNet()
+    reference = TinyNet()
+    reference.load_state_dict(model.state_dict())
+    trainer = _trainer(model, accumulate=2, strategy=dict(type="deepspeed", zero_stage=2))
+    assert type(trainer.optim_wrappers["default"]).__name__ == "DeepSpeedOptimWrapper"
+    assert trainer.strategy.config["gradient_clipping"] == 0.0
+    trainer.fit()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    x, y = make_data(32).tensors
+    for _ in range(2):
+        for i in range(0, 32, 8):  # a window of 2 micro-batches of 4
+            opt.zero_grad()
+            for j in (i, i + 4):
+                (nn.functional.cross_entropy(reference(x[j:j + 4]), y[j:j + 4]) / 2).backward()
+            opt.step()
+    for k, v in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[k], v, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(ema=dict(momentum=0.01)), "ema= is not supported with strategy='deepspeed'"),
+    (dict(compile=True), "compile=True is not supported with strategy='deepspeed'"),
+    (dict(clip_grad=dict(value=1.0)), "clip_grad={'value': 1.0}: DeepSpeed clips by norm only"),
+    (dict(strategy=dict(type="deepspeed", config={"bf16": {"enabled": True}})),
+     "config['bf16']['enabled']=True contradicts precision='32'"),
+])
+def test_what_deepspeed_cannot_honour_is_refused_before_training(one_process_group, kw, message):
+    with pytest.raises(ValueError) as e:
+        _trainer(TinyNet(), **kw)
+    assert message in str(e.value)
+
+
+def test_two_optimizers_are_refused(one_process_group):
+    strategy = treadle.build_strategy("deepspeed")
+    model = nn.ModuleDict({"gen": nn.Linear(2, 2), "disc": nn.Linear(2, 1)})
+    with pytest.raises(ValueError, match=r"strategy='deepspeed' trains one optimizer; got \['disc', 'gen'\]"):
+        strategy.prepare(model, optim_wrapper={"gen": dict(optimizer=dict(type="SGD", lr=0.1)),
+                                               "disc": dict(optimizer=dict(type="SGD", lr=0.1))})
+
+
+@pytest.mark.slow  # 2 processes on gloo
+@pytest.mark.parametrize("stage", ["1", "2", "3"])
+def test_trainer_on_two_processes_equals_one_with_the_doubled_batch(tmp_path, stage):
+    out, work = tmp_path / "out", tmp_path / "run"
+    _run(out, "--strategy", "deepspeed", "--zero-stage", stage, "--shuffle", "--accumulate", "2",
+         "--work-dir", str(work))
+    final = _final(out)
+    for k, v in _reference(shuffle=True, accumulate=2).items():
+        torch.testing.assert_close(final[k], v, rtol=1e-5, atol=1e-6)
+    ckpt = work / "checkpoints" / "epoch_0002"
+    exported = read_safetensors(export_safetensors(ckpt, tmp_path / "model.safetensors"))
+    assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
+    for rank in (0, 1):  # each rank's file holds its own ZeRO partition, read with weights_only
+        own = torch.load(ckpt / f"rng_rank{rank}.pt", weights_only=True)["rank_state"]["optim"]["default"]["zero"]
+        assert own["zero_stage"] == int(stage) and own["partition_count"] in (2, [2])
+
+
+@pytest.mark.slow
+def test_bf16_trains_within_its_tolerance(tmp_path):
+    _run(tmp_path / "out", "--strategy", "deepspeed", "--zero-stage", "2", "--precision", "bf16", "--shuffle")
+    final = _final(tmp_path / "out")
+    assert all(v.dtype == torch.bfloat16 for v in final.values())  # DeepSpeed's bf16: the module is bf16
+    torch.manual_seed(0)
+    start = TinyNet().state_dict()
+    reference = _reference(shuffle=True, accumulate=1)
+    assert max((v - start[k]).abs().max().item() for k, v in reference.items()) > 0.2  # the tolerance means something
+    for k, v in reference.items():
+        torch.testing.assert_close(final[k].float(), v, rtol=0, atol=BF16_ATOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage, precision", [("3", "32"), ("1", "bf16")])
+def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, stage, precision):
+    common = ["--strategy", "deepspeed", "--zero-stage", stage, "--precision", precision, "--shuffle",
+              "--dropout", "0.3", "--interval", "2"]
+    _run(tmp_path / "a", "--work-dir", str(tmp_path / "wa"), *common)
+    results = _run(tmp_path / "b", "--work-dir", str(tmp_path / "wb"), *common, "--kill-at", "9", expect=None)
+    assert results[1][0] == -9 and results[0][0] != 0
+    _run(tmp_path / "b", "--work-dir", str(tmp_path / "wb"), *common, "--resume")  # from iter 8, mid-epoch 2
+    assert torch.load(tmp_path / "b" / "result_rank0.pt", weights_only=True)["resumed_at"] == 8
+    a, b = _final(tmp_path / "a"), _final(tmp_path / "b")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _loop(strategy: str, work: Path, out: Path, *args: str, expect: int = 0) -> dict:
+    for rank, (code, output) in enumerate(run_ranks(LOOP, [strategy, str(work), str(out), *args], timeout=300)):
+        assert code == expect, f"rank {rank} exited {code}:\n{output[-4000:]}"
+    return torch.load(out, weights_only=True) if expect == 0 else {}
+
+
+@pytest.mark.slow
+def test_hand_written_loop_equals_ddp_and_resumes_exactly_after_sigkill(tmp_path):
+    """tests/strategies/custom_loop_script.py (build_strategy, prepare, save_checkpoint,
+    load_or_resume) with ZeRO-3: the weights DDP reaches (proven equal to one process in
+    test_ddp.py), and after a SIGKILL and a resume the same weights, fp32 masters and
+    Adam moments bit for bit."""
+    ddp = _loop("ddp", tmp_path / "ddp", tmp_path / "ddp.pt", "--save-every", "4")
+    a = _loop("deepspeed3", tmp_path / "a", tmp_path / "a.pt", "--save-every", "4")
+    for k, v in ddp["weights"].items():
+        torch.testing.assert_close(a["weights"][k], v, rtol=1e-5, atol=1e-6)
+    _loop("deepspeed3", tmp_path / "b", tmp_path / "b.pt", "--save-every", "4", "--kill-at", "7", expect=-9)
+    b = _loop("deepspeed3", tmp_path / "b", tmp_path / "b.pt", "--save-every", "4")  # resumes iter 4
+    assert a["iter"] == b["iter"] == 36
+    assert all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
+    for i, entries in a["optim_state"].items():
+        for key, t in entries.items():
+            assert torch.equal(t, b["optim_state"][i][key]), (i, key)
+
+
+@pytest.mark.slow
+def test_treadle_export_cli_writes_the_final_weights(tmp_path):
+    """`treadle export` of a ZeRO-3 checkpoint (full weights gathered by DeepSpeed at save)."""
+    out, work = tmp_path / "out", tmp_path / "run"
+    _run(out, "--strategy", "deepspeed", "--zero-stage", "3", "--work-dir", str(work), "--max-epochs", "1")
+    target = tmp_path / "model.safetensors"
+    proc = subprocess.run([sys.executable, "-m", "treadle", "export", str(work / "checkpoints" / "epoch_0001"),
+                           "--out", str(target)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final, exported = _final(out), read_safetensors(target)
+    assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)

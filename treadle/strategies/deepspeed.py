@@ -1,0 +1,228 @@
+"""DeepSpeedStrategy: ZeRO stages 1-3 through a DeepSpeed engine, on treadle's loop and checkpoints.
+
+    strategy = DeepSpeedStrategy(zero_stage=2, config={...raw DeepSpeed entries...},
+                                 offload_optimizer=None, offload_param=None)
+
+The flow, as for every strategy (treadle/strategies/api.py)::
+
+    setup()                       process group from the launcher (gloo on CPU; one process: a group of one)
+    setup_model(module)           placed on the device, not wrapped yet
+    ... prepare builds the OptimWrapper over the module's parameters ...
+    setup_optim_wrappers(...)     deepspeed.initialize(module, torch optimizer, config) -> the engine
+                                  is the model the loop calls, a DeepSpeedOptimWrapper its optimizer side
+
+The DeepSpeed config is written from treadle's settings (treadle/strategies/deepspeed_config.py).
+``deepspeed`` is imported in :meth:`setup` only; ``import treadle`` never imports it, and
+DeepSpeed's shared-memory op, built with g++ at every ``initialize`` otherwise, is
+switched off (ZeRO training never uses it: only inference all-reduce does).
+
+Checkpoints are treadle's (atomic, verified, ``weights_only``): ``state.pt`` holds the full
+weights, gathered with DeepSpeed's ``GatheredParameters`` under stage 3 (so ``treadle
+export`` and ``load_from=`` need nothing of DeepSpeed), and each rank's file its ZeRO
+partition: fp32 masters and optimizer state (treadle/strategies/deepspeed_optim.py).
+DeepSpeed's own checkpoint files are never read: its loader unpickles them in full.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from treadle.checkpoint.io import CheckpointError
+from treadle.strategies.api import DEFAULT_REVISE_KEYS
+from treadle.strategies.base import ProcessGroupStrategy, move_to
+from treadle.strategies.deepspeed_config import build_config, check_options
+
+
+class DeepSpeedStrategy(ProcessGroupStrategy):
+    """DeepSpeed ZeRO (see the module docstring).
+
+    Args:
+        zero_stage: 0 (data parallel), 1 (optimizer state sharded), 2 (+ gradients),
+            3 (+ parameters).
+        config: raw DeepSpeed config entries merged into treadle's (e.g.
+            ``{"zero_optimization": {"stage3_param_persistence_threshold": 0}}``); an
+            entry that contradicts a treadle setting is an error naming both.
+        offload_optimizer: optimizer state and step on the CPU (stages 1-3); None: as
+            ``config`` says (off when it says nothing).
+        offload_param: parameters on the CPU (stage 3).
+        backend, timeout_s, shard_data: as for DDPStrategy.
+    """
+
+    name = "deepspeed"
+
+    def __init__(self, zero_stage: int = 2, config: dict[str, Any] | None = None,
+                 offload_optimizer: bool | None = None, offload_param: bool | None = None,
+                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
+        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data)
+        self.user_config = check_options(zero_stage, config, offload_optimizer, offload_param)
+        self.zero_stage = zero_stage
+        self.offload_optimizer, self.offload_param = offload_optimizer, offload_param
+        self.eval_in_lockstep = zero_stage == 3  # forward gathers parameters
+        self.engine: Any = None
+        self.config: dict[str, Any] = {}  # what initialize got (set by setup_optim_wrappers)
+        self._bf16 = False
+
+    # -- trainer options it cannot honour ----------------------------------------------
+    def check_trainer_options(self, options: dict[str, Any]) -> None:
+        """Refuse, before anything starts, what the Trainer cannot do on DeepSpeed."""
+        if options.get("ema") is not None:
+            raise ValueError("ema= is not supported with strategy='deepspeed' (the weights live in ZeRO's "
+                             "partitions); use strategy='ddp', or train without EMA")
+        if options.get("compile"):
+            raise ValueError("compile=True is not supported with strategy='deepspeed' (DeepSpeed compiles through "
+                             "its own engine.compile); train without compile")
+
+    # -- process group and model ---------------------------------------------------------
+    def setup(self) -> None:
+        """The process group (one process: a gloo group of one, as DeepSpeed needs one),
+        then DeepSpeed's communication on top of it, with no op built."""
+        super().setup()
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            import atexit
+
+            from treadle.distributed import comm
+
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            atexit.register(comm.shutdown)
+        import os
+
+        os.environ.setdefault("LOCAL_RANK", str(self.local_rank))  # DeepSpeed asserts it is set
+        if self.device.type == "cpu":  # else DeepSpeed guesses, and says so
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed.ops
+
+        # Built with g++ at every initialize otherwise (about 50 s cold); used only by inference.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+    def setup_model(self, model: nn.Module) -> nn.Module:
+        """Placed on the device; :meth:`setup_optim_wrappers` makes the engine."""
+        return model.to(self.device)
+
+    def setup_optim_wrappers(self, model: nn.Module, wrappers: dict[str, Any], *,
+                             micro_batch: int | None = None) -> tuple[nn.Module, dict[str, Any]]:
+        """``deepspeed.initialize`` over ``model`` and the one wrapper's torch optimizer;
+        returns the engine and ``{"default": DeepSpeedOptimWrapper}``."""
+        import deepspeed
+
+        from treadle.strategies.deepspeed_optim import DeepSpeedOptimWrapper, quiet_deepspeed, use_current_collectives
+
+        if len(wrappers) > 1:
+            raise ValueError(f"strategy='deepspeed' trains one optimizer; got {sorted(wrappers)}")
+        built = next(iter(wrappers.values()), None)
+        self.config = build_config(
+            self.user_config, zero_stage=self.zero_stage, offload_optimizer=self.offload_optimizer,
+            offload_param=self.offload_param, micro_batch=micro_batch,
+            accumulate=built.accumulate if built is not None else 1, world_size=self.world_size,
+            precision=built.precision if built is not None else "32",
+            clip_grad=built.clip_grad if built is not None else None, device_type=self.device.type)
+        with quiet_deepspeed():
+            self.engine, *_ = deepspeed.initialize(model=model, config=self.config,
+                                                   optimizer=built.optimizer if built is not None else None)
+        use_current_collectives()
+        self._bf16 = bool(self.config["bf16"]["enabled"])
+        if built is None:
+            return self.engine, {}
+        return self.engine, {name: DeepSpeedOptimWrapper(self.engine, built) for name in wrappers}
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model.module if self.engine is not None and model is self.engine else model
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        """The module itself (stage 3's forward hooks gather its parameters)."""
+        return self.unwrap(model)
+
+    def batch_mover(self) -> Any:
+        """Floating-point tensors to bf16 under bf16 (the engine's weights are bf16), and
+        to the device."""
+        if not self._bf16:
+            return super().batch_mover()
+        device = self.device
+
+        def move(batch: Any) -> Any:
+            return _to_bf16(move_to(batch, device, device.type == "cuda"))
+        return move
+
+    # -- state dicts -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _gathered(self, module: nn.Module, modifier_rank: int | None = None) -> Iterator[None]:
+        """Stage 3: every parameter whole inside (DeepSpeed's ``GatheredParameters``, a collective)."""
+        if self.zero_stage != 3 or self.engine is None:
+            yield
+            return
+        import deepspeed
+
+        from treadle.strategies.deepspeed_optim import quiet_deepspeed
+
+        with quiet_deepspeed(), deepspeed.zero.GatheredParameters(list(module.parameters()),
+                                                                  modifier_rank=modifier_rank):
+            yield
+
+    def full_shapes(self, module: nn.Module) -> dict[str, tuple[int, ...]]:
+        shapes = super().full_shapes(module)
+        if self.zero_stage == 3 and self.engine is not None:  # the local parameters are placeholders
+            shapes.update({k: tuple(p.ds_shape) for k, p in module.named_parameters() if hasattr(p, "ds_shape")})
+        return shapes
+
+    def get_model_state(self, module: nn.Module) -> dict[str, Any]:
+        """Full weights (stage 3: gathered, a collective), bf16 under bf16."""
+        with self._gathered(module):
+            return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+    get_full_model_state = get_model_state
+
+    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None:
+        """Full weights into the module (stage 3: into every rank's partition), then the fp32
+        masters refreshed from them."""
+        with self._gathered(module, modifier_rank=0):
+            module.load_state_dict(state)
+        self._refresh_masters()
+
+    def load_full_model_state(self, module: nn.Module, state: Any, *, strict: bool = False,
+                              revise_keys: Any = DEFAULT_REVISE_KEYS) -> Any:
+        with self._gathered(module, modifier_rank=0):
+            report = super().load_full_model_state(module, state, strict=strict, revise_keys=revise_keys)
+        self._refresh_masters()
+        return report
+
+    def _refresh_masters(self) -> None:
+        optimizer = getattr(self.engine, "optimizer", None)
+        if optimizer is not None and hasattr(optimizer, "refresh_fp32_params"):
+            optimizer.refresh_fp32_params()
+
+    def get_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The shared part: how the partitions were cut (each rank's own file holds its
+        partition, see DeepSpeedOptimWrapper.local_state_dict)."""
+        return {"zero_stage": self.zero_stage, "world_size": self.world_size}
+
+    def set_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        self.check_optim_state(state)
+
+    def check_optim_state(self, state: Any) -> None:
+        """A ZeRO partition fits only the stage and number of processes that cut it."""
+        saved = (state.get("zero_stage"), state.get("world_size")) if isinstance(state, dict) else None
+        if saved != (self.zero_stage, self.world_size):
+            what = (f"ZeRO stage {saved[0]} on {saved[1]} process(es)" if saved and saved[0] is not None
+                    else "another strategy")
+            raise CheckpointError(f"the checkpoint's optimizer state was saved by {what}; this run has ZeRO stage "
+                                  f"{self.zero_stage} on {self.world_size}: resume needs the same (load_from= "
+                                  "takes the weights alone)")
+
+
+def _to_bf16(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(torch.bfloat16) if obj.is_floating_point() else obj
+    if isinstance(obj, dict):
+        return {k: _to_bf16(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        moved = [_to_bf16(v) for v in obj]
+        return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
+    return obj
+
+
+__all__ = ["DeepSpeedStrategy"]
