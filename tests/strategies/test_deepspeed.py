@@ -5,8 +5,6 @@ weights. One-process runs (a process group of one) check the refusals."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,9 @@ from torch.utils.data import DataLoader
 
 import treadle
 from support import TinyNet, make_data, run_ranks
-from treadle.checkpoint.weights import export_safetensors, read_safetensors
+from treadle.checkpoint.manifest import read_manifest
+from treadle.checkpoint.weights import read_safetensors
+from treadle.cli import main
 from treadle.distributed import comm
 
 from trainer_ranks import _final, _reference, _run
@@ -28,10 +28,11 @@ LOOP = str(Path(__file__).parent / "custom_loop_script.py")
 BF16_ATOL = 3e-2
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def one_process_group():
-    """DeepSpeed needs a process group: on one process the strategy makes a group of one;
-    freed after the test so that other tests see none."""
+    """DeepSpeed needs a process group: on one process the strategy makes a group of one.
+    Kept for this module's tests (DeepSpeed caches groups made from it), freed after them so
+    that other tests see none."""
     yield
     comm.shutdown()
 
@@ -78,6 +79,27 @@ def test_what_deepspeed_cannot_honour_is_refused_before_training(one_process_gro
     assert message in str(e.value)
 
 
+def test_a_checkpoint_resumes_only_under_the_strategy_that_saved_it(one_process_group, tmp_path):
+    """A ZeRO partition is not a torch optimizer's state, nor the reverse: refused before
+    anything is loaded, in both directions; the weights still load with load_from=."""
+    from treadle.checkpoint.io import CheckpointError
+
+    torch.manual_seed(0)
+    _trainer(TinyNet(), work_dir=tmp_path / "ds", max_epochs=1).fit()
+    _trainer(TinyNet(), work_dir=tmp_path / "single", max_epochs=1, strategy="single").fit()
+    ds_ckpt, single_ckpt = (tmp_path / d / "checkpoints" / "epoch_0001" for d in ("ds", "single"))
+    model = TinyNet()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"saved by DeepSpeed ZeRO \(stage 2\), not a torch optimizer's"):
+        _trainer(model, strategy="single", resume=ds_ckpt, max_epochs=2).fit()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # nothing was loaded
+    with pytest.raises(CheckpointError, match=r"saved by another strategy; this run has ZeRO stage 2 on 1"):
+        _trainer(TinyNet(), resume=single_ckpt, max_epochs=2).fit()
+    loaded = TinyNet()
+    _trainer(loaded, strategy="single", load_from=ds_ckpt, max_epochs=1)
+    assert not all(torch.equal(v, before[k]) for k, v in loaded.state_dict().items())
+
+
 def test_two_optimizers_are_refused(one_process_group):
     strategy = treadle.build_strategy("deepspeed")
     model = nn.ModuleDict({"gen": nn.Linear(2, 2), "disc": nn.Linear(2, 1)})
@@ -96,8 +118,11 @@ def test_trainer_on_two_processes_equals_one_with_the_doubled_batch(tmp_path, st
     for k, v in _reference(shuffle=True, accumulate=2).items():
         torch.testing.assert_close(final[k], v, rtol=1e-5, atol=1e-6)
     ckpt = work / "checkpoints" / "epoch_0002"
-    exported = read_safetensors(export_safetensors(ckpt, tmp_path / "model.safetensors"))
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "model.safetensors")]) == 0  # `treadle export`
+    exported = read_safetensors(tmp_path / "model.safetensors")
     assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
+    manifest = read_manifest(ckpt)  # every rank wrote its own file (nothing gathered); the manifest covers them
+    assert {"state.pt", "rng_rank0.pt", "rng_rank1.pt"} <= set(manifest["files"]) and "dcp" not in manifest
     for rank in (0, 1):  # each rank's file holds its own ZeRO partition, read with weights_only
         own = torch.load(ckpt / f"rng_rank{rank}.pt", weights_only=True)["rank_state"]["optim"]["default"]["zero"]
         assert own["zero_stage"] == int(stage) and own["partition_count"] in (2, [2])
@@ -154,16 +179,3 @@ def test_hand_written_loop_equals_ddp_and_resumes_exactly_after_sigkill(tmp_path
     for i, entries in a["optim_state"].items():
         for key, t in entries.items():
             assert torch.equal(t, b["optim_state"][i][key]), (i, key)
-
-
-@pytest.mark.slow
-def test_treadle_export_cli_writes_the_final_weights(tmp_path):
-    """`treadle export` of a ZeRO-3 checkpoint (full weights gathered by DeepSpeed at save)."""
-    out, work = tmp_path / "out", tmp_path / "run"
-    _run(out, "--strategy", "deepspeed", "--zero-stage", "3", "--work-dir", str(work), "--max-epochs", "1")
-    target = tmp_path / "model.safetensors"
-    proc = subprocess.run([sys.executable, "-m", "treadle", "export", str(work / "checkpoints" / "epoch_0001"),
-                           "--out", str(target)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    final, exported = _final(out), read_safetensors(target)
-    assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)

@@ -112,3 +112,18 @@ def test_zero_state_reads_back_with_weights_only_and_no_allowlist():
     assert type(from_plain(to_plain({"loss_scaler": LossScaler(1.0)}))["loss_scaler"]) is LossScaler
     with pytest.raises(ValueError, match="loss scaler 'os.system'"):
         from_plain({"loss_scaler": {"__class__": "os.system"}})
+
+
+@pytest.mark.parametrize("layout", [("latest", "zero_to_fp32.py", "t6/mp_rank_00_model_states.pt"),
+                                    ("zero_pp_rank_0_mp_rank_00_optim_states.pt",)])
+def test_a_deepspeed_checkpoint_directory_is_refused_never_unpickled(tmp_path, layout):
+    """DeepSpeed's own files need weights_only=False: treadle says so and reads none of them."""
+    from treadle.checkpoint.io import CheckpointError
+    from treadle.checkpoint.weights import read_weights
+
+    for name in layout:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"not a pickle treadle may open")
+    with pytest.raises(CheckpointError, match=r"is a DeepSpeed checkpoint \(engine.save_checkpoint\), not treadle's: "
+                                              r"treadle never reads it, because DeepSpeed's files need a full unpickle"):
+        read_weights(tmp_path)

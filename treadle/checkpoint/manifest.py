@@ -94,12 +94,28 @@ def _not_a_checkpoint_reason(path: Path) -> str | None:
 # ----------------------------------------------------------------------------- reading
 
 
+def is_deepspeed_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """A directory ``engine.save_checkpoint`` wrote: ``latest`` or its copied
+    ``zero_to_fp32.py``, or the per-rank ``*_model_states.pt`` / ``*_optim_states.pt`` of one tag."""
+    p = Path(path)
+    if (p / "latest").is_file() or (p / "zero_to_fp32.py").is_file():
+        return True
+    return p.is_dir() and (any(p.glob("*_model_states.pt")) or any(p.glob("*_optim_states.pt")))
+
+
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse and sanity-check ``manifest.json`` of a checkpoint dir (no payload hashing)."""
     mpath = Path(path) / MANIFEST_NAME
     try:
         manifest = json.loads(mpath.read_bytes())
     except FileNotFoundError:
+        if is_deepspeed_checkpoint(path):
+            raise CheckpointError(
+                f"{path} is a DeepSpeed checkpoint (engine.save_checkpoint), not treadle's: treadle never reads "
+                "it, because DeepSpeed's files need a full unpickle (torch.load(weights_only=False)), which runs "
+                "whatever code the files name. If you trust them, consolidate them with DeepSpeed's own "
+                "zero_to_fp32.py (in that directory) and pass the result to load_from="
+            ) from None
         raise CorruptCheckpointError(
             f"{mpath}: missing - incomplete checkpoint (a save that never finished?)"
         ) from None
@@ -182,6 +198,7 @@ def _verify_legacy_file(path: Path) -> None:
 
 
 __all__ = [
+    "is_deepspeed_checkpoint",
     "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "STATE_FILE", "LEGACY_SUFFIXES", "FOREIGN_FILE_NAMES",
     "CheckpointError", "CorruptCheckpointError", "CheckpointWarning", "read_manifest", "verify_checkpoint",
 ]

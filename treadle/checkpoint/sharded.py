@@ -158,9 +158,9 @@ class PendingSave:
     """
 
     def __init__(self, path: Path, tmp: Path, payload_files: dict[str, Any], meta: dict[str, Any],
-                 task: Future, asynchronous: bool = False) -> None:
+                 task: Future, asynchronous: bool = False, dcp: bool = True) -> None:
         self.path, self._tmp, self._payload_files, self._meta, self._task = path, tmp, payload_files, meta, task
-        self._asynchronous = asynchronous
+        self._asynchronous, self._dcp = asynchronous, dcp
         self._result: Path | None = None
         self._error: BaseException | None = None
 
@@ -219,8 +219,9 @@ class PendingSave:
                 "created_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
                 "torch_version": torch.__version__, "meta": self._meta,
                 "files": {**self._payload_files, **dcp_files},
-                "dcp": {"files": sorted(dcp_files), "world_size": len(gathered)},
             }
+            if self._dcp:
+                manifest["dcp"] = {"files": sorted(dcp_files), "world_size": len(gathered)}
             # The manifest is the commit record: written once every file is durable.
             _write_durably(self._tmp / MANIFEST_NAME, data=json.dumps(manifest, indent=2).encode())
             doing, file = "syncing its directory to disk (fsync)", None
@@ -263,8 +264,13 @@ def _hash_share(tmp: Path, metadata: Any) -> dict[str, Any]:
 
 def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
                  small_payloads: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None,
-                 *, async_: bool = False) -> PendingSave:
+                 *, async_: bool = False, rank_files: Mapping[str, Any] | None = None) -> PendingSave:
     """Write a sharded checkpoint dir at ``path``; a collective: every rank calls it.
+
+    ``rank_files`` instead of ``sharded_state`` (which must then be empty): each rank
+    writes its own ``{file name: object}`` with ``torch.save`` (DeepSpeed's ZeRO
+    partitions in each ``rng_rank<r>.pt``): a plain checkpoint directory, no DCP, whose
+    files no rank had to gather.
 
     ``sharded_state``: nested dicts of tensors/DTensors (e.g. FSDPStrategy's
     ``model_state_dict``/``optim_state_dict``) and plain values; each rank writes its
@@ -343,6 +349,17 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
     if error:
         raise CheckpointError(f"sharded save to {path} failed on rank 0: {error}")
     assert tmp is not None
+    if rank_files is not None:
+        if sharded_state or async_:
+            raise ValueError("save_sharded(rank_files=...) takes no sharded_state and is synchronous")
+        task: Future = Future()
+        try:  # this rank's files, durable before rank 0 commits the manifest
+            task.set_result({_check_payload_name(n): _write_durably(tmp / n, obj=obj) for n, obj in rank_files.items()})
+        except Exception as e:  # committed below as a failure on every rank
+            task.set_exception(_as_checkpoint_error(e, path, "writing", needed))
+        pending = PendingSave(path, tmp, payload_files, meta_json, task, dcp=False)
+        pending.wait()
+        return pending
     no_dist = not comm.is_distributed()
     writer = dcp.FileSystemWriter(tmp, sync_files=True)
     executor: ThreadPoolExecutor | None = None

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from treadle.checkpoint.checkpointer import rng_file
+from treadle.checkpoint.io import CheckpointError
 from treadle.distributed import comm
 from treadle.strategies.api import DEFAULT_REVISE_KEYS, StrategyAPI
 
@@ -131,7 +132,12 @@ class Strategy(StrategyAPI):
 
     def check_optim_state(self, state: Any) -> None:
         """Refuse a saved optimizer state this strategy cannot load, before anything is
-        loaded (DeepSpeed: a partition of another stage or number of processes)."""
+        loaded: here, anything but a torch optimizer's state (DeepSpeed's checks its own)."""
+        if not (isinstance(state, dict) and "state" in state and "param_groups" in state):
+            what = (f"DeepSpeed ZeRO (stage {state['zero_stage']})" if isinstance(state, dict) and "zero_stage" in state
+                    else "another strategy")
+            raise CheckpointError(f"the checkpoint's optimizer state was saved by {what}, not a torch optimizer's; "
+                                  f"resume it with the strategy that saved it (load_from= takes the weights alone)")
 
     # -- checkpoints ---------------------------------------------------------------------
     def write_checkpoint(self, path: str | Path, payloads: dict[str, Any], meta: dict[str, Any],

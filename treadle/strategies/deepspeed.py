@@ -18,15 +18,17 @@ switched off (ZeRO training never uses it: only inference all-reduce does).
 
 Checkpoints are treadle's (atomic, verified, ``weights_only``): ``state.pt`` holds the full
 weights, gathered with DeepSpeed's ``GatheredParameters`` under stage 3 (so ``treadle
-export`` and ``load_from=`` need nothing of DeepSpeed), and each rank's file its ZeRO
-partition: fp32 masters and optimizer state (treadle/strategies/deepspeed_optim.py).
+export`` and ``load_from=`` need nothing of DeepSpeed), and each rank's ``rng_rank<r>.pt``
+its ZeRO partition: fp32 masters and optimizer state (treadle/strategies/deepspeed_optim.py),
+written and read by that rank alone (:meth:`DeepSpeedStrategy.write_checkpoint`).
 DeepSpeed's own checkpoint files are never read: its loader unpickles them in full.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -64,7 +66,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         self.eval_in_lockstep = zero_stage == 3  # forward gathers parameters
         self.engine: Any = None
         self.config: dict[str, Any] = {}  # what initialize got (set by setup_optim_wrappers)
-        self._bf16 = False
+        self._half: torch.dtype | None = None  # the module's dtype under bf16/fp16
 
     # -- trainer options it cannot honour ----------------------------------------------
     def check_trainer_options(self, options: dict[str, Any]) -> None:
@@ -125,7 +127,8 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
             self.engine, *_ = deepspeed.initialize(model=model, config=self.config,
                                                    optimizer=built.optimizer if built is not None else None)
         use_current_collectives()
-        self._bf16 = bool(self.config["bf16"]["enabled"])
+        self._half = (torch.bfloat16 if self.config["bf16"]["enabled"] else
+                      torch.float16 if self.config["fp16"]["enabled"] else None)
         if built is None:
             return self.engine, {}
         return self.engine, {name: DeepSpeedOptimWrapper(self.engine, built) for name in wrappers}
@@ -138,14 +141,14 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         return self.unwrap(model)
 
     def batch_mover(self) -> Any:
-        """Floating-point tensors to bf16 under bf16 (the engine's weights are bf16), and
-        to the device."""
-        if not self._bf16:
+        """Floating-point tensors to bf16/fp16 under bf16/fp16 (the engine's weights are),
+        and to the device."""
+        if self._half is None:
             return super().batch_mover()
-        device = self.device
+        device, dtype = self.device, self._half
 
         def move(batch: Any) -> Any:
-            return _to_bf16(move_to(batch, device, device.type == "cuda"))
+            return _to_dtype(move_to(batch, device, device.type == "cuda"), dtype)
         return move
 
     # -- state dicts -----------------------------------------------------------------------
@@ -214,13 +217,44 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
                                   "takes the weights alone)")
 
 
-def _to_bf16(obj: Any) -> Any:
+    # -- checkpoints -----------------------------------------------------------------------
+    def write_checkpoint(self, path: str | Path, payloads: dict[str, Any], meta: dict[str, Any],
+                         writer: Any = None, sharded: Iterable[str] = ()) -> Path:
+        """A treadle checkpoint directory in which every rank writes its own
+        ``rng_rank<r>.pt`` (its ZeRO partition: nothing is gathered), rank 0 ``state.pt``
+        and, once every file is durable, the manifest (a collective). An asynchronous
+        ``writer`` is not used (the save is synchronous); its completion callback is."""
+        from treadle.checkpoint.checkpointer import rng_file
+        from treadle.checkpoint.sharded import save_sharded
+
+        own = rng_file(self.rank)
+        shared = {k: v for k, v in payloads.items() if k != own}
+        save_sharded(path, {}, shared, meta, rank_files={own: payloads[own]})
+        on_done = getattr(writer, "keywords", {}).get("on_done")
+        if on_done is not None and self.is_main:
+            on_done(Path(path))
+        return Path(path)
+
+    def read_checkpoint(self, path: str | Path, template: Any = None) -> dict[str, Any]:
+        """``state.pt`` and this rank's own file only (verified, weights_only)."""
+        from treadle.checkpoint.checkpointer import rng_file
+        from treadle.checkpoint.io import load_checkpoint
+        from treadle.checkpoint.manifest import STATE_FILE, read_manifest
+
+        own = rng_file(self.rank)
+        if not Path(path).is_dir():  # a single file: what it holds (its checks refuse it)
+            return load_checkpoint(path)
+        files = [STATE_FILE, own] if own in read_manifest(path)["files"] else [STATE_FILE]
+        return load_checkpoint(path, files=files)
+
+
+def _to_dtype(obj: Any, dtype: torch.dtype) -> Any:
     if isinstance(obj, torch.Tensor):
-        return obj.to(torch.bfloat16) if obj.is_floating_point() else obj
+        return obj.to(dtype) if obj.is_floating_point() else obj
     if isinstance(obj, dict):
-        return {k: _to_bf16(v) for k, v in obj.items()}
+        return {k: _to_dtype(v, dtype) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        moved = [_to_bf16(v) for v in obj]
+        moved = [_to_dtype(v, dtype) for v in obj]
         return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
     return obj
 

@@ -88,8 +88,9 @@ class OptimStates:
             got = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise CheckpointError(f"the checkpoint's optimizers {got} do not match these {sorted(self.wrappers)}")
         for name, ow in self.wrappers.items():
+            if isinstance(state[name], dict):  # the strategy's layout first (DeepSpeed flattens param groups)
+                self.strategy.check_optim_state(state[name].get("optimizer"))
             check_optimizer(name, ow.optimizer, state[name])
-            self.strategy.check_optim_state(state[name].get("optimizer"))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, ow in self.wrappers.items():
