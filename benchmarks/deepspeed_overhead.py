@@ -14,7 +14,9 @@ An MLP (``--dim``-``--hidden``-``--hidden``-10) on in-memory data, ``--batch`` s
 process and step, ``--steps`` steps per epoch. Whole epochs of the two loops are timed in
 turn (the order reversed every other round), ``--warmup`` rounds left out, then ``--reps``
 rounds; an epoch's time is its slower rank's. Reported: each loop's median time per step,
-and the median over rounds of the treadle/raw ratio within a round, with its quartiles.
+and the median over rounds of the treadle/raw ratio within a round, with its quartiles,
+beside a control: the raw loop built a second time, whose ratio to the first would be 1 on a
+quiet machine.
 
     python benchmarks/deepspeed_overhead.py [--stage 2] [--reps 20] [--steps 50]
 """
@@ -66,22 +68,25 @@ def child(args: argparse.Namespace) -> None:
 
     import deepspeed
 
-    raw_module = copy.deepcopy(module)
-    engine, *_ = deepspeed.initialize(model=raw_module, optimizer=torch.optim.AdamW(raw_module.parameters(), lr=LR),
-                                      config={**strategy.config, "managed_gradient_accumulation": True})
-    sampler = DistributedSampler(data, shuffle=True, seed=0)
-    raw_loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
-    epoch = [0]
+    def raw_loop():
+        raw_module = copy.deepcopy(module)
+        engine, *_ = deepspeed.initialize(model=raw_module, optimizer=torch.optim.AdamW(raw_module.parameters(), lr=LR),
+                                          config={**strategy.config, "managed_gradient_accumulation": True})
+        sampler = DistributedSampler(data, shuffle=True, seed=0)
+        raw_loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
+        epoch = [0]
 
-    def raw_epoch() -> int:
-        sampler.set_epoch(epoch[0])
-        epoch[0] += 1
-        for x, y in raw_loader:
-            engine.backward(loss_fn(engine(x), y))
-            engine.step()
-        return len(raw_loader)
+        def raw_epoch() -> int:
+            sampler.set_epoch(epoch[0])
+            epoch[0] += 1
+            for x, y in raw_loader:
+                engine.backward(loss_fn(engine(x), y))
+                engine.step()
+            return len(raw_loader)
+        return raw_epoch
 
-    loops = {"raw": raw_epoch, "treadle": treadle_epoch}
+    # raw_again: the raw loop built twice; its ratio to the first, 1 on a quiet machine, shows the noise.
+    loops = {"raw": raw_loop(), "treadle": treadle_epoch, "raw_again": raw_loop()}
     times: dict[str, list[float]] = {k: [] for k in loops}
     for rep in range(args.warmup + args.reps):
         for name in (list(loops) if rep % 2 == 0 else list(loops)[::-1]):
@@ -95,15 +100,20 @@ def child(args: argparse.Namespace) -> None:
     dist.all_gather_object(gathered, times)
     if strategy.rank == 0:
         slow = {k: [max(ts) for ts in zip(*(g[k] for g in gathered))] for k in times}
-        ratios = sorted(t / r for t, r in zip(slow["treadle"], slow["raw"]))
-        q1, med, q3 = statistics.quantiles(ratios, n=4)
         raw, ours = statistics.median(slow["raw"]), statistics.median(slow["treadle"])
+
+        def quartiles(name: str) -> tuple[float, float, float]:
+            q = statistics.quantiles(sorted(t / r for t, r in zip(slow[name], slow["raw"])), n=4)
+            return q[0], q[1], q[2]
+        q1, med, q3 = quartiles("treadle")
+        c1, cmed, c3 = quartiles("raw_again")
         params = sum(p.numel() for p in module.parameters())
         print(f"ZeRO stage {args.stage}, 2 processes (gloo, 1 thread each), {params / 1e6:.2f} M parameters, "
               f"batch {args.batch}/process, {args.steps} steps/epoch, {args.reps} rounds")
         print(f"  raw DeepSpeed loop  {raw * 1e3:8.3f} ms/step")
         print(f"  treadle             {ours * 1e3:8.3f} ms/step  ({(ours - raw) * 1e6:+.1f} us/step)")
-        print(f"  treadle/raw per round: median {med:.3f} (IQR {q1:.3f}-{q3:.3f})")
+        print(f"  treadle/raw per round: median {med:.3f} (IQR {q1:.3f}-{q3:.3f}); "
+              f"control raw_again/raw {cmed:.3f} (IQR {c1:.3f}-{c3:.3f})")
 
 
 def main() -> None:

@@ -45,7 +45,10 @@ def _trainer(model, **kw):
     return treadle.Trainer(model, **args)
 
 
-def test_one_process_with_accumulation_equals_a_hand_written_loop(one_process_group):
+def test_one_process_with_accumulation_equals_a_hand_written_loop(one_process_group, tmp_path, monkeypatch):
+    """Also: nothing is compiled (DeepSpeed would build its shared-memory op, or FusedAdam,
+    into TORCH_EXTENSIONS_DIR)."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     torch.manual_seed(0)
     model = TinyNet()
     reference = TinyNet()
@@ -54,6 +57,7 @@ def test_one_process_with_accumulation_equals_a_hand_written_loop(one_process_gr
     assert type(trainer.optim_wrappers["default"]).__name__ == "DeepSpeedOptimWrapper"
     assert trainer.strategy.config["gradient_clipping"] == 0.0
     trainer.fit()
+    assert not (tmp_path / "extensions").exists()
     opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     x, y = make_data(32).tensors
     for _ in range(2):
