@@ -88,7 +88,7 @@ class Trainer:
             name for several optimizers); see treadle/optim/schedulers.py.
         ema: ``dict(momentum=0.9998, interval=1, start=0)`` (``start_iter``: the same) or ``dict(alpha=...)``.
         strategy: "auto" (DDP under a multi-process launcher, else one device) | "single" |
-            "ddp" | "fsdp" | ``dict(type="ddp", find_unused_parameters=True, ...)`` | a
+            "ddp" | "fsdp" | "deepspeed" | ``dict(type="ddp", find_unused_parameters=True, ...)`` | a
             Strategy (treadle/strategies/). seed, seed_per_rank, deterministic.
         seed_per_sample: seed the randomness a map-style dataset draws for each sample from
             ``(seed, epoch, index)``, so it is the same for any num_workers and on resume.

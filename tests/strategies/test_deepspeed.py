@@ -47,7 +47,10 @@ def _trainer(model, **kw):
 
 def test_one_process_with_accumulation_equals_a_hand_written_loop(one_process_group, tmp_path, monkeypatch):
     """Also: nothing is compiled (DeepSpeed would build its shared-memory op, or FusedAdam,
-    into TORCH_EXTENSIONS_DIR)."""
+    into TORCH_EXTENSIONS_DIR), and no filter of DeepSpeed's warnings is left behind."""
+    import warnings
+
+    filters = list(warnings.filters)
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     torch.manual_seed(0)
     model = TinyNet()
@@ -58,6 +61,9 @@ def test_one_process_with_accumulation_equals_a_hand_written_loop(one_process_gr
     assert trainer.strategy.config["gradient_clipping"] == 0.0
     trainer.fit()
     assert not (tmp_path / "extensions").exists()
+    added = [f for f in warnings.filters if f not in filters]  # torch's own imports add some; none of treadle's
+    silenced = ("`torch.distributed.all_gather_into_tensor` is deprecated", "`torch.jit.script_method` is deprecated")
+    assert not [f for f in added if f[1] is not None and any(f[1].match(m) for m in silenced)], added
     opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     x, y = make_data(32).tensors
     for _ in range(2):
