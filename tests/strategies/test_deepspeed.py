@@ -123,10 +123,20 @@ def test_two_optimizers_are_refused(one_process_group):
 def test_trainer_on_two_processes_equals_one_with_the_doubled_batch(tmp_path, stage):
     out, work = tmp_path / "out", tmp_path / "run"
     _run(out, "--strategy", "deepspeed", "--zero-stage", stage, "--shuffle", "--accumulate", "2",
-         "--work-dir", str(work))
+         "--work-dir", str(work), "--val")
     final = _final(out)
     for k, v in _reference(shuffle=True, accumulate=2).items():
         torch.testing.assert_close(final[k], v, rtol=1e-5, atol=1e-6)
+    # Validation: 19 + 18 samples on the ranks, each counted once (stage 3: in lockstep, its
+    # forward gathers the partitioned parameters).
+    model = TinyNet()
+    model.load_state_dict(final)
+    x, y = make_data(37, seed=1).tensors
+    with torch.no_grad():
+        logits = model(x)
+    metrics = torch.load(out / "result_rank0.pt", weights_only=True)["metrics"]
+    assert metrics["val/acc"] == pytest.approx((logits.argmax(1) == y).float().mean().item())
+    assert metrics["val/loss"] == pytest.approx(nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
     ckpt = work / "checkpoints" / "epoch_0002"
     assert main(["export", str(ckpt), "--out", str(tmp_path / "model.safetensors")]) == 0  # `treadle export`
     exported = read_safetensors(tmp_path / "model.safetensors")

@@ -127,3 +127,12 @@ def test_a_deepspeed_checkpoint_directory_is_refused_never_unpickled(tmp_path, l
     with pytest.raises(CheckpointError, match=r"is a DeepSpeed checkpoint \(engine.save_checkpoint\), not treadle's: "
                                               r"treadle never reads it, because DeepSpeed's files need a full unpickle"):
         read_weights(tmp_path)
+
+
+def test_without_the_deepspeed_package_the_strategy_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'treadle\[deepspeed\]'"):
+        DeepSpeedStrategy()

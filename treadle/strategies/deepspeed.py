@@ -59,6 +59,11 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     def __init__(self, zero_stage: int = 2, config: dict[str, Any] | None = None,
                  offload_optimizer: bool | None = None, offload_param: bool | None = None,
                  backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is None:  # said now, not after the processes started
+            raise ModuleNotFoundError("strategy='deepspeed' needs the deepspeed package: pip install "
+                                      "'treadle[deepspeed]' (DS_BUILD_OPS=0: no op is compiled)")
         super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data)
         self.user_config = check_options(zero_stage, config, offload_optimizer, offload_param)
         self.zero_stage = zero_stage
