@@ -39,14 +39,17 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
-def move_to(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """Move every tensor inside nested tuples, lists and dicts to ``device``."""
+def move_to(obj: Any, device: torch.device, non_blocking: bool = False, dtype: torch.dtype | None = None) -> Any:
+    """Move every tensor inside nested tuples, lists and dicts to ``device`` (and the
+    floating-point ones to ``dtype``, when given)."""
     if isinstance(obj, torch.Tensor):
+        if dtype is not None and obj.is_floating_point():
+            return obj.to(device, dtype, non_blocking=non_blocking)
         return obj.to(device, non_blocking=non_blocking)
     if isinstance(obj, dict):
-        return {k: move_to(v, device, non_blocking) for k, v in obj.items()}
+        return {k: move_to(v, device, non_blocking, dtype) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        moved = [move_to(v, device, non_blocking) for v in obj]
+        moved = [move_to(v, device, non_blocking, dtype) for v in obj]
         if hasattr(obj, "_fields"):  # namedtuple
             return type(obj)(*moved)
         return type(obj)(moved)

@@ -151,10 +151,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         if self._half is None:
             return super().batch_mover()
         device, dtype = self.device, self._half
-
-        def move(batch: Any) -> Any:
-            return _to_dtype(move_to(batch, device, device.type == "cuda"), dtype)
-        return move
+        return lambda batch: move_to(batch, device, device.type == "cuda", dtype)
 
     # -- state dicts -----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -251,17 +248,6 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
             return load_checkpoint(path)
         files = [STATE_FILE, own] if own in read_manifest(path)["files"] else [STATE_FILE]
         return load_checkpoint(path, files=files)
-
-
-def _to_dtype(obj: Any, dtype: torch.dtype) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, dict):
-        return {k: _to_dtype(v, dtype) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        moved = [_to_dtype(v, dtype) for v in obj]
-        return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
-    return obj
 
 
 __all__ = ["DeepSpeedStrategy"]
