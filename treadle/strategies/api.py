@@ -168,6 +168,7 @@ class StrategyAPI:
         wrapped = self.setup_model(model)  # type: ignore[attr-defined]
         wrappers = build_optim_wrappers(optim_wrapper, model, device_type=self.device.type) if optim_wrapper is not None else {}
         # DeepSpeed: the engine (made from the model and the optimizer) is what the loop calls.
+        self.optim_wrappers: dict[str, OptimWrapper]
         wrapped, self.optim_wrappers = self.setup_optim_wrappers(  # type: ignore[attr-defined]
             wrapped, wrappers, micro_batch=kwargs.get("train_micro_batch_size_per_gpu"))
         self.model, self.eval_module = wrapped, self.eval_model(wrapped)  # type: ignore[attr-defined]
