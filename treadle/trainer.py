@@ -178,7 +178,7 @@ class Trainer:
 
         # -- process group, run id and seeds; then model and data ----------------------
         self.strategy.setup_env(seed=seed, seed_per_rank=seed_per_rank, deterministic=deterministic, draw_seed=False)
-        self.strategy.check_trainer_options({"ema": a.ema, "compile": compile})
+        self.strategy.check_trainer_options({"ema": a.ema, "compile": compile, "checkpoint": checkpoint})
         self.run_timestamp, self.seed = self.strategy.timestamp, seed
         self.run_files: dict[str, str] = {}  # written into work_dir once fit's resume checks pass (run_dir.py)
         if work_dir is not None and self.is_main:

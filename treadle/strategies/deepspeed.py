@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from treadle.checkpoint.io import CheckpointError
+from treadle.logging.writers import get_logger
 from treadle.strategies.api import DEFAULT_REVISE_KEYS
 from treadle.strategies.base import ProcessGroupStrategy, move_to
 from treadle.strategies.deepspeed_config import build_config, check_options
@@ -82,6 +83,10 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         if options.get("compile"):
             raise ValueError("compile=True is not supported with strategy='deepspeed' (DeepSpeed compiles through "
                              "its own engine.compile); train without compile")
+        checkpoint = options.get("checkpoint")
+        if isinstance(checkpoint, dict) and checkpoint.get("async_save") and self.is_main:
+            get_logger().warning("checkpoint async_save=True: DeepSpeed's checkpoints are written synchronously "
+                                 "(every rank writes its own partition)")
 
     # -- process group and model ---------------------------------------------------------
     def setup(self) -> None:
