@@ -1,7 +1,7 @@
 """One rank of a 2-process DDP (or FSDP or DeepSpeed: --strategy fsdp|deepspeed) training run (started by tests/strategies/test_ddp.py
 with torchrun's environment variables).
 
-    python ddp_script.py OUT_DIR [--strategy S] [--zero-stage Z] [--precision P] [--work-dir D] [--batch B] [--shuffle] [--accumulate N]
+    python ddp_script.py OUT_DIR [--strategy S] [--zero-stage Z] [--precision P] [--compile] [--work-dir D] [--batch B] [--shuffle] [--accumulate N]
         [--dropout P] [--max-iters N] [--kill-at N] [--term-at N] [--int-at N] [--raise-at N] [--resume]
         [--interval K] [--val] [--fault-attempt N]
 
@@ -80,6 +80,7 @@ def main():
     p.add_argument("--fault-attempt", type=int)
     p.add_argument("--zero-stage", type=int, help="with --strategy deepspeed (parameters really partitioned at 3)")
     p.add_argument("--precision", default="32")
+    p.add_argument("--compile", action="store_true")
     a = p.parse_args()
     strategy = a.strategy
     if a.zero_stage is not None:
@@ -97,16 +98,17 @@ def main():
         optimizer=dict(type="SGD", lr=0.1, momentum=0.9), max_epochs=a.max_epochs, accumulate=a.accumulate,
         metrics={"acc": treadle.Accuracy()} if a.val else None, seed=7, resume=a.resume,
         checkpoint=checkpoint if a.work_dir else False, hooks=[fault], log_interval=2, strategy=strategy,
-        precision=a.precision,
+        precision=a.precision, compile=a.compile,
     )
     calls = [0]
-    if isinstance(trainer.model, nn.parallel.DistributedDataParallel):
+    ddp = getattr(trainer.model, "_orig_mod", trainer.model)  # under compile=True: the module compiled
+    if isinstance(ddp, nn.parallel.DistributedDataParallel):
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         def counting_hook(state, bucket):
             calls[0] += 1
             return allreduce_hook(state, bucket)
-        trainer.model.register_comm_hook(None, counting_hook)
+        ddp.register_comm_hook(None, counting_hook)
     metrics = trainer.fit()
     rank = trainer.strategy.rank
     os.makedirs(a.out, exist_ok=True)

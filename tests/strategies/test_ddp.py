@@ -24,6 +24,16 @@ pytestmark = [pytest.mark.skipif(not torch.distributed.is_available(), reason="t
               pytest.mark.slow]  # 2 processes on gloo
 
 
+def test_ddp_with_compile_and_accumulation_syncs_once_per_window(tmp_path):
+    """compile=True wraps the DDP module; the optimizer wrapper still gets DDP's no_sync
+    (set up on the DDP module before it is compiled), so gradients cross once per window."""
+    out = tmp_path / "out"
+    _run(out, "--accumulate", "2", "--shuffle", "--compile")
+    for k, v in _reference(True, 2).items():
+        torch.testing.assert_close(_final(out)[k], v, rtol=1e-5, atol=1e-6)
+    assert torch.load(out / "result_rank0.pt", weights_only=True)["allreduces"] == 6
+
+
 @pytest.mark.parametrize("shuffle,accumulate", [(False, 1), (True, 2)])
 def test_ddp_matches_one_process_with_the_doubled_batch(tmp_path, shuffle, accumulate):
     out, work = tmp_path / "out", tmp_path / "run"
