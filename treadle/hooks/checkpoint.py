@@ -195,7 +195,7 @@ class CheckpointHook(Hook):
         if self._saver is not None:  # the name is claimed once the save before is on disk
             self._saver.wait()
         path = trainer.checkpoint_path(name)
-        if not self.async_save:
+        if not self.async_save or not trainer.strategy.async_saves:  # DeepSpeed: always synchronous
             path = trainer.save_checkpoint(path)
             _saved(path, ckpt_dir, prune, trainer.run_id, again)
             return

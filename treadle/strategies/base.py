@@ -73,6 +73,8 @@ class Strategy(StrategyAPI):
     shards_state: bool = False
     #: Evaluation has collectives inside forward (FSDP): ranks run equally many batches.
     eval_in_lockstep: bool = False
+    #: ``write_checkpoint`` honours an asynchronous ``writer`` (DeepSpeed: every save is synchronous).
+    async_saves: bool = True
 
     @property
     def is_main(self) -> bool:

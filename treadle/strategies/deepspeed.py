@@ -56,6 +56,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     """
 
     name = "deepspeed"
+    async_saves = False  # each rank writes its own partition, at once
 
     def __init__(self, zero_stage: int = 2, config: dict[str, Any] | None = None,
                  offload_optimizer: bool | None = None, offload_param: bool | None = None,
@@ -229,17 +230,14 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
                          writer: Any = None, sharded: Iterable[str] = ()) -> Path:
         """A treadle checkpoint directory in which every rank writes its own
         ``rng_rank<r>.pt`` (its ZeRO partition: nothing is gathered), rank 0 ``state.pt``
-        and, once every file is durable, the manifest (a collective). An asynchronous
-        ``writer`` is not used (the save is synchronous); its completion callback is."""
+        and, once every file is durable, the manifest (a collective). Synchronous
+        (:attr:`async_saves` is False: no ``writer`` is handed here)."""
         from treadle.checkpoint.checkpointer import rng_file
         from treadle.checkpoint.sharded import save_sharded
 
         own = rng_file(self.rank)
         shared = {k: v for k, v in payloads.items() if k != own}
         save_sharded(path, {}, shared, meta, rank_files={own: payloads[own]})
-        on_done = getattr(writer, "keywords", {}).get("on_done")
-        if on_done is not None and self.is_main:
-            on_done(Path(path))
         return Path(path)
 
     def read_checkpoint(self, path: str | Path, template: Any = None) -> dict[str, Any]:
