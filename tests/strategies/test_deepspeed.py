@@ -125,6 +125,24 @@ def test_async_save_is_written_synchronously_and_still_pruned(one_process_group,
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
 
 
+def test_a_checkpoint_inside_an_accumulation_window_restarts_the_window(one_process_group, tmp_path, caplog):
+    """The window's partial gradients live in ZeRO's buffers: not saved (said), and the
+    checkpoint resumes with a fresh window."""
+    torch.manual_seed(0)
+    _trainer(TinyNet(), work_dir=tmp_path, max_epochs=None, max_iters=3, accumulate=2,
+             checkpoint=dict(interval=1, by_epoch=False, keep=None)).fit()
+    assert "checkpoint inside an accumulation window of optimizer 'default': its partial gradients are not " \
+           "saved under strategy 'deepspeed'" in caplog.text
+    saved = torch.load(tmp_path / "checkpoints" / "iter_00000001" / "state.pt", weights_only=True)
+    assert saved["optim"]["default"]["micro_step"] == 0  # after 1 of 2 micro-batches
+    own = torch.load(tmp_path / "checkpoints" / "iter_00000001" / "rng_rank0.pt", weights_only=True)
+    assert "grads" not in own["rank_state"]["optim"]["default"] and "zero" in own["rank_state"]["optim"]["default"]
+    resumed = _trainer(TinyNet(), work_dir=tmp_path, max_epochs=None, max_iters=4, accumulate=2,
+                       resume=tmp_path / "checkpoints" / "iter_00000001")
+    resumed.fit()
+    assert resumed.state.iter == 4
+
+
 def test_two_optimizers_are_refused(one_process_group):
     strategy = treadle.build_strategy("deepspeed")
     model = nn.ModuleDict({"gen": nn.Linear(2, 2), "disc": nn.Linear(2, 1)})

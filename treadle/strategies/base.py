@@ -75,6 +75,9 @@ class Strategy(StrategyAPI):
     eval_in_lockstep: bool = False
     #: ``write_checkpoint`` honours an asynchronous ``writer`` (DeepSpeed: every save is synchronous).
     async_saves: bool = True
+    #: An open accumulation window's gradients are saved (FSDP's are shards under no_sync,
+    #: DeepSpeed's live in ZeRO's buffers: not saved, the window restarts on resume).
+    saves_window_grads: bool = True
 
     @property
     def is_main(self) -> bool:

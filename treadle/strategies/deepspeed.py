@@ -57,6 +57,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
 
     name = "deepspeed"
     async_saves = False  # each rank writes its own partition, at once
+    saves_window_grads = False  # they live in ZeRO's buffers
 
     def __init__(self, zero_stage: int = 2, config: dict[str, Any] | None = None,
                  offload_optimizer: bool | None = None, offload_param: bool | None = None,

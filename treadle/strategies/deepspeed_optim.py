@@ -25,7 +25,6 @@ from typing import Any, Iterator
 
 from torch import Tensor
 
-from treadle.logging.writers import get_logger
 from treadle.optim.wrapper import OptimWrapper
 
 #: The DeepSpeed classes inside a ZeRO optimizer's state_dict, by name: rebuilt from plain
@@ -145,35 +144,32 @@ class DeepSpeedOptimWrapper(OptimWrapper):
         self.engine.zero_grad()
 
     def holds_grads(self) -> bool:
-        """Gradients live in ZeRO's buffers; none are saved (an open window restarts)."""
-        return False
+        """An open window's gradients wait in ZeRO's buffers (the strategy does not save
+        them: ``saves_window_grads`` is False, the window restarts on resume)."""
+        return bool(self.micro_step)
+
+    def local_state_dict(self, norms: bool = True) -> dict[str, Any]:
+        """This rank's ZeRO partition (plain containers) and clipping's norms."""
+        out = super().local_state_dict(norms)  # an open window's "grads" entry is dropped (saves_window_grads)
+        with quiet_deepspeed():
+            out["zero"] = to_plain(self.engine.optimizer.state_dict())
+        return out
 
     def state_dict(self, optimizer_state: dict[str, Any] | None = None, *, grads: bool = True) -> dict[str, Any]:
         """Counters (the wrapper's and the engine's) and ``optimizer_state`` (the
         strategy's shared part); the ZeRO partition is in :meth:`local_state_dict`."""
         state = super().state_dict(optimizer_state if optimizer_state is not None else {}, grads=False)
-        if self.micro_step:
-            get_logger().warning("DeepSpeed checkpoint inside an accumulation window: its partial gradients live "
-                                 "in ZeRO's buffers and are not saved; the window restarts on resume")
-            state["micro_step"], state["window"] = 0, self.accumulate
         e = self.engine
         state["engine"] = {"global_steps": int(e.global_steps), "global_samples": int(e.global_samples),
                            "skipped_steps": int(e.skipped_steps), "micro_steps": int(e.micro_steps)}
         return state
 
     def load_state_dict(self, state: dict[str, Any], load_optimizer: Any = None) -> None:
-        if load_optimizer is not None:
-            load_optimizer(state["optimizer"])
-        super().load_state_dict({**state, "optimizer": None}, lambda _: None)
+        """Inverse of :meth:`state_dict` (the partition: :meth:`load_local_state_dict`);
+        ``load_optimizer`` checks the shared part the strategy's way."""
+        super().load_state_dict(state, load_optimizer or (lambda _: None))
         for key, value in state.get("engine", {}).items():
             setattr(self.engine, key, int(value))
-
-    def local_state_dict(self, norms: bool = True) -> dict[str, Any]:
-        """This rank's ZeRO partition (plain containers) and clipping's norms."""
-        out = super().local_state_dict(norms)
-        with quiet_deepspeed():
-            out["zero"] = to_plain(self.engine.optimizer.state_dict())
-        return out
 
     def load_local_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`local_state_dict`: the fp32 masters (and the weights, from

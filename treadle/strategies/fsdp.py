@@ -114,6 +114,7 @@ class FSDPStrategy(ProcessGroupStrategy):
     name = "fsdp"
     shards_state = True
     eval_in_lockstep = True  # forward all-gathers parameters
+    saves_window_grads = False  # sharded gradients under no_sync have no stable layout
 
     def __init__(self, wrap: WrapPolicy = None, mixed_precision: dict[str, Any] | None = None,
                  reshard_after_forward: bool = True, cpu_offload: bool = False,

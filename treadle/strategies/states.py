@@ -75,10 +75,10 @@ class OptimStates:
         out = {}
         for name, ow in self.wrappers.items():
             st = ow.state_dict(self.strategy.get_optim_state(self.module, ow.optimizer), grads=False)
-            if self.sharded and ow.holds_grads():
-                # Sharded gradients under no_sync have no stable layout: not saved.
-                get_logger().warning(f"sharded checkpoint inside an accumulation window of optimizer {name!r}: "
-                                     "its partial gradients are not saved; the window restarts on resume")
+            if not self.strategy.saves_window_grads and ow.holds_grads():
+                get_logger().warning(f"checkpoint inside an accumulation window of optimizer {name!r}: its partial "
+                                     f"gradients are not saved under strategy {self.strategy.name!r}; the window "
+                                     "restarts on resume")
                 st["micro_step"] = 0
             out[name] = st
         return out
@@ -125,7 +125,7 @@ class _LocalOptimStates:
         out = {}
         for name, ow in self.owner.wrappers.items():
             st = ow.local_state_dict()
-            if self.owner.sharded:  # sharded gradients are not saved (see OptimStates.state_dict)
+            if not self.owner.strategy.saves_window_grads:  # see OptimStates.state_dict
                 st.pop("grads", None)
             if st:
                 out[name] = st
