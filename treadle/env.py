@@ -3,22 +3,20 @@
 ``collect_env`` never raises: anything it cannot find out is reported as such, so
 calling it at the start of every run is safe.
 
-Two of its values take most of its time and do not change while a process runs: the
-platform string (``platform.platform()`` starts ``uname -p``, 1.5 ms and more on a busy
-machine) and treadle's installed version (a scan of the installed distributions, 0.7
-ms). :func:`prefetch_env` finds them out in a background thread, which the Trainer
-starts when it is built with a work_dir, so that ``fit()`` finds them ready when it
-writes ``env.txt``; ``collect_env`` waits for that thread, or finds them out itself.
+It starts no process and scans no package index (it runs at the start of every fit(),
+so its cost is a short run's): the platform string is built from ``os.uname()`` and
+the C library's version (``platform.platform()`` starts ``uname -p`` for the
+processor name, 1.5 to 8 ms), treadle's version is ``treadle.__version__`` (which the
+installed distribution's version is read from, see pyproject.toml), and the git commit
+is read from the repository's files.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 import subprocess
 import sys
-import threading
 
 import torch
 
@@ -93,45 +91,19 @@ def _is_sha(text: str) -> bool:
     return len(text) in (40, 64) and all(c in "0123456789abcdef" for c in text)
 
 
-@functools.lru_cache(maxsize=1)  # the installed version does not change while running
-def _treadle_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("treadle")
-    except metadata.PackageNotFoundError:  # running from a checkout that is not installed
-        import treadle
-
-        return str(getattr(treadle, "__version__", "unknown"))
-
-
-@functools.lru_cache(maxsize=1)
-def _process_constants() -> tuple[str, str]:
-    """``(platform string, treadle version)``: the slow values of :func:`collect_env`,
-    the same for the whole process."""
-    return platform.platform(), _treadle_version()
-
-
-_prefetch: threading.Thread | None = None
-_prefetch_lock = threading.Lock()
-
-
-def prefetch_env() -> None:
-    """Start finding out, in a daemon thread, the values of :func:`collect_env` that are
-    slow and do not change while the process runs (see the module's docstring). Only
-    the first call starts a thread; the values are the same with or without it."""
-    global _prefetch
-    with _prefetch_lock:
-        if _prefetch is None:
-            _prefetch = threading.Thread(target=_process_constants, name="treadle-env", daemon=True)
-            _prefetch.start()
-
-
-def _constants() -> tuple[str, str]:
-    thread = _prefetch
-    if thread is not None:
-        thread.join()  # then the cache holds them (unless the thread failed: computed here)
-    return _process_constants()
+def platform_string() -> str:
+    """``platform.platform()`` without the processor name, which on Linux takes a
+    ``uname -p`` process (and is "unknown" there, or the machine name, so it is left
+    out of ``platform.platform()`` too): e.g. ``Linux-6.1.0-x86_64-with-glibc2.36``.
+    Other systems: ``platform.platform()`` itself."""
+    if not sys.platform.startswith("linux"):
+        return platform.platform()
+    u = os.uname()
+    libc, libc_version = platform.libc_ver()
+    text = "-".join(part.strip() for part in (u.sysname, u.release, u.machine, "with", libc + libc_version) if part)
+    for char in ' /\\:;"()':  # characters platform.platform() replaces, for a file-name-safe string
+        text = text.replace(char, "_" if char == " " else "-")
+    return text
 
 
 def _cuda_info() -> dict[str, str]:
@@ -162,10 +134,9 @@ def collect_env(seed: int | None = None, world_size: int = 1) -> dict[str, str]:
 
     All values are strings; what cannot be determined reads "unavailable".
     """
-    platform_string, version = _constants()
     info: dict[str, str] = {
         "python": sys.version.split()[0],
-        "platform": platform_string,
+        "platform": platform_string(),
         "torch": torch.__version__,
     }
     info.update(_cuda_info())
@@ -182,9 +153,15 @@ def collect_env(seed: int | None = None, world_size: int = 1) -> dict[str, str]:
         info["numpy"] = "not installed"
     info["world size"] = str(world_size)
     info["seed"] = str(seed)
-    info["treadle"] = version
+    info["treadle"] = _treadle_version()
     info["git commit"] = _git_commit()
     return info
+
+
+def _treadle_version() -> str:
+    import treadle  # not at the top: treadle's __init__ imports the Trainer, which imports this
+
+    return treadle.__version__
 
 
 def format_env(info: dict[str, str]) -> str:
@@ -199,4 +176,4 @@ def format_env(info: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["collect_env", "format_env", "prefetch_env"]
+__all__ = ["collect_env", "format_env", "platform_string"]

@@ -181,10 +181,6 @@ class Trainer:
         self.strategy.check_trainer_options({"ema": a.ema, "compile": compile, "checkpoint": checkpoint})
         self.run_timestamp, self.seed = self.strategy.timestamp, seed
         self.run_files: dict[str, str] = {}  # written into work_dir once fit's resume checks pass (run_dir.py)
-        if work_dir is not None and self.is_main:
-            from treadle.env import prefetch_env  # env.txt's slowest values, in a thread, ready when fit() writes it
-
-            prefetch_env()
         model, loaders = build_model_and_data(a, self.strategy, safe=safe)
         self.train_dataloader, self.val_dataloader, self.test_dataloader = loaders
         self.work_dir = Path(work_dir) if work_dir is not None else None
