@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 import pytest
 
-from treadle.fsutil import fsync_all, fsync_dir, fsync_file
+from treadle.fsutil import fsync_all, fsync_dir, fsync_file, settle, sync_later
 from treadle.logging.writers import move_whole_aside, replace_atomically
 
 needs_dir_fsync = pytest.mark.skipif(not hasattr(os, "O_DIRECTORY"), reason="directories cannot be fsynced here")
@@ -82,3 +83,54 @@ def test_log_writes_survive_a_failing_dir_fsync(tmp_path, monkeypatch):
     assert path.read_text() == "x\n"
     moved = move_whole_aside(path, "stamp")
     assert moved is not None and moved.read_text() == "x\n" and not path.exists()
+
+
+def test_sync_later_runs_on_another_thread_and_settle_waits_for_it_and_raises_its_error():
+    gate, seen = threading.Event(), []
+
+    def job():
+        gate.wait(5)
+        seen.append(threading.current_thread().name)
+    sync_later(job)
+    assert seen == []  # the caller went on
+    gate.set()
+    settle()
+    assert len(seen) == 1 and seen[0].startswith("treadle-fsync")
+
+    def fails():
+        raise OSError(errno.EIO, "disk")
+    sync_later(fails)
+    with pytest.raises(OSError, match="disk"):
+        settle()
+    settle()  # raised once: nothing is pending now
+    sync_later(fails)
+    settle(raise_errors=False)  # the caller raises its own error
+    settle()
+
+
+def test_replace_atomically_later_puts_the_file_in_place_at_settle(tmp_path, monkeypatch):
+    path = tmp_path / "env.txt"
+    path.write_text("old\n")
+    gate = threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd):
+        gate.wait(5)
+        return real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    replace_atomically(path, lambda f: f.write("new\n"), later=True)
+    assert path.read_text() == "old\n"  # not yet: the fsync (then the rename) waits on the other thread
+    gate.set()
+    settle()
+    assert path.read_text() == "new\n" and sorted(p.name for p in tmp_path.iterdir()) == ["env.txt"]
+
+
+def test_replace_atomically_later_with_a_failing_fsync_keeps_the_old_file_and_raises_at_settle(tmp_path, monkeypatch):
+    path = tmp_path / "env.txt"
+    path.write_text("old\n")
+    failing_fsync(monkeypatch, errno.EIO)
+    replace_atomically(path, lambda f: f.write("new\n"), later=True)
+    with pytest.raises(OSError) as info:
+        settle()
+    assert info.value.errno == errno.EIO and info.value.filename.endswith(".tmp")
+    assert path.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["env.txt"]

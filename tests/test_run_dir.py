@@ -93,3 +93,28 @@ def test_write_run_file_moves_an_earlier_different_file_aside(tmp_path):
     stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(time.time() - 3600))
     assert moved == tmp_path / f"config.{stamp}.yaml" and moved.read_text() == "a: 1\n"
     assert old.read_text() == "a: 2\n"
+
+
+def test_fit_returns_with_env_txt_in_place_and_a_failed_fsync_of_it_raised(tmp_path, monkeypatch):
+    """env.txt's fsync and rename run while the model trains (treadle.fsutil.sync_later);
+    fit() returns once they are done, and raises their error after the run's end."""
+    import errno
+
+    make(tmp_path).fit()
+    assert "torch" in (tmp_path / "env.txt").read_text() and not list(tmp_path.glob(".env.txt*"))
+    real_fsync = os.fsync
+    tmp_name = f".env.txt.{os.getpid()}.tmp"
+
+    def fsync(fd):
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")) == tmp_name:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_fsync(fd)
+    if not os.path.exists("/proc/self/fd"):
+        pytest.skip("no /proc to tell the file an fsync is for")
+    monkeypatch.setattr(os, "fsync", fsync)
+    trainer = make(tmp_path / "b")
+    with pytest.raises(OSError) as info:
+        trainer.fit()
+    assert info.value.errno == errno.EIO and info.value.filename.endswith(tmp_name)
+    assert trainer.state.epoch == 1 and not (tmp_path / "b" / "env.txt").exists()
+    assert not list((tmp_path / "b").glob(".env.txt*"))

@@ -10,6 +10,10 @@ directory survives a power loss only once that directory is fsynced too.
   ``best_effort=True`` (log files, run files) nothing is raised: the write itself
   has succeeded, and a run should not stop because its directory could not be synced.
 * :func:`fsync_all`: many files and directories at once, in one round.
+* :func:`sync_later` and :func:`settle`: a job that only waits on the disk (fsyncs,
+  a rename) runs on the same threads while the caller goes on (the GIL is free while
+  it waits); ``settle()`` waits for every such job and raises the first one's error.
+  A run's small files (env.txt, config.yaml) are made durable this way while it trains.
 
 Platforms whose directories cannot be opened for fsync (no ``os.O_DIRECTORY``, e.g.
 Windows) skip directory fsyncs. Imports nothing from treadle.
@@ -21,11 +25,11 @@ import errno
 import functools
 import os
 import threading
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["fsync_all", "fsync_dir", "fsync_file"]
+__all__ = ["fsync_all", "fsync_dir", "fsync_file", "settle", "sync_later"]
 
 # fsync of a directory is not supported by some file systems: not an error of the write.
 _UNSUPPORTED = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP)
@@ -74,6 +78,21 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+def _submit(jobs: list[Callable[[], None]]) -> list[Future[None]]:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="treadle-fsync")
+        return [_pool.submit(job) for job in jobs]
+
+
+def _raise_first(futures: Iterable[Future[None]]) -> None:
+    errors = [f.exception() for f in futures]  # waits for each
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+
+
 def fsync_all(files: Iterable[Path], dirs: Iterable[Path] = ()) -> None:
     """fsync files and directories (strictly), all at once; returns when every one is durable.
 
@@ -81,16 +100,32 @@ def fsync_all(files: Iterable[Path], dirs: Iterable[Path] = ()) -> None:
     issued together share one, so N files cost about one commit instead of N (a
     quarter of the time for three files here). The first error is raised after all finished.
     """
-    global _pool
     jobs = [functools.partial(fsync_file, p) for p in files] + [functools.partial(fsync_dir, d) for d in dirs]
     if len(jobs) == 1:
         jobs[0]()
         return
+    _raise_first(_submit(jobs))
+
+
+_pending: list[Future[None]] = []
+
+
+def sync_later(job: Callable[[], None]) -> None:
+    """Run ``job`` on the fsync threads and return at once. For work that waits on the
+    disk with the GIL released (fsync, rename), so it overlaps the caller's; whoever
+    needs it done calls :func:`settle`."""
+    futures = _submit([job])
     with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="treadle-fsync")
-        futures = [_pool.submit(job) for job in jobs]
-    errors = [f.exception() for f in futures]  # waits for each
-    first = next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise first
+        _pending.extend(futures)
+
+
+def settle(*, raise_errors: bool = True) -> None:
+    """Wait for every :func:`sync_later` job started so far; raise the first one's error
+    (``raise_errors=False``: the caller is already raising an error of its own)."""
+    with _pool_lock:
+        futures, _pending[:] = list(_pending), []
+    try:
+        _raise_first(futures)
+    except BaseException:
+        if raise_errors:
+            raise

@@ -131,10 +131,12 @@ class WorkDirLock:
         self.release()
 
 
-def write_run_file(work_dir: str | os.PathLike[str], name: str, text: str) -> Path | None:
+def write_run_file(work_dir: str | os.PathLike[str], name: str, text: str, later: bool = False) -> Path | None:
     """Write ``work_dir/name`` (atomically). An existing file with other content is
     first moved to ``<stem>.<time it was last written><suffix>``; returns where it went,
-    or None when nothing was moved."""
+    or None when nothing was moved. ``later``: made durable and renamed into place on
+    the fsync threads (see ``replace_atomically``); done once ``treadle.fsutil.settle()``
+    returns."""
     path = Path(work_dir) / name
     moved = None
     try:
@@ -147,7 +149,7 @@ def write_run_file(work_dir: str | os.PathLike[str], name: str, text: str) -> Pa
         moved = move_whole_aside(path, stamp)
         if moved is not None:
             get_logger().info(f"{name}: the earlier one moved to {moved.name}")
-    replace_atomically(path, lambda f: f.write(text))
+    replace_atomically(path, lambda f: f.write(text), later=later)
     return moved
 
 
@@ -200,10 +202,12 @@ class RunDir:
             lock.release()
 
     def write_files(self, files: Mapping[str, str]) -> None:
-        """:func:`write_run_file` for each ``{name: text}`` (rank 0 only)."""
+        """:func:`write_run_file` for each ``{name: text}`` (rank 0 only). Their fsyncs
+        and renames run while the caller goes on (a millisecond at the start of a run):
+        the caller calls ``treadle.fsutil.settle()`` before it returns."""
         if self.is_main:
             for name, text in files.items():
-                write_run_file(self.path, name, text)
+                write_run_file(self.path, name, text, later=True)
 
     def check_checkpoint_dirs(self, names: Iterable[str]) -> None:
         """Before training: each ``work_dir/checkpoints/<name>`` ("" for checkpoints/

@@ -21,6 +21,7 @@ from treadle.checkpoint.weights import load_weights
 from treadle.data.feed import DataFeed
 from treadle.distributed import comm
 from treadle.env import collect_env, format_env
+from treadle.fsutil import settle
 from treadle.hints import strict_loss_shapes
 from treadle.hooks.base import HOOK_POINTS, Hook, HookDispatcher, check_hook_points, describe_order, get_priority, sort_hooks
 from treadle.hooks.checkpoint import CheckpointHook
@@ -390,7 +391,13 @@ class Trainer:
         if self.train_dataloader is None:
             raise ValueError("fit() needs a train_dataloader")
         with self._locked():
-            return self._fit()
+            try:
+                result = self._fit()
+            except BaseException:
+                settle(raise_errors=False)  # the run's own error is the one to raise
+                raise
+            settle()  # env.txt and the run files are durable and in place (written later: run_dir.py)
+            return result
 
     def _fit(self) -> dict[str, Any]:
         # Nothing in work_dir changes before the resume checks pass (a misfit is refused first).

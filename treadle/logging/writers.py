@@ -12,7 +12,7 @@ from numbers import Real
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
-from treadle.fsutil import fsync_dir
+from treadle.fsutil import fsync_dir, fsync_file, sync_later
 
 LOGGER_NAME = "treadle"
 TEXT_LOG_NAME = "log.txt"  # in the work_dir: every line of the console and more (LoggerHook writes it)
@@ -143,24 +143,43 @@ def written_after(record: Mapping[str, Any], iteration: int, val_due: bool) -> b
     return record.get("mode") == "val" and bool(val_due)
 
 
-def replace_atomically(path: Path, fill: Callable[[IO[str]], None], newline: str | None = None) -> None:
+def replace_atomically(path: Path, fill: Callable[[IO[str]], None], newline: str | None = None,
+                       later: bool = False) -> None:
     """Write ``path`` anew: ``fill(f)`` writes a temporary file in the same directory,
     which is flushed, fsynced and renamed over ``path`` (``os.replace``), so a crash
-    leaves the old file or the new one, never a mix or half a file."""
+    leaves the old file or the new one, never a mix or half a file.
+
+    ``later=True``: the fsync, the rename and the directory's fsync run on the fsync
+    threads while the caller goes on (:func:`treadle.fsutil.sync_later`); ``path``
+    holds the new text once :func:`treadle.fsutil.settle` returns."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+    def commit() -> None:
+        try:
+            fsync_file(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink(tmp)
+            raise
+        fsync_dir(path.parent, best_effort=True)  # the file is replaced: a failed dir sync must not stop a run
+
     try:
         with open(tmp, "w", encoding="utf-8", newline=newline) as f:
             fill(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink(tmp)
         raise
-    fsync_dir(path.parent, best_effort=True)  # the file is replaced: a failed dir sync must not stop a run
+    if later:
+        sync_later(commit)
+    else:
+        commit()
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def aside_path(path: Path, stamp: str) -> Path:
