@@ -171,21 +171,28 @@ def test_tensorboard_frames_match_tensorboards_own_record_writer(tmp_path):
     assert w._frame(data) == buf.getvalue()
 
 
-def test_masked_crc32c_in_c_equals_tensorboards_and_the_fallback_frames_the_same(tmp_path, monkeypatch):
+def test_masked_crc32c_in_python_and_in_c_equal_tensorboards_and_the_c_code_loads_after_a_few_kb(tmp_path, monkeypatch):
     import os
 
+    import google_crc32c
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
-    from treadle.logging.backends import masked_crc32c_function
+    from treadle.logging.crc32c import MaskedCrc32c, crc32c
 
-    fast = masked_crc32c_function()
-    assert fast is not masked_crc32c  # google-crc32c is a dependency: its C code is used
-    for n in (0, 1, 8, 300, 4097):
+    for n in (0, 1, 7, 8, 9, 255, 300, 4097):
         data = os.urandom(n)
-        assert fast(data) == masked_crc32c(data)
-    monkeypatch.setitem(sys.modules, "google_crc32c", None)  # as if not installed
-    assert masked_crc32c_function() is masked_crc32c
+        assert crc32c(data) == google_crc32c.value(data)
+    assert crc32c(b"123456789") == 0xE3069283  # the standard check value of CRC-32C
+    masked = MaskedCrc32c(load_after=100)
+    for n in (8, 60, 8, 40):  # 116 bytes: the last call loads the C code
+        data = os.urandom(n)
+        assert masked(data) == masked_crc32c(data)
+    assert masked.uses_c
+    monkeypatch.setitem(sys.modules, "google_crc32c", None)  # as if not installed: Python throughout
+    masked = MaskedCrc32c(load_after=0)
+    assert masked(b"x" * 9) == masked_crc32c(b"x" * 9) and not masked.uses_c
     w = TensorBoardWriter(tmp_path)
+    w._crc = MaskedCrc32c(load_after=0)
     w.write({"mode": "train", "iter": 3, "loss": 0.25})
     w.close()
     assert _scalars(tmp_path)["train/loss"] == [(3, 0.25)]

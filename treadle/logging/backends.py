@@ -23,10 +23,10 @@ import struct
 import time
 from numbers import Real
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from treadle.logging.crc32c import MaskedCrc32c
 from treadle.logging.events import file_version_event, scalars_event
-from treadle.logging.trackers import MlflowWriter, WandbWriter  # moved to trackers.py; this import path keeps working
 from treadle.logging.writers import (BatchedWriter, _step, aside_path, move_whole_aside, replace_atomically,
                                      written_after)
 
@@ -206,25 +206,6 @@ def _installed(package: str) -> bool:
         return False
 
 
-def masked_crc32c_function() -> Callable[[bytes], int]:
-    """TFRecord's masked CRC32C: google-crc32c's C code when it is installed (a treadle
-    dependency), else tensorboard's pure-Python implementation (about 400 times slower)."""
-    try:
-        import google_crc32c
-    except ImportError:
-        google_crc32c = None
-    if google_crc32c is not None and getattr(google_crc32c, "implementation", "c") == "c":
-        value = google_crc32c.value
-
-        def masked(data: bytes) -> int:
-            crc = value(data)
-            return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-        return masked
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
-
-    return masked_crc32c
-
-
 _file_counter = itertools.count()
 
 
@@ -246,8 +227,8 @@ class TensorBoardWriter(BatchedWriter):
     encoded in code gone cold since the last interval (inline, or on a writer thread
     that then trades the GIL with the training thread), cost the training thread 0.2
     to 0.5 ms. Now :meth:`write` keeps a copy of the record (a microsecond); a batch is
-    encoded in one go, framed with google-crc32c's C code (tensorboard's Python code
-    only if that package is missing) and written with one system call. A crash loses
+    encoded in one go, framed (CRC-32C: google-crc32c's C code once the first few KB
+    are framed, :mod:`treadle.logging.crc32c`) and written with one system call. A crash loses
     at most the last ``flush_secs`` of events (log.jsonl, at most the last second).
     """
 
@@ -255,7 +236,7 @@ class TensorBoardWriter(BatchedWriter):
         if not _installed("tensorboard"):  # the files are for TensorBoard: say so at construction
             raise ImportError("TensorBoardWriter needs the 'tensorboard' package, which is not installed: "
                               "pip install tensorboard")
-        self._crc = masked_crc32c_function()
+        self._crc = MaskedCrc32c()  # C code once a few KB were framed (crc32c.py)
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # TensorBoard's naming; the counter keeps two writers of one process apart.
@@ -286,4 +267,14 @@ class TensorBoardWriter(BatchedWriter):
         return header + struct.pack("<I", self._crc(header)) + data + struct.pack("<I", self._crc(data))
 
 
-__all__ = ["CsvWriter", "MlflowWriter", "TensorBoardWriter", "WandbWriter", "scalars"]
+def __getattr__(name: str) -> Any:
+    # MlflowWriter and WandbWriter moved to trackers.py; this import path keeps working
+    # without importing that module for every run that has a work_dir.
+    if name in ("MlflowWriter", "WandbWriter"):
+        from treadle.logging import trackers
+
+        return getattr(trackers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["CsvWriter", "TensorBoardWriter", "scalars"]
