@@ -107,23 +107,25 @@ def fsync_all(files: Iterable[Path], dirs: Iterable[Path] = ()) -> None:
     _raise_first(_submit(jobs))
 
 
-_pending: list[Future[None]] = []
+_pending: list[tuple[str, Future[None]]] = []
 
 
-def sync_later(job: Callable[[], None]) -> None:
+def sync_later(job: Callable[[], None], group: str = "") -> None:
     """Run ``job`` on the fsync threads and return at once. For work that waits on the
     disk with the GIL released (fsync, rename), so it overlaps the caller's; whoever
-    needs it done calls :func:`settle`."""
+    needs it done calls :func:`settle` (for its ``group``, or for all)."""
     futures = _submit([job])
     with _pool_lock:
-        _pending.extend(futures)
+        _pending.extend((group, f) for f in futures)
 
 
-def settle(*, raise_errors: bool = True) -> None:
-    """Wait for every :func:`sync_later` job started so far; raise the first one's error
-    (``raise_errors=False``: the caller is already raising an error of its own)."""
+def settle(group: str | None = None, *, raise_errors: bool = True) -> None:
+    """Wait for the :func:`sync_later` jobs started so far (of ``group``; None: all);
+    raise the first one's error (``raise_errors=False``: the caller is already raising
+    an error of its own)."""
     with _pool_lock:
-        futures, _pending[:] = list(_pending), []
+        futures = [f for g, f in _pending if group is None or g == group]
+        _pending[:] = [(g, f) for g, f in _pending if not (group is None or g == group)]
     try:
         _raise_first(futures)
     except BaseException:

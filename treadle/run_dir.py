@@ -31,7 +31,7 @@ try:
 except ImportError:  # not POSIX (Windows): no lock, said once in the log
     fcntl = None  # type: ignore[assignment]
 
-from treadle.checkpoint.directory import check_writable_dir, claim_checkpoint_path
+from treadle.checkpoint.directory import check_writable_dir, claim_checkpoint_path, make_checkpoint_dir
 from treadle.checkpoint.io import CheckpointError
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger, move_whole_aside, replace_atomically
@@ -209,15 +209,17 @@ class RunDir:
             for name, text in files.items():
                 write_run_file(self.path, name, text, later=True)
 
-    def check_checkpoint_dirs(self, names: Iterable[str]) -> None:
+    def check_checkpoint_dirs(self, names: Iterable[str], create: bool = False) -> None:
         """Before training: each ``work_dir/checkpoints/<name>`` ("" for checkpoints/
-        itself) can take a checkpoint, so a run does not find out at its first save."""
+        itself) can take a checkpoint, so a run does not find out at its first save.
+        ``create``: made now (``make_checkpoint_dir``), else probed without creating it."""
         dirs = [self.path / CHECKPOINTS / name for name in names]
+        check_dir = make_checkpoint_dir if create else check_writable_dir
 
         def check() -> None:
             for d in dirs:
                 try:
-                    check_writable_dir(d)
+                    check_dir(d)
                 except CheckpointError as e:
                     raise CheckpointError(f"{e}; nothing was trained") from None
 

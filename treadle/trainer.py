@@ -457,7 +457,8 @@ class Trainer:
         names = [""] if checkpoint_hooks or self.preemption is not None else []
         if any(h.best is not None for h in checkpoint_hooks):
             names.append("best")
-        self.run_dir.check_checkpoint_dirs(names)  # type: ignore[union-attr]
+        # Made now where a CheckpointHook will save; probed where only a preemption might.
+        self.run_dir.check_checkpoint_dirs(names, create=bool(checkpoint_hooks))  # type: ignore[union-attr]
 
     def checkpoint_path(self, name: str) -> Path:
         """Where this run saves the checkpoint it calls ``name`` (e.g. "epoch_0003", or

@@ -61,3 +61,49 @@ def test_another_tools_directories_are_neither_listed_nor_removed(tmp_path):
     (partial / "state.pt").write_bytes(b"x")
     remove_checkpoint(partial)
     assert not partial.exists()
+
+
+# -- the checkpoint directory made before a run trains ---------------------------------
+def test_make_checkpoint_dir_creates_it_and_syncs_each_new_entry_before_the_first_commit(tmp_path, monkeypatch):
+    import errno
+    import os
+    import threading
+
+    from treadle import fsutil
+    from treadle.checkpoint.directory import make_checkpoint_dir
+    from treadle.checkpoint.io import CheckpointWriteError
+
+    synced, gate = [], threading.Event()
+    real = fsutil.fsync_dir
+
+    def slow_fsync_dir(path, **kw):
+        gate.wait(5)
+        synced.append(os.fspath(path))
+        return real(path, **kw)
+    monkeypatch.setattr(fsutil, "fsync_dir", slow_fsync_dir)
+    monkeypatch.setattr("treadle.checkpoint.directory.fsync_dir", slow_fsync_dir)
+    ckpts = tmp_path / "run" / "checkpoints"
+    make_checkpoint_dir(ckpts / "best")
+    assert (ckpts / "best").is_dir() and synced == []  # the fsyncs wait on the other threads
+    gate.set()
+    _save(ckpts / "best", "a", 1)  # its commit waits for them
+    assert set(synced[:3]) == {str(ckpts), str(tmp_path / "run"), str(tmp_path)}
+    make_checkpoint_dir(ckpts)  # exists: probed, nothing to sync
+    assert fsutil._pending == []
+
+    def failing(path, **kw):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+    monkeypatch.setattr("treadle.checkpoint.directory.fsync_dir", failing)
+    make_checkpoint_dir(tmp_path / "other" / "checkpoints")
+    with pytest.raises(CheckpointWriteError, match="Input/output error"):
+        _save(tmp_path / "other" / "checkpoints", "b", 2)  # never committed on an entry that may be lost
+    assert list((tmp_path / "other" / "checkpoints").iterdir()) == []
+
+
+def test_make_checkpoint_dir_refuses_a_file_in_the_way(tmp_path):
+    from treadle.checkpoint.directory import make_checkpoint_dir
+    from treadle.checkpoint.io import CheckpointError
+
+    (tmp_path / "checkpoints").write_text("x")
+    with pytest.raises(CheckpointError, match="checkpoints is not a directory"):
+        make_checkpoint_dir(tmp_path / "checkpoints" / "best")

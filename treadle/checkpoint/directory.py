@@ -10,6 +10,7 @@ verifying, :mod:`treadle.checkpoint.manifest`: this module imports only the latt
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from treadle.fsutil import fsync_dir
+from treadle.fsutil import fsync_dir, sync_later
 
 from .durable import _SCRATCH_RE, _host_tag, _scratch_name
 from .manifest import (LEGACY_SUFFIXES, MANIFEST_NAME, CheckpointError, CheckpointWarning, _not_a_checkpoint_reason,
@@ -27,7 +28,7 @@ from .manifest import (LEGACY_SUFFIXES, MANIFEST_NAME, CheckpointError, Checkpoi
 
 __all__ = [
     "list_checkpoints", "find_latest_checkpoint", "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",
-    "checkpoint_run", "claim_checkpoint_path", "remove_own_checkpoint", "check_writable_dir",
+    "checkpoint_run", "claim_checkpoint_path", "remove_own_checkpoint", "check_writable_dir", "make_checkpoint_dir",
 ]
 
 logger = logging.getLogger("treadle")
@@ -205,9 +206,7 @@ def check_writable_dir(directory: str | os.PathLike[str]) -> None:
     nearest existing parent. So a run finds out before training, not at its first save.
     Raises :class:`CheckpointError` naming the obstacle."""
     directory = Path(directory)
-    existing = next((p for p in (directory, *directory.parents) if os.path.lexists(p)), Path("."))
-    if not existing.is_dir():
-        raise CheckpointError(f"checkpoints cannot be written to {directory}: {existing} is not a directory")
+    existing = _existing(directory)
     try:
         probe = existing / _scratch_name("probe", "tmp")
         probe.mkdir()
@@ -215,6 +214,40 @@ def check_writable_dir(directory: str | os.PathLike[str]) -> None:
     except OSError as e:
         raise CheckpointError(f"checkpoints cannot be written to {directory}: {e.strerror or e} "
                               f"(in {existing})") from None
+
+
+DIRS_GROUP = "checkpoint dirs"  # the fsync jobs of make_checkpoint_dir
+
+
+def make_checkpoint_dir(directory: str | os.PathLike[str]) -> None:
+    """Before a run trains: ``directory`` exists and can take a checkpoint, or a
+    :class:`CheckpointError` names the obstacle. A missing one is created (which proves
+    it); the fsync that makes its entry durable runs on the fsync threads while the run
+    trains, and every checkpoint's commit waits for it (``settle(DIRS_GROUP)`` in
+    ``io._install``).
+    An existing one is probed (:func:`check_writable_dir`)."""
+    directory = Path(directory)
+    if directory.is_dir():
+        check_writable_dir(directory)
+        return
+    existing = _existing(directory)
+    try:
+        directory.mkdir(parents=True)
+    except OSError as e:
+        raise CheckpointError(f"checkpoints cannot be written to {directory}: {e.strerror or e} "
+                              f"(in {existing})") from None
+    # Each directory created, durable in its parent: the deepest new one first.
+    created = [d for d in (directory, *directory.parents) if d != existing and existing in d.parents]
+    for d in created:
+        sync_later(functools.partial(fsync_dir, d.parent), group=DIRS_GROUP)
+
+
+def _existing(directory: Path) -> Path:
+    """The nearest existing one of ``directory`` and its parents: it must be a directory."""
+    existing = next((p for p in (directory, *directory.parents) if os.path.lexists(p)), Path("."))
+    if not existing.is_dir():
+        raise CheckpointError(f"checkpoints cannot be written to {directory}: {existing} is not a directory")
+    return existing
 
 
 def _partial_checkpoint(path: Path) -> bool:

@@ -38,9 +38,10 @@ from typing import Any
 
 import torch
 
-from treadle.fsutil import fsync_all, fsync_dir
+from treadle.fsutil import fsync_all, fsync_dir, settle
 
 from .directory import (
+    DIRS_GROUP,
     _process_start_time,
     cleanup_stale_tmp,
     find_latest_checkpoint,
@@ -220,6 +221,7 @@ def _install(tmp: Path, path: Path) -> None:
     then delete the old one; a crash between the two renames leaves the old checkpoint
     in the aside dir, and :func:`cleanup_stale_tmp` renames it back.
     """
+    settle(DIRS_GROUP)  # the directories made durable in the background (make_checkpoint_dir) are, before a commit
     parent = path.parent
     if not os.path.lexists(path):
         os.rename(tmp, path)
