@@ -107,3 +107,17 @@ def test_make_checkpoint_dir_refuses_a_file_in_the_way(tmp_path):
     (tmp_path / "checkpoints").write_text("x")
     with pytest.raises(CheckpointError, match="checkpoints is not a directory"):
         make_checkpoint_dir(tmp_path / "checkpoints" / "best")
+
+
+def test_prune_with_no_more_entries_than_it_keeps_reads_no_manifest(tmp_path, monkeypatch):
+    import treadle.checkpoint.directory as directory
+
+    saved = [_save(tmp_path, f"c{i}", i, run="a") for i in range(3)]
+    (tmp_path / ".c3.tmp-host-1-x").mkdir()  # a scratch dir does not count
+
+    def no_reading(path):
+        raise AssertionError(f"read {path}")
+    monkeypatch.setattr(directory, "read_manifest", no_reading)
+    assert prune_checkpoints(tmp_path, keep_last=3, run="a", order="created") == []
+    monkeypatch.undo()
+    assert prune_checkpoints(tmp_path, keep_last=2, run="a", order="created") == [saved[0]]

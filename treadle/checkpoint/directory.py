@@ -273,6 +273,8 @@ def prune_checkpoints(
         raise ValueError(f"keep_last must be >= 0, got {keep_last}")
     if order not in ("iter", "created"):
         raise ValueError(f"order={order!r}; expected 'iter' or 'created'")
+    if keep_last and _entries(Path(directory)) <= keep_last:
+        return []  # at most keep_last candidates: all are kept (no manifest read)
     ckpts = [f.path for f in _scan(Path(directory), order) if run is None or f.run == run]
     keep = set(ckpts[max(len(ckpts) - keep_last, 0):]) if keep_last else set()
     protected = {Path(p).resolve() for p in protect}
@@ -283,6 +285,15 @@ def prune_checkpoints(
         remove_checkpoint(ckpt)
         removed.append(ckpt)
     return removed
+
+
+def _entries(directory: Path) -> int:
+    """How many entries of ``directory`` are not hidden: at least its checkpoints."""
+    try:
+        with os.scandir(directory) as entries:
+            return sum(1 for e in entries if not e.name.startswith("."))
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
 
 
 def _process_start_time(pid: int) -> float | None:
