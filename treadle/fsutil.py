@@ -101,10 +101,13 @@ def fsync_all(files: Iterable[Path], dirs: Iterable[Path] = ()) -> None:
     quarter of the time for three files here). The first error is raised after all finished.
     """
     jobs = [functools.partial(fsync_file, p) for p in files] + [functools.partial(fsync_dir, d) for d in dirs]
-    if len(jobs) == 1:
-        jobs[0]()
+    if not jobs:
         return
-    _raise_first(_submit(jobs))
+    futures = _submit(jobs[1:])  # the first on this thread, which would only wait: one thread fewer to start
+    try:
+        jobs[0]()
+    finally:
+        _raise_first(futures)
 
 
 _pending: list[tuple[str, Future[None]]] = []
