@@ -12,8 +12,10 @@ directory survives a power loss only once that directory is fsynced too.
 * :func:`fsync_all`: many files and directories at once, in one round.
 * :func:`sync_later` and :func:`settle`: a job that only waits on the disk (fsyncs,
   a rename) runs on the same threads while the caller goes on (the GIL is free while
-  it waits); ``settle()`` waits for every such job and raises the first one's error.
-  A run's small files (env.txt, config.yaml) are made durable this way while it trains.
+  it waits); ``settle(group)`` waits for the jobs of a group (or all) and raises the
+  first one's error. A run's small files (env.txt, config.yaml) and its checkpoints/
+  directory are made durable this way while it trains; ``fit()`` settles all before it
+  returns, a checkpoint's commit settles the directories first.
 
 Platforms whose directories cannot be opened for fsync (no ``os.O_DIRECTORY``, e.g.
 Windows) skip directory fsyncs. Imports nothing from treadle.
