@@ -24,6 +24,15 @@ def test_multiclass_top1_and_top2_against_counting_by_hand():
     assert _accuracy(outputs, torch.nn.functional.one_hot(targets, 3).float()) == 2 / 4
 
 
+def test_top1_is_the_argmax_with_ties_to_the_first_class_and_equals_topk_otherwise():
+    g = torch.Generator().manual_seed(0)
+    outputs, targets = torch.randn(500, 7, generator=g), torch.randint(0, 7, (500,), generator=g)
+    by_hand = (outputs.topk(1, dim=-1).indices.squeeze(-1) == targets).sum().item() / 500
+    assert _accuracy(outputs, targets) == pytest.approx(by_hand, abs=0)
+    tied = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.3, 0.3]])  # first maximum: classes 0 and 1
+    assert _accuracy(tied, torch.tensor([0, 1])) == 1.0 and _accuracy(tied, torch.tensor([1, 2])) == 0.0
+
+
 @pytest.mark.parametrize("shape", [(8,), (8, 1)])
 def test_a_single_output_is_a_binary_classifier(shape):
     logits = torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, -0.2, 4.0, -2.0])
