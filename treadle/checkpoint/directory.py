@@ -221,11 +221,11 @@ DIRS_GROUP = "checkpoint dirs"  # the fsync jobs of make_checkpoint_dir
 
 def make_checkpoint_dir(directory: str | os.PathLike[str]) -> None:
     """Before a run trains: ``directory`` exists and can take a checkpoint, or a
-    :class:`CheckpointError` names the obstacle. A missing one is created (which proves
-    it); the fsync that makes its entry durable runs on the fsync threads while the run
-    trains, and every checkpoint's commit waits for it (``settle(DIRS_GROUP)`` in
-    ``io._install``).
-    An existing one is probed (:func:`check_writable_dir`)."""
+    :class:`CheckpointError` names the obstacle. An existing one is probed
+    (:func:`check_writable_dir`); a missing one is created, which proves it. The fsyncs
+    that make the new entries durable run on the fsync threads while the run trains,
+    and every checkpoint's commit waits for them (``settle(DIRS_GROUP)`` in
+    ``io._install``)."""
     directory = Path(directory)
     if directory.is_dir():
         check_writable_dir(directory)
