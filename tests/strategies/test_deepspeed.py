@@ -151,6 +151,20 @@ def test_two_optimizers_are_refused(one_process_group):
                                                "disc": dict(optimizer=dict(type="SGD", lr=0.1))})
 
 
+def test_a_new_group_after_shutdown_serves_a_second_deepspeed_run(one_process_group):
+    """comm.shutdown() destroys the group through DeepSpeed, which forgets its clone of
+    the world group: with torch's destroy alone the second run failed with "Group ... is
+    not registered" (its ZeRO optimizer used the dead clone)."""
+    first = _trainer(TinyNet(), max_epochs=1)
+    first.fit()
+    comm.shutdown()
+    second = _trainer(TinyNet(), max_epochs=1)  # the strategy makes a new group of one
+    second.fit()
+    assert second.state.iter == first.state.iter == 8
+    for p in second.module.parameters():
+        assert torch.isfinite(p).all()
+
+
 @pytest.mark.slow  # 2 processes on gloo
 @pytest.mark.parametrize("stage", ["1", "2", "3"])
 def test_trainer_on_two_processes_equals_one_with_the_doubled_batch(tmp_path, stage):

@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,7 @@ import torch.distributed as dist
 from treadle.distributed.env import DistEnv, detect_launcher, restart_store_hazard
 
 _control_group: Any = None  # gloo group for objects; None means the default group
+_destroy_world: Callable[[], Any] | None = None  # see destroy_world_with
 
 
 def is_distributed() -> bool:
@@ -161,10 +162,21 @@ def _shutdown_at_exit() -> None:
     shutdown()
 
 
+def destroy_world_with(destroy: Callable[[], Any]) -> None:
+    """Have the next :func:`shutdown` destroy the default group with ``destroy()``
+    instead of torch's ``destroy_process_group``: for a library that keeps groups of its
+    own over it. DeepSpeed keeps a clone of the world group, which outlives torch's
+    destroy and breaks the next DeepSpeed run in the process ("Group ... is not
+    registered"); ``deepspeed.comm.destroy_process_group`` forgets it too."""
+    global _destroy_world
+    _destroy_world = destroy
+
+
 def shutdown() -> None:
     """Destroy the process group (and the object group) if one is initialised, and
     free it now, while the interpreter is whole."""
-    global _control_group
+    global _control_group, _destroy_world
+    destroy, _destroy_world = _destroy_world or dist.destroy_process_group, None
     if not (dist.is_available() and dist.is_initialized()):
         _control_group = None
         return
@@ -179,7 +191,7 @@ def shutdown() -> None:
     # GIL while the workers are joined (a reducer dropping the last reference would
     # join them holding the GIL: a hang).
     world = dist.group.WORLD
-    dist.destroy_process_group()
+    destroy()
     _control_group = None
     gc.collect()
     del world

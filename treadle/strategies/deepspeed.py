@@ -139,6 +139,11 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
             self.engine, *_ = deepspeed.initialize(model=model, config=self.config,
                                                    optimizer=built.optimizer if built is not None else None)
         use_current_collectives()
+        import deepspeed.comm
+
+        from treadle.distributed import comm
+
+        comm.destroy_world_with(deepspeed.comm.destroy_process_group)  # it forgets DeepSpeed's own groups too
         self._half = (torch.bfloat16 if self.config["bf16"]["enabled"] else
                       torch.float16 if self.config["fp16"]["enabled"] else None)
         if built is None:
