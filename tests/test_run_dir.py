@@ -117,4 +117,5 @@ def test_fit_returns_with_env_txt_in_place_and_a_failed_fsync_of_it_raised(tmp_p
         trainer.fit()
     assert info.value.errno == errno.EIO and info.value.filename.endswith(tmp_name)
     assert trainer.state.epoch == 1 and not (tmp_path / "b" / "env.txt").exists()
+    assert (tmp_path / "b" / "checkpoints" / "epoch_0001" / "manifest.json").is_file()  # env.txt's error is not its
     assert not list((tmp_path / "b").glob(".env.txt*"))
