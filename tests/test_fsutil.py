@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from treadle.fsutil import fsync_all, fsync_dir, fsync_file, settle, sync_later
+from treadle.fsutil import fsync_all, fsync_dir, fsync_file, new_dirs, settle, sync_later
 from treadle.logging.writers import move_whole_aside, replace_atomically
 
 needs_dir_fsync = pytest.mark.skipif(not hasattr(os, "O_DIRECTORY"), reason="directories cannot be fsynced here")
@@ -134,3 +134,12 @@ def test_replace_atomically_later_with_a_failing_fsync_keeps_the_old_file_and_ra
         settle()
     assert info.value.errno == errno.EIO and info.value.filename.endswith(".tmp")
     assert path.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["env.txt"]
+
+
+def test_new_dirs_returns_the_directories_it_made_deepest_first(tmp_path):
+    deep = tmp_path / "a" / "b" / "c"
+    assert new_dirs(deep) == [deep, tmp_path / "a" / "b", tmp_path / "a"] and deep.is_dir()
+    assert new_dirs(deep) == []  # all there: nothing new, nothing to sync
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(FileExistsError):
+        new_dirs(tmp_path / "f")

@@ -10,6 +10,8 @@ directory survives a power loss only once that directory is fsynced too.
   ``best_effort=True`` (log files, run files) nothing is raised: the write itself
   has succeeded, and a run should not stop because its directory could not be synced.
 * :func:`fsync_all`: many files and directories at once, in one round.
+* :func:`new_dirs`: make a directory and its missing parents; says which are new (each
+  is durable once its parent is fsynced).
 * :func:`sync_later` and :func:`settle`: a job that only waits on the disk (fsyncs,
   a rename) runs on the same threads while the caller goes on (the GIL is free while
   it waits); ``settle(group)`` waits for the jobs of a group (or all) and raises the
@@ -31,7 +33,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-__all__ = ["fsync_all", "fsync_dir", "fsync_file", "settle", "sync_later"]
+__all__ = ["fsync_all", "fsync_dir", "fsync_file", "new_dirs", "settle", "sync_later"]
 
 # fsync of a directory is not supported by some file systems: not an error of the write.
 _UNSUPPORTED = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP)
@@ -76,16 +78,31 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def new_dirs(directory: str | os.PathLike[str]) -> list[Path]:
+    """Create ``directory`` and its missing parents; return the ones created, deepest
+    first. Each one's entry survives a power loss once its parent is fsynced."""
+    directory = Path(directory)
+    missing = [d for d in (directory, *directory.parents) if not os.path.lexists(d)]
+    directory.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+_pending: list[tuple[str, Future[None]]] = []  # sync_later's jobs by group, until settled
 
 
-def _submit(jobs: list[Callable[[], None]]) -> list[Future[None]]:
+def _submit(jobs: list[Callable[[], None]], pending_group: str | None = None) -> list[Future[None]]:
+    """Start ``jobs`` on the fsync threads; with ``pending_group``, also recorded for
+    :func:`settle` (under the same lock: a settle never misses a job already started)."""
     global _pool
     with _pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="treadle-fsync")
-        return [_pool.submit(job) for job in jobs]
+        futures = [_pool.submit(job) for job in jobs]
+        if pending_group is not None:
+            _pending.extend((pending_group, f) for f in futures)
+        return futures
 
 
 def _raise_first(futures: Iterable[Future[None]]) -> None:
@@ -112,16 +129,11 @@ def fsync_all(files: Iterable[Path], dirs: Iterable[Path] = ()) -> None:
         _raise_first(futures)
 
 
-_pending: list[tuple[str, Future[None]]] = []
-
-
 def sync_later(job: Callable[[], None], group: str = "") -> None:
     """Run ``job`` on the fsync threads and return at once. For work that waits on the
     disk with the GIL released (fsync, rename), so it overlaps the caller's; whoever
     needs it done calls :func:`settle` (for its ``group``, or for all)."""
-    futures = _submit([job])
-    with _pool_lock:
-        _pending.extend((group, f) for f in futures)
+    _submit([job], pending_group=group)
 
 
 def settle(group: str | None = None, *, raise_errors: bool = True) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from treadle.fsutil import fsync_dir, sync_later
+from treadle.fsutil import fsync_dir, new_dirs, sync_later
 
 from .durable import _SCRATCH_RE, _host_tag, _scratch_name
 from .manifest import (LEGACY_SUFFIXES, MANIFEST_NAME, CheckpointError, CheckpointWarning, _not_a_checkpoint_reason,
@@ -212,8 +212,7 @@ def check_writable_dir(directory: str | os.PathLike[str]) -> None:
         probe.mkdir()
         probe.rmdir()
     except OSError as e:
-        raise CheckpointError(f"checkpoints cannot be written to {directory}: {e.strerror or e} "
-                              f"(in {existing})") from None
+        raise _cannot_write(directory, e, existing) from None
 
 
 DIRS_GROUP = "checkpoint dirs"  # the fsync jobs of make_checkpoint_dir
@@ -232,14 +231,15 @@ def make_checkpoint_dir(directory: str | os.PathLike[str]) -> None:
         return
     existing = _existing(directory)
     try:
-        directory.mkdir(parents=True)
+        created = new_dirs(directory)
     except OSError as e:
-        raise CheckpointError(f"checkpoints cannot be written to {directory}: {e.strerror or e} "
-                              f"(in {existing})") from None
-    # Each directory created, durable in its parent: the deepest new one first.
-    created = [d for d in (directory, *directory.parents) if d != existing and existing in d.parents]
+        raise _cannot_write(directory, e, existing) from None
     for d in created:
         sync_later(functools.partial(fsync_dir, d.parent), group=DIRS_GROUP)
+
+
+def _cannot_write(directory: Path, error: OSError, existing: Path) -> CheckpointError:
+    return CheckpointError(f"checkpoints cannot be written to {directory}: {error.strerror or error} (in {existing})")
 
 
 def _existing(directory: Path) -> Path:

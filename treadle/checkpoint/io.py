@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from treadle.fsutil import fsync_all, fsync_dir, settle
+from treadle.fsutil import fsync_all, fsync_dir, new_dirs, settle
 
 from .directory import (
     DIRS_GROUP,
@@ -286,9 +286,8 @@ def save_checkpoint(
     files: dict[str, dict[str, Any]] = {}
     doing, file = f"creating the directory {path.parent}", None  # the step in progress, for errors
     try:
-        if not path.parent.is_dir():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fsync_dir(path.parent.parent)  # make the new checkpoints/ dir itself durable
+        for new in new_dirs(path.parent):  # e.g. checkpoints/: each new dir durable in its parent
+            fsync_dir(new.parent)
         tmp = path.parent / _scratch_name(path.name, "tmp")
         doing = "creating its scratch directory"
         tmp.mkdir()

@@ -45,7 +45,7 @@ from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from treadle.distributed import comm
-from treadle.fsutil import fsync_dir
+from treadle.fsutil import fsync_dir, new_dirs
 
 from .dcp_safe import _SafeEmptyPlanner, _SafeLoadPlanner, _SafeReader
 from .durable import _sha256_file
@@ -324,9 +324,8 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
                 raise TypeError(f"checkpoint meta must be JSON-serialisable: {e}") from e
             if os.path.lexists(path):
                 _check_replaceable(path)  # only a treadle checkpoint is ever replaced
-            if not path.parent.is_dir():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fsync_dir(path.parent.parent)  # the new checkpoints/ dir itself must be durable
+            for new in new_dirs(path.parent):  # e.g. checkpoints/: each new dir durable in its parent
+                fsync_dir(new.parent)
             tmp = path.parent / _scratch_name(path.name, "tmp")
             doing = "creating its scratch directory"
             tmp.mkdir()
