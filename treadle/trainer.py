@@ -530,8 +530,7 @@ class Trainer:
             return self._run(self.test_loop.run)
 
     def _run(self, body: Callable[[], Any], env: str | None = None) -> Any:
-        if self.work_dir is not None and self.is_main:
-            self.work_dir.mkdir(parents=True, exist_ok=True)
+        # work_dir exists: every caller holds its lock (_locked), which made it.
         self.state.should_stop = False
         self.call_hook("before_run")
         try:

@@ -33,7 +33,8 @@ _SCRATCH_RE = re.compile(
 
 
 def _host_tag() -> str:
-    return re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())[:32] or "host"
+    # Without re.sub: compiling its pattern cost 0.1 ms at a process's first save.
+    return "".join(c if c.isascii() and c.isalnum() else "_" for c in socket.gethostname())[:32] or "host"
 
 
 def _scratch_name(name: str, kind: str) -> str:
