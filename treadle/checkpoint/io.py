@@ -176,26 +176,31 @@ def _first_os_error(error: BaseException | None) -> OSError | None:
 def _write_durably(path: Path, obj: Any = None, data: bytes | None = None, fsync: bool = True) -> dict[str, Any]:
     """Write ``data`` or ``torch.save(obj)`` to ``path``, fsync it, return size and sha256.
 
-    ``fsync=False`` leaves the fsync to the caller (see :func:`fsync_all`)."""
-    with open(path, "xb") as f:
+    ``fsync=False`` leaves the fsync to the caller (see :func:`fsync_all`). Opened for
+    reading too: a large file is hashed by reading it back on another thread (durable.py)."""
+    with open(path, "x+b") as f:
         w = _HashingWriter(f)
         try:
-            if data is not None:
-                w.write(data)
-            else:
-                torch.save(obj, w)
-        except Exception as e:
-            if w.error is None or e is w.error:
-                raise
-            # torch.save turned the OSError (ENOSPC, EIO...) into a RuntimeError of its zip
-            # writer, which names neither file nor errno: raise the OSError itself.
-            raise w.error from None
+            try:
+                if data is not None:
+                    w.write(data)
+                else:
+                    torch.save(obj, w)
+            except Exception as e:
+                if w.error is None or e is w.error:
+                    raise
+                # torch.save turned the OSError (ENOSPC, EIO...) into a RuntimeError of its zip
+                # writer, which names neither file nor errno: raise the OSError itself.
+                raise w.error from None
+            sha256 = w.hexdigest()
+        finally:
+            w.stop()  # no thread reads the file once it is closed (its descriptor may be reused)
         f.flush()
         if fsync:
             os.fsync(f.fileno())  # data must be on disk before the manifest claims it is
         if os.fstat(f.fileno()).st_size != w.size:
             raise CheckpointError(f"{path}: wrote {w.size} bytes but file has a different size")
-    return {"size": w.size, "sha256": w.sha256.hexdigest()}
+    return {"size": w.size, "sha256": sha256}
 
 
 # ----------------------------------------------------------------------------- saving
