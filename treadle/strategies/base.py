@@ -17,6 +17,8 @@ are the multi-process ones.
 
 from __future__ import annotations
 
+import itertools
+
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -275,6 +277,13 @@ def check_device(device: Any) -> torch.device:
     return dev
 
 
+def move_model(model: nn.Module, device: torch.device) -> nn.Module:
+    """``model.to(device)``, skipped when every parameter and buffer is there already
+    (the usual CPU case: torch's walk over the modules costs 0.2 ms at a process's first run)."""
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    return model if all(t.device == device for t in tensors) else model.to(device)
+
+
 class SingleDevice(Strategy):
     """One process, one device (picked automatically when not given)."""
 
@@ -285,4 +294,4 @@ class SingleDevice(Strategy):
         self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
 
     def setup_model(self, model: nn.Module) -> nn.Module:
-        return model.to(self.device)
+        return move_model(model, self.device)

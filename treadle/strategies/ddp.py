@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from treadle.strategies.base import ProcessGroupStrategy
+from treadle.strategies.base import ProcessGroupStrategy, move_model
 
 
 class DDPStrategy(ProcessGroupStrategy):
@@ -36,7 +36,7 @@ class DDPStrategy(ProcessGroupStrategy):
         self.sync_buffers = sync_buffers  # BatchNorm stats etc. from rank 0 before each forward
 
     def setup_model(self, model: nn.Module) -> nn.Module:
-        model = model.to(self.device)
+        model = move_model(model, self.device)
         if not self.distributed:  # one process: DDP would only add overhead
             return model
         device_ids = [self.device.index] if self.device.type == "cuda" else None

@@ -36,7 +36,7 @@ from torch import nn
 from treadle.checkpoint.io import CheckpointError
 from treadle.logging.writers import get_logger
 from treadle.strategies.api import DEFAULT_REVISE_KEYS
-from treadle.strategies.base import ProcessGroupStrategy, move_to
+from treadle.strategies.base import ProcessGroupStrategy, move_model, move_to
 from treadle.strategies.deepspeed_config import build_config, check_options
 
 
@@ -116,7 +116,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
 
     def setup_model(self, model: nn.Module) -> nn.Module:
         """Placed on the device; :meth:`setup_optim_wrappers` makes the engine."""
-        return model.to(self.device)
+        return move_model(model, self.device)
 
     def setup_optim_wrappers(self, model: nn.Module, wrappers: dict[str, Any], *,
                              micro_batch: int | None = None) -> tuple[nn.Module, dict[str, Any]]:

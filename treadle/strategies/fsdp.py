@@ -39,7 +39,7 @@ from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
-from treadle.strategies.base import ProcessGroupStrategy
+from treadle.strategies.base import ProcessGroupStrategy, move_model
 
 WrapPolicy = Union[tuple[Union[type, str], ...], list[Union[type, str]], Callable[[nn.Module], bool], None]
 
@@ -137,7 +137,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         """``fully_shard`` the policy's submodules, then the root; returns ``model`` itself."""
         self._check_wrap_matched(model)  # on one process too: a typo should not wait for a cluster
         if not self.cpu_offload:
-            model = model.to(self.device)
+            model = move_model(model, self.device)
         if not self.distributed:  # one process: nothing to shard
             return model
         from torch.distributed.device_mesh import init_device_mesh
