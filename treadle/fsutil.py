@@ -116,8 +116,9 @@ def fsync_all(files: Iterable[Path], dirs: Iterable[Path] = ()) -> None:
     """fsync files and directories (strictly), all at once; returns when every one is durable.
 
     Why concurrently: each fsync waits for a journal commit (ext4, xfs), and fsyncs
-    issued together share one, so N files cost about one commit instead of N (a
-    quarter of the time for three files here). The first error is raised after all finished.
+    issued together share one (a checkpoint's three files and its dir: 0.6 to 0.75 ms
+    here, 0.87 to 1.1 ms one after another, with the threads already started). The first
+    error is raised after all finished.
     """
     jobs = [functools.partial(fsync_file, p) for p in files] + [functools.partial(fsync_dir, d) for d in dirs]
     if not jobs:

@@ -25,7 +25,7 @@ from torch import Tensor
 HINT_ATTR = "treadle_hint"
 # The start of torch.nn.functional's warning for losses whose input and target sizes
 # differ (a filter's message matches at the start). Kept short: the filter compiles it
-# at every run's start (0.1 ms the first time for the whole sentence).
+# at a process's first run (re caches it after), 0.1 ms for the whole sentence.
 BROADCAST_WARNING = "Using a target size "
 
 

@@ -58,5 +58,6 @@ def first_nonfinite(named: Iterable[tuple[str, Tensor]]) -> str | None:
         # Judged in Python: the first call of a torch op in a process costs 0.1 to 1 ms
         # (isfinite, all), far more than testing a few thousand floats here.
         extremes = torch.stack([m for i in idx for m in torch.aminmax(_real(items[i][1]))]).tolist()
-        bad.extend(i for k, i in enumerate(idx) if not (math.isfinite(extremes[2 * k]) and math.isfinite(extremes[2 * k + 1])))
+        lows, highs = extremes[0::2], extremes[1::2]
+        bad.extend(i for i, lo, hi in zip(idx, lows, highs) if not (math.isfinite(lo) and math.isfinite(hi)))
     return items[min(bad)][0] if bad else None
