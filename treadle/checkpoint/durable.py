@@ -23,8 +23,8 @@ import os
 import re
 import secrets
 import socket
-import threading
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -74,41 +74,37 @@ class _HashingWriter:
         self._flushed = 0
         self.reader: _ReadBackHasher | None = None  # once past the threshold
 
-    def write(self, data: Any) -> int:
+    def _kept(self, call: Any, *args: Any) -> Any:
+        """``call(*args)``, its OSError kept in ``error`` (the first one) before it propagates."""
         try:
-            n = self._f.write(data)
+            return call(*args)
         except OSError as e:
             if self.error is None:
                 self.error = e
             raise
+
+    def write(self, data: Any) -> int:
+        n = self._kept(self._f.write, data)
         self.size += len(memoryview(data).cast("B"))
         if self.reader is None:
             self._sha.update(data)
             if self.size >= self._after:
-                self._flush()
+                self.flush()
                 self.reader = _ReadBackHasher(self._f.fileno(), self._sha, self.size)
         elif self.size - self._flushed >= _CHUNK:  # hand the reader what reached the OS
-            self._flush()
+            self.flush()
             self.reader.advance(self._flushed)
         return n
 
-    def _flush(self) -> None:
-        try:
-            self._f.flush()
-        except OSError as e:
-            if self.error is None:
-                self.error = e
-            raise
-        self._flushed = self.size
-
     def flush(self) -> None:
-        self._f.flush()
+        self._kept(self._f.flush)
+        self._flushed = self.size
 
     def hexdigest(self) -> str:
         """The SHA-256 of every byte written (waits for the reading thread, raises its error)."""
         if self.reader is None:
             return self._sha.hexdigest()
-        self._flush()
+        self.flush()
         return self.reader.finish(self.size)
 
     def stop(self) -> None:

@@ -18,7 +18,6 @@ are the multi-process ones.
 from __future__ import annotations
 
 import itertools
-
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
