@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from treadle.fsutil import fsync_all, fsync_dir, fsync_file, new_dirs, settle, sync_later
+from treadle.fsutil import FsyncRound, fsync_all, fsync_dir, fsync_file, new_dirs, settle, sync_later
 from treadle.logging.writers import move_whole_aside, replace_atomically
 
 needs_dir_fsync = pytest.mark.skipif(not hasattr(os, "O_DIRECTORY"), reason="directories cannot be fsynced here")
@@ -106,6 +106,54 @@ def test_sync_later_runs_on_another_thread_and_settle_waits_for_it_and_raises_it
     sync_later(fails)
     settle(raise_errors=False)  # the caller raises its own error
     settle()
+
+
+def _fsyncs_by_path(monkeypatch, gate=None, fail=()):
+    """os.fsync recording (file name, thread name); ``gate`` holds back file ``a``'s,
+    the names in ``fail`` fail with EIO."""
+    real_fsync, done = os.fsync, []
+
+    def fsync(fd):
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        if name == "a" and gate is not None:
+            gate.wait(5)
+        if name in fail:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+        done.append((name, threading.current_thread().name))
+    monkeypatch.setattr(os, "fsync", fsync)
+    return done
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names fsynced files through /proc/self/fd")
+def test_fsync_round_starts_a_file_at_once_on_another_thread_and_finish_waits_for_all(tmp_path, monkeypatch):
+    for name in "abc":
+        (tmp_path / name).write_text(name)
+    gate = threading.Event()
+    done = _fsyncs_by_path(monkeypatch, gate)
+    syncs = FsyncRound()
+    syncs.start(tmp_path / "a")
+    assert done == []  # the caller went on while a's fsync waits
+    gate.set()
+    syncs.finish([tmp_path / "b", tmp_path / "c"], dirs=[tmp_path])
+    assert sorted(n for n, _ in done) == sorted([tmp_path.name, "a", "b", "c"])
+    assert next(t for n, t in done if n == "a").startswith("treadle-fsync")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names fsynced files through /proc/self/fd")
+def test_fsync_round_raises_a_started_fsyncs_error_at_finish_and_abandon_forgets_it(tmp_path, monkeypatch):
+    for name in "ab":
+        (tmp_path / name).write_text(name)
+    done = _fsyncs_by_path(monkeypatch, fail={"a"})
+    syncs = FsyncRound()
+    syncs.start(tmp_path / "a")
+    with pytest.raises(OSError) as info:
+        syncs.finish([tmp_path / "b"])
+    assert (info.value.errno, info.value.filename) == (errno.EIO, str(tmp_path / "a"))
+    assert [n for n, _ in done] == ["b"]  # the others still ran
+    syncs.start(tmp_path / "a")
+    syncs.abandon()  # waits, raises nothing
+    syncs.finish()  # nothing left of the abandoned one
 
 
 def test_replace_atomically_later_puts_the_file_in_place_at_settle(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -143,6 +144,25 @@ def test_everything_is_durable_before_the_rename_commits_it(tmp_path, monkeypatc
     assert {f"{tmp}/state.pt", f"{tmp}/extra.pt", f"{tmp}/{MANIFEST_NAME}", tmp} <= before
     assert str(tmp_path) in before  # ... and the new checkpoints/ dir's own entry
     assert events[renames[0] + 1:] == [("fsync", str(ckpt.parent))]  # the rename itself, after
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names fsynced files through /proc/self/fd")
+def test_a_payloads_fsync_starts_before_the_manifest_is_written(tmp_path, monkeypatch):
+    started, fsync, write = threading.Event(), os.fsync, ckio._write_durably
+
+    def recording_fsync(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("/state.pt"):
+            started.set()
+        return fsync(fd)
+
+    def waiting_write(path, *args, **kwargs):
+        if path.name == MANIFEST_NAME:  # waits (in vain, without the early start) for state.pt's fsync
+            assert started.wait(5), "state.pt's fsync had not begun when the manifest was written"
+        return write(path, *args, **kwargs)
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(ckio, "_write_durably", waiting_write)
+    ckpt = save_checkpoint(tmp_path / "iter_1", {"state.pt": _state(1.0), "extra.pt": [1, 2]})
+    verify_checkpoint(ckpt)
 
 
 @pytest.mark.parametrize("name", ["../evil.pt", "a/b.pt", "", "..", ".hidden", MANIFEST_NAME, "x\\y.pt"])

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from treadle.fsutil import fsync_all, fsync_dir, new_dirs, settle
+from treadle.fsutil import FsyncRound, fsync_dir, new_dirs, settle
 
 from .directory import (
     DIRS_GROUP,
@@ -176,7 +176,7 @@ def _first_os_error(error: BaseException | None) -> OSError | None:
 def _write_durably(path: Path, obj: Any = None, data: bytes | None = None, fsync: bool = True) -> dict[str, Any]:
     """Write ``data`` or ``torch.save(obj)`` to ``path``, fsync it, return size and sha256.
 
-    ``fsync=False`` leaves the fsync to the caller (see :func:`fsync_all`). Opened for
+    ``fsync=False`` leaves the fsync to the caller (see :class:`~treadle.fsutil.FsyncRound`). Opened for
     reading too: a large file is hashed by reading it back on another thread (durable.py)."""
     with open(path, "x+b") as f:
         w = _HashingWriter(f)
@@ -274,8 +274,9 @@ def save_checkpoint(
     """Atomically write a checkpoint directory at ``path``.
 
     Each payload is ``torch.save``-d into a hidden temp dir next to ``path`` and
-    ``manifest.json`` is written last; every file and the dir are fsynced (together, in
-    one round), then the dir is renamed onto ``path`` and the parent is fsynced. An existing checkpoint at ``path`` is replaced
+    ``manifest.json`` is written last; every file and the dir are fsynced (each payload's
+    fsync starts as soon as it is written, while the next is), then the dir is renamed
+    onto ``path`` and the parent is fsynced. An existing checkpoint at ``path`` is replaced
     so that a complete old or new one is always findable (see ``_install``); anything else
     at ``path`` (a file, or a directory without a treadle ``manifest.json``) is refused with
     a :class:`CheckpointError` before anything is written, and left untouched. On error
@@ -289,6 +290,11 @@ def save_checkpoint(
     path, names, meta_json = check_save_args(path, payloads, meta)
     tmp: Path | None = None
     files: dict[str, dict[str, Any]] = {}
+    # The rename in _install is the commit: until it, no reader looks inside the hidden
+    # tmp dir (a crash leaves it to cleanup_stale_tmp). So the payloads, the manifest and
+    # the dir's entries need only be durable before it: each payload's fsync starts once
+    # it is written, the manifest's and the dir's after the manifest, all waited for then.
+    syncs = FsyncRound()
     doing, file = f"creating the directory {path.parent}", None  # the step in progress, for errors
     try:
         for new in new_dirs(path.parent):  # e.g. checkpoints/: each new dir durable in its parent
@@ -299,6 +305,7 @@ def save_checkpoint(
         for name in names:
             doing, file = f"writing {name}", name
             files[name] = _write_durably(tmp / name, obj=payloads[name], fsync=False)
+            syncs.start(tmp / name)
         now = time.time()
         manifest = {
             "format": FORMAT,
@@ -311,20 +318,18 @@ def save_checkpoint(
         }
         doing, file = f"writing {MANIFEST_NAME}", MANIFEST_NAME
         _write_durably(tmp / MANIFEST_NAME, data=json.dumps(manifest, indent=2).encode(), fsync=False)
-        # The rename in _install is the commit: until it, no reader looks inside the hidden
-        # tmp dir (a crash leaves it to cleanup_stale_tmp). So the payloads, the manifest and
-        # the dir's entries need only be durable before it, and are fsynced in one round.
         doing, file = "syncing its files to disk (fsync)", None
-        fsync_all([*(tmp / name for name in names), tmp / MANIFEST_NAME], dirs=[tmp])
+        syncs.finish([tmp / MANIFEST_NAME], dirs=[tmp])
         doing = "renaming it into place"
         _install(tmp, path)
     except BaseException as e:
+        syncs.abandon()  # no fsync of ours is still at work in tmp while it is removed
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(e, OSError) or e.errno is None:
             raise
         if doing.startswith("syncing") and e.filename and tmp is not None and Path(e.filename).parent == tmp:
-            file = Path(e.filename).name  # fsync_all names the file whose fsync failed
+            file = Path(e.filename).name  # the fsync's error names the file that failed
             doing = f"syncing {file} to disk (fsync)"
         raise _write_error(path, e, doing, file, _checkpoint_sizes(payloads, names, files)) from e
     return path
