@@ -156,6 +156,58 @@ def test_fsync_round_raises_a_started_fsyncs_error_at_finish_and_abandon_forgets
     syncs.finish()  # nothing left of the abandoned one
 
 
+def test_fsync_threads_are_reused_when_idle_and_no_more_than_eight_run():
+    def fsync_threads():
+        return {t.name for t in threading.enumerate() if t.name.startswith("treadle-fsync_")}
+    names: list[str] = []
+    sync_later(lambda: names.append(threading.current_thread().name))
+    settle()
+    before = fsync_threads()
+    for _ in range(5):  # one after another: an idle thread takes each, none is started
+        sync_later(lambda: names.append(threading.current_thread().name))
+        settle()
+    assert fsync_threads() == before and set(names) <= before
+    gate, running, most = threading.Event(), [], []
+    lock = threading.Lock()
+
+    def blocked():
+        with lock:
+            running.append(1)
+            most.append(len(running))
+        gate.wait(5)
+        with lock:
+            running.pop()
+    for _ in range(12):
+        sync_later(blocked)
+    deadline = threading.Event()
+    while len(most) < 8 and not deadline.wait(0.01):
+        pass
+    assert max(most) == 8  # the other four wait in the queue ...
+    gate.set()
+    settle()
+    assert len(most) == 12 and running == []  # ... and ran once a thread was free
+
+
+def _sync_later_in_a_forked_child(path):
+    sync_later(lambda: path.write_text("child"))
+    settle()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_forked_child_starts_its_own_fsync_threads(tmp_path):
+    import multiprocessing
+
+    sync_later(lambda: None)  # the parent has threads ...
+    settle()
+    child = multiprocessing.get_context("fork").Process(target=_sync_later_in_a_forked_child,
+                                                        args=(tmp_path / "f",))
+    child.start()
+    child.join(20)  # ... the child has none of them: its job must not wait for them forever
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0 and (tmp_path / "f").read_text() == "child"
+
+
 def test_replace_atomically_later_puts_the_file_in_place_at_settle(tmp_path, monkeypatch):
     path = tmp_path / "env.txt"
     path.write_text("old\n")
