@@ -86,7 +86,11 @@ def new_dirs(directory: str | os.PathLike[str]) -> list[Path]:
     """Create ``directory`` and its missing parents; return the ones created, deepest
     first. Each one's entry survives a power loss once its parent is fsynced."""
     directory = Path(directory)
-    missing = [d for d in (directory, *directory.parents) if not os.path.lexists(d)]
+    missing = []
+    for d in (directory, *directory.parents):
+        if os.path.lexists(d):  # so do all its parents: no lstat up to the root
+            break
+        missing.append(d)
     directory.mkdir(parents=True, exist_ok=True)
     return missing
 
