@@ -113,10 +113,10 @@ class _Threads:
     def submit(self, job: Callable[[], None]) -> Future[None]:
         """Run ``job`` on one of the threads (the caller holds ``_pool_lock``)."""
         future: Future[None] = Future()
-        self._jobs.put((future, job))
         if not self._idle.acquire(blocking=False) and self._count < self._limit:
+            _thread.start_new_thread(self._work, (f"treadle-fsync_{self._count}",))  # raises before the job is queued
             self._count += 1
-            _thread.start_new_thread(self._work, (f"treadle-fsync_{self._count - 1}",))
+        self._jobs.put((future, job))
         return future
 
     def _work(self, name: str) -> None:
