@@ -208,6 +208,18 @@ def test_a_forked_child_starts_its_own_fsync_threads(tmp_path):
     assert child.exitcode == 0 and (tmp_path / "f").read_text() == "child"
 
 
+@pytest.mark.slow
+def test_an_exit_waits_for_what_sync_later_left(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "written"
+    code = ("import time\nfrom treadle.fsutil import sync_later\n"
+            f"sync_later(lambda: (time.sleep(0.5), open({str(path)!r}, 'w').write('done')))\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)  # exits at once, without settle()
+    assert path.read_text() == "done"
+
+
 def test_replace_atomically_later_puts_the_file_in_place_at_settle(tmp_path, monkeypatch):
     path = tmp_path / "env.txt"
     path.write_text("old\n")
