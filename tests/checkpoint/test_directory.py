@@ -87,15 +87,14 @@ def test_make_checkpoint_dir_creates_it_and_syncs_each_new_entry_before_the_firs
         return real_rename(src, dst)
     monkeypatch.setattr(fsutil, "fsync_dir", slow_fsync_dir)
     monkeypatch.setattr("treadle.checkpoint.directory.fsync_dir", slow_fsync_dir)
+    monkeypatch.setattr(os, "rename", recording_rename)
     ckpts = tmp_path / "run" / "checkpoints"
     make_checkpoint_dir(ckpts / "best")
     assert (ckpts / "best").is_dir() and synced == []  # the fsyncs wait on the other threads
     gate.set()
-    monkeypatch.setattr(os, "rename", recording_rename)
     _save(ckpts / "best", "a", 1)  # its commit waits for them
     commit = synced.index(("rename", str(ckpts / "best" / "a")))
     assert {str(ckpts), str(tmp_path / "run"), str(tmp_path)} <= set(synced[:commit])
-    monkeypatch.setattr(os, "rename", real_rename)
     make_checkpoint_dir(ckpts)  # exists: probed, nothing to sync
     assert fsutil._pending == []
 
