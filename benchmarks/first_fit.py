@@ -14,7 +14,10 @@ over the rounds with the interquartile range, and the difference from the hand l
 the median of the per-round differences (each taken seconds apart). ``import treadle``
 is timed apart (``import_time.py`` measures it in detail); "fit" is Trainer(...) plus
 fit(). The process's CPU time (all its threads, import included) is reported too: on a
-shared machine it moves less than wall time, though it leaves out waiting for the disk.
+shared machine it moves less than wall time, though it leaves out waiting for the disk. So is
+the time the training thread spent off the CPU during the fit (wall time less that thread's
+CPU time): waiting for the disk, for another thread's GIL, or for a core. When it is small,
+what the fit costs over the hand loop is work done on the training thread itself.
 
 ``--tree DIR`` (repeatable) runs treadle from each source tree in turn (an A/B of two
 checkouts in one run); the default is this checkout. Byte-code caching is left on in
@@ -54,6 +57,7 @@ def child(variant: str) -> None:
     loss_fn = nn.CrossEntropyLoss()
     with tempfile.TemporaryDirectory() as tmp:
         cpu = time.process_time()
+        thread_cpu = time.thread_time()
         start = time.perf_counter()
         if variant == "hand":
             model.train()
@@ -62,18 +66,20 @@ def child(variant: str) -> None:
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            imported = start
+            imported, thread_imported = start, thread_cpu
         else:
             import treadle
 
-            imported = time.perf_counter()
+            imported, thread_imported = time.perf_counter(), time.thread_time()
             trainer = treadle.Trainer(model, work_dir=tmp if variant == "work_dir" else None, train_dataloader=batches,
                                       loss_fn=loss_fn, optimizer=opt, max_epochs=1, log_interval=50, progress=False)
             trainer.fit()
         end = time.perf_counter()
+        fit_thread_cpu = time.thread_time() - thread_imported
         cpu = time.process_time() - cpu
         files = sorted(str(p.relative_to(tmp)).split(".tfevents.")[0] for p in Path(tmp).rglob("*") if p.is_file())
-    print(json.dumps({"import": imported - start, "fit": end - imported, "cpu": cpu, "files": files}))
+    print(json.dumps({"import": imported - start, "fit": end - imported, "cpu": cpu,
+                      "off_cpu": max(0.0, end - imported - fit_thread_cpu), "files": files}))  # clocks: us apart
 
 
 def sample(variant: str, tree: Path) -> dict:
@@ -117,7 +123,8 @@ def main() -> None:
     hand = [s["fit"] for s in times[("hand", trees[0])]]
     print(f"first fit() in a fresh process: 1 epoch, MLP 128-256-256-10, 50 batches of 64, SGD, CPU, 1 thread; "
           f"{args.rounds} rounds, median (IQR)")
-    print(f"  hand-written loop          {fmt(hand)}")
+    print(f"  hand-written loop          {fmt(hand)}; training thread off-CPU "
+          f"{fmt([s['off_cpu'] for s in times[('hand', trees[0])]])}")
     for tree in trees:
         if len(trees) > 1:
             print(f"  tree {tree}")
@@ -128,7 +135,8 @@ def main() -> None:
             total = [s["fit"] + s["import"] - h for s, h in zip(rows, hand)]
             cpu_over = [s["cpu"] - h["cpu"] for s, h in zip(rows, times[("hand", trees[0])])]
             print(f"  treadle, {variant:<12}      fit {fmt(fit)}; over the hand loop {fmt(over)}; "
-                  f"with import treadle {fmt(total)}; CPU time (import included) over the hand loop's {fmt(cpu_over)}")
+                  f"with import treadle {fmt(total)}; CPU time (import included) over the hand loop's {fmt(cpu_over)}; "
+                  f"training thread off-CPU during fit {fmt([s['off_cpu'] for s in rows])}")
             print(f"    files: {', '.join(rows[-1]['files']) or 'none'}")
         imports = [s["import"] for v in VARIANTS[1:] for s in times[(v, tree)]]
         print(f"  import treadle (after torch) {fmt(imports)}")
