@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 
 import pytest
 
@@ -179,9 +180,9 @@ def test_fsync_threads_are_reused_when_idle_and_no_more_than_eight_run():
             running.pop()
     for _ in range(12):
         sync_later(blocked)
-    deadline = threading.Event()
-    while len(most) < 8 and not deadline.wait(0.01):
-        pass
+    deadline = time.monotonic() + 5  # a bounded wait: fewer than 8 running fails below instead of hanging
+    while len(most) < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert max(most) == 8  # the other four wait in the queue ...
     gate.set()
     settle()
