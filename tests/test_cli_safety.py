@@ -68,7 +68,10 @@ def _env():
 @pytest.mark.slow
 def test_two_runs_started_together_in_one_work_dir_one_refuses(tiny, tmp_path):
     work = tmp_path / "run"
-    cmd = [sys.executable, "-m", "treadle", "train", str(tiny), "--work-dir", str(work), "--set", "max_epochs=200",
+    # The winner holds the lock about 3.5 s (3000 tiny epochs), far past any gap between the
+    # two processes' starts; 200 epochs held it 0.25 s, and a loaded machine once let the
+    # second start after the first had finished (both exit 0).
+    cmd = [sys.executable, "-m", "treadle", "train", str(tiny), "--work-dir", str(work), "--set", "max_epochs=3000",
            "log_interval=100"]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env())
              for _ in range(2)]
