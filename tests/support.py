@@ -2,9 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
+
+from treadle.strategies.base import move_to, pick_device
+
+#: The device a one-process Trainer with ``strategy="auto"`` trains on: CUDA where a GPU
+#: is present, else the CPU. A reference that a test compares with a run is built here
+#: (the same ops on the same device give the same bits), so the suite holds on both.
+DEVICE = pick_device()
+
+#: ``strategy=ON_CPU`` pins a run to the CPU on purpose: for a test about something only
+#: the CPU path shows (its messages, its host reads), which a GPU machine must still run.
+ON_CPU = {"type": "single", "device": "cpu"}
+
+#: Marks a test of a CUDA-only path: it runs where CUDA is, and is skipped elsewhere.
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def to_device(obj: Any) -> Any:
+    """``obj`` (a tensor, a module, or tensors nested in tuples, lists and dicts) on :data:`DEVICE`."""
+    if isinstance(obj, nn.Module):
+        return obj.to(DEVICE)
+    return move_to(obj, DEVICE)
 
 
 def make_data(n: int = 32, dim: int = 6, classes: int = 3, seed: int = 0) -> TensorDataset:

@@ -12,8 +12,9 @@ from torch.utils.data import DataLoader
 
 import treadle
 from treadle.seeding import seed_everything
+from treadle.strategies.base import SingleDevice
 
-from support import TinyNet, make_data
+from support import TinyNet, make_data, needs_cuda
 
 
 def test_weights_bit_equal_to_hand_written_loop():
@@ -360,3 +361,65 @@ def test_monitors_without_a_val_dataloader_are_warned_about_at_construction(capl
                         **args)
         treadle.Trainer(TinyNet(), **args)
     assert "needs validation results" not in caplog.text
+
+
+class _Moved(tuple):
+    """A batch that went through the strategy's mover."""
+
+
+class _TaggingMover(SingleDevice):
+    """On the CPU, with a batch mover that tags what it moves (a CPU run has no mover):
+    shows which steps get the moved batch, as they would on CUDA."""
+
+    def __init__(self) -> None:
+        super().__init__("cpu")
+
+    def batch_mover(self):
+        return lambda batch: _Moved(batch)
+
+
+class _Records(TinyNet):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, type]] = []
+
+    def train_step(self, batch, trainer):
+        self.seen.append(("train_step", type(batch)))
+        x, y = batch
+        trainer.optim_wrapper.update(nn.functional.cross_entropy(self(x), y))
+
+    def val_step(self, batch, trainer):
+        self.seen.append(("val_step", type(batch)))
+
+
+@pytest.mark.parametrize("move_batch", [True, False])
+def test_custom_steps_get_the_batch_the_default_step_gets(move_batch):
+    loader = DataLoader(make_data(8), batch_size=4)
+    model = _Records()
+    t = treadle.Trainer(model, train_dataloader=loader, val_dataloader=loader, optimizer=dict(type="SGD", lr=0.1),
+                        max_iters=2, val_interval=2, strategy=_TaggingMover(), move_batch=move_batch, progress=False)
+    t.fit()
+    kind = _Moved if move_batch else list
+    assert model.seen == [("train_step", kind)] * 2 + [("val_step", kind)] * 2
+
+    seen = []
+
+    class Own(treadle.Trainer):
+        def train_step(self, batch):
+            seen.append(type(batch))
+            return {}
+
+    Own(TinyNet(), train_dataloader=loader, optimizer=dict(type="SGD", lr=0.1), max_iters=2,
+        strategy=_TaggingMover(), move_batch=move_batch, progress=False).fit()
+    assert seen == [kind] * 2
+
+
+@needs_cuda
+def test_a_custom_step_gets_cuda_tensors_on_cuda():
+    loader = DataLoader(make_data(8), batch_size=4, pin_memory=True)
+    model = _Records()
+    got = []
+    model.train_step = lambda batch, trainer: got.append({t.device.type for t in batch})
+    treadle.Trainer(model, train_dataloader=loader, optimizer=dict(type="SGD", lr=0.1), max_iters=1,
+                    progress=False).fit()
+    assert got == [{"cuda"}]

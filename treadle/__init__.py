@@ -10,12 +10,16 @@ Your own loop, with the same strategies and checkpoints (treadle/strategies/api.
     model, optim_wrapper = strategy.prepare(model, optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-3)))
 """
 
-from treadle.hooks.base import Hook, Priority
-from treadle import hooks
-from treadle.metrics import Accuracy
-from treadle.state import TrainState
-from treadle.strategies.build import build_strategy
-from treadle.trainer import Trainer
+from treadle.compat import check_torch
+
+check_torch()  # below the floor: one line naming the installed and the required release
+
+from treadle.hooks.base import Hook, Priority  # noqa: E402
+from treadle import hooks  # noqa: E402
+from treadle.metrics import Accuracy  # noqa: E402
+from treadle.state import TrainState  # noqa: E402
+from treadle.strategies.build import build_strategy  # noqa: E402
+from treadle.trainer import Trainer  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Accuracy", "Hook", "Priority", "TrainState", "Trainer", "__version__", "build_strategy"]

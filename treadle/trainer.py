@@ -106,6 +106,10 @@ class Trainer:
             process only), True (always, main process only) or False.
         timer_breakdown: log ``time/forward``, ``time/loss``, ``time/backward``,
             ``time/optimizer``, ``time/hooks`` of the default step (see treadle/timing.py).
+        move_batch: every step (the default ones, ``model.train_step``/``val_step``, a
+            subclass's ``train_step``) gets the batch on the strategy's device, its
+            tensors moved inside tuples, lists and dicts. False: steps get batches as the
+            loader yields them, and the step (or the model) moves what it needs.
         safe: config dicts below name only registered names and torch.nn / torch.optim
             classes; other dotted ``type`` paths and ``collate_fn`` strings are refused
             before anything is imported (treadle/config/safe.py). Objects are not affected.
@@ -163,6 +167,7 @@ class Trainer:
         log_writers: tuple[Any, ...] = ("jsonl", "csv", "tensorboard"),
         progress: bool | str = "auto",
         timer_breakdown: bool = False,
+        move_batch: bool = True,
         safe: bool = False,
         verbose: bool = False,
     ) -> None:
@@ -174,6 +179,7 @@ class Trainer:
         self.precision, self.clip_grad, self.metrics, self.workflow = a.precision, a.clip_grad, a.metrics, a.workflow
         self.preemption, self.verbose, self.resume = a.preemption, verbose, a.resume
         self.seed_per_sample = seed_per_sample  # the loaders' DataFeeds (treadle/data/worker_seed.py)
+        self.move_batch = move_batch
         self.strategy = resolve_strategy(strategy)
         self.train_metrics = a.train_metrics  # None unless given (treadle/train_metrics.py)
 
@@ -230,7 +236,7 @@ class Trainer:
         self.optim_wrappers: dict[str, OptimWrapper] = strategy.optim_wrappers
         # Several processes: after each iteration the ranks agree on stopping (None: one process).
         self._agree_stop = functools.partial(agree_on_stop, self.state) if strategy.distributed else None
-        self._move = strategy.batch_mover()
+        self._move = strategy.batch_mover() if self.move_batch else None
         if self.train_metrics is not None:  # torchmetrics objects (modules) on the training device
             self.train_metrics.to(strategy.device)
         if strategy.device.type == "cuda" and self.is_main:
@@ -292,11 +298,14 @@ class Trainer:
                         world_size=self.strategy.world_size)
 
     def _eval_loop(self, loader: Any, mode: str) -> EvalLoop:
-        custom, strategy = self._custom_val_step, self.strategy
+        custom, strategy, move = self._custom_val_step, self.strategy, self._move
         comm = EvalComm(strategy.rank, strategy.eval_in_lockstep) if strategy.distributed else None
+        custom_step = None
+        if custom is not None:
+            custom_step = (lambda batch: custom(batch, self)) if move is None else (lambda batch: custom(move(batch), self))
         return EvalLoop(self, loader, mode, hooks=self._dispatch, state=self.state, model=self.model,
                         metrics=self.metrics, step=self._eval_step, seed=self.seed,
-                        custom_step=(lambda batch: custom(batch, self)) if custom is not None else None,
+                        custom_step=custom_step,
                         seed_per_sample=self.seed_per_sample, comm=comm)
 
     def _rebuild_dispatch(self) -> None:
@@ -312,11 +321,15 @@ class Trainer:
             self.train_loop.step = self._train_step
 
     def _select_train_step(self) -> Callable[[Any], dict[str, Any]]:
+        move = self._move
         if type(self).train_step is not Trainer.train_step:  # overridden in a subclass
-            return self.train_step
+            own = self.train_step
+            return own if move is None else (lambda batch: own(move(batch)))
         if self._custom_train_step is not None:
             step = self._custom_train_step
-            return lambda batch: step(batch, self) or {}
+            if move is None:
+                return lambda batch: step(batch, self) or {}
+            return lambda batch: step(move(batch), self) or {}
         if not self.optim_wrappers:
             return self.train_step
         feed = self.train_metrics.update if self.train_metrics is not None else None

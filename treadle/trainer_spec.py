@@ -205,6 +205,9 @@ TRAINER_KEYS: tuple[Key, ...] = (
         "Live progress bar (rich): auto shows it when stdout is a terminal; main process only.", _progress),
     Key("timer_breakdown", (bool,), "true or false",
         "Log `time/forward`, `time/loss`, `time/backward`, `time/optimizer`, `time/hooks` of the default step."),
+    Key("move_batch", (bool,), "true or false",
+        "Every step, the default one and a model's own `train_step`/`val_step`, gets the batch on the strategy's "
+        "device; false: steps get batches as the loader yields them and move what they need."),
     Key("verbose", (bool,), "true or false",
         "Print the environment and hook-order tables on the console too (they always go to `log.txt`)."),
 )

@@ -72,10 +72,24 @@ class GeneratorSlot(Sampler[int]):
         return self.n
 
 
+class SlottedGeneratorSlot:
+    """The same, not a Sampler subclass, with ``__slots__`` and no ``__weakref__``:
+    treadle cannot hold it weakly."""
+
+    __slots__ = ("n", "generator")
+
+    def __init__(self, n: int) -> None:
+        self.n, self.generator = n, None
+
+    __iter__ = GeneratorSlot.__iter__
+    __len__ = GeneratorSlot.__len__
+
+
 SAMPLERS = {
     "subset": lambda: SubsetRandomSampler(range(N)),
     "weighted": lambda: WeightedRandomSampler(torch.linspace(0.5, 2.0, N), N),
     "user_generator_slot": lambda: GeneratorSlot(N),
+    "user_slots_no_weakref": lambda: SlottedGeneratorSlot(N),
 }
 
 
@@ -102,6 +116,10 @@ def test_generator_slot_samplers_are_seeded_per_epoch_and_leave_the_global_rng_a
     assert torch.equal(torch.get_rng_state(), before)
     assert a == orders(4, SubsetRandomSampler(range(N))) and a[0] != a[1]
     assert a != orders(5, SubsetRandomSampler(range(N)))
+    # A second feed over the same sampler reseeds the generator the first one gave it.
+    for make in (lambda: SubsetRandomSampler(range(N)), lambda: SlottedGeneratorSlot(N)):
+        shared = make()
+        assert orders(4, shared) == orders(4, shared) == orders(4, make())
     w = orders(4, WeightedRandomSampler(torch.ones(N), N))
     assert w == orders(4, WeightedRandomSampler(torch.ones(N), N)) and w[0] != w[1]
     assert torch.equal(torch.get_rng_state(), before)

@@ -89,11 +89,16 @@ class _SafeReader(dcp.FileSystemReader):
 
     def __init__(self, path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
         super().__init__(path, *args, **kwargs)
-        self._metadata_path = Path(self._get_metadata_path())
+        self._metadata_path = self._metadata_file()
         self._metadata = read_metadata_safely(self._metadata_path)
 
+    def _metadata_file(self, rank: int | None = None) -> Path:
+        """DCP's name for its metadata file (or a rank's own, which newer releases can write
+        and treadle never does); spelled here, as torch 2.6 has no method that gives it."""
+        return Path(self.path) / (".metadata" if rank is None else f"__{rank}.metadata")
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        path = Path(self._get_metadata_path(kwargs.get("rank")))
+        path = self._metadata_file(kwargs.get("rank"))
         if path != self._metadata_path:  # another rank's file, or reset() to another checkpoint
             self._metadata_path, self._metadata = path, read_metadata_safely(path)
         metadata = self._metadata

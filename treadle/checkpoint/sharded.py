@@ -47,7 +47,9 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from treadle.distributed import comm
 from treadle.fsutil import fsync_dir, new_dirs
 
-from .dcp_safe import _SafeEmptyPlanner, _SafeLoadPlanner, _SafeReader
+from treadle.compat import dcp_kwargs, saved_storage_data
+
+from .dcp_safe import _SafeEmptyPlanner, _SafeLoadPlanner, _SafeReader, read_metadata_safely
 from .durable import _sha256_file
 from .io import (
     FORMAT,
@@ -143,8 +145,10 @@ def _dcp_bytes(state: Any) -> int:
     return 0
 
 
-def _dcp_files(metadata: Any) -> list[str]:
-    return sorted({DCP_METADATA} | {info.relative_path for info in metadata.storage_data.values()})
+def _dcp_files(metadata: Any, path: Path) -> list[str]:
+    """DCP's files in the checkpoint dir ``path`` that ``metadata`` (a save's) describes."""
+    storage = saved_storage_data(metadata, lambda: read_metadata_safely(path / DCP_METADATA))
+    return sorted({DCP_METADATA} | {info.relative_path for info in storage.values()})
 
 
 # ----------------------------------------------------------------------------- saving
@@ -254,7 +258,7 @@ def wait_pending() -> Path | None:
 
 def _hash_share(tmp: Path, metadata: Any) -> dict[str, Any]:
     """Size and sha256 of this rank's share of DCP's files (all ranks hash in parallel)."""
-    files = _dcp_files(metadata)[comm.get_rank()::comm.get_world_size()]
+    files = _dcp_files(metadata, tmp)[comm.get_rank()::comm.get_world_size()]
     out = {}
     for name in files:
         path = tmp / name
@@ -366,7 +370,8 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
         if async_:
             group = None if no_dist else _async_group()
             _quiet_single_process()
-            dcp_future = dcp.async_save(sharded_state, storage_writer=writer, process_group=group, no_dist=no_dist)
+            dcp_future = dcp.async_save(sharded_state, storage_writer=writer, process_group=group,
+                                        **dcp_kwargs(dcp.async_save, no_dist))
             executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-ckpt-hash")
 
             def hash_share() -> dict[str, Any]:
@@ -381,7 +386,8 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
             task = Future()
             try:
                 _quiet_single_process()
-                metadata = dcp.save(sharded_state, storage_writer=writer, process_group=_group(), no_dist=no_dist)
+                metadata = dcp.save(sharded_state, storage_writer=writer, process_group=_group(),
+                                    **dcp_kwargs(dcp.save, no_dist))
                 task.set_result(_hash_share(tmp, metadata))
             except (Exception, CheckpointException) as e:  # committed below as a failure on every rank
                 task.set_exception(_as_checkpoint_error(e, path, "writing", needed))
@@ -443,7 +449,7 @@ def load_sharded(path: str | os.PathLike[str], sharded_state_template: dict[str,
     try:
         _quiet_single_process()
         dcp.load(sharded_state_template, storage_reader=_SafeReader(path), planner=_SafeLoadPlanner(),
-                 process_group=_group(), no_dist=not comm.is_distributed())
+                 process_group=_group(), **dcp_kwargs(dcp.load, not comm.is_distributed()))
     except (Exception, CheckpointException) as e:  # DCP's exception is a BaseException
         raise _as_checkpoint_error(e, path, "loading the sharded state") from None
     small = load_checkpoint(path, files=names, verify=False) if names else {}  # verified above

@@ -45,8 +45,10 @@ from treadle.seeding import derive_seed
 
 # torch's samplers that draw their order from ``self.generator`` (a user's one is replaced).
 _SEEDED = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
-# Generators a DataFeed gave to samplers: still ours when another feed meets the sampler.
-_OURS: "weakref.WeakSet[torch.Generator]" = weakref.WeakSet()
+# The generator a DataFeed gave each sampler: still ours when another feed meets the sampler.
+# Keyed by the sampler, as torch.Generator takes no weak reference before torch 2.12.
+_OURS: "weakref.WeakKeyDictionary[Any, torch.Generator]" = weakref.WeakKeyDictionary()
+_OURS_BY_ID: dict[int, tuple[Any, torch.Generator]] = {}
 
 
 class DataFeed:
@@ -138,7 +140,7 @@ class DataFeed:
             own.manual_seed(seed)
             torch.empty((), dtype=torch.int64).random_(generator=own)  # past the workers' base seed
             sampler.generator = own
-            _OURS.add(own)
+            _remember(sampler, own)
         # A fresh DataLoader iterator draws the workers' base seed from its generator.
         loader.generator = gen
         return gen
@@ -217,7 +219,22 @@ def _takes_generator(sampler: Any) -> bool:
     if isinstance(sampler, _SEEDED):
         return True
     gen = getattr(sampler, "generator", False)
-    return gen is None or (isinstance(gen, torch.Generator) and gen in _OURS)
+    return gen is None or (isinstance(gen, torch.Generator) and _given(sampler) is gen)
+
+
+def _remember(sampler: Any, gen: torch.Generator) -> None:
+    try:
+        _OURS[sampler] = gen
+    except TypeError:  # a sampler with __slots__ and no __weakref__: kept by id (and kept alive)
+        _OURS_BY_ID[id(sampler)] = (sampler, gen)
+
+
+def _given(sampler: Any) -> torch.Generator | None:
+    """The generator a DataFeed gave ``sampler``, or None."""
+    try:
+        return _OURS.get(sampler)
+    except TypeError:
+        return _OURS_BY_ID.get(id(sampler), (None, None))[1]
 
 
 def _unseeded(sampler: Any) -> bool:

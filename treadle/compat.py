@@ -1,0 +1,70 @@
+"""What differs between the torch releases treadle supports, in one place.
+
+treadle runs on torch ``TORCH_FLOOR`` and newer (pyproject.toml gives the same range,
+README's "Supported environments" says how each release was tested). Code elsewhere
+in treadle is written for the floor; where a release behaves differently, the
+difference is handled here, and each shim names the releases that need it. Shims test
+for the behaviour (a keyword, an attribute), not the version string, so a patched or
+nightly build takes the right branch.
+
+This module is imported first by ``import treadle`` and must stay cheap: torch is
+already loaded, nothing else is imported at module level.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+TORCH_FLOOR = (2, 6)  # FSDP2's public ``torch.distributed.fsdp.fully_shard`` (2.6)
+TORCH_FLOOR_TEXT = ".".join(map(str, TORCH_FLOOR))
+
+
+def release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string: '2.11.0+cu130' -> (2, 11)."""
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        raise ValueError(f"cannot read a torch release from {version!r}") from None
+
+
+def check_torch(version: str | None = None) -> None:
+    """Raise ImportError, in one line, when the installed torch is below the floor."""
+    version = str(torch.__version__ if version is None else version)
+    if release(version) < TORCH_FLOOR:
+        raise ImportError(f"treadle needs torch>={TORCH_FLOOR_TEXT}, but torch {version} is installed: "
+                          f"pip install 'torch>={TORCH_FLOOR_TEXT}'")
+
+
+# ----------------------------------------------------------------------------- DCP
+
+
+@functools.cache
+def _takes(fn: Any, name: str) -> bool:
+    return name in inspect.signature(fn).parameters
+
+
+def dcp_kwargs(fn: Any, no_dist: bool) -> dict[str, Any]:
+    """``no_dist=`` for ``dcp.save``/``async_save``/``load`` where they take it.
+
+    torch 2.6 has no such argument: DCP decides by itself, running without collectives
+    when no process group is initialised (what ``no_dist=True`` means here, but for
+    a process group of one, on which 2.6 then runs its collectives: correct, slower).
+    """
+    return {"no_dist": no_dist} if _takes(fn, "no_dist") else {}
+
+
+def saved_storage_data(metadata: Any, read_back: Callable[[], Any]) -> Any:
+    """The ``storage_data`` of the ``Metadata`` a DCP save returned: where each item went.
+
+    torch 2.11 returns its Metadata with ``storage_data=None`` (the files are written and
+    ``.metadata`` on disk holds it): then ``read_back()`` reads that file's Metadata.
+    """
+    if metadata.storage_data is not None:
+        return metadata.storage_data
+    return read_back().storage_data
