@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast test-torch test-gpu bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,34 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
 
+# Another torch release in a venv of its own, then the fast tier there (make test stays on 2.13):
+#   make test-torch TORCH=2.6.0     (PyPI's Linux wheels are CUDA builds of a few GB; they run on the CPU)
+# constraints.txt is applied less its pins of torch and of torch's own dependencies (an older torch
+# pins e.g. sympy), which pip then resolves for that release.
+TORCH ?= 2.6.0
+TVENV := .venv-torch-$(TORCH)
+TPY := $(TVENV)/bin/python
+TSTAMP := $(TVENV)/.installed-stamp
+
+$(TSTAMP): pyproject.toml constraints.txt
+	test -x $(TPY) || $(PYTHON) -m venv $(TVENV)
+	$(TPY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH)
+	$(TPY) tools/constraints_without_torch.py constraints.txt > $(TVENV)/constraints.txt
+	DS_BUILD_OPS=0 $(TPY) -m pip install --quiet --disable-pip-version-check -c $(TVENV)/constraints.txt -e '.[dev,trackers,deepspeed]'
+	$(TPY) -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$(TORCH)' else 'torch changed: ' + torch.__version__)"
+	touch $(TSTAMP)
+
+test-torch: $(TSTAMP)
+	$(TPY) -m pytest -m "not slow" -p no:cacheprovider
+
+# On a machine with GPUs: the fast tier on CUDA, tests/gpu, exact resume after SIGKILL on CUDA, the
+# benchmarks; a table at the end (tools/gpu_check.py). `DEVICE=cpu` for a dry run without a GPU.
+DEVICE ?= cuda
+test-gpu: $(STAMP)
+	$(PY) tools/gpu_check.py --device $(DEVICE)
+
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) .venv-torch-* runs

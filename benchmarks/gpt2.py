@@ -220,7 +220,9 @@ def main() -> None:
         args.log_interval = min(args.log_interval, 5)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        # An index: torch 2.11 refuses set_device(torch.device("cuda")) (no index given).
+        device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        torch.cuda.set_device(device.index)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     batches = make_batches(c, args.batch, 8, device)

@@ -11,7 +11,12 @@ checkpoint) is included in the ratio; it is also measured alone, as the differen
 a 20-step run (wall clock).
 
     python benchmarks/overhead.py [--runs 7] [--steps 3000] [--hooks default|none] [--clock wall|cpu]
-                                  [--reps 8] [--model mlp|linear]
+                                  [--reps 8] [--model mlp|linear] [--device cpu|cuda]
+
+``--device cuda``: the model and the batches on the GPU (the batches put there before the
+runs, as a prefetching loader would); each loop's clock stops after a device
+synchronization. On a GPU the host's time per step is the engine's cost: a launch-bound
+model like this one shows it.
 
 ``--hooks default``: treadle's default hooks (timer, logger every 50 iterations
 writing log.jsonl, log.csv and TensorBoard events, NaN guard, final checkpoint).
@@ -39,6 +44,7 @@ DIM, HIDDEN, CLASSES, BATCH = 128, 256, 10, 64
 
 
 MODEL = "mlp"  # or "linear": Linear(2, 2) on batches of 4, where treadle's own cost is most of a step
+DEVICE = "cpu"
 
 
 _built: dict = {}
@@ -60,8 +66,9 @@ def build(steps: int):
             model = nn.Linear(dim, classes)
         g = torch.Generator().manual_seed(1)
         n_batches = 50
-        batches = [(torch.randn(batch, dim, generator=g), torch.randint(0, classes, (batch,), generator=g))
-                   for _ in range(n_batches)]
+        batches = [(torch.randn(batch, dim, generator=g).to(DEVICE),
+                    torch.randint(0, classes, (batch,), generator=g).to(DEVICE)) for _ in range(n_batches)]
+        model.to(DEVICE)
         _built.update(model=model, batches=batches, init={k: v.clone() for k, v in model.state_dict().items()})
     model = _built["model"]
     with torch.no_grad():
@@ -74,6 +81,14 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = time.perf_counter
 
 
+def sync() -> None:
+    """Wait for the device's queued work, so that a clock read after it counts that work."""
+    if DEVICE != "cpu":
+        import torch
+
+        torch.cuda.synchronize()
+
+
 def run_hand(steps: int) -> float:
     import torch
     from torch import nn
@@ -82,6 +97,7 @@ def run_hand(steps: int) -> float:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     model.train()
+    sync()
     start = clock()
     done = 0
     while done < steps:
@@ -93,6 +109,7 @@ def run_hand(steps: int) -> float:
             done += 1
             if done == steps:
                 break
+    sync()
     return clock() - start
 
 
@@ -109,7 +126,7 @@ def run_treadle(steps: int, hooks: str) -> float:
         off = dict(nan_guard=False, checkpoint=False, log_writers=()) if hooks == "none" else {}
         trainer = treadle.Trainer(model, work_dir=work_dir if hooks == "default" else None, train_dataloader=batches,
                                   loss_fn=nn.CrossEntropyLoss(), optimizer=opt, max_iters=steps, log_interval=50,
-                                  progress=False, **off)
+                                  progress=False, strategy=dict(type="single", device=DEVICE), **off)
         if hooks == "none":  # not even the timer and the logger
             trainer.hooks = [h for h in trainer.hooks if not isinstance(h, (LoggerHook, treadle.hooks.IterTimerHook))]
             trainer._rebuild_dispatch()
@@ -117,16 +134,18 @@ def run_treadle(steps: int, hooks: str) -> float:
         import logging
 
         logging.getLogger("treadle").setLevel(logging.WARNING)  # time the work, not the terminal
+        sync()
         start = clock()
         trainer.fit()
+        sync()
         return clock() - start
 
 
 def child(args: argparse.Namespace) -> None:
-    global clock, MODEL
+    global clock, MODEL, DEVICE
     import torch
 
-    MODEL = args.model
+    MODEL, DEVICE = args.model, args.device
     torch.set_num_threads(1)
     loops = {"hand": run_hand, "treadle": lambda n: run_treadle(n, args.hooks)}
     for run in loops.values():
@@ -143,7 +162,7 @@ def child(args: argparse.Namespace) -> None:
 
 def measure(args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--hooks", args.hooks,
-           "--clock", args.clock, "--reps", str(args.reps), "--model", args.model]
+           "--clock", args.clock, "--reps", str(args.reps), "--model", args.model, "--device", args.device]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent,
                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -165,6 +184,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=8, help="pairs of runs (one of each loop) in each process")
     p.add_argument("--model", choices=("mlp", "linear"), default="mlp",
                    help="linear: Linear(2, 2), batch 4, so that the figure is mostly treadle's own per-step cost")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: model and batches on the GPU, clocks read after a synchronization")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -177,7 +198,7 @@ def main() -> None:
     h = statistics.median(h for h, _ in pairs)
     fixed = statistics.median(r["fixed"] for r in rows)
     what = f"tiny MLP {DIM}-{HIDDEN}-{HIDDEN}-{CLASSES}, batch {BATCH}" if args.model == "mlp" else "Linear(2, 2), batch 4"
-    print(f"{what}, SGD, CPU, 1 thread, "
+    print(f"{what}, SGD, {args.device.upper()}, 1 thread, "
           f"{args.steps} steps, {args.runs} fresh processes x {args.reps} pairs, hooks={args.hooks}, "
           f"clock={args.clock}")
     print(f"hand-written loop {h * 1e6:.1f} us/step; per-process median ratios: "

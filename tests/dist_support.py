@@ -9,6 +9,10 @@ mode does not matter). Each child gets ``MASTER_ADDR``/``MASTER_PORT`` (a free p
 torchrun would set them, and one intra-op thread; the worker initialises the group
 itself (e.g. through a strategy's ``setup()``). The group is destroyed when it returns.
 
+The children see no GPU (``CUDA_VISIBLE_DEVICES=""``, set before the worker's file is
+imported, so before anything touches CUDA; ``env`` may say otherwise): distributed tests
+run 2 processes on gloo, and a 1-GPU machine cannot give 2 nccl ranks a GPU each.
+
 Return values travel back through ``torch.save`` and are read with
 ``weights_only=True``: tensors and plain containers only. An exception in any rank
 fails the call with that rank's traceback; a rank still running after ``timeout_s``
@@ -55,9 +59,12 @@ def _load_function(file: str, qualname: str) -> Callable[..., Any]:
 
 
 def _child(file: str, qualname: str, rank: int, world_size: int, port: int, args: tuple[Any, ...],
-           results: Any, sys_path: list[str]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+           results: Any, sys_path: list[str], env: dict[str, str]) -> None:
+    # First: torch reads CUDA_VISIBLE_DEVICES when CUDA is first used (torch.cuda is lazy),
+    # which the worker's file may do at import (tests/support.py's DEVICE).
+    os.environ.update({"CUDA_VISIBLE_DEVICES": "", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world_size), **env})
     sys.path[:] = sys_path
     torch.set_num_threads(1)  # N ranks share few cores
     try:
@@ -75,8 +82,9 @@ def _child(file: str, qualname: str, rank: int, world_size: int, port: int, args
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: tuple[Any, ...] = (),
-              timeout_s: float = 120.0) -> list[Any]:
-    """``fn(rank, world_size, *args)`` on ``world_size`` processes; their results in rank order."""
+              timeout_s: float = 120.0, env: dict[str, str] | None = None) -> list[Any]:
+    """``fn(rank, world_size, *args)`` on ``world_size`` processes; their results in rank order.
+    ``env``: variables for the children, over the defaults (e.g. ``CUDA_VISIBLE_DEVICES``)."""
     file = getattr(getattr(fn, "__code__", None), "co_filename", None)
     if file is None or not os.path.isfile(file) or "<locals>" in fn.__qualname__:
         raise ValueError(f"{fn.__qualname__} must be a module-level function of a file")
@@ -84,7 +92,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: tuple[Any, ...]
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_child, args=(file, fn.__qualname__, r, world_size, port, tuple(args), results,
-                                              list(sys.path)), daemon=True)
+                                              list(sys.path), dict(env or {})), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()

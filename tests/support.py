@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from treadle.compat import fsdp_cpu_problem, reshard_problem
 from treadle.strategies.base import move_to, pick_device
 
 #: The device a one-process Trainer with ``strategy="auto"`` trains on: CUDA where a GPU
@@ -16,12 +17,24 @@ from treadle.strategies.base import move_to, pick_device
 #: (the same ops on the same device give the same bits), so the suite holds on both.
 DEVICE = pick_device()
 
+#: What treadle adds to an Adam, AdamW or SGD it builds from a config dict on CUDA
+#: (treadle/optim/builder.py): a hand-written reference passes it too, as fused and
+#: foreach kernels need not give the same bits.
+FUSED = {"fused": True} if DEVICE.type == "cuda" else {}
+
 #: ``strategy=ON_CPU`` pins a run to the CPU on purpose: for a test about something only
 #: the CPU path shows (its messages, its host reads), which a GPU machine must still run.
 ON_CPU = {"type": "single", "device": "cpu"}
 
 #: Marks a test of a CUDA-only path: it runs where CUDA is, and is skipped elsewhere.
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+#: Marks for tests of FSDP on several CPU processes (gloo) and of loading a sharded
+#: checkpoint onto another number of processes, which older torch releases cannot do right
+#: (treadle/compat.py says which, and treadle refuses them there): skipped, with compat's reason.
+fsdp_on_cpu = pytest.mark.skipif(fsdp_cpu_problem(False) is not None, reason=str(fsdp_cpu_problem(False)))
+fsdp_mixed_on_cpu = pytest.mark.skipif(fsdp_cpu_problem(True) is not None, reason=str(fsdp_cpu_problem(True)))
+reshards = pytest.mark.skipif(reshard_problem(1, 2) is not None, reason=str(reshard_problem(1, 2)))
 
 
 def to_device(obj: Any) -> Any:
@@ -75,6 +88,9 @@ def run_ranks(script: str, args: list[str], nproc: int = 2, timeout: float = 120
     """Run ``python script args`` as ``nproc`` processes with torchrun's environment
     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT); returns [(returncode, output)].
 
+    The processes see no GPU (CUDA_VISIBLE_DEVICES="", unless ``env`` says otherwise):
+    distributed tests run 2 processes on gloo, and a 1-GPU machine cannot give 2 nccl
+    ranks a GPU each. ``env`` adds to (or overrides) the environment.
     A hang fails the test after ``timeout`` seconds instead of blocking the suite.
     """
     import os
@@ -86,7 +102,7 @@ def run_ranks(script: str, args: list[str], nproc: int = 2, timeout: float = 120
     for rank in range(nproc):
         penv = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
                 "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                "OMP_NUM_THREADS": "1", **(env or {})}
+                "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
         procs.append(subprocess.Popen([sys.executable, script, *args], env=penv, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     return wait_all(procs, timeout)

@@ -377,7 +377,7 @@ def test_train_nproc_2_launches_two_ddp_processes(tiny, tmp_path):
     ranks on gloo, one set of files written by rank 0."""
     work = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # gloo: a GPU machine's one GPU is not two
     proc = subprocess.run([sys.executable, "-m", "treadle", "train", str(tiny), "--nproc", "2", "--work-dir", str(work)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

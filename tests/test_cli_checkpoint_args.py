@@ -69,7 +69,7 @@ def test_export_accepts_a_run_directory_and_writes_the_checkpoints_mode(two_save
     assert rc == 0, err
     assert f"using its latest verified checkpoint {latest}" in out
     exported = read_safetensors(tmp_path / "m.safetensors")
-    weights = torch.load(latest / "state.pt", weights_only=True)["model"]
+    weights = torch.load(latest / "state.pt", weights_only=True, map_location="cpu")["model"]  # as exported
     assert all(torch.equal(exported[k], v) for k, v in weights.items())
     mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)  # noqa: E731
     assert mode(tmp_path / "m.safetensors") == mode(latest / "state.pt")

@@ -1,5 +1,5 @@
-"""``compile=True`` on CPU (inductor with the system C++ compiler), through the Trainer
-and through the Strategy API's ``prepare(model, compile=True)``:
+"""``compile=True`` on the run's device (the CPU: inductor with the system C++ compiler;
+CUDA: triton), through the Trainer and through the Strategy API's ``prepare(model, compile=True)``:
 
 * training equals eager training within a stated tolerance (inductor fuses and
   reorders float32 arithmetic, so not bit for bit);
@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 import treadle
 from treadle.seeding import seed_everything
 
-from support import TinyNet, make_data
+from support import TinyNet, make_data, to_device
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +98,7 @@ def test_trainer_compile_trains_like_eager_within_tolerance(compiled_run):
     eager = _trainer(False, val=True)
     eager.fit()
     seed_everything(0)
-    start = TinyNet().state_dict()  # the weights both runs started from
+    start = to_device(TinyNet()).state_dict()  # the weights both runs started from, where they trained
     for name, w in eager.module.state_dict().items():
         c = compiled.module.state_dict()[name]
         assert not torch.allclose(w, start[name], **TOL), f"{name} did not train"
@@ -149,6 +149,7 @@ def _own_loop(work_dir, compile, dropout=0.3, stop_at=None, resume=False, record
     epoch0, it = (extra["epoch"], extra["iter"]) if extra else (0, 0)
     for epoch in range(epoch0, 2):
         for x, y in loader:
+            x, y = x.to(strategy.device), y.to(strategy.device)  # the Strategy API moves no batch
             with ow.optim_context(model):
                 ow.update_params(nn.functional.cross_entropy(model(x), y))
             it += 1

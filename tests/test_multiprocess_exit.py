@@ -68,9 +68,10 @@ def test_group_threads_are_gone_before_interpreter_teardown(tmp_path):
         assert "group threads at exit: []" in out, f"rank {rank}:\n{out[-3000:]}"
 
 
-def test_two_process_training_exits_0_every_time_under_load(tmp_path):
+def test_two_process_training_exits_0_every_time_under_load(tmp_path, monkeypatch):
     """`treadle train --nproc 2`, three times, while every core is kept busy: each run
     exits 0 (the launcher reports 1 if any rank aborts at shutdown)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the runs inherit it: gloo, as a GPU machine's one GPU is not two
     bench = _bench()
     config = tmp_path / "tiny.yaml"
     config.write_text(bench.TINY)

@@ -38,7 +38,8 @@ def _resume_fails(tmp_path, path, error, match, **kw):
     t = _trainer(tmp_path / "dst", model=model, resume=path, max_epochs=2, **kw)
     with pytest.raises(error, match=match):
         t.fit()
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # nothing was loaded
+    # nothing was loaded (before: taken on the CPU; the Trainer placed the model on its device)
+    assert all(torch.equal(v, model.state_dict()[k].cpu()) for k, v in before.items())
 
 
 def test_a_weights_only_checkpoint_is_refused_naming_load_from(tmp_path, saved):

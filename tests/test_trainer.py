@@ -14,14 +14,14 @@ import treadle
 from treadle.seeding import seed_everything
 from treadle.strategies.base import SingleDevice
 
-from support import TinyNet, make_data, needs_cuda
+from support import DEVICE, FUSED, TinyNet, make_data, needs_cuda, to_device
 
 
 def test_weights_bit_equal_to_hand_written_loop():
     data = make_data(40)
     seed_everything(0)
     model = TinyNet(dropout=0.3)  # dropout: the global RNG stream must match too
-    ref = copy.deepcopy(model)
+    ref = to_device(copy.deepcopy(model))  # the reference runs where the Trainer does
 
     t = treadle.Trainer(model, train_dataloader=DataLoader(data, batch_size=8), loss_fn=nn.CrossEntropyLoss(),
                         optimizer=dict(type="AdamW", lr=1e-2, weight_decay=0.01), max_epochs=3, seed=7)
@@ -30,12 +30,12 @@ def test_weights_bit_equal_to_hand_written_loop():
     # The reference: the loop everyone writes. Its loader has its own generator because
     # treadle keeps data-order randomness out of the global stream (the model's dropout).
     seed_everything(7)
-    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01, **FUSED)
     loss_fn = nn.CrossEntropyLoss()
     ref.train()
     ref_loader = DataLoader(data, batch_size=8, generator=torch.Generator())
     for _ in range(3):
-        for x, y in ref_loader:
+        for x, y in map(to_device, ref_loader):
             loss = loss_fn(ref(x), y)
             loss.backward()
             opt.step()
@@ -66,7 +66,7 @@ def test_model_returning_loss_dict_sums_loss_keys_and_logs_all(tmp_path):
     data = make_data(16)
     torch.manual_seed(0)
     model = DictLossNet()
-    ref = copy.deepcopy(model)
+    ref = to_device(copy.deepcopy(model))
     seen = []
 
     class Grab(treadle.Hook):
@@ -76,9 +76,9 @@ def test_model_returning_loss_dict_sums_loss_keys_and_logs_all(tmp_path):
     t = treadle.Trainer(model, work_dir=tmp_path, train_dataloader=DataLoader(data, batch_size=8),
                         optimizer=dict(type="SGD", lr=0.1), max_iters=2, hooks=[Grab()], log_interval=2)
     t.fit()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, **FUSED)
     expected = []
-    for batch in DataLoader(data, batch_size=8):
+    for batch in map(to_device, DataLoader(data, batch_size=8)):
         d = ref(batch)
         (d["loss_ce"] + d["loss_reg"]).backward()  # "acc" has no "loss" in its name: not summed
         opt.step()
@@ -102,13 +102,14 @@ class GAN(nn.Module):
 
     def train_step(self, batch, trainer):
         real = batch[0]
-        z = torch.randn(real.shape[0], 2)
+        z = torch.randn(real.shape[0], 2, device=real.device)  # on the batch's device, as the model is
         bce = nn.functional.binary_cross_entropy_with_logits
         d_opt, g_opt = trainer.optim_wrappers["disc"], trainer.optim_wrappers["gen"]
         fake = self.gen(z)
-        d_loss = bce(self.disc(real), torch.ones(len(real), 1)) + bce(self.disc(fake.detach()), torch.zeros(len(real), 1))
+        ones, zeros = torch.ones(len(real), 1, device=real.device), torch.zeros(len(real), 1, device=real.device)
+        d_loss = bce(self.disc(real), ones) + bce(self.disc(fake.detach()), zeros)
         d_opt.update(d_loss)
-        g_loss = bce(self.disc(fake), torch.ones(len(real), 1))
+        g_loss = bce(self.disc(fake), ones)
         g_opt.update(g_loss)
         return {"loss_d": d_loss.detach(), "loss_g": g_loss.detach()}
 
@@ -117,7 +118,7 @@ def test_custom_train_step_with_two_optimizers_matches_hand_written():
     data = torch.utils.data.TensorDataset(torch.randn(24, 2, generator=torch.Generator().manual_seed(3)))
     torch.manual_seed(0)
     gan = GAN()
-    ref = copy.deepcopy(gan)
+    ref = to_device(copy.deepcopy(gan))
     t = treadle.Trainer(gan, train_dataloader=DataLoader(data, batch_size=8), max_epochs=2, seed=5,
                         optimizer={"gen": dict(type="Adam", lr=1e-3), "disc": dict(type="SGD", lr=1e-2)})
     assert set(t.optim_wrappers) == {"gen", "disc"}
@@ -127,16 +128,17 @@ def test_custom_train_step_with_two_optimizers_matches_hand_written():
         assert t.learning_rates() == {"lr/gen": 1e-3, "lr/disc": 1e-2}  # the old call still works
 
     seed_everything(5)
-    g_opt = torch.optim.Adam(ref.gen.parameters(), lr=1e-3)
-    d_opt = torch.optim.SGD(ref.disc.parameters(), lr=1e-2)
+    g_opt = torch.optim.Adam(ref.gen.parameters(), lr=1e-3, **FUSED)
+    d_opt = torch.optim.SGD(ref.disc.parameters(), lr=1e-2, **FUSED)
     bce = nn.functional.binary_cross_entropy_with_logits
+    ones, zeros = torch.ones(8, 1, device=DEVICE), torch.zeros(8, 1, device=DEVICE)
     for _ in range(2):
-        for (real,) in DataLoader(data, batch_size=8, generator=torch.Generator()):
-            z = torch.randn(real.shape[0], 2)
+        for (real,) in map(to_device, DataLoader(data, batch_size=8, generator=torch.Generator())):
+            z = torch.randn(real.shape[0], 2, device=DEVICE)
             fake = ref.gen(z)
-            d_loss = bce(ref.disc(real), torch.ones(8, 1)) + bce(ref.disc(fake.detach()), torch.zeros(8, 1))
+            d_loss = bce(ref.disc(real), ones) + bce(ref.disc(fake.detach()), zeros)
             d_loss.backward(); d_opt.step(); d_opt.zero_grad()
-            g_loss = bce(ref.disc(fake), torch.ones(8, 1))
+            g_loss = bce(ref.disc(fake), ones)
             g_loss.backward(); g_opt.step(); g_opt.zero_grad()
     for (name, p), q in zip(gan.state_dict().items(), ref.state_dict().values()):
         assert torch.equal(p, q), name
@@ -161,7 +163,7 @@ def test_validate_and_test_return_metrics_equal_to_manual_computation():
     t = treadle.Trainer(model, val_dataloader=DataLoader(val, batch_size=8), test_dataloader=DataLoader(test, batch_size=5),
                         loss_fn=nn.CrossEntropyLoss(), metrics={"acc": treadle.Accuracy(), "top2": treadle.Accuracy(topk=2)})
     for name, ds, res in (("val", val, t.validate()), ("test", test, t.test())):
-        x, y = ds.tensors
+        x, y = to_device(ds.tensors)  # where the Trainer placed the model
         with torch.no_grad():
             out = model(x)
         assert set(res) == {f"{name}/loss", f"{name}/acc", f"{name}/top2"}
@@ -284,7 +286,7 @@ def test_batch_the_default_step_cannot_unpack_names_what_it_got():
                         optimizer=dict(type="SGD", lr=0.1), max_epochs=1)
     with pytest.raises(TypeError, match=r"cannot unpack the batch: got a dict with keys \['image', 'label'\]; expected \(inputs, targets\)"):
         t.fit()
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing was trained
+    assert all(torch.equal(before[k], v.cpu()) for k, v in model.state_dict().items())  # nothing was trained
 
 
 def test_dict_batches_with_inputs_and_targets():

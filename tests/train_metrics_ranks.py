@@ -26,13 +26,14 @@ import treadle  # noqa: E402
 from treadle.seeding import seed_everything  # noqa: E402
 
 
-def build(work_dir: str, batch_size: int, loss_fn, hooks=(), resume: bool = False) -> treadle.Trainer:
+def build(work_dir: str, batch_size: int, loss_fn, hooks=(), resume: bool = False, strategy="auto") -> treadle.Trainer:
     """The run; the test builds the one-process reference (doubled batch) with it too."""
     seed_everything(0)
     return treadle.Trainer(TinyNet(), work_dir=work_dir, train_dataloader=DataLoader(make_data(48), batch_size=batch_size),
                            loss_fn=loss_fn, optimizer=dict(type="SGD", lr=0.1), max_epochs=2, seed=0, log_interval=2,
                            train_metrics={"acc": treadle.Accuracy()}, log_writers=("jsonl",), progress=False,
-                           checkpoint=dict(interval=3, by_epoch=False, keep=10), hooks=list(hooks), resume=resume)
+                           checkpoint=dict(interval=3, by_epoch=False, keep=10), hooks=list(hooks), resume=resume,
+                           strategy=strategy)
 
 
 class CrashAfter4(treadle.Hook):

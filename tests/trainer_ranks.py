@@ -30,8 +30,9 @@ def _run(out: Path, *args: str, expect: int | None = 0) -> list[tuple[int, str]]
 def start_torchrun(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``python -m torch.distributed.run ARGS`` (a torchrun agent), its output piped; the
     caller waits for it. The agent sets the workers' RANK etc. itself, so this test
-    process's own (if any) are not passed on."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    process's own (if any) are not passed on. The workers see no GPU unless ``env`` says
+    otherwise (CUDA_VISIBLE_DEVICES=""): they run on gloo, as support.run_ranks's do."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                 "TORCHELASTIC_RESTART_COUNT"):
         env.pop(key, None)

@@ -41,6 +41,43 @@ def check_torch(version: str | None = None) -> None:
                           f"pip install 'torch>={TORCH_FLOOR_TEXT}'")
 
 
+# ----------------------------------------------------------------------------- FSDP
+
+# Judged by release: these failures show only once training runs, some as wrong numbers.
+FSDP_ON_CPU = (2, 7)  # 2.6: fully_shard cannot run on the CPU ('Stream' has no 'record_event')
+FSDP_MIXED_ON_CPU = (2, 12)  # 2.7-2.11: backward fails with a 16-bit param_dtype over gloo
+#                              ("Found dtype Float but expected BFloat16")
+DCP_RESHARD = (2, 9)  # 2.7, 2.8: once a sharded checkpoint is loaded onto another number of
+#   processes, training departs from the uninterrupted run (8e-4 after one AdamW step of a
+#   2-layer MLP, 1 -> 2 gloo ranks, in plain torch; exact onto the same number). Seen on the
+#   CPU; held on every device, as nothing here says it is the CPU's. 2.6: not run (above).
+
+
+def _needs(need: tuple[int, int], version: str | None) -> str | None:
+    version = str(torch.__version__ if version is None else version)
+    return None if release(version) >= need else f"torch>={'.'.join(map(str, need))}, but torch {version} is installed"
+
+
+def fsdp_cpu_problem(mixed_precision: bool, version: str | None = None) -> str | None:
+    """Why FSDP cannot train on several CPU processes (gloo) with this torch, or None."""
+    need = _needs(FSDP_MIXED_ON_CPU if mixed_precision else FSDP_ON_CPU, version)
+    if need is None:
+        return None
+    what = "FSDP with a 16-bit param_dtype" if mixed_precision else "FSDP"
+    return f"{what} on the CPU (gloo) needs {need}; on CUDA (nccl), FSDP runs from torch {TORCH_FLOOR_TEXT}"
+
+
+def reshard_problem(saved_world: int, world: int, version: str | None = None) -> str | None:
+    """Why a sharded checkpoint saved by ``saved_world`` processes cannot be loaded for
+    training by ``world`` on this torch, or None."""
+    need = _needs(DCP_RESHARD, version) if saved_world != world else None
+    if need is None:
+        return None
+    return (f"loading a sharded checkpoint saved by {saved_world} process(es) onto {world} needs {need} (older "
+            f"releases train on from it wrong); resume it on {saved_world}, or consolidate it into full weights "
+            "(treadle export, or load_from=)")
+
+
 # ----------------------------------------------------------------------------- DCP
 
 

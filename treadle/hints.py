@@ -133,7 +133,8 @@ def loss_error(error: BaseException, outputs: Any, targets: Any, mode: str) -> B
         fix = (f"the model returned a {kind}, and loss_fn is given the model's output as it is: return one tensor "
                "from forward, or give a loss_fn that picks it, e.g. lambda outputs, targets: "
                "F.cross_entropy(outputs[0], targets)")
-    elif "expected target dtype to be Long" in text or "expected scalar type Long" in text:
+    elif _float_class_targets(outputs, targets) or "expected target dtype to be Long" in text \
+            or "expected scalar type Long" in text:
         fix = ("this loss takes class indices as int64 targets: convert them with targets.long() (or build the "
                "dataset with int64 labels)")
     elif "out of bounds" in text and isinstance(outputs, Tensor) and outputs.dim() >= 2:
@@ -141,6 +142,14 @@ def loss_error(error: BaseException, outputs: Any, targets: Any, mode: str) -> B
     elif "size" in text and isinstance(outputs, Tensor) and isinstance(targets, Tensor):
         fix = "the outputs and targets do not fit this loss: check their shapes above against what it expects"
     return add_hint(error, line + (f"; {fix}" if fix else ""))
+
+
+def _float_class_targets(outputs: Any, targets: Any) -> bool:
+    """Floating-point targets with one dimension fewer than the outputs: class indices
+    given as floats. Judged by the tensors, as torch's wording differs by device and
+    release (CPU: "expected scalar type Long", CUDA: "... not implemented for 'Float'")."""
+    return (isinstance(outputs, Tensor) and isinstance(targets, Tensor) and targets.is_floating_point()
+            and outputs.dim() == targets.dim() + 1)
 
 
 def backward_error(error: BaseException, total: Any) -> BaseException:

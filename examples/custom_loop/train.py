@@ -29,9 +29,10 @@ import treadle  # noqa: E402
 def evaluate(model: nn.Module, loader, strategy) -> float:
     """Accuracy over the whole validation set (each rank counts its shard)."""
     model.eval()
-    correct = total = torch.zeros((), dtype=torch.long)
+    correct = total = torch.zeros((), dtype=torch.long, device=strategy.device)  # nccl reduces device tensors
     with torch.no_grad():
         for images, labels in loader:
+            images, labels = images.to(strategy.device), labels.to(strategy.device)
             correct = correct + (model(images).argmax(1) == labels).sum()
             total = total + labels.numel()
     counts = torch.stack([correct, total])
@@ -64,6 +65,8 @@ def main() -> None:
     ckpt_dir = Path(args.work_dir) / "checkpoints"
     for epoch in range(epoch0, args.epochs):
         for images, labels in train_loader:  # after a resume: from the batch after the saved one
+            # The model is on strategy.device (CUDA where there is a GPU); the batches are yours to move.
+            images, labels = images.to(strategy.device), labels.to(strategy.device)
             with optim_wrapper.optim_context(model):  # DDP: no gradient sync inside a window
                 loss = nn.functional.cross_entropy(model(images), labels)
                 optim_wrapper.update_params(loss)

@@ -1,4 +1,4 @@
-"""Train a small CNN on scikit-learn's digits with treadle, on CPU, and print a table.
+"""Train a small CNN on scikit-learn's digits with treadle (on a GPU where there is one) and print a table.
 
     python examples/digits/train.py [--epochs 12] [--work-dir runs/digits]
 """

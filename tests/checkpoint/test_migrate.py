@@ -6,13 +6,23 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
+from treadle import compat
 from treadle.checkpoint.migrate import is_format_1, migrate
 
 from format1_run import SAVE_AT, make_trainer
+from support import ON_CPU
 
 FIXTURE = Path(__file__).parent / "data" / "format1"  # saved by commit 415a029 (make_format1_fixture.py)
+# The fixture was saved by a CPU run (its first 7 steps and its RNG state are the CPU's):
+# the resume and the uninterrupted reference run on the CPU too.
+CPU = dict(strategy=ON_CPU)
+# And by torch 2.13: a release whose kernels or draws differ cannot continue its 7 steps to the
+# uninterrupted run's bits. 2.7 to 2.14 do; 2.6 does not.
+SAME_NUMBERS = pytest.mark.skipif(compat.release(torch.__version__) < (2, 7),
+                                  reason="the fixture's first steps were computed by torch 2.13, whose numbers 2.6's differ from")
 
 
 def test_the_fixture_is_of_format_1():
@@ -21,15 +31,16 @@ def test_the_fixture_is_of_format_1():
     assert is_format_1(torch.load(FIXTURE / "state.pt", weights_only=True))
 
 
+@SAME_NUMBERS
 def test_a_format_1_checkpoint_resumes_bit_exact(tmp_path):
     """Saved mid-epoch inside an open accumulation window (gradients in the rank file),
     with a warmup scheduler and dropout; resumed by today's code, the run ends with the
     weights and optimizer state of an uninterrupted run."""
-    ref = make_trainer(tmp_path / "ref")
+    ref = make_trainer(tmp_path / "ref", **CPU)
     ref.fit()
     src = tmp_path / "old" / "iter_00000007"
     shutil.copytree(FIXTURE, src)
-    run = make_trainer(tmp_path / "run", resume=src)
+    run = make_trainer(tmp_path / "run", resume=src, **CPU)
     run.fit()
     assert run.state.iter == ref.state.iter == 15
     for k, v in ref.module.state_dict().items():
@@ -40,14 +51,15 @@ def test_a_format_1_checkpoint_resumes_bit_exact(tmp_path):
     assert run.run_id == saved_run  # the same run goes on
 
 
+@SAME_NUMBERS  # elsewhere it would pass for another reason
 def test_without_the_migrated_gradients_the_resume_differs(tmp_path):
     """Negative control: dropping the open window's gradients (what a migration that
     missed the rank file would do) changes the weights, so the test above can fail."""
-    ref = make_trainer(tmp_path / "ref")
+    ref = make_trainer(tmp_path / "ref", **CPU)
     ref.fit()
     src = tmp_path / "old" / "iter_00000007"
     shutil.copytree(FIXTURE, src)
-    run = make_trainer(tmp_path / "run", resume=src)
+    run = make_trainer(tmp_path / "run", resume=src, **CPU)
     original = run.optim_wrapper.load_local_state_dict
     run.optim_wrapper.load_local_state_dict = lambda state: original({k: v for k, v in state.items() if k != "grads"})
     run.fit()

@@ -196,4 +196,4 @@ def test_build_model_calls_init_weights_as_mmengine_does():
     with pytest.raises(ConfigError, match=r"model: WithInit.init_weights\(\) failed: OSError: no pretrained weights"):
         build_model({"type": WithInit, "fail": True})
     trainer = Trainer(model={"type": WithInit}, progress=False)  # a config dict given to the Trainer: the same
-    assert torch.equal(trainer.module.fc.weight, torch.full((2, 2), 0.5))
+    assert torch.equal(trainer.module.fc.weight, torch.full((2, 2), 0.5, device=support.DEVICE))  # and placed

@@ -237,6 +237,7 @@ def test_vis_backends_become_log_writers(backend, writers):
 
 
 def test_mlflow_backend_runs_into_the_run_directory(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")  # an optional extra (treadle[trackers])
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     path = write_config(tmp_path, CLS_RUNTIME, CLS_SCHEDULE, "visualizer = dict(type='UniversalVisualizer', "
                         "vis_backends=[dict(type='MLflowVisBackend', exp_name='cls')])\n")

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from support import fsdp_on_cpu
 from treadle.config import ConfigError, build_trainer, load_config, translate
 from treadle.strategies.build import resolve_strategy
 from treadle.strategies.ddp import DDPStrategy
@@ -69,9 +70,7 @@ def test_fsdp_strategy_options():
 def test_deepspeed_strategy_keys_become_the_trainers_settings_and_the_rest_its_config(tmp_path):
     """MMEngine's DeepSpeedStrategy: clipping, accumulation and precision are the Trainer's
     settings (they write DeepSpeed's config); the stage and the rest are the strategy's,
-    from the dict and from a JSON file alike."""
-    from treadle.strategies.deepspeed import DeepSpeedStrategy
-
+    from the dict and from a JSON file alike. (Building the strategy needs deepspeed.)"""
     spec = {"type": "DeepSpeedStrategy", "gradient_clipping": 1.0, "gradient_accumulation_steps": 2,
             "bf16": {"enabled": True}, "inputs_to_half": ["inputs"], "steps_per_print": 10,
             "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
@@ -82,8 +81,7 @@ def test_deepspeed_strategy_keys_become_the_trainers_settings_and_the_rest_its_c
         "zero_optimization": {"stage3_param_persistence_threshold": 0}, "train_micro_batch_size_per_gpu": 4}}
     assert (out["clip_grad"], out["accumulate"], out["precision"]) == ({"max_norm": 1.0}, 2, "bf16")
     assert out["optimizer"] == {"type": "AdamW", "lr": 1e-3}
-    built = resolve_strategy(out["strategy"])  # deepspeed itself is imported by setup() only
-    assert isinstance(built, DeepSpeedStrategy) and built.zero_stage == 3
+    built_from = out["strategy"]
 
     (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}, "fp16": {"enabled": True},
                                                   "gradient_clipping": 0.0}))
@@ -93,6 +91,12 @@ def test_deepspeed_strategy_keys_become_the_trainers_settings_and_the_rest_its_c
     with pytest.raises(ConfigError, match=r"strategy.gradient_clipping: sets 'clip_grad', which the config also"):
         translate({"strategy": {"type": "DeepSpeedStrategy", "gradient_clipping": 1.0},
                    "optim_wrapper": {"optimizer": {"type": "SGD", "lr": 0.1}, "clip_grad": {"max_norm": 2.0}}})
+
+    pytest.importorskip("deepspeed")  # an optional extra: the strategy checks it is installed
+    from treadle.strategies.deepspeed import DeepSpeedStrategy
+
+    built = resolve_strategy(built_from)  # deepspeed itself is imported by setup() only
+    assert isinstance(built, DeepSpeedStrategy) and built.zero_stage == 3
 
 
 def test_strategy_file_merges_dist_timeout_and_trains_on_one_process(tmp_path):
@@ -168,12 +172,15 @@ def test_strategy_options_treadle_cannot_honour_name_the_key(spec, message):
 @pytest.mark.slow  # two processes through `treadle train --nproc 2`
 @pytest.mark.parametrize("strategy, kind", [
     ("dict(type='DDPStrategy', model_wrapper=dict(find_unused_parameters=False))", "DDPStrategy"),
-    ("dict(type='FSDPStrategy', model_wrapper=dict(sharding_strategy='FULL_SHARD'))", "FSDPStrategy"),
+    pytest.param("dict(type='FSDPStrategy', model_wrapper=dict(sharding_strategy='FULL_SHARD'))", "FSDPStrategy",
+                 marks=fsdp_on_cpu),
     ("dict(type='DeepSpeedStrategy', zero_optimization=dict(stage=2), gradient_clipping=0.0)", "DeepSpeedStrategy"),
 ])
 def test_translated_strategies_train_on_two_processes_as_one_with_the_doubled_batch(tmp_path, strategy, kind):
     """An MMEngine config with FlexibleRunner's strategy dict trains on 2 gloo processes to
     the weights of one process with the doubled batch (shuffle off: the same samples)."""
+    if kind == "DeepSpeedStrategy":
+        pytest.importorskip("deepspeed")  # an optional extra
     import os
     import subprocess
     import sys
@@ -194,7 +201,10 @@ def test_translated_strategies_train_on_two_processes_as_one_with_the_doubled_ba
     """
     (tmp_path / "two.py").write_text(textwrap.dedent(body.format(batch=4)) + f"strategy = {strategy}\n")
     (tmp_path / "one.py").write_text(textwrap.dedent(body.format(batch=8)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root)]), "OMP_NUM_THREADS": "1"}
+    # Both runs on the CPU: 2 ranks would take nccl on a GPU machine (one GPU is not two), and the
+    # one-process reference is compared with them.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root)]), "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": ""}
     for name, extra in (("two", ["--nproc", "2"]), ("one", [])):
         proc = subprocess.run([sys.executable, "-m", "treadle", "train", str(tmp_path / f"{name}.py"), "--work-dir",
                                str(tmp_path / name), *extra], capture_output=True, text=True, timeout=300, env=env)

@@ -17,7 +17,7 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSamp
                               SequentialSampler, Subset, WeightedRandomSampler, get_worker_info)
 
 import treadle
-from support import TinyNet, make_data
+from support import ON_CPU, TinyNet, make_data
 from treadle.data import DataFeed
 from treadle.data.resumable import ResumableLoader
 from treadle.data.worker_seed import SeededDataset
@@ -113,9 +113,11 @@ def test_training_with_a_dataset_that_draws_equals_training_with_one_that_does_n
 
     def fit(dataset, **kw):
         torch.manual_seed(0)
+        # On the CPU: the dataset draws from the CPU generator, which dropout must share for
+        # the draws to shift its masks (on CUDA it draws from the GPU's: nothing to see).
         t = treadle.Trainer(TinyNet(dropout=0.5), train_dataloader=DataLoader(dataset, batch_size=4, shuffle=True),
                             loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), max_epochs=2, seed=0,
-                            log_writers=(), progress=False, **kw)
+                            log_writers=(), progress=False, strategy=ON_CPU, **kw)
         t.fit()
         return t.module.state_dict()
 
@@ -344,6 +346,7 @@ def _api_run(work_dir, workers, stop_at=None, resume=False, seed_per_sample=True
     it, epoch0 = (extra["iter"], extra["epoch"]) if extra else (0, 0)
     for e in range(epoch0, 3):
         for x, y in loader:
+            x, y = x.to(strategy.device), y.to(strategy.device)  # a loop of one's own moves its batches
             ow.update_params(nn.functional.cross_entropy(model(x), y))
             it += 1
             if it == stop_at:

@@ -115,7 +115,8 @@ def test_custom_loop_example_under_torchrun(tmp_path):
     script = str(EXAMPLES / "custom_loop" / "train.py")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", script,
                            "--work-dir", str(tmp_path / "run"), "--epochs", "1"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})  # gloo: 1 GPU is not 2
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("epoch ")]
     assert len(lines) == 1 and "iter 23" in lines[0]  # 45 batches split over 2 ranks; rank 0 prints

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 import treadle
 from treadle.strategies.base import SingleDevice
 
-from support import TinyNet, make_data
+from support import ON_CPU, TinyNet, make_data
 
 
 class _CudaOnPaper(SingleDevice):
@@ -42,6 +42,7 @@ def test_unpinned_loader_on_cuda_warns_once(caplog):
 def test_pinned_loader_or_cpu_run_does_not_warn(caplog):
     with caplog.at_level(logging.WARNING, logger="treadle"):
         _trainer(pin=True)
-        treadle.Trainer(TinyNet(), train_dataloader=DataLoader(make_data(8), batch_size=4),
-                        loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), max_iters=1, progress=False)
+        treadle.Trainer(TinyNet(), train_dataloader=DataLoader(make_data(8), batch_size=4),  # a CPU run, on any machine
+                        loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), max_iters=1, progress=False,
+                        strategy=ON_CPU)
     assert not any("pin_memory" in r.getMessage() for r in caplog.records)

@@ -65,7 +65,7 @@ def test_load_from_weights_only_with_prefixes_and_report(tmp_path):
     torch.save({"state_dict": {f"module._orig_mod.{k}": v for k, v in src.state_dict().items()}}, tmp_path / "w.pt")
     t = treadle.Trainer(TinyNet(), load_from=tmp_path / "w.pt")
     for k, v in src.state_dict().items():
-        assert torch.equal(t.module.state_dict()[k], v)
+        assert torch.equal(t.module.state_dict()[k].cpu(), v)  # the model is on the run's device
     bad = {k: v for k, v in src.state_dict().items() if k != "fc2.bias"}
     torch.save(bad, tmp_path / "bad.pt")
     with pytest.raises(treadle.checkpoint.weights.WeightsMismatchError, match="fc2.bias"):

@@ -30,7 +30,9 @@ class NanLossAt:
         loss = F.cross_entropy(outputs, targets)
         if i in self.bad:
             loss = loss * float("nan")
-        return {"loss_cls": loss, "loss_aux": torch.tensor(0.25)}
+        # On the outputs' device, as a model's losses are: one device, so the guard's checks
+        # take their one-transfer fast path (a CPU constant beside CUDA losses would not).
+        return {"loss_cls": loss, "loss_aux": torch.tensor(0.25, device=outputs.device)}
 
 
 def batches(n=32):

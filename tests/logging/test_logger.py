@@ -226,12 +226,25 @@ def test_ignore_last_must_be_a_bool():
 def test_writer_specs_with_options_are_built_in_the_run_directory(tmp_path):
     from treadle.logging.backends import CsvWriter
     from treadle.logging.specs import build_writer
-    from treadle.logging.trackers import MlflowWriter, WandbWriter
 
     csv = build_writer({"type": "csv", "flush_secs": 0.5}, tmp_path)
     assert isinstance(csv, CsvWriter) and csv.path == tmp_path / "log.csv"
+
+
+def test_mlflow_spec_with_options_is_built_in_the_run_directory(tmp_path):
+    pytest.importorskip("mlflow")  # the trackers extra (treadle[trackers]); `make test` installs it
+    from treadle.logging.specs import build_writer
+    from treadle.logging.trackers import MlflowWriter
+
     mlflow = build_writer({"type": "mlflow", "experiment": "exp", "run_name": "r1"}, tmp_path)
     assert isinstance(mlflow, MlflowWriter) and (mlflow.experiment, mlflow.run_name) == ("exp", "r1")
     assert mlflow.tracking_uri.endswith("/mlruns") or "MLFLOW_TRACKING_URI" in __import__("os").environ
+
+
+def test_wandb_spec_with_options_is_built_in_the_run_directory(tmp_path):
+    pytest.importorskip("wandb")  # the trackers extra, as above
+    from treadle.logging.specs import build_writer
+    from treadle.logging.trackers import WandbWriter
+
     wandb = build_writer({"type": "wandb", "project": "p", "entity": "team"}, tmp_path)
     assert isinstance(wandb, WandbWriter) and wandb.project == "p" and wandb.init_kwargs["entity"] == "team"

@@ -15,7 +15,7 @@ from treadle.hooks.ema import EMAHook
 from treadle.optim.ema import ExponentialMovingAverage, momentum_from_alpha
 from treadle.seeding import seed_everything
 
-from support import TinyNet, make_data
+from support import FUSED, TinyNet, make_data, to_device
 
 
 def test_momentum_from_alpha_worked_example():
@@ -41,13 +41,17 @@ class BNNet(nn.Module):
 
 
 def reference_run(model, data, *, momentum, interval, start, epochs, lr=0.1):
-    """The hand-written loop with basecls' EMA rule: copy before start, then average."""
+    """The hand-written loop with basecls' EMA rule: copy before start, then average.
+    On DEVICE, as the Trainer runs, with the SGD kernel treadle's config gives there
+    (fused on CUDA, treadle/optim/builder.py)."""
     seed_everything(0)
+    model = to_device(model)
     ema = copy.deepcopy(model)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, **FUSED)
     it = 0
     for _ in range(epochs):
         for x, y in DataLoader(data, batch_size=4, generator=torch.Generator()):
+            x, y = to_device((x, y))
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -90,7 +94,7 @@ def test_validation_uses_ema_weights_and_restores_the_model():
     t.fit()
     live = copy.deepcopy(t.module.state_dict())
     res = t.validate()
-    x, y = val.dataset.tensors
+    x, y = to_device(val.dataset.tensors)  # where the model trained
     with torch.no_grad():
         ema_loss = nn.functional.cross_entropy(t.ema(x), y).item()
         live_loss = nn.functional.cross_entropy(t.module(x), y).item()
@@ -105,7 +109,7 @@ def test_use_for_val_false_validates_the_live_model():
                         loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.5), max_epochs=1,
                         ema=dict(momentum=0.5, use_for_val=False))
     t.fit()
-    x, y = val.dataset.tensors
+    x, y = to_device(val.dataset.tensors)  # where the model trained
     with torch.no_grad():
         live_loss = nn.functional.cross_entropy(t.module(x), y).item()
     assert t.validate()["val/loss"] == pytest.approx(live_loss, rel=1e-6)

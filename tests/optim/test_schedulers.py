@@ -531,5 +531,5 @@ def test_prepare_and_the_trainer_do_not_check_the_order():
     assert not scheds[0].check_order
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ow.update_params(s.model(torch.ones(1, 2)).sum())  # the window is open: no optimizer step yet
+        ow.update_params(s.model(torch.ones(1, 2, device=s.device)).sum())  # the window is open: no optimizer step yet
         scheds[0].step()

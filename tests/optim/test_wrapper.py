@@ -4,7 +4,8 @@ Every behaviour is checked against the hand-written PyTorch loop it replaces: eq
 to the bit (``torch.equal``) where the arithmetic is the same, ``allclose`` where it
 is only mathematically equal (one batch of N*B against N micro-batches of B). The
 references use ``DataLoader(..., generator=torch.Generator())`` and
-``seed_everything`` so that they consume the same global RNG stream as treadle.
+``seed_everything`` so that they consume the same global RNG stream as treadle, and
+run on DEVICE, as the Trainer does (CUDA where present: the same kernels, the same bits).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import treadle
-from support import TinyNet, make_data
+from support import DEVICE, FUSED, TinyNet, make_data, to_device
 from treadle.logging.writers import read_jsonl
 from treadle.optim.wrapper import OptimWrapper, check_clip_grad
 from treadle.seeding import seed_everything
@@ -36,14 +37,17 @@ def assert_close_weights(model: nn.Module, ref: nn.Module) -> None:
 
 
 def models(seed: int = 0, dropout: float = 0.0) -> tuple[nn.Module, nn.Module]:
-    """A TinyNet and an identical copy for the reference loop."""
+    """A TinyNet and an identical copy for the reference loop, both on DEVICE (where the
+    Trainer puts the model: snapshots taken before fit() compare with later ones)."""
     torch.manual_seed(seed)
     model = TinyNet(dropout=dropout)
-    return model, copy.deepcopy(model)
+    return to_device(model), to_device(copy.deepcopy(model))
 
 
-def ref_loader(data, batch_size: int) -> DataLoader:
-    return DataLoader(data, batch_size=batch_size, generator=torch.Generator())
+def ref_loader(data, batch_size: int):
+    """The reference loop's batches, on DEVICE as the Trainer's are."""
+    for batch in DataLoader(data, batch_size=batch_size, generator=torch.Generator()):
+        yield to_device(batch)
 
 
 def snapshot(model: nn.Module) -> list[torch.Tensor]:
@@ -77,7 +81,7 @@ class Recorder(treadle.Hook):
 
 # -- precision: bf16 -------------------------------------------------------------------
 def test_bf16_bit_equal_to_autocast_loop_and_runs_in_bf16():
-    """precision="bf16" on CPU is exactly ``torch.autocast("cpu", bfloat16)`` around
+    """precision="bf16" is exactly ``torch.autocast(device type, bfloat16)`` around
     the forward pass (dropout included), and the model really computes in bf16."""
     data = make_data(24)
     model, ref = models(dropout=0.3)
@@ -90,11 +94,11 @@ def test_bf16_bit_equal_to_autocast_loop_and_runs_in_bf16():
     assert dtypes == [torch.bfloat16] * 6
 
     seed_everything(7)
-    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, **FUSED)
     ref.train()
     for _ in range(2):
         for x, y in ref_loader(data, 8):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
                 loss = F.cross_entropy(ref(x), y)
             loss.backward()
             opt.step()
@@ -105,8 +109,8 @@ def test_bf16_bit_equal_to_autocast_loop_and_runs_in_bf16():
 
 # -- precision: fp16 with GradScaler ---------------------------------------------------
 def test_fp16_bit_equal_to_grad_scaler_loop_and_scaler_state_round_trips():
-    """precision="16" is autocast(float16) + ``torch.amp.GradScaler("cpu")`` exactly as
-    written by hand; the scaler's state is in ``state_dict()`` and loads back."""
+    """precision="16" is autocast(float16) + ``torch.amp.GradScaler(device type)`` exactly
+    as written by hand; the scaler's state is in ``state_dict()`` and loads back."""
     data = make_data(24)
     model, ref = models(dropout=0.3)
     t = treadle.Trainer(model, train_dataloader=DataLoader(data, batch_size=8), loss_fn=nn.CrossEntropyLoss(),
@@ -114,12 +118,12 @@ def test_fp16_bit_equal_to_grad_scaler_loop_and_scaler_state_round_trips():
     t.fit()
 
     seed_everything(7)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu")
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, **FUSED)
+    scaler = torch.amp.GradScaler(DEVICE.type)
     ref.train()
     for _ in range(2):
         for x, y in ref_loader(data, 8):
-            with torch.autocast("cpu", dtype=torch.float16):
+            with torch.autocast(DEVICE.type, dtype=torch.float16):
                 loss = F.cross_entropy(ref(x), y)
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -134,7 +138,8 @@ def test_fp16_bit_equal_to_grad_scaler_loop_and_scaler_state_round_trips():
 
     # Round trip: a fresh wrapper with a non-default scale takes the saved one.
     state["scaler"]["scale"] = 1024.0
-    fresh = OptimWrapper(torch.optim.SGD(copy.deepcopy(model).parameters(), lr=0.1, momentum=0.9), precision="16")
+    fresh = OptimWrapper(torch.optim.SGD(copy.deepcopy(model).parameters(), lr=0.1, momentum=0.9), precision="16",
+                         device_type=DEVICE.type)
     fresh.load_state_dict(state)
     assert fresh.scaler.get_scale() == 1024.0
     assert fresh.scaler.state_dict() == state["scaler"]
@@ -185,13 +190,13 @@ def test_fp16_skips_step_with_inf_gradients(tmp_path):
 
     # Reference: the same scaler loop, the scheduler stepped only when the step ran.
     seed_everything(0)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, **FUSED)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    scaler = torch.amp.GradScaler("cpu")
+    scaler = torch.amp.GradScaler(DEVICE.type)
     loss_fn = InfLossOnCall(bad=1)
     scales, skipped = [], 0
     for x, y in ref_loader(data, 8):
-        with torch.autocast("cpu", dtype=torch.float16):
+        with torch.autocast(DEVICE.type, dtype=torch.float16):
             loss = loss_fn(ref(x), y)
         scaler.scale(loss).backward()
         old = scaler.get_scale()
@@ -231,7 +236,7 @@ def test_accumulate_equals_large_batch_and_hooks_fire_per_iteration_or_step():
     assert rec.after_backward_iters == list(range(32))
     assert rec.before_step_iters == [3, 7, 11, 15, 19, 23, 27, 31]
 
-    opt = torch.optim.SGD(ref.parameters(), lr=0.5, momentum=0.9)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5, momentum=0.9, **FUSED)
     for _ in range(2):
         for x, y in ref_loader(data, 8):
             F.cross_entropy(ref(x), y).backward()
@@ -254,7 +259,7 @@ def test_accumulate_partial_window_at_epoch_end():
     assert len(rec.after_backward_iters) == 20
     assert t.optim_wrapper.micro_step == 0
 
-    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5, **FUSED)
     for _ in range(2):
         for x, y in ref_loader(data, 8):  # batches of 8, 8, 4 samples
             F.cross_entropy(ref(x), y).backward()
@@ -279,7 +284,7 @@ def test_accumulate_windows_span_epochs_in_iteration_based_training():
 
     # Reference: the stream of micro-batches, 4 per step, the last step on 2.
     stream = [b for _ in range(3) for b in ref_loader(data, 2)][:26]
-    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5, **FUSED)
     for k in range(0, 26, 4):
         window = stream[k:k + 4]
         x = torch.cat([b[0] for b in window])
@@ -317,14 +322,14 @@ def test_wrapper_without_announced_length_keeps_full_windows():
 # -- gradient clipping -----------------------------------------------------------------
 def run_reference_clip(ref: nn.Module, data, clip, epochs: int = 2, batch_size: int = 8, scaler=None):
     """The hand-written loop with clipping; returns the per-step total norms."""
-    opt = torch.optim.SGD(ref.parameters(), lr=0.5, momentum=0.9)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5, momentum=0.9, **FUSED)
     norms = []
     for _ in range(epochs):
         for x, y in ref_loader(data, batch_size):
             if scaler is None:
                 F.cross_entropy(ref(x), y).backward()
             else:
-                with torch.autocast("cpu", dtype=torch.float16):
+                with torch.autocast(DEVICE.type, dtype=torch.float16):
                     loss = F.cross_entropy(ref(x), y)
                 scaler.scale(loss).backward()
                 scaler.unscale_(opt)
@@ -386,7 +391,7 @@ def test_fp16_clips_after_unscaling(tmp_path):
     data = make_data(32)
     model, ref = models()
     t = clip_trainer(model, data, tmp_path, dict(max_norm=0.5), precision="16", log_interval=1)
-    scaler = torch.amp.GradScaler("cpu")
+    scaler = torch.amp.GradScaler(DEVICE.type)
     norms = run_reference_clip(ref, data, lambda ps: torch.nn.utils.clip_grad_norm_(ps, max_norm=0.5), scaler=scaler)
     assert max(norms) > 0.5 and max(norms) < 100  # active, and unscaled
     assert t.optim_wrapper.skipped_steps == 0

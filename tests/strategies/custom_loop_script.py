@@ -54,6 +54,7 @@ if extra and args.control == "no-loader":
 
 for epoch in range(epoch0, args.epochs):
     for xb, yb in loader:
+        xb, yb = xb.to(strategy.device), yb.to(strategy.device)  # single: CUDA where present; 2 ranks: the CPU
         with optim_wrapper.optim_context(model):
             loss = nn.functional.mse_loss(model(xb), yb)
             optim_wrapper.update_params(loss)

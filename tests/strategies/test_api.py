@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import treadle
 from treadle.checkpoint.io import CheckpointError
 from treadle.optim.wrapper import OptimWrapper
-from support import TinyNet, make_data
+from support import DEVICE, FUSED, TinyNet, make_data
 
 OPTIM = dict(optimizer=dict(type="AdamW", lr=1e-2), accumulative_counts=2)
 WARMUP = [dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10)]
@@ -39,6 +39,7 @@ def _setup(work_dir, optim=OPTIM, sched=WARMUP):
 def _train(strategy, model, ow, scheds, loader, epochs, it=0, epoch0=0, save_at=(), stop_at=None):
     for epoch in range(epoch0, epochs):
         for xb, yb in loader:
+            xb, yb = xb.to(strategy.device), yb.to(strategy.device)  # a loop of one's own moves its batches
             ow.update_params(nn.functional.mse_loss(model(xb), yb))
             for s in scheds:
                 s.step()
@@ -88,13 +89,13 @@ def test_hand_loop_equals_plain_torch(tmp_path):
     """accumulative_counts=2 and the warmup equal torch's AdamW + LinearLR by hand."""
     s, model, ow, scheds, _ = _setup(tmp_path)
     torch.manual_seed(11)
-    ref = _net()
+    ref = _net().to(DEVICE)  # where the strategy trains: the same ops on the same device
     model.load_state_dict(ref.state_dict())
     model.eval(), ref.eval()  # no dropout: the two streams draw differently
-    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, **FUSED)
     # MMEngine's LinearLR(begin=0, end=10) reaches the full lr at step 9: torch's total_iters=9
     sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=9)
-    xs = list(DataLoader(_data(), batch_size=4))
+    xs = [(xb.to(DEVICE), yb.to(DEVICE)) for xb, yb in DataLoader(_data(), batch_size=4)]
     for i, (xb, yb) in enumerate(xs):
         ow.update_params(nn.functional.mse_loss(model(xb), yb))
         for sc in scheds:
@@ -198,7 +199,7 @@ def test_load_checkpoint_takes_weights_only_with_revised_keys(tmp_path):
     seen = []
     ckpt = s.load_checkpoint(tmp_path / "w.pth", callback=lambda c: seen.append(sorted(c)))
     assert seen == [["state_dict"]] and set(ckpt) == {"state_dict"}
-    assert all(torch.equal(src.state_dict()[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(src.state_dict()[k], v.cpu()) for k, v in model.state_dict().items())  # loaded onto DEVICE
 
 
 def test_load_or_resume(tmp_path):
@@ -216,8 +217,8 @@ def test_load_or_resume(tmp_path):
     v = treadle.build_strategy("single", seed=0)
     weights = v.prepare(_net())
     assert v.load_or_resume(load_from=tmp_path / "ckpt" / "iter_4") is None
-    saved = torch.load(tmp_path / "ckpt" / "iter_4" / "state.pt", weights_only=True)["model"]
-    assert all(torch.equal(weights.state_dict()[k], w) for k, w in saved.items())
+    saved = torch.load(tmp_path / "ckpt" / "iter_4" / "state.pt", weights_only=True, map_location="cpu")["model"]
+    assert all(torch.equal(weights.state_dict()[k].cpu(), w) for k, w in saved.items())
 
 
 def test_a_loader_prepared_after_the_resume_takes_its_place(tmp_path):

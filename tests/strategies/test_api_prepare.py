@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import treadle
+from support import DEVICE
 from treadle.optim.schedulers import LinearLR
 
 
@@ -32,7 +33,7 @@ def _prepare(work_dir=None):
 
 def _steps(model, ows, scheds, n):
     for _ in range(n):
-        x = torch.randn(8, 4)
+        x = torch.randn(8, 4, device=DEVICE)  # where "single" placed the model
         ows["gen"].update_params(model.disc(model.gen(x)).mean())
         ows["disc"].update_params(model.disc(x).pow(2).mean())
         for s in scheds["gen"]:

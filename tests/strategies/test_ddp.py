@@ -6,6 +6,7 @@ torchrun's environment (see support.run_ranks)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 import treadle
-from support import TinyNet, make_data
+from support import ON_CPU, TinyNet, make_data
 from trainer_ranks import SCRIPT, _final, _reference, _run
 
 pytestmark = [pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available"),
@@ -113,11 +114,13 @@ def test_ctrl_c_on_one_rank_stops_both_which_save_and_exit_130(tmp_path, uninter
 
 
 def _single_process(work: Path, batch: int, epochs: int, resume: bool) -> dict[str, torch.Tensor]:
+    """The one-process half of a run that changes its world size: on the CPU, as its
+    2-process half (gloo) and the reference are; the subject is the world size."""
     torch.manual_seed(0)
     model = TinyNet()
     trainer = treadle.Trainer(model, work_dir=work, train_dataloader=DataLoader(make_data(48), batch_size=batch),
                               loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1, momentum=0.9),
-                              max_epochs=epochs, seed=7, resume=resume, log_writers=("jsonl",), strategy="single")
+                              max_epochs=epochs, seed=7, resume=resume, log_writers=("jsonl",), strategy=ON_CPU)
     trainer.fit()
     return model.state_dict()
 
@@ -156,7 +159,8 @@ def test_an_exception_on_rank_1_ends_every_rank_quickly_with_that_error(tmp_path
     code = ("import sys; from treadle.distributed.launch import launch_local; "
             f"sys.exit(launch_local(2, [{SCRIPT!r}, {str(tmp_path / 'out')!r}, '--raise-at', '3']))")
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # gloo: a GPU machine's one GPU is not two
     elapsed = time.monotonic() - start
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "boom on rank 1 at iteration 3" in proc.stdout + proc.stderr

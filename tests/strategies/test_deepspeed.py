@@ -1,10 +1,16 @@
 """DeepSpeed ZeRO through treadle: the Trainer and a hand-written loop on 2 gloo processes
 equal one process with the doubled batch at stages 1, 2 and 3; SIGKILLed mid-epoch and
 resumed, they end bit for bit where an uninterrupted run ends; exports hold the final
-weights. One-process runs (a process group of one) check the refusals."""
+weights. One-process runs (a process group of one) check the refusals.
+
+Everything here runs on the CPU, a GPU machine included: the 2-process runs' children see
+no GPU (support.run_ranks), so treadle gives DeepSpeed DS_ACCELERATOR=cpu there; the
+one-process runs use backend="gloo" (a CPU device) and DS_ACCELERATOR=cpu (see
+``one_process_group``). Skipped without the deepspeed package (treadle[deepspeed])."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -21,7 +27,12 @@ from treadle.distributed import comm
 
 from trainer_ranks import _final, _reference, _run
 
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,  # not imported: see one_process_group
+                                reason="needs the deepspeed package: pip install 'treadle[deepspeed]'")
+
 LOOP = str(Path(__file__).parent / "custom_loop_script.py")
+# One process on the CPU (as the 2-process runs are): "gloo" makes a process-group strategy's device the CPU.
+ON_CPU_DS = dict(type="deepspeed", backend="gloo")
 # bf16 weights hold 8 bits of mantissa (weights of about 0.5 are 2e-3 apart), and 12 steps
 # of SGD with momentum carry the rounding on: measured 1.8e-2 at most, against weights that
 # moved by more than 0.2 from where they started.
@@ -32,15 +43,22 @@ BF16_ATOL = 3e-2
 def one_process_group():
     """DeepSpeed needs a process group: on one process the strategy makes a group of one.
     Kept for this module's tests (DeepSpeed caches groups made from it), freed after them so
-    that other tests see none."""
-    yield
+    that other tests see none. DeepSpeed picks its accelerator once per process, when it is
+    first imported (on a GPU machine: CUDA, unless DS_ACCELERATOR says otherwise): the CPU
+    one here, as these runs are on the CPU."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("DS_ACCELERATOR", "cpu")
+        from deepspeed.accelerator import get_accelerator
+
+        assert get_accelerator().device_name() == "cpu", "deepspeed was imported before, with another accelerator"
+        yield
     comm.shutdown()
 
 
 def _trainer(model, **kw):
     args = dict(train_dataloader=DataLoader(make_data(32), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
                 optimizer=dict(type="SGD", lr=0.1, momentum=0.9), max_epochs=2, seed=7, log_writers=(), progress=False,
-                strategy="deepspeed")
+                strategy=ON_CPU_DS)
     args.update(kw)
     return treadle.Trainer(model, **args)
 
@@ -56,7 +74,7 @@ def test_one_process_with_accumulation_equals_a_hand_written_loop(one_process_gr
     model = TinyNet()
     reference = TinyNet()
     reference.load_state_dict(model.state_dict())
-    trainer = _trainer(model, accumulate=2, strategy=dict(type="deepspeed", zero_stage=2))
+    trainer = _trainer(model, accumulate=2, strategy=dict(ON_CPU_DS, zero_stage=2))
     assert type(trainer.optim_wrappers["default"]).__name__ == "DeepSpeedOptimWrapper"
     assert trainer.strategy.config["gradient_clipping"] == 0.0
     trainer.fit()
@@ -80,7 +98,7 @@ def test_one_process_with_accumulation_equals_a_hand_written_loop(one_process_gr
     (dict(ema=dict(momentum=0.01)), "ema= is not supported with strategy='deepspeed'"),
     (dict(compile=True), "compile=True is not supported with strategy='deepspeed'"),
     (dict(clip_grad=dict(value=1.0)), "clip_grad={'value': 1.0}: DeepSpeed clips by norm only"),
-    (dict(strategy=dict(type="deepspeed", config={"bf16": {"enabled": True}})),
+    (dict(strategy=dict(ON_CPU_DS, config={"bf16": {"enabled": True}})),
      "config['bf16']['enabled']=True contradicts precision='32'"),
 ])
 def test_what_deepspeed_cannot_honour_is_refused_before_training(one_process_group, kw, message):
@@ -102,12 +120,13 @@ def test_a_checkpoint_resumes_only_under_the_strategy_that_saved_it(one_process_
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(CheckpointError, match=r"saved by DeepSpeed ZeRO \(stage 2\), not a torch optimizer's"):
         _trainer(model, strategy="single", resume=ds_ckpt, max_epochs=2).fit()
-    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # nothing was loaded
+    # "single" trains on DEVICE (CUDA where present): compared on the CPU
+    assert all(torch.equal(v.cpu(), before[k]) for k, v in model.state_dict().items())  # nothing was loaded
     with pytest.raises(CheckpointError, match=r"saved by another strategy; this run has ZeRO stage 2 on 1"):
         _trainer(TinyNet(), resume=single_ckpt, max_epochs=2).fit()
     loaded = TinyNet()
     _trainer(loaded, strategy="single", load_from=ds_ckpt, max_epochs=1)
-    assert not all(torch.equal(v, before[k]) for k, v in loaded.state_dict().items())
+    assert not all(torch.equal(v.cpu(), before[k]) for k, v in loaded.state_dict().items())
 
 
 def test_async_save_is_written_synchronously_and_still_pruned(one_process_group, tmp_path, caplog):
@@ -144,7 +163,7 @@ def test_a_checkpoint_inside_an_accumulation_window_restarts_the_window(one_proc
 
 
 def test_two_optimizers_are_refused(one_process_group):
-    strategy = treadle.build_strategy("deepspeed")
+    strategy = treadle.build_strategy(ON_CPU_DS)
     model = nn.ModuleDict({"gen": nn.Linear(2, 2), "disc": nn.Linear(2, 1)})
     with pytest.raises(ValueError, match=r"strategy='deepspeed' trains one optimizer; got \['disc', 'gen'\]"):
         strategy.prepare(model, optim_wrapper={"gen": dict(optimizer=dict(type="SGD", lr=0.1)),

@@ -1,9 +1,11 @@
 """DeepSpeed's config is written from treadle's settings; a raw entry that contradicts one
 is an error naming both; the ZeRO state reads back with weights_only and no allowlist.
-No process group here (treadle/strategies/deepspeed_config.py, deepspeed_optim.py)."""
+No process group here (treadle/strategies/deepspeed_config.py, deepspeed_optim.py).
+Only the tests marked ``needs_deepspeed`` need the deepspeed package."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 
 import pytest
@@ -12,6 +14,11 @@ import torch
 from treadle.strategies.build import resolve_strategy
 from treadle.strategies.deepspeed import DeepSpeedStrategy
 from treadle.strategies.deepspeed_config import build_config, check_options
+
+# A skipif, not importorskip: importing deepspeed fixes its accelerator for the whole process
+# (test_deepspeed.py's one-process runs need the CPU one).
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                     reason="needs the deepspeed package: pip install 'treadle[deepspeed]'")
 
 
 def _build(user=None, **kw):
@@ -63,6 +70,7 @@ def test_a_config_entry_that_contradicts_a_treadle_setting_names_both(user, kw, 
     assert str(e.value).startswith(message), str(e.value)
 
 
+@needs_deepspeed  # the constructor checks for the package first, then the options
 @pytest.mark.parametrize("options, error, message", [
     (dict(zero_stage=4), ValueError, "zero_stage=4; expected 0, 1, 2 or 3"),
     (dict(config={"optimizer": {"type": "Adam"}}), ValueError, "config['optimizer'] is not taken under treadle: "
@@ -83,9 +91,11 @@ def test_bad_strategy_options_fail_at_construction(options, error, message):
         resolve_strategy(dict(type="deepspeed", **options))
 
 
-def test_zero_state_reads_back_with_weights_only_and_no_allowlist():
+@needs_deepspeed
+def test_zero_state_reads_back_with_weights_only_and_no_allowlist(monkeypatch):
     """The three DeepSpeed classes inside a ZeRO optimizer's state_dict become plain data
     and come back as themselves; an unknown loss-scaler class is refused, not built."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # in case this is deepspeed's first import: see test_deepspeed.py
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address

@@ -71,7 +71,7 @@ seed: 7
 
 
 def _treadle_train(config, work, *args: str) -> tuple[int, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",  # gloo: a GPU machine's one GPU is not two
            "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"):

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import treadle
-from support import TinyNet, make_data
+from support import TinyNet, fsdp_on_cpu, make_data, reshards
 from treadle.checkpoint.sharded import is_sharded_checkpoint
 from treadle.checkpoint.weights import export_safetensors, read_safetensors
 
@@ -21,6 +21,7 @@ from trainer_ranks import _final, _reference, _run
 pytestmark = pytest.mark.slow  # 2 processes on gloo
 
 
+@fsdp_on_cpu
 def test_fsdp_trains_like_one_process_and_checkpoints_sharded(tmp_path):
     out, work = tmp_path / "out", tmp_path / "run"
     _run(out, "--strategy", "fsdp", "--work-dir", str(work), "--val", "--shuffle")
@@ -44,6 +45,7 @@ def test_fsdp_trains_like_one_process_and_checkpoints_sharded(tmp_path):
     assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
 
 
+@reshards
 def test_fsdp_checkpoint_of_2_processes_resumes_on_1(tmp_path):
     out, work = tmp_path / "out", tmp_path / "run"
     _run(out, "--strategy", "fsdp", "--work-dir", str(work), "--max-epochs", "1")
@@ -51,7 +53,8 @@ def test_fsdp_checkpoint_of_2_processes_resumes_on_1(tmp_path):
     model = TinyNet()
     trainer = treadle.Trainer(model, work_dir=work, train_dataloader=DataLoader(make_data(48), batch_size=8),
                               loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1, momentum=0.9),
-                              max_epochs=2, seed=7, resume=True, log_writers=("jsonl",), strategy="fsdp")
+                              max_epochs=2, seed=7, resume=True, log_writers=("jsonl",),
+                              strategy=dict(type="fsdp", backend="gloo"))  # on the CPU, as the 2 ranks were
     trainer.fit()
     assert trainer.state.iter == 12
     for k, v in _reference(shuffle=False, accumulate=1).items():

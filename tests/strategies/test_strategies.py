@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from support import DEVICE
 from treadle.strategies.base import SingleDevice
 from treadle.strategies.build import resolve_strategy
 from treadle.strategies.ddp import DDPStrategy
@@ -40,7 +41,7 @@ def test_ddp_in_one_process_does_not_wrap(monkeypatch):
     s = DDPStrategy()
     s.setup()
     model = nn.Linear(2, 2)
-    assert s.setup_model(model) is model and not s.distributed and s.device == torch.device("cpu")
+    assert s.setup_model(model) is model and not s.distributed and s.device == DEVICE  # local rank 0's GPU, if any
 
 
 def test_a_strategy_dict_without_type_says_so():

@@ -47,7 +47,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from treadle.distributed import comm
 from treadle.fsutil import fsync_dir, new_dirs
 
-from treadle.compat import dcp_kwargs, saved_storage_data
+from treadle.compat import dcp_kwargs, reshard_problem, saved_storage_data
 
 from .dcp_safe import _SafeEmptyPlanner, _SafeLoadPlanner, _SafeReader, read_metadata_safely
 from .durable import _sha256_file
@@ -443,6 +443,9 @@ def load_sharded(path: str | os.PathLike[str], sharded_state_template: dict[str,
     """
     path = Path(path)
     manifest = _read_sharded_manifest(path)
+    problem = reshard_problem(int(manifest["dcp"].get("world_size", 1)), comm.get_world_size())
+    if problem is not None:
+        raise CheckpointError(f"{path}: {problem}")
     _verify_distributed(path, manifest)
     dcp_files = set(manifest["dcp"]["files"])
     names = [n for n in manifest["files"] if n not in dcp_files] if payloads is None else list(payloads)

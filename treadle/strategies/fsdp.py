@@ -39,6 +39,7 @@ from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
+from treadle.compat import fsdp_cpu_problem
 from treadle.strategies.base import ProcessGroupStrategy, move_model
 
 WrapPolicy = Union[tuple[Union[type, str], ...], list[Union[type, str]], Callable[[nn.Module], bool], None]
@@ -140,6 +141,11 @@ class FSDPStrategy(ProcessGroupStrategy):
             model = move_model(model, self.device)
         if not self.distributed:  # one process: nothing to shard
             return model
+        if self.device.type == "cpu":
+            mixed = self.mp_policy.param_dtype not in (None, torch.float32)
+            problem = fsdp_cpu_problem(mixed)
+            if problem is not None:
+                raise RuntimeError(problem)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
