@@ -85,3 +85,14 @@ def test_resharding_is_refused_before_2_9_and_the_same_world_size_never():
         "loading a sharded checkpoint saved by 1 process(es) onto 2 needs torch>=2.9, but torch 2.8.0 is installed "
         "(older releases train on from it wrong); resume it on 1, or consolidate it into full weights (treadle "
         "export, or load_from=)")
+
+
+@pytest.mark.parametrize("version,copies", [("2.6.0", True), ("2.7.1", False), ("2.14.1", False)])
+def test_async_save_gets_its_own_cpu_tensors_where_torch_would_not_copy_them(monkeypatch, version, copies):
+    weight = torch.ones(3)
+    monkeypatch.setattr(torch, "__version__", version)
+    staged = compat.staged_for_async_save({"model": {"w": weight}, "iter": 3})
+    assert staged["iter"] == 3 and torch.equal(staged["model"]["w"], weight)
+    assert (staged["model"]["w"] is not weight) is copies
+    weight.add_(1)  # training goes on while the write runs
+    assert torch.equal(staged["model"]["w"], torch.ones(3)) is copies

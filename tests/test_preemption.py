@@ -68,6 +68,15 @@ class CtrlC(treadle.Hook):
                 os.kill(os.getpid(), signal.SIGINT)
 
 
+@pytest.fixture
+def ctrl_c_reaches_python():
+    """SIGINT raises KeyboardInterrupt, as in a terminal, even where pytest was started as a
+    background job (a shell starts those with SIGINT ignored, which fit() keeps)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def trainer(work_dir, hooks=(), **kw):
     torch.manual_seed(0)
     loader = DataLoader(make_data(32), batch_size=4, shuffle=True)
@@ -78,6 +87,7 @@ def trainer(work_dir, hooks=(), **kw):
     return treadle.Trainer(TinyNet(dropout=0.2), **args)
 
 
+@pytest.mark.usefixtures("ctrl_c_reaches_python")
 def test_ctrl_c_stops_at_the_boundary_saves_and_resumes_exactly(tmp_path, caplog, capsys):
     whole = trainer(tmp_path / "whole")
     whole.fit()
@@ -96,6 +106,7 @@ def test_ctrl_c_stops_at_the_boundary_saves_and_resumes_exactly(tmp_path, caplog
         assert torch.equal(resumed.module.state_dict()[k], v), k
 
 
+@pytest.mark.usefixtures("ctrl_c_reaches_python")
 def test_a_second_ctrl_c_aborts_at_once_and_keeps_the_last_checkpoint(tmp_path):
     t = trainer(tmp_path, hooks=[CtrlC(at=11, times=2)])
     with pytest.raises(KeyboardInterrupt, match="a second Ctrl-C"):
@@ -106,6 +117,7 @@ def test_a_second_ctrl_c_aborts_at_once_and_keeps_the_last_checkpoint(tmp_path):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@pytest.mark.usefixtures("ctrl_c_reaches_python")
 def test_a_second_ctrl_c_during_the_save_leaves_no_damaged_checkpoint(tmp_path, monkeypatch):
     write = checkpoint_io._write_durably
 
@@ -125,6 +137,7 @@ def test_a_second_ctrl_c_during_the_save_leaves_no_damaged_checkpoint(tmp_path, 
     assert find_latest_checkpoint(tmp_path / "checkpoints") == before
 
 
+@pytest.mark.usefixtures("ctrl_c_reaches_python")
 def test_interrupt_false_leaves_ctrl_c_to_python(tmp_path):
     t = trainer(tmp_path, hooks=[CtrlC(at=3)], preemption=dict(interrupt=False))
     with pytest.raises(KeyboardInterrupt):

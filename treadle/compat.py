@@ -105,3 +105,19 @@ def saved_storage_data(metadata: Any, read_back: Callable[[], Any]) -> Any:
     if metadata.storage_data is not None:
         return metadata.storage_data
     return read_back().storage_data
+
+
+def staged_for_async_save(state: Any) -> Any:
+    """``state`` as ``dcp.async_save`` may be handed it while training goes on.
+
+    torch 2.6's async_save "stages" with ``tensor.cpu()``, which returns a CPU tensor
+    itself, not a copy: the background write would then read weights that training has
+    changed since (CPU runs, FSDP's ``cpu_offload``). There, CPU tensors are copied here
+    first; 2.7 and newer copy them into buffers of their own.
+    """
+    if release(str(torch.__version__)) >= (2, 7):
+        return state
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(torch.Tensor, lambda t: t.detach().clone() if t.device.type == "cpu" else t, state)
+

@@ -273,7 +273,7 @@ class Evil:
 def test_nothing_is_unpickled_unsafely(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     # A non-tensor value DCP stores with torch.save is read back weights_only.
     save_sharded(tmp_path / "evil", {"model": {"w": torch.ones(2)}, "extra": {"obj": Evil()}})
-    with pytest.raises(io.UnsafeCheckpointError, match="refused to load the value of 'extra.obj'.*GLOBAL print"):
+    with pytest.raises(io.UnsafeCheckpointError, match=r"refused to load the value of 'extra.obj'.*GLOBAL (builtins\.)?print"):
         load_sharded(tmp_path / "evil", {"model": {"w": torch.zeros(2)}, "extra": {"obj": None}})
     # DCP's .metadata is a pickle: only DCP's own classes may be in it.
     meta = tmp_path / "evil" / ".metadata"
@@ -387,5 +387,6 @@ def test_a_release_that_reshards_wrong_is_refused_before_anything_is_loaded(tmp_
                                "resume it on 2, or consolidate it into full weights (treadle export, or load_from=)")
     assert_state_equal(dict(fresh.state_dict()), before)
     monkeypatch.undo()
-    state, _ = load_sharded(tmp_path / "ck", sharded_state(strategy, fresh, fresh_opt))
-    assert_state_equal(state["model"], dict(model.state_dict()))
+    if reshard_problem(2, 1) is None:  # this release reshards right: the same checkpoint loads
+        state, _ = load_sharded(tmp_path / "ck", sharded_state(strategy, fresh, fresh_opt))
+        assert_state_equal(state["model"], dict(model.state_dict()))

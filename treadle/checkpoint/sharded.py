@@ -47,7 +47,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from treadle.distributed import comm
 from treadle.fsutil import fsync_dir, new_dirs
 
-from treadle.compat import dcp_kwargs, reshard_problem, saved_storage_data
+from treadle.compat import dcp_kwargs, reshard_problem, saved_storage_data, staged_for_async_save
 
 from .dcp_safe import _SafeEmptyPlanner, _SafeLoadPlanner, _SafeReader, read_metadata_safely
 from .durable import _sha256_file
@@ -370,8 +370,8 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
         if async_:
             group = None if no_dist else _async_group()
             _quiet_single_process()
-            dcp_future = dcp.async_save(sharded_state, storage_writer=writer, process_group=group,
-                                        **dcp_kwargs(dcp.async_save, no_dist))
+            dcp_future = dcp.async_save(staged_for_async_save(sharded_state), storage_writer=writer,
+                                        process_group=group, **dcp_kwargs(dcp.async_save, no_dist))
             executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="treadle-ckpt-hash")
 
             def hash_share() -> dict[str, Any]:

@@ -92,8 +92,9 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
 
     # -- process group and model ---------------------------------------------------------
     def setup(self) -> None:
-        """The process group (one process: a gloo group of one, as DeepSpeed needs one),
-        then DeepSpeed's communication on top of it, with no op built."""
+        """The process group (one process: a group of one, as DeepSpeed needs one: nccl on
+        CUDA, whose tensors ZeRO's collectives then take, as under ``deepspeed.init_distributed``;
+        gloo on the CPU), then DeepSpeed's communication on top of it, with no op built."""
         super().setup()
         import torch.distributed as dist
 
@@ -102,7 +103,8 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
 
             from treadle.distributed import comm
 
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
             atexit.register(comm.shutdown)
         import os
 
