@@ -109,8 +109,9 @@ def _state(work_dir: Path) -> dict:
 
 
 def run(args: argparse.Namespace, work_dir: Path, kill_at: int, resume: bool) -> int:
+    iters = args.iters + (args.resume_extra if resume else 0)
     child = [str(Path(__file__).resolve()), "--child", "--work-dir", str(work_dir), "--precision", args.precision,
-             "--strategy", args.strategy, "--device", args.device, "--iters", str(args.iters),
+             "--strategy", args.strategy, "--device", args.device, "--iters", str(iters),
              "--save-every", str(args.save_every), "--kill-at", str(kill_at)]
     child += ["--compile"] * args.compile + ["--resume"] * resume
     if args.strategy == "single":
@@ -179,6 +180,8 @@ def main() -> int:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--work-dir", help=argparse.SUPPRESS)
     p.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--resume-extra", type=int, default=0,
+                   help=argparse.SUPPRESS)  # a negative control: the resumed run trains this many more iterations
     args = p.parse_args()
     if args.child:
         train(args)
