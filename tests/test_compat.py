@@ -96,3 +96,13 @@ def test_async_save_gets_its_own_cpu_tensors_where_torch_would_not_copy_them(mon
     assert (staged["model"]["w"] is not weight) is copies
     weight.add_(1)  # training goes on while the write runs
     assert torch.equal(staged["model"]["w"], torch.ones(3)) is copies
+
+
+def test_ddp_gets_the_buffer_argument_its_release_takes():
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    kwargs = compat.ddp_buffer_kwargs(False)
+    assert kwargs in ({"forward_sync_buffers": False}, {"broadcast_buffers": False})
+    assert next(iter(kwargs)) in inspect.signature(DistributedDataParallel.__init__).parameters

@@ -41,6 +41,20 @@ def check_torch(version: str | None = None) -> None:
                           f"pip install 'torch>={TORCH_FLOOR_TEXT}'")
 
 
+# ----------------------------------------------------------------------------- DDP
+
+
+def ddp_buffer_kwargs(sync_buffers: bool) -> dict[str, Any]:
+    """DistributedDataParallel's argument for syncing buffers from rank 0 before each
+    forward: ``forward_sync_buffers`` (torch 2.13 and newer, which deprecate the old name),
+    ``broadcast_buffers`` in 2.6 to 2.12, which have no other."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    name = "forward_sync_buffers" if _takes(DistributedDataParallel.__init__, "forward_sync_buffers") \
+        else "broadcast_buffers"
+    return {name: sync_buffers}
+
+
 # ----------------------------------------------------------------------------- FSDP
 
 # Judged by release: these failures show only once training runs, some as wrong numbers.

@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from treadle.compat import ddp_buffer_kwargs
 from treadle.strategies.base import ProcessGroupStrategy, move_model
 
 
@@ -43,7 +44,7 @@ class DDPStrategy(ProcessGroupStrategy):
         return DistributedDataParallel(
             model, device_ids=device_ids, find_unused_parameters=self.find_unused_parameters,
             static_graph=self.static_graph, gradient_as_bucket_view=self.gradient_as_bucket_view,
-            forward_sync_buffers=self.sync_buffers)
+            **ddp_buffer_kwargs(self.sync_buffers))
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
