@@ -3,9 +3,10 @@
 treadle runs on torch ``TORCH_FLOOR`` and newer (pyproject.toml gives the same range,
 README's "Supported environments" says how each release was tested). Code elsewhere
 in treadle is written for the floor; where a release behaves differently, the
-difference is handled here, and each shim names the releases that need it. Shims test
-for the behaviour (a keyword, an attribute), not the version string, so a patched or
-nightly build takes the right branch.
+difference is handled here, and each shim names the releases that need it. Where the
+behaviour can be seen before it runs (a keyword a function takes), the shim looks at it, so
+a patched or nightly build takes the right branch; what shows only once training runs,
+some of it as wrong numbers, is judged by the release.
 
 This module is imported first by ``import treadle`` and must stay cheap: torch is
 already loaded, nothing else is imported at module level.
@@ -31,6 +32,12 @@ def release(version: str) -> tuple[int, int]:
         return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
     except (IndexError, ValueError):
         raise ValueError(f"cannot read a torch release from {version!r}") from None
+
+
+@functools.cache
+def _takes(fn: Any, name: str) -> bool:
+    """Whether ``fn`` has a parameter ``name`` (looked at once per function)."""
+    return name in inspect.signature(fn).parameters
 
 
 def check_torch(version: str | None = None) -> None:
@@ -95,11 +102,6 @@ def reshard_problem(saved_world: int, world: int, version: str | None = None) ->
 # ----------------------------------------------------------------------------- DCP
 
 
-@functools.cache
-def _takes(fn: Any, name: str) -> bool:
-    return name in inspect.signature(fn).parameters
-
-
 def dcp_kwargs(fn: Any, no_dist: bool) -> dict[str, Any]:
     """``no_dist=`` for ``dcp.save``/``async_save``/``load`` where they take it.
 
@@ -134,4 +136,3 @@ def staged_for_async_save(state: Any) -> Any:
     from torch.utils._pytree import tree_map_only
 
     return tree_map_only(torch.Tensor, lambda t: t.detach().clone() if t.device.type == "cpu" else t, state)
-

@@ -46,7 +46,7 @@ from treadle.seeding import derive_seed
 # torch's samplers that draw their order from ``self.generator`` (a user's one is replaced).
 _SEEDED = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 # The generator a DataFeed gave each sampler: still ours when another feed meets the sampler.
-# Keyed by the sampler, as torch.Generator takes no weak reference before torch 2.12.
+# Keyed by the sampler, as torch.Generator takes no weak reference before torch 2.13.
 _OURS: "weakref.WeakKeyDictionary[Any, torch.Generator]" = weakref.WeakKeyDictionary()
 _OURS_BY_ID: dict[int, tuple[Any, torch.Generator]] = {}
 
