@@ -30,7 +30,7 @@ def update_alone(topks: tuple[int, ...], number: int = 20000) -> float:
     import torch
 
     import treadle
-    from treadle.train_metrics import TrainMetrics
+    from treadle.hooks.train_metrics import TrainMetrics
 
     metrics = TrainMetrics({f"top{k}": treadle.Accuracy(topk=k) for k in topks})
     outputs, targets = torch.randn(64, 10), torch.randint(0, 10, (64,))

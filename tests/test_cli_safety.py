@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from treadle.checkpoint.io import find_latest_checkpoint, verify_checkpoint
-from treadle.run_dir import WorkDirLock
+from treadle.engine.run_dir import WorkDirLock
 
 from cli_support import TINY, run
 

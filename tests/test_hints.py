@@ -164,7 +164,7 @@ def test_the_happy_path_reads_nothing_in_the_step(monkeypatch):
         trainer(data=make_data(32), val_dataloader=DataLoader(make_data(16), batch_size=8), metrics={"m": metric},
                 precision=precision).fit()
     assert readers  # the spy works (the logger reads at its interval)
-    assert not [(f, name) for f, name in readers if f.endswith(("treadle/step.py", "treadle/hints.py"))
+    assert not [(f, name) for f, name in readers if f.endswith(("treadle/engine/step.py", "treadle/hints.py"))
                 or name in ("update_metrics", "as_float32")]  # (metrics.to_python reads once per pass)
 
 

@@ -1,4 +1,4 @@
-"""One rank of a 2-process DDP run with train_metrics (started by tests/test_train_metrics.py
+"""One rank of a 2-process DDP run with train_metrics (started by tests/hooks/test_train_metrics.py
 with torchrun's environment variables).
 
     python train_metrics_ranks.py WORK_DIR [crash|resume]

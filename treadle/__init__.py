@@ -17,9 +17,9 @@ check_torch()  # below the floor: one line naming the installed and the required
 from treadle.hooks.base import Hook, Priority  # noqa: E402
 from treadle import hooks  # noqa: E402
 from treadle.metrics import Accuracy  # noqa: E402
-from treadle.state import TrainState  # noqa: E402
+from treadle.hooks.state import TrainState  # noqa: E402
 from treadle.strategies.build import build_strategy  # noqa: E402
-from treadle.trainer import Trainer  # noqa: E402
+from treadle.engine.trainer import Trainer  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Accuracy", "Hook", "Priority", "TrainState", "Trainer", "__version__", "build_strategy"]

@@ -277,8 +277,8 @@ def _export(args: argparse.Namespace) -> int:
 
 def _checkpoint_arg(path: str, what: str) -> tuple[Path, str | None]:
     """A checkpoint argument: the checkpoint itself, or a run directory's latest verified
-    one with a message saying which (treadle/resume.py checkpoint_in)."""
-    from treadle.resume import checkpoint_in
+    one with a message saying which (treadle/engine/resume.py checkpoint_in)."""
+    from treadle.engine.resume import checkpoint_in
 
     try:
         return checkpoint_in(path, what)
@@ -421,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from treadle.checkpoint.io import CheckpointError, CheckpointWriteError
     from treadle.config import ConfigError
-    from treadle.run_dir import WorkDirBusyError
+    from treadle.engine.run_dir import WorkDirBusyError
 
     try:
         return COMMANDS[args.command](args)

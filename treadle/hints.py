@@ -1,6 +1,6 @@
 """Errors from the user's model, loss and metrics, with one line of context added.
 
-The default steps (treadle/step.py) and the evaluation loop (treadle/eval_loop.py) call
+The default steps (treadle/engine/step.py) and the evaluation loop (treadle/engine/eval_loop.py) call
 these only from an ``except`` clause: the happy path pays nothing (Python 3.11's
 exceptions cost nothing until raised), reads no tensor and syncs no device. Each
 function adds one note to the exception, ``treadle: <what was running>: <what it was

@@ -60,10 +60,10 @@ def main():
     torch.set_num_threads(1)
 
     if a.no_rng:  # negative control: forget the RNG
-        import treadle.loops as loops
+        import treadle.engine.loops as loops
         loops.set_rng_state = lambda state: None
     if a.no_data_pos:  # negative control: restart the epoch's data instead of skipping ahead
-        from treadle.loops import TrainLoop
+        from treadle.engine.loops import TrainLoop
         orig = TrainLoop.load_state_dict
 
         def load_state_dict(self, state):
@@ -84,7 +84,7 @@ def main():
                 os.kill(os.getpid(), signal.SIGKILL)
             return orig_write(path, *args, **kw)
         cio._write_durably, cio.save_checkpoint = write, save
-        import treadle.trainer as tr
+        import treadle.engine.trainer as tr
         tr.save_checkpoint = save
 
     g = torch.Generator().manual_seed(0)

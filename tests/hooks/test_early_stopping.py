@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 import treadle
 from treadle.hooks.early_stopping import EarlyStoppingHook
-from treadle.state import TrainState
+from treadle.hooks.state import TrainState
 
 from support import TinyNet, make_data
 

@@ -2,7 +2,7 @@
 
 Format 1 (the Trainer's checkpoints before each piece of state had one owner) kept the
 counters and the data position in ``trainer`` and ``data`` entries; format 2 has one
-entry per owner (treadle/snapshot.py lists them). :func:`migrate` rewrites a format-1
+entry per owner (treadle/engine/snapshot.py lists them). :func:`migrate` rewrites a format-1
 state, and its rank file's ``rank_state``, into format 2; anything else passes through
 unchanged. Sharded (FSDP) checkpoints of format 1 store the optimizer shards under other
 DCP keys and are refused by the strategy with one line (their weights still load).

@@ -13,7 +13,7 @@ from treadle.checkpoint.manifest import CheckpointError
 from treadle.config.build import trainer_kwargs
 from treadle.config.errors import ConfigError
 from treadle.config.schema import SCHEMA
-from treadle.trainer import Trainer
+from treadle.engine.trainer import Trainer
 
 
 def _explain(err: Exception, cfg: dict[str, Any]) -> ConfigError:

@@ -11,7 +11,7 @@ passed as dicts: a component builds its own parts.
 torch.optim classes, and no ``collate_fn`` string: :mod:`treadle.config.safe`.
 
 This module never imports the Trainer: the Trainer builds the config dicts it is given
-with it (``treadle/trainer_args.py``); :mod:`treadle.config.assemble` builds the Trainer.
+with it (``treadle/engine/args.py``); :mod:`treadle.config.assemble` builds the Trainer.
 """
 
 from __future__ import annotations

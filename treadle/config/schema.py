@@ -1,7 +1,7 @@
 """The config schema: every ``treadle.Trainer`` argument, its type, range and meaning.
 
 The table itself, :data:`TRAINER_KEYS`, is the Trainer's own argument spec
-(``treadle/trainer_spec.py``, which ``Trainer.__init__`` checks its arguments with); a
+(``treadle/engine/spec.py``, which ``Trainer.__init__`` checks its arguments with); a
 test checks that it and the signature list the same names (but :data:`NOT_CONFIG_KEYS`),
 and ``docs/config.md`` is generated from it.
 Defaults are read from the signature itself, so they cannot drift. Components
@@ -17,7 +17,7 @@ from typing import Any
 
 from treadle.config.keys import (DATALOADER_KEYS, DATALOADER_SCHEMA, Key, check_keys, check_table,  # noqa: F401
                                  check_value)
-from treadle.trainer_spec import LOG_WRITERS, TRAINER_KEYS  # the table itself: beside the Trainer
+from treadle.engine.spec import LOG_WRITERS, TRAINER_KEYS  # the table itself: beside the Trainer
 
 SCHEMA: dict[str, Key] = {k.name: k for k in TRAINER_KEYS}
 
@@ -30,7 +30,7 @@ NOT_CONFIG_KEYS = ("safe",)
 def trainer_defaults() -> dict[str, Any]:
     """Each Trainer argument's default, from the signature (tuples as lists), less
     :data:`NOT_CONFIG_KEYS`."""
-    from treadle.trainer import Trainer  # here: the schema must not import the Trainer at load time
+    from treadle.engine.trainer import Trainer  # here: the schema must not import the Trainer at load time
 
     out: dict[str, Any] = {}
     for name, p in inspect.signature(Trainer.__init__).parameters.items():

@@ -13,7 +13,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 if TYPE_CHECKING:
-    from treadle.trainer import Trainer
+    from treadle.engine.trainer import Trainer
 
 
 class Priority(IntEnum):
@@ -77,7 +77,7 @@ HOOK_POINTS: dict[str, tuple[str, ...]] = {
 class Hook:
     """Base class for hooks. Override only the points you need.
 
-    The order of calls in ``trainer.fit()`` (see ``treadle/loops.py``)::
+    The order of calls in ``trainer.fit()`` (see ``treadle/engine/loops.py``)::
 
         before_run
         before_train

@@ -17,7 +17,7 @@ from treadle.logging.writers import get_logger
 from treadle.metrics import higher_is_better
 
 if TYPE_CHECKING:
-    from treadle.trainer import Trainer
+    from treadle.engine.trainer import Trainer
 
 
 class CheckpointHook(Hook):
@@ -28,7 +28,7 @@ class CheckpointHook(Hook):
             None: no periodic saves (the default hook: only the final save).
         by_epoch: epochs or iterations. Epoch checkpoints are taken in
             ``after_train_epoch`` (after the epoch's scheduler steps), iteration ones
-            in ``after_train_iter``; both resume exactly (see treadle/snapshot.py).
+            in ``after_train_iter``; both resume exactly (see treadle/engine/snapshot.py).
         keep: keep the last ``keep`` periodic checkpoints of this run (None or 0: keep
             all); an earlier run's checkpoints in the same directory are never removed.
         best: a validation metric such as "val/acc": also keep the ``keep_best`` best

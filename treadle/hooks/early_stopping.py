@@ -12,7 +12,7 @@ from treadle.logging.writers import get_logger
 from treadle.metrics import higher_is_better
 
 if TYPE_CHECKING:
-    from treadle.trainer import Trainer
+    from treadle.engine.trainer import Trainer
 
 RULES = ("less", "greater")
 

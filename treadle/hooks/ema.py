@@ -10,7 +10,7 @@ from treadle.hooks.base import Hook, Priority
 from treadle.optim.ema import ExponentialMovingAverage, momentum_from_alpha
 
 if TYPE_CHECKING:
-    from treadle.trainer import Trainer
+    from treadle.engine.trainer import Trainer
 
 
 class EMAHook(Hook):

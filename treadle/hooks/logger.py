@@ -14,7 +14,7 @@ from treadle.logging.specs import WRITERS, build_writer, check_writers
 from treadle.logging.writers import LOGGER_NAME, TEXT_LOG_NAME, add_file_handler, get_logger, remove_handler
 
 if TYPE_CHECKING:
-    from treadle.trainer import Trainer
+    from treadle.engine.trainer import Trainer
 
 
 class LoggerHook(Hook):
@@ -94,7 +94,7 @@ class LoggerHook(Hook):
         # Called as fn(trainer) -> {key: value} on every rank when a train record is built;
         # the values join the record as they are: not averaged over the window nor over
         # ranks (their producers reduce them, e.g. train metrics' compute(), see
-        # treadle/train_metrics.py), and not given to the listeners.
+        # treadle/hooks/train_metrics.py), and not given to the listeners.
         self.sources: list[Any] = []
         # Log files across runs (see the class docstring): the position of a checkpoint
         # loaded since the last fit() began, records written by this hook, the newest
@@ -106,7 +106,7 @@ class LoggerHook(Hook):
         self._fit_started = False
 
     def after_load_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
-        pos = checkpoint.get("loop") or {}  # where the run goes on (treadle/snapshot.py)
+        pos = checkpoint.get("loop") or {}  # where the run goes on (treadle/engine/snapshot.py)
         self._resume_at = (int(pos.get("iter", 0)), bool(pos.get("val_due", False)))
 
     def before_run(self, trainer: "Trainer") -> None:

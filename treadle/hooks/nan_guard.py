@@ -48,7 +48,7 @@ from treadle.hooks.base import Hook, Priority, get_priority
 from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
-    from treadle.trainer import Trainer
+    from treadle.engine.trainer import Trainer
 
 MODES = ("raise", "skip")
 

@@ -14,7 +14,7 @@ from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
-    from treadle.trainer import Trainer
+    from treadle.engine.trainer import Trainer
 
 
 def _count(name: str, value: Any, minimum: int) -> int:

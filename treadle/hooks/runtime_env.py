@@ -18,7 +18,7 @@ from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import LOGGER_NAME
 
 if TYPE_CHECKING:
-    from treadle.trainer import Trainer
+    from treadle.engine.trainer import Trainer
 
 START_METHODS = ("fork", "spawn", "forkserver")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

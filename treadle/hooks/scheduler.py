@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from treadle.hooks.base import Hook, Priority
 
 if TYPE_CHECKING:
-    from treadle.trainer import Trainer
+    from treadle.engine.trainer import Trainer
 
 
 class ParamSchedulerHook(Hook):

@@ -10,7 +10,7 @@ from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
-    from treadle.trainer import Trainer
+    from treadle.engine.trainer import Trainer
 
 
 def _numel(p: nn.Parameter) -> int:

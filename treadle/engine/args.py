@@ -2,7 +2,7 @@
 
 Everything here runs inside ``Trainer.__init__``, before anything is trained or
 written, so a bad argument fails with a message that names it. Internal to treadle:
-the public face is the Trainer's signature (treadle/trainer.py).
+the public face is the Trainer's signature (treadle/engine/trainer.py).
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from treadle.hooks.logger import LoggerHook
 from treadle.hooks.nan_guard import NaNGuardHook
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.timer import IterTimerHook
-from treadle.loops import Workflow, check_workflow
+from treadle.engine.loops import Workflow, check_workflow
 from treadle.logging.writers import get_logger
 from treadle.optim.wrapper import check_clip_grad, check_precision
 from treadle.optim.wrapper_builder import by_name
-from treadle.preemption import PreemptionConfig
-from treadle.resume import check_resume_dir
+from treadle.engine.preemption import PreemptionConfig
+from treadle.engine.resume import check_resume_dir
 from treadle.seeding import seed_everything
-from treadle.timing import PhaseTimerHook
-from treadle.train_metrics import TrainMetrics, TrainMetricsHook
+from treadle.hooks.phase_timer import PhaseTimerHook
+from treadle.hooks.train_metrics import TrainMetrics, TrainMetricsHook
 
 
 def progress_on(progress: Any, is_main: bool) -> bool:
@@ -120,7 +120,7 @@ def check_loader(name: str, loader: Any) -> None:
 
 def checkpoint_hook(cfg: Any) -> CheckpointHook:
     """``checkpoint=``: a CheckpointHook, True, or its arguments as a dict (type and keys
-    checked by the spec, treadle/trainer_spec.py)."""
+    checked by the spec, treadle/engine/spec.py)."""
     if isinstance(cfg, CheckpointHook):
         return cfg
     return CheckpointHook() if cfg is True else CheckpointHook(**cfg)
@@ -128,7 +128,7 @@ def checkpoint_hook(cfg: Any) -> CheckpointHook:
 
 def ema_hook(cfg: Any) -> EMAHook:
     """``ema=``: an EMAHook, or its arguments as a dict (``start_iter`` is another name for
-    ``start``; type and keys checked by the spec, treadle/trainer_spec.py)."""
+    ``start``; type and keys checked by the spec, treadle/engine/spec.py)."""
     if isinstance(cfg, EMAHook):
         return cfg
     if "momentum" in cfg and "alpha" in cfg:
@@ -244,7 +244,7 @@ class Args:
 
 def build_args(v: Mapping[str, Any]) -> Args:
     """The checks that need more than one argument or a Python object (the spec in
-    treadle/trainer_spec.py has checked each value), and the components given as config
+    treadle/engine/spec.py has checked each value), and the components given as config
     dicts (loss, metrics, hooks) built as a config file builds them."""
     safe = v["safe"]
     model = v["model"]

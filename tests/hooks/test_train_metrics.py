@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 import treadle
 from treadle.logging import read_jsonl
 from treadle.seeding import seed_everything
-from treadle.train_metrics import TrainMetrics, TrainMetricsHook
+from treadle.hooks.train_metrics import TrainMetrics, TrainMetricsHook
 
 from cli_support import TINY, run
 from support import DEVICE, ON_CPU, TinyNet, count_host_reads, make_data
@@ -314,7 +314,7 @@ def test_two_ranks_log_the_value_over_both_ranks(tmp_path):
 
     from support import run_ranks
 
-    script = str(Path(__file__).parent / "train_metrics_ranks.py")
+    script = str(Path(__file__).parent.parent / "train_metrics_ranks.py")
     for rank, (code, output) in enumerate(run_ranks(script, [str(tmp_path / "ddp")])):
         assert code == 0, f"rank {rank} exited {code}:\n{output[-4000:]}"
     seen = [torch.load(tmp_path / "ddp" / f"seen_rank{r}.pt", weights_only=True) for r in range(2)]

@@ -4,7 +4,7 @@ The metrics follow the protocol of ``metrics=`` (``update(outputs, targets)``,
 ``compute()``, ``reset()``; torchmetrics objects as they are, see treadle/metrics.py).
 Three parts, each with one job:
 
-* the train step feeds them: the default step (treadle/step.py, chosen once when
+* the train step feeds them: the default step (treadle/engine/step.py, chosen once when
   ``train_metrics`` is given) calls :meth:`TrainMetrics.update` with each batch's
   outputs and targets, detached, as float32 and outside autocast; a custom step calls
   ``trainer.update_train_metrics(outputs, targets)``. An update stays on the device:
@@ -17,7 +17,7 @@ Three parts, each with one job:
   its window, as the loss beside it) or when an epoch starts (``reset="epoch"``: a
   running value over the epoch so far).
 * :class:`TrainMetrics` owns their accumulated state in checkpoints, per rank (each rank
-  counts its own samples: ``rank_states["train_metrics"]`` in treadle/snapshot.py), so a
+  counts its own samples: ``rank_states["train_metrics"]`` in treadle/engine/snapshot.py), so a
   run resumed inside an interval logs what the uninterrupted run logs. A metric is saved
   through its ``state_dict()`` / ``load_state_dict()``; a torchmetrics object's states
   are not in its ``state_dict()`` by default, so :class:`TrainMetrics` calls its
@@ -37,7 +37,7 @@ from treadle.logging.writers import get_logger
 from treadle.metrics import flatten_results, update_metrics
 
 if TYPE_CHECKING:
-    from treadle.trainer import Trainer
+    from treadle.engine.trainer import Trainer
 
 #: When train metrics start over: after each log record, or when an epoch starts.
 RESETS = ("interval", "epoch")
@@ -117,7 +117,7 @@ class TrainMetrics:
             m.reset()
         self.updates = 0
 
-    # -- Stateful: this rank's accumulated state (treadle/snapshot.py) ------------------
+    # -- Stateful: this rank's accumulated state (treadle/engine/snapshot.py) ------------------
     def state_dict(self) -> dict[str, Any]:
         """Each metric's ``state_dict()``, its tensors copied: a metric that resets in place
         cannot change a checkpoint still being written."""

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 import treadle
 from treadle.checkpoint import io as checkpoint_io
 from treadle.checkpoint.io import find_latest_checkpoint, list_checkpoints, verify_checkpoint
-from treadle.preemption import PreemptionConfig
+from treadle.engine.preemption import PreemptionConfig
 
 from support import TinyNet, make_data
 

@@ -70,7 +70,7 @@ class TrainState:
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint holds of this object: the last validation/test results (the
-        counters are the train loop's, saved at an iteration boundary; see treadle/loops.py)."""
+        counters are the train loop's, saved at an iteration boundary; see treadle/engine/loops.py)."""
         return {"metrics": dict(self.metrics)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

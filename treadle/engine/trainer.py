@@ -1,8 +1,8 @@
 """The Trainer: holds the components, checks them, runs the loops, dispatches hooks.
 
-The flow itself lives in ``treadle/loops.py``; the default step in ``treadle/step.py``.
+The flow itself lives in ``treadle/engine/loops.py``; the default step in ``treadle/engine/step.py``.
 Everything is checked in ``__init__`` (with the checks and builders of
-``treadle/trainer_args.py``), so a bad argument fails before anything runs or is written.
+``treadle/engine/args.py``), so a bad argument fails before anything runs or is written.
 """
 
 from __future__ import annotations
@@ -28,22 +28,22 @@ from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.ema import EMAHook
 from treadle.logging.store import MetricStore
 from treadle.logging.writers import get_logger, log_details, log_failure
-from treadle.eval_loop import EvalComm, EvalLoop
-from treadle.loops import EpochLoop, IterLoop, TrainLoop, default_workflow
+from treadle.engine.eval_loop import EvalComm, EvalLoop
+from treadle.engine.loops import EpochLoop, IterLoop, TrainLoop, default_workflow
 from treadle.metrics import update_metrics
 from treadle.optim.wrapper import OptimWrapper, make_autocast
-from treadle.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, agree_on_stop, requeue_slurm_job
-from treadle.resume import checkpoint_in, latest_to_resume, note_other_runs
-from treadle.run_dir import RunDir
-from treadle.state import TrainState
-from treadle.step import make_eval_step, make_train_step
+from treadle.engine.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, agree_on_stop, requeue_slurm_job
+from treadle.engine.resume import checkpoint_in, latest_to_resume, note_other_runs
+from treadle.engine.run_dir import RunDir
+from treadle.hooks.state import TrainState
+from treadle.engine.step import make_eval_step, make_train_step
 from treadle.strategies.base import Strategy
 from treadle.strategies.build import resolve_strategy
-from treadle.timing import PhaseTimer
-from treadle.trainer_args import (build_args, build_model_and_data, check_bool, check_hook_list, default_hooks,
+from treadle.hooks.phase_timer import PhaseTimer
+from treadle.engine.args import (build_args, build_model_and_data, check_bool, check_hook_list, default_hooks,
                                   warn_if_unpinned, warn_without_validation)
-from treadle.trainer_spec import check_args
-from treadle import snapshot
+from treadle.engine.spec import check_args
+from treadle.engine import snapshot
 
 
 class LearningRates(dict):
@@ -77,7 +77,7 @@ class Trainer:
             ``reset()`` (torchmetrics objects work as they are).
         train_metrics: the same, for training: updated each iteration on the device
             (no host read), logged as ``train/<name>`` at the log interval, reduced over
-            ranks, checkpointed per rank (treadle/train_metrics.py). The default step
+            ranks, checkpointed per rank (treadle/hooks/train_metrics.py). The default step
             needs ``loss_fn``; a custom step calls :meth:`update_train_metrics`.
         train_metrics_reset: "interval" (start over after each log record) or "epoch".
         hooks: Hook objects added to the defaults (a hook of a default's class
@@ -105,7 +105,7 @@ class Trainer:
         progress: "auto" (a live rich progress bar when stdout is a terminal, main
             process only), True (always, main process only) or False.
         timer_breakdown: log ``time/forward``, ``time/loss``, ``time/backward``,
-            ``time/optimizer``, ``time/hooks`` of the default step (see treadle/timing.py).
+            ``time/optimizer``, ``time/hooks`` of the default step (see treadle/hooks/phase_timer.py).
         move_batch: every step (the default ones, ``model.train_step``/``val_step``, a
             subclass's ``train_step``) gets the batch on the strategy's device, its
             tensors moved inside tuples, lists and dicts. False: steps get batches as the
@@ -122,7 +122,7 @@ class Trainer:
     batch_size=64, shuffle=True)``; they are built as ``treadle train`` builds them
     (treadle/config/build.py), model and data after seeding.
 
-    The run directory (treadle/run_dir.py): ``fit()``, ``validate()`` and ``test()`` lock
+    The run directory (treadle/engine/run_dir.py): ``fit()``, ``validate()`` and ``test()`` lock
     ``work_dir`` (a second run there is refused); ``fit()`` writes ``env.txt`` and the
     files in ``run_files`` (``treadle train`` puts ``config.yaml`` there) once the resume
     checks have passed, moving an earlier different one aside; ``checkpoint_path(name)``
@@ -171,7 +171,7 @@ class Trainer:
         safe: bool = False,
         verbose: bool = False,
     ) -> None:
-        # -- every argument is checked before anything happens (treadle/trainer_spec.py) --
+        # -- every argument is checked before anything happens (treadle/engine/spec.py) --
         check_bool("safe", safe)
         hooks = check_hook_list(hooks)
         check_args(locals())
@@ -181,7 +181,7 @@ class Trainer:
         self.seed_per_sample = seed_per_sample  # the loaders' DataFeeds (treadle/data/worker_seed.py)
         self.move_batch = move_batch
         self.strategy = resolve_strategy(strategy)
-        self.train_metrics = a.train_metrics  # None unless given (treadle/train_metrics.py)
+        self.train_metrics = a.train_metrics  # None unless given (treadle/hooks/train_metrics.py)
 
         # -- process group, run id and seeds; then model and data ----------------------
         self.strategy.setup_env(seed=seed, seed_per_rank=seed_per_rank, deterministic=deterministic, draw_seed=False)
@@ -263,7 +263,7 @@ class Trainer:
 
     def _load_weights(self, load_from: str | Path) -> None:
         """``load_from``: weights into the module before it is placed (a run directory: its
-        latest verified checkpoint, treadle/resume.py)."""
+        latest verified checkpoint, treadle/engine/resume.py)."""
         path, note = checkpoint_in(load_from, "load_from", self.is_main)
         if note:
             get_logger().info(note)
@@ -459,7 +459,7 @@ class Trainer:
         elif s.preempted and self.is_main:
             get_logger().warning(f"{s.stop_reason}: stopped at iteration {s.iter}; nothing saved (no work_dir)")
 
-    # -- the run directory (treadle/run_dir.py) -----------------------------------------
+    # -- the run directory (treadle/engine/run_dir.py) -----------------------------------------
     def _locked(self) -> Any:
         """fit/validate/test hold work_dir's lock: a second run there is refused at once."""
         return self.run_dir.locked(self.run_id) if self.run_dir is not None else contextlib.nullcontext()
@@ -490,11 +490,11 @@ class Trainer:
 
     def checkpoint_states(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(states, rank_states)``: the owners of this trainer's training state by name,
-        as the checkpointer takes them (the layout: treadle/snapshot.py)."""
+        as the checkpointer takes them (the layout: treadle/engine/snapshot.py)."""
         return snapshot.trainer_states(self)
 
     def save_checkpoint(self, path: str | Path, writer: Callable[..., Path] | None = None) -> Path:
-        """Save the complete state (atomic; treadle/snapshot.py lists what is in it).
+        """Save the complete state (atomic; treadle/engine/snapshot.py lists what is in it).
 
         ``writer``: replaces ``treadle.checkpoint.io.save_checkpoint`` on rank 0, e.g. an
         ``AsyncCheckpointer`` (which returns once the state is copied to CPU memory).

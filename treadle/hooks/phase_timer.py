@@ -1,7 +1,7 @@
 """Per-phase times of the default train step: ``Trainer(timer_breakdown=True)``.
 
 VISSL's PerfTimer idea, without a sync per step. The timed step (see
-``treadle/step.py``) takes five marks per iteration::
+``treadle/engine/step.py``) takes five marks per iteration::
 
     begin   | move + forward | mark | loss_fn + parse_losses | mark | backward | mark
             | after_backward hooks, clip, before_optimizer_step hooks, step, zero_grad | end
@@ -31,7 +31,7 @@ from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
     from treadle.logging.store import MetricStore
-    from treadle.trainer import Trainer
+    from treadle.engine.trainer import Trainer
 
 #: The timed phases, in the order of the marks between them.
 PHASES = ("forward", "loss", "backward", "optimizer")

@@ -2,8 +2,8 @@
 (``load_from=``, ``treadle validate/test --checkpoint``, ``treadle export``) names: the
 checks and the search, before anything is loaded.
 
-The Trainer (treadle/trainer.py) and the command line (treadle/cli.py) call these;
-restoring a checkpoint into the Trainer is treadle/snapshot.py.
+The Trainer (treadle/engine/trainer.py) and the command line (treadle/cli.py) call these;
+restoring a checkpoint into the Trainer is treadle/engine/snapshot.py.
 """
 
 from __future__ import annotations

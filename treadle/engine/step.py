@@ -14,9 +14,9 @@ path has no branches for features that are off::
     return logged                                # detached: goes to the logger
 
 ``Trainer(timer_breakdown=True)`` selects ``make_timed_train_step`` instead: the same
-computation with phase marks around it (``treadle/timing.py``).
+computation with phase marks around it (``treadle/hooks/phase_timer.py``).
 
-With ``train_metrics`` (a ``feed``, see ``treadle/train_metrics.py``) the forward that
+With ``train_metrics`` (a ``feed``, see ``treadle/hooks/train_metrics.py``) the forward that
 is chosen also calls ``feed(outputs, targets)`` after the loss, outside autocast; without
 them the step has no such call.
 
@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from treadle.hints import backward_error, loss_error, model_error
 from treadle.optim.wrapper import OptimWrapper
-from treadle.timing import PhaseTimer
+from treadle.hooks.phase_timer import PhaseTimer
 
 Batch = Any
 StepFn = Callable[[Batch], dict[str, Tensor]]
@@ -199,7 +199,7 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
 def make_timed_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_wrapper: OptimWrapper,
                           move: Callable[[Batch], Batch] | None, timer: PhaseTimer,
                           feed: FeedFn | None = None) -> StepFn:
-    """The default step with phase marks (see ``treadle/timing.py``); it computes
+    """The default step with phase marks (see ``treadle/hooks/phase_timer.py``); it computes
     exactly what the untimed step computes, in the same order (the train metrics'
     ``feed`` counts in the loss phase).
 

@@ -1,6 +1,6 @@
 """Validation and test passes: ``EvalLoop`` runs one (or ``k`` batches of an endless
 feed, for iteration workflows) with the hooks' ``before_val`` ... ``after_val`` points
-(see treadle/loops.py for where it sits in ``fit()``): metrics updated with float32
+(see treadle/engine/loops.py for where it sits in ``fit()``): metrics updated with float32
 outputs, losses averaged over the dataset, results summed over ranks, and under FSDP
 every rank running as many batches (forward all-gathers parameters)."""
 
@@ -15,12 +15,12 @@ from torch import Tensor
 from treadle.data.feed import DataFeed
 from treadle.hooks.base import HookDispatcher
 from treadle.metrics import flatten_results, to_python, update_metrics
-from treadle.step import batch_size_of
+from treadle.engine.step import batch_size_of
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from treadle.state import TrainState
+    from treadle.hooks.state import TrainState
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader
 import treadle
 from support import ON_CPU, TinyNet, count_host_reads, make_data
 from treadle.logging import read_jsonl
-from treadle.step import make_train_step
-from treadle.timing import PHASES, PhaseTimer, PhaseTimerHook
+from treadle.engine.step import make_train_step
+from treadle.hooks.phase_timer import PHASES, PhaseTimer, PhaseTimerHook
 
 KEYS = [f"time/{p}" for p in PHASES] + ["time/hooks"]
 
@@ -30,7 +30,7 @@ def _trainer(tmp_path=None, model=None, seed=0, **kw):
 
 def test_records_hold_phase_times_that_add_up_to_the_iteration(tmp_path):
     # On the CPU: there the phases are host times that add up to step_time; on CUDA they are
-    # device times (CUDA events) and time/hooks is clamped at 0 (treadle/timing.py).
+    # device times (CUDA events) and time/hooks is clamped at 0 (treadle/hooks/phase_timer.py).
     _trainer(tmp_path, timer_breakdown=True, strategy=ON_CPU).fit()
     train = [r for r in read_jsonl(tmp_path / "log.jsonl") if r["mode"] == "train"]
     assert [r["iter"] for r in train] == [4, 8, 12, 16]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from treadle.step import parse_losses, unpack_batch
+from treadle.engine.step import parse_losses, unpack_batch
 
 
 def test_unpack_tuple_list_and_dict():

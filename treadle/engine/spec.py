@@ -26,7 +26,7 @@ from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import WRITERS as _WRITERS
 from treadle.hooks.logger import check_writers
 from treadle.optim.wrapper import check_clip_grad, check_precision
-from treadle.preemption import PreemptionConfig
+from treadle.engine.preemption import PreemptionConfig
 from treadle.strategies.base import Strategy
 from treadle.strategies.build import STRATEGY_NAMES, resolve_strategy
 

@@ -49,13 +49,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from treadle.checkpoint.rng import set_rng_state
 from treadle.data.feed import DataFeed
-from treadle.eval_loop import EvalLoop
+from treadle.engine.eval_loop import EvalLoop
 from treadle.hooks.base import HookDispatcher
 from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
     from treadle.optim.wrapper import OptimWrapper
-    from treadle.state import TrainState
+    from treadle.hooks.state import TrainState
 
 Workflow = list[tuple[str, "int | None"]]
 

@@ -36,11 +36,11 @@ from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
 from treadle.hooks.base import HookStates
 from treadle.logging.writers import get_logger
-from treadle.loops import LoopCounters
+from treadle.engine.loops import LoopCounters
 from treadle.strategies.states import ModelState, OptimStates, RunState
 
 if TYPE_CHECKING:
-    from treadle.trainer import Trainer
+    from treadle.engine.trainer import Trainer
 
 #: The entries of a Trainer checkpoint's ``state.pt``.
 ENTRIES = ("model", "optim", "hooks", "loop", "results", "strategy")

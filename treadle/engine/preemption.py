@@ -34,7 +34,7 @@ from typing import Any
 
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
-from treadle.state import TrainState
+from treadle.hooks.state import TrainState
 
 PREEMPTED_EXIT_CODE = 143
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C

@@ -1,0 +1,16 @@
+"""The engine: the Trainer and the rooms it runs through.
+
+    trainer.py    the Trainer: holds the components, runs the entry points
+    args.py       its keyword arguments turned into checked components
+    spec.py       the typed table of those arguments (checks, config keys, docs)
+    loops.py      the training flow: epochs, iterations, workflow phases
+    eval_loop.py  validation and test passes
+    step.py       the default train and eval steps
+    snapshot.py   what a Trainer checkpoint holds, by owner
+    run_dir.py    the run directory: its lock, run files, checkpoint names
+    resume.py     finding the checkpoint to resume from
+    preemption.py signals: save at the next iteration boundary and exit
+
+Hooks (treadle/hooks/) see the run through ``treadle.hooks.view.RunView`` and never
+import from here.
+"""
