@@ -13,7 +13,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 
 class Priority(IntEnum):
@@ -119,7 +119,7 @@ class Hook:
 def _define_points() -> None:
     # Give the base class a no-op for every point so subclasses can call super().
     def make(name: str) -> Callable[..., None]:
-        def point(self: Hook, trainer: "Trainer", *args: Any) -> None:
+        def point(self: Hook, trainer: "RunView", *args: Any) -> None:
             return None
 
         point.__name__ = name

@@ -17,7 +17,7 @@ from treadle.logging.writers import get_logger
 from treadle.metrics import higher_is_better
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 
 class CheckpointHook(Hook):
@@ -99,27 +99,27 @@ class CheckpointHook(Hook):
         self._moved_since_save = False  # an epoch closed or a validation ran after the last save
 
     # -- when ------------------------------------------------------------------------
-    def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
+    def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         if self._reserve_pending:  # async saves: once, after the first step made the optimizer state
             self._reserve_pending = False
             self._reserve(trainer)
         if not self.by_epoch and self.interval and (trainer.state.iter + 1) % self.interval == 0:
             self._save_periodic(trainer, f"iter_{trainer.state.iter + 1:08d}")
 
-    def after_train_epoch(self, trainer: "Trainer") -> None:
+    def after_train_epoch(self, trainer: "RunView") -> None:
         self._moved_since_save = True  # the state a final save records is no longer the last save's
         complete = trainer.train_loop is None or trainer.train_loop.closing_complete
         if complete and self.by_epoch and self.interval and (trainer.state.epoch + 1) % self.interval == 0:
             self._save_periodic(trainer, f"epoch_{trainer.state.epoch + 1:04d}")
 
-    def after_train(self, trainer: "Trainer") -> None:
+    def after_train(self, trainer: "RunView") -> None:
         if self.save_last and not trainer.state.preempted:
             s = trainer.state
             inside = trainer.train_loop is not None and trainer.train_loop.stopped_inside_epoch  # a stop mid-epoch
             name = f"epoch_{s.epoch:04d}" if self.by_epoch and s.by_epoch and not inside else f"iter_{s.iter:08d}"
             self._save_periodic(trainer, name)
 
-    def after_val_epoch(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+    def after_val_epoch(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
         if trainer.state.mode == "val":
             self._moved_since_save = True  # hook states (best, plateau, early stopping) changed
         if self.best is None or trainer.state.mode != "val" or trainer.work_dir is None:
@@ -157,10 +157,10 @@ class CheckpointHook(Hook):
         get_logger().info(f"best {self.best} = {value:.6g}: saved {path}")
 
     # -- asynchronous saves: buffers reserved early, a wait before any other save and at the end
-    def before_train(self, trainer: "Trainer") -> None:
+    def before_train(self, trainer: "RunView") -> None:
         self._reserve_pending = self.async_save and trainer.work_dir is not None
 
-    def _reserve(self, trainer: "Trainer") -> None:
+    def _reserve(self, trainer: "RunView") -> None:
         """Allocate the first save's CPU buffers in the background now, so that no save
         blocks on allocating and faulting in memory (see AsyncCheckpointer.reserve).
         Rank 0 writes everything but FSDP's shards, which DCP copies itself."""
@@ -171,16 +171,16 @@ class CheckpointHook(Hook):
         states, rank_states = trainer.checkpoint_states()
         self._saver.reserve(trainer.checkpointer.payloads(states, rank_states))  # the states' own tensors: no copy
 
-    def before_save_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
+    def before_save_checkpoint(self, trainer: "RunView", checkpoint: dict[str, Any]) -> None:
         if self._saver is not None:  # e.g. a preemption save: never two writes at once
             self._saver.wait()
 
-    def after_run(self, trainer: "Trainer") -> None:
+    def after_run(self, trainer: "RunView") -> None:
         if self._saver is not None:
             self._saver.wait()  # the run ends with its checkpoints on disk (or their error)
 
     # -- how -------------------------------------------------------------------------
-    def _save_periodic(self, trainer: "Trainer", name: str) -> None:
+    def _save_periodic(self, trainer: "RunView", name: str) -> None:
         if trainer.work_dir is None:
             return
         # The final save right after a periodic one of the same name is skipped, unless an
@@ -207,7 +207,7 @@ class CheckpointHook(Hook):
         if trainer.is_main:
             get_logger().info(f"checkpoint {path}: state copied, writing in the background")
 
-    def after_load_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
+    def after_load_checkpoint(self, trainer: "RunView", checkpoint: dict[str, Any]) -> None:
         # Checkpoints of older treadles hold absolute paths: those inside this work_dir's
         # checkpoints/best/ become relative; any other is kept for ranking but untracked.
         records = []
@@ -256,7 +256,7 @@ def _is_best_name(relative: str) -> bool:
     return head == BEST_DIR and bool(name) and not name.startswith(".") and "\\" not in name and "\0" not in name
 
 
-def _remove_best(trainer: "Trainer", relative: str) -> None:
+def _remove_best(trainer: "RunView", relative: str) -> None:
     """Delete a best checkpoint that fell out of the best K, if this run saved it."""
     path = Path(trainer.work_dir) / relative
     if not path.exists() and not path.is_symlink():

@@ -12,7 +12,7 @@ from treadle.logging.writers import get_logger
 from treadle.metrics import higher_is_better
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 RULES = ("less", "greater")
 
@@ -75,7 +75,7 @@ class EarlyStoppingHook(Hook):
             return value < self.best - self.min_delta
         return value > self.best + self.min_delta
 
-    def after_val_epoch(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+    def after_val_epoch(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
         if self.monitor not in metrics:
             self._missing(metrics)
             return
@@ -101,7 +101,7 @@ class EarlyStoppingHook(Hook):
             self._warned = True
             warnings.warn(msg + "; early stopping is inactive", RuntimeWarning, stacklevel=2)
 
-    def _stop(self, trainer: "Trainer", reason: str) -> None:
+    def _stop(self, trainer: "RunView", reason: str) -> None:
         trainer.state.request_stop(reason)
         if trainer.is_main:
             get_logger().info(reason)

@@ -10,7 +10,7 @@ from treadle.hooks.base import Hook, Priority
 from treadle.optim.ema import ExponentialMovingAverage, momentum_from_alpha
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 
 class EMAHook(Hook):
@@ -54,7 +54,7 @@ class EMAHook(Hook):
         self._last_steps = 0
         self._swapped = False
 
-    def _ensure(self, trainer: "Trainer") -> ExponentialMovingAverage:
+    def _ensure(self, trainer: "RunView") -> ExponentialMovingAverage:
         if self.ema is None:
             self.ema = ExponentialMovingAverage(trainer.module, self.momentum)
             if self._pending_state is not None:
@@ -62,10 +62,10 @@ class EMAHook(Hook):
                 self._pending_state = None
         return self.ema
 
-    def before_run(self, trainer: "Trainer") -> None:
+    def before_run(self, trainer: "RunView") -> None:
         self._ensure(trainer)
 
-    def before_train(self, trainer: "Trainer") -> None:
+    def before_train(self, trainer: "RunView") -> None:
         if self.alpha is not None:
             batch = getattr(trainer.train_dataloader, "batch_size", None)
             if not batch or not trainer.state.max_epochs:
@@ -75,7 +75,7 @@ class EMAHook(Hook):
             self._ensure(trainer).momentum = self.momentum
         self._last_steps = sum(ow.step_count for ow in trainer.optim_wrappers.values())
 
-    def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
+    def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         steps = sum(ow.step_count for ow in trainer.optim_wrappers.values())
         if steps == self._last_steps:  # no optimizer step on this iteration
             return
@@ -89,12 +89,12 @@ class EMAHook(Hook):
         else:
             ema.update(trainer.module)
 
-    def _swap_in(self, trainer: "Trainer") -> None:
+    def _swap_in(self, trainer: "RunView") -> None:
         if self.use_for_val and not self._swapped:
             self._ensure(trainer).swap(trainer.module)
             self._swapped = True
 
-    def _swap_out(self, trainer: "Trainer", *args: Any) -> None:
+    def _swap_out(self, trainer: "RunView", *args: Any) -> None:
         if self._swapped:
             self.ema.swap(trainer.module)  # type: ignore[union-attr]
             self._swapped = False
@@ -102,7 +102,7 @@ class EMAHook(Hook):
     before_val = before_test = _swap_in
     after_val = after_test = _swap_out
 
-    def after_run(self, trainer: "Trainer") -> None:
+    def after_run(self, trainer: "RunView") -> None:
         self._swap_out(trainer)  # in case an evaluation raised half-way
 
     def state_dict(self) -> dict[str, Any]:

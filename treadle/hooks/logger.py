@@ -14,7 +14,7 @@ from treadle.logging.specs import WRITERS, build_writer, check_writers
 from treadle.logging.writers import LOGGER_NAME, TEXT_LOG_NAME, add_file_handler, get_logger, remove_handler
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 
 class LoggerHook(Hook):
@@ -87,15 +87,10 @@ class LoggerHook(Hook):
         # Looked up once (getLogger takes the logging module's lock); get_logger() has
         # set its level and handler by the first record (the Trainer logs at start).
         self._logger = logging.getLogger(LOGGER_NAME)
-        # Called as fn(trainer, values) with each train record's flushed (and rank-reduced)
-        # values, after the record is written: the NaN guard checks these instead of
-        # reading the device itself (one host transfer per interval for both).
-        self.listeners: list[Any] = []
-        # Called as fn(trainer) -> {key: value} on every rank when a train record is built;
-        # the values join the record as they are: not averaged over the window nor over
-        # ranks (their producers reduce them, e.g. train metrics' compute(), see
-        # treadle/hooks/train_metrics.py), and not given to the listeners.
-        self.sources: list[Any] = []
+        # add_listener / add_source: other hooks that read each train record's values (one
+        # host transfer per interval for all) or add values of their own to it.
+        self._listeners: list[Any] = []
+        self._sources: list[Any] = []
         # Log files across runs (see the class docstring): the position of a checkpoint
         # loaded since the last fit() began, records written by this hook, the newest
         # modification time of the log files before this hook first opened them.
@@ -105,11 +100,24 @@ class LoggerHook(Hook):
         self._opened = False
         self._fit_started = False
 
-    def after_load_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
+    def add_listener(self, fn: Any) -> None:
+        """Call ``fn(trainer, values)`` with each train record's flushed, rank-reduced values,
+        after the record is written (the NaN guard checks these: no read of its own)."""
+        if fn not in self._listeners:
+            self._listeners.append(fn)
+
+    def add_source(self, fn: Any) -> None:
+        """Call ``fn(trainer) -> {key: value}`` on every rank as each train record is built;
+        its values join the record as they are (already reduced by their producer, e.g.
+        train metrics' ``compute()``)."""
+        if fn not in self._sources:
+            self._sources.append(fn)
+
+    def after_load_checkpoint(self, trainer: "RunView", checkpoint: dict[str, Any]) -> None:
         pos = checkpoint.get("loop") or {}  # where the run goes on (treadle/engine/snapshot.py)
         self._resume_at = (int(pos.get("iter", 0)), bool(pos.get("val_due", False)))
 
-    def before_run(self, trainer: "Trainer") -> None:
+    def before_run(self, trainer: "RunView") -> None:
         self._batch_size = getattr(trainer.train_dataloader, "batch_size", None)
         if trainer.work_dir is None or not trainer.is_main:
             return
@@ -126,7 +134,7 @@ class LoggerHook(Hook):
         return [Path(w.path) for w in self._writers
                 if callable(getattr(w, "move_aside", None)) and getattr(w, "path", None) is not None]
 
-    def before_train(self, trainer: "Trainer") -> None:
+    def before_train(self, trainer: "RunView") -> None:
         resume, self._resume_at = self._resume_at, None
         fresh = resume is None and not self._fit_started and trainer.state.iter == 0
         self._fit_started = True
@@ -151,7 +159,7 @@ class LoggerHook(Hook):
                     if dest is not None:
                         logger.info(f"{_file_name(w)}: an earlier run's records moved to {dest.name}")
 
-    def after_run(self, trainer: "Trainer") -> None:
+    def after_run(self, trainer: "RunView") -> None:
         writers, self._writers = self._writers, []
         failed, self._failed = self._failed, set()
         error: BaseException | None = None
@@ -180,10 +188,8 @@ class LoggerHook(Hook):
                 self._failed.add(id(w))
                 raise
 
-    def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
-        pending = trainer.store.pending
-        for k, v in outputs.items():
-            pending[k].append(v)
+    def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
+        trainer.store.put_dict(outputs)
         state = trainer.state
         done = state.iter + 1
         if self.due(state) or done == state.max_iters:
@@ -200,19 +206,18 @@ class LoggerHook(Hook):
             return True
         return k == per_epoch and (not self.ignore_last or per_epoch <= self.interval)
 
-    def _log_train(self, trainer: "Trainer", done: int) -> None:
+    def _log_train(self, trainer: "RunView", done: int) -> None:
         state = trainer.state
         record: dict[str, Any] = {"mode": "train", "epoch": state.epoch + 1, "iter": done,
                                   "timestamp": round(time.time(), 3)}
         record.update(trainer.learning_rates)
         record.update(self._optim_values(trainer))
         if self.window is not None:
-            for window in trainer.store.pending.values():
-                del window[:-self.window]
+            trainer.store.keep_last(self.window)
         values = trainer.store.flush()  # after the grad norms joined the store: one transfer
         values = trainer.strategy.reduce_log_values(values)  # several ranks: mean, max for times
         record.update(values)
-        for source in self.sources:
+        for source in self._sources:
             record.update(source(trainer))
         per_iter = values.get("data_time", 0.0) + values.get("step_time", 0.0)
         if per_iter and self._batch_size:
@@ -227,31 +232,31 @@ class LoggerHook(Hook):
         logger = self._logger
         if trainer.is_main and logger.isEnabledFor(logging.INFO):
             logger.info(_format_train_line(record, state))
-        for fn in self.listeners:
+        for fn in self._listeners:
             fn(trainer, values)
 
     @staticmethod
-    def _optim_values(trainer: "Trainer") -> dict[str, Any]:
+    def _optim_values(trainer: "RunView") -> dict[str, Any]:
         """Grad norms (into the store, reduced with the rest) and fp16 scaler figures."""
         out: dict[str, Any] = {}
         single = len(trainer.optim_wrappers) == 1
         for name, ow in trainer.optim_wrappers.items():
             suffix = "" if single else f"/{name}"
             if ow.grad_norms:
-                trainer.store.pending["grad_norm" + suffix].extend(ow.grad_norms)
+                trainer.store.extend("grad_norm" + suffix, ow.grad_norms)
                 ow.grad_norms.clear()
             if ow.scaler is not None:
                 out["loss_scale" + suffix] = ow.scaler.get_scale()
                 out["skipped_steps" + suffix] = ow.skipped_steps
         return out
 
-    def after_val(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+    def after_val(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
         self._log_eval(trainer, "val", metrics)
 
-    def after_test(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+    def after_test(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
         self._log_eval(trainer, "test", metrics)
 
-    def _log_eval(self, trainer: "Trainer", mode: str, metrics: dict[str, Any]) -> None:
+    def _log_eval(self, trainer: "RunView", mode: str, metrics: dict[str, Any]) -> None:
         state = trainer.state
         record = {"mode": mode, "epoch": state.epoch, "iter": state.iter, "timestamp": round(time.time(), 3), **metrics}
         self._write(record)

@@ -48,7 +48,7 @@ from treadle.hooks.base import Hook, Priority, get_priority
 from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 MODES = ("raise", "skip")
 
@@ -84,7 +84,7 @@ class NaNGuardHook(Hook):
             self.disabled_points = frozenset({"before_optimizer_step"})
 
     # -- raise mode ------------------------------------------------------------------
-    def before_train(self, trainer: "Trainer") -> None:
+    def before_train(self, trainer: "RunView") -> None:
         from treadle.hooks.logger import LoggerHook
 
         self._window.clear()
@@ -99,11 +99,10 @@ class NaNGuardHook(Hook):
             # Share the logger's read (we run first, so its flush covers our window). It
             # empties the window every `interval` iterations; a check of our own only if
             # that ever stops happening.
-            if self._on_log not in logger.listeners:
-                logger.listeners.append(self._on_log)
+            logger.add_listener(self._on_log)
             self._limit = 2 * self.check_interval + 1
 
-    def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
+    def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         state = trainer.state
         if self.mode == "raise":
             window = self._window
@@ -115,22 +114,22 @@ class NaNGuardHook(Hook):
         if done % self._log_interval == 0 or done == state.max_iters:
             trainer.store.put("nan_skipped", float(self.skipped))
 
-    def after_train_epoch(self, trainer: "Trainer") -> None:
+    def after_train_epoch(self, trainer: "RunView") -> None:
         self._check()
 
-    def before_val(self, trainer: "Trainer") -> None:
+    def before_val(self, trainer: "RunView") -> None:
         self._check()
 
-    def after_train(self, trainer: "Trainer") -> None:
+    def after_train(self, trainer: "RunView") -> None:
         self._check()
 
-    def before_save_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
+    def before_save_checkpoint(self, trainer: "RunView", checkpoint: dict[str, Any]) -> None:
         # A checkpoint must not keep weights a non-finite loss already spoiled: check the
         # window now (a save reads the state to the host anyway), and fail before writing.
         if self.mode == "raise":
             self._check()
 
-    def _on_log(self, trainer: "Trainer", values: dict[str, Any]) -> None:
+    def _on_log(self, trainer: "RunView", values: dict[str, Any]) -> None:
         """The logger's listener: check the window means it read (no transfer of ours).
 
         The window holds the iterations since the last log or check, all of which the
@@ -173,7 +172,7 @@ class NaNGuardHook(Hook):
                                  f"loss_dict = {values}")
 
     # -- skip mode -----------------------------------------------------------------------
-    def before_optimizer_step(self, trainer: "Trainer") -> None:
+    def before_optimizer_step(self, trainer: "RunView") -> None:
         if self.mode != "skip" or self._defer_to_scaler:
             return
         params = self._params

@@ -31,7 +31,7 @@ from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
     from treadle.logging.store import MetricStore
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 #: The timed phases, in the order of the marks between them.
 PHASES = ("forward", "loss", "backward", "optimizer")
@@ -118,14 +118,14 @@ class PhaseTimerHook(Hook):
         self.interval = 50
         self._warned = False
 
-    def before_run(self, trainer: "Trainer") -> None:
+    def before_run(self, trainer: "RunView") -> None:
         from treadle.hooks.logger import LoggerHook
 
         loggers = [h for h in trainer.hooks if isinstance(h, LoggerHook)]
         self.interval = loggers[0].interval if loggers else trainer.log_interval
         self.timer.reset()
 
-    def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
+    def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         state = trainer.state
         done = state.iter + 1
         if done % self.interval == 0 or done == state.max_iters:
@@ -140,12 +140,11 @@ def put_phase_times(durations: dict[str, list[float]], store: "MetricStore") -> 
     Returns False when there was nothing to put."""
     if not durations[PHASES[0]]:
         return False
-    pending = store.pending
     phases = 0.0
     for name, values in durations.items():
-        pending[f"time/{name}"].extend(values)
+        store.extend(f"time/{name}", values)
         phases += sum(values) / len(values)
-    step = pending.get("step_time")
+    step = store.window("step_time")
     if step:
-        pending["time/hooks"].append(max(0.0, sum(step) / len(step) - phases))
+        store.put("time/hooks", max(0.0, sum(step) / len(step) - phases))
     return True

@@ -14,7 +14,7 @@ from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 
 def _count(name: str, value: Any, minimum: int) -> int:
@@ -61,7 +61,7 @@ class ProfilerHook(Hook):
         self._prof: Any = None
         self._steps = 0
 
-    def before_train(self, trainer: "Trainer") -> None:
+    def before_train(self, trainer: "RunView") -> None:
         import torch.profiler as tp  # torch is loaded; the profiler module only when used
 
         if not (trainer.is_main or self.all_ranks):
@@ -88,7 +88,7 @@ class ProfilerHook(Hook):
         self._steps = 0
         self._prof.start()
 
-    def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
+    def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         prof = self._prof
         if prof is None:
             return
@@ -98,10 +98,10 @@ class ProfilerHook(Hook):
         if self.repeat and self._steps >= (self.wait + self.warmup + self.active) * self.repeat:
             self._stop()
 
-    def after_train(self, trainer: "Trainer") -> None:
+    def after_train(self, trainer: "RunView") -> None:
         self._stop()
 
-    def after_run(self, trainer: "Trainer") -> None:
+    def after_run(self, trainer: "RunView") -> None:
         self._stop()  # training ended by an exception: still close the profiler
 
     def _stop(self) -> None:

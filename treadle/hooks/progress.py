@@ -32,7 +32,7 @@ from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 
 class _RateColumn(ProgressColumn):
@@ -91,7 +91,7 @@ class ProgressBarHook(Hook):
         self._filters: list[tuple[logging.Handler, logging.Filter]] = []
 
     # -- lifetime of the live display ---------------------------------------------
-    def before_run(self, trainer: "Trainer") -> None:
+    def before_run(self, trainer: "RunView") -> None:
         if not trainer.is_main:
             return
         from treadle.hooks.logger import LoggerHook
@@ -106,7 +106,7 @@ class ProgressBarHook(Hook):
         self._divert_logging(console)
         self.progress.start()
 
-    def after_run(self, trainer: "Trainer") -> None:
+    def after_run(self, trainer: "RunView") -> None:
         if self.progress is None:
             return
         try:
@@ -127,17 +127,17 @@ class ProgressBarHook(Hook):
                     self._filters.append((h, f))
 
     # -- training ---------------------------------------------------------------------
-    def before_train(self, trainer: "Trainer") -> None:
+    def before_train(self, trainer: "RunView") -> None:
         if self.progress is None:
             return
         s = trainer.state
         self._train = self.progress.add_task(_epoch_text(s), total=s.max_iters, completed=s.iter, info="")
 
-    def before_train_epoch(self, trainer: "Trainer") -> None:
+    def before_train_epoch(self, trainer: "RunView") -> None:
         if self.progress is not None and self._train is not None:
             self.progress.update(self._train, description=_epoch_text(trainer.state))
 
-    def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
+    def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         progress = self.progress
         if progress is None or self._train is None:
             return
@@ -150,24 +150,24 @@ class ProgressBarHook(Hook):
                 progress.update(self._train, info=f"loss {loss:.4g}")
 
     # -- validation and test ------------------------------------------------------------
-    def before_val(self, trainer: "Trainer") -> None:
+    def before_val(self, trainer: "RunView") -> None:
         self._start_eval(trainer, "val")
 
-    def after_val_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
+    def after_val_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         if self._eval is not None:
             self.progress.advance(self._eval)  # type: ignore[union-attr]
 
-    def after_val(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+    def after_val(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
         self._end_eval()
 
-    def before_test(self, trainer: "Trainer") -> None:
+    def before_test(self, trainer: "RunView") -> None:
         self._start_eval(trainer, "test")
 
     # A test pass advances and closes its bar exactly as a validation pass does.
     after_test_iter = after_val_iter
     after_test = after_val
 
-    def _start_eval(self, trainer: "Trainer", mode: str) -> None:
+    def _start_eval(self, trainer: "RunView", mode: str) -> None:
         if self.progress is None or not self.show_eval:
             return
         self._eval = self.progress.add_task(mode, total=_eval_total(trainer, mode, self._train is not None), info="")
@@ -186,7 +186,7 @@ def _epoch_text(state: Any) -> str:
     return f"{epoch}/{state.max_epochs}" if state.max_epochs else epoch
 
 
-def _eval_total(trainer: "Trainer", mode: str, in_fit: bool) -> int | None:
+def _eval_total(trainer: "RunView", mode: str, in_fit: bool) -> int | None:
     """Batches in this pass: the loader's length, or the count of an iteration
     workflow's ``("val", k)`` phase during fit; None when unknown."""
     loop = trainer.train_loop

@@ -18,7 +18,7 @@ from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import LOGGER_NAME
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 START_METHODS = ("fork", "spawn", "forkserver")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -67,7 +67,7 @@ class RuntimeEnvHook(Hook):
         self.open_files = open_files
         self._saved: dict[str, Any] = {}
 
-    def before_run(self, trainer: "Trainer") -> None:
+    def before_run(self, trainer: "RunView") -> None:
         saved = self._saved
         if self.log_level is not None:
             logger = logging.getLogger(LOGGER_NAME)
@@ -91,7 +91,7 @@ class RuntimeEnvHook(Hook):
             if soft != resource.RLIM_INFINITY and wanted > soft:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
-    def after_run(self, trainer: "Trainer") -> None:
+    def after_run(self, trainer: "RunView") -> None:
         saved, self._saved = self._saved, {}
         if "log_level" in saved:
             logging.getLogger(LOGGER_NAME).setLevel(saved["log_level"])

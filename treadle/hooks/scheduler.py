@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from treadle.hooks.base import Hook, Priority
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 
 class ParamSchedulerHook(Hook):
@@ -33,7 +33,7 @@ class ParamSchedulerHook(Hook):
         self._on_val: list[Any] = []
         self._skipped: dict[Any, int] = {}  # optim wrapper -> skipped steps seen so far
 
-    def before_train(self, trainer: "Trainer") -> None:
+    def before_train(self, trainer: "RunView") -> None:
         self._iter_based, self._epoch_based, self._on_val = [], [], []
         for name, scheds in self.schedulers.items():
             ow = trainer.optim_wrappers[name]
@@ -46,7 +46,7 @@ class ParamSchedulerHook(Hook):
                     self._iter_based.append((ow, sch))
         self._skipped = {ow: ow.skipped_steps for ow in trainer.optim_wrappers.values()}
 
-    def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
+    def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         seen = self._skipped
         for ow, sch in self._iter_based:
             if ow.skipped_steps == seen[ow]:  # the optimizer did not skip this step
@@ -54,13 +54,13 @@ class ParamSchedulerHook(Hook):
         for ow in seen:
             seen[ow] = ow.skipped_steps
 
-    def after_train_epoch(self, trainer: "Trainer") -> None:
+    def after_train_epoch(self, trainer: "RunView") -> None:
         for sch in self._epoch_based:
             sch.step()
         for sch in self._on_val:  # counts the epoch for its begin/end window (MMEngine does the same)
             sch.step()
 
-    def after_val_epoch(self, trainer: "Trainer", metrics: dict[str, Any]) -> None:
+    def after_val_epoch(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
         if not self._on_val:
             return
         # Both "val/acc" and "acc" work as monitor names (MMEngine configs use the latter).

@@ -10,7 +10,7 @@ from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 
 def _numel(p: nn.Parameter) -> int:
@@ -76,7 +76,7 @@ class ModelSummaryHook(Hook):
         self.max_depth = max_depth
         self._done = False
 
-    def before_run(self, trainer: "Trainer") -> None:
+    def before_run(self, trainer: "RunView") -> None:
         if self._done or not trainer.is_main:
             return
         self._done = True

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from treadle.hooks.base import Hook, Priority
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 
 class IterTimerHook(Hook):
@@ -20,8 +20,8 @@ class IterTimerHook(Hook):
 
     priority = Priority.NORMAL
 
-    def after_train_iter(self, trainer: "Trainer", batch: Any, outputs: Any) -> None:
+    def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         state = trainer.state
-        pending = trainer.store.pending
-        pending["data_time"].append(state.data_time)
-        pending["step_time"].append(perf_counter() - state.iter_start_time)
+        put = trainer.store.put
+        put("data_time", state.data_time)
+        put("step_time", perf_counter() - state.iter_start_time)

@@ -37,7 +37,7 @@ from treadle.logging.writers import get_logger
 from treadle.metrics import flatten_results, update_metrics
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.hooks.view import RunView
 
 #: When train metrics start over: after each log record, or when an epoch starts.
 RESETS = ("interval", "epoch")
@@ -161,30 +161,29 @@ class TrainMetricsHook(Hook):
         self._resumed = False
         self._warned = False
 
-    def before_run(self, trainer: "Trainer") -> None:
+    def before_run(self, trainer: "RunView") -> None:
         from treadle.hooks.logger import LoggerHook
 
         loggers = [h for h in trainer.hooks if isinstance(h, LoggerHook)]
         if not loggers:
             get_logger().warning("train_metrics: there is no LoggerHook, so they are never logged")
         for logger in loggers:
-            if self.log_values not in logger.sources:
-                logger.sources.append(self.log_values)
+            logger.add_source(self.log_values)
 
-    def after_load_checkpoint(self, trainer: "Trainer", checkpoint: dict[str, Any]) -> None:
+    def after_load_checkpoint(self, trainer: "RunView", checkpoint: dict[str, Any]) -> None:
         self._resumed = True  # the state loaded with it goes on
 
-    def before_train(self, trainer: "Trainer") -> None:
+    def before_train(self, trainer: "RunView") -> None:
         resumed, self._resumed = self._resumed, False
         if not resumed:
             self.metrics.reset()
 
-    def before_train_epoch(self, trainer: "Trainer") -> None:
+    def before_train_epoch(self, trainer: "RunView") -> None:
         # A resumed open epoch is reopened with its batches done counted in inner_iter.
         if self.metrics.reset_every == "epoch" and trainer.state.inner_iter == 0:
             self.metrics.reset()
 
-    def log_values(self, trainer: "Trainer") -> dict[str, Any]:
+    def log_values(self, trainer: "RunView") -> dict[str, Any]:
         """The LoggerHook's source: the values for this train record (every rank)."""
         m = self.metrics
         if m.updates == 0 and not self._warned and trainer.is_main:

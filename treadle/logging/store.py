@@ -18,17 +18,31 @@ class MetricStore:
     """Windows of scalars since the last flush, and the last flushed values."""
 
     def __init__(self) -> None:
-        self.pending: defaultdict[str, list[Any]] = defaultdict(list)
+        self._pending: defaultdict[str, list[Any]] = defaultdict(list)
         self.latest: dict[str, float] = {}
 
     def put(self, name: str, value: Tensor | float) -> None:
         """Record one value (no host sync: tensors are kept as they are)."""
-        self.pending[name].append(value)
+        self._pending[name].append(value)
 
     def put_dict(self, values: dict[str, Tensor | float]) -> None:
-        pending = self.pending
+        """Record one value of each name (a step's outputs), as :meth:`put`."""
+        pending = self._pending
         for k, v in values.items():
             pending[k].append(v)
+
+    def extend(self, name: str, values: list[Tensor | float]) -> None:
+        """Record several values of one name (e.g. the grad norms of a log interval)."""
+        self._pending[name].extend(values)
+
+    def window(self, name: str) -> list[Tensor | float]:
+        """A copy of the values of ``name`` recorded since the last flush (empty if none)."""
+        return list(self._pending.get(name, ()))
+
+    def keep_last(self, n: int) -> None:
+        """Keep only the last ``n`` values of every window (MMEngine's ``window_size``)."""
+        for values in self._pending.values():
+            del values[:-n]
 
     def flush(self) -> dict[str, float]:
         """Mean of each window as floats; clears the windows.
@@ -44,7 +58,7 @@ class MetricStore:
         tensor_keys: list[str] = []
         lengths: list[int] = []
         flat: list[Tensor] = []
-        for key, values in self.pending.items():
+        for key, values in self._pending.items():
             if not values:
                 continue
             if isinstance(values[0], Tensor):
@@ -59,7 +73,7 @@ class MetricStore:
             for key, n in zip(tensor_keys, lengths):
                 out[key] = float(sum(host[i:i + n])) / n
                 i += n
-        self.pending.clear()
+        self._pending.clear()
         self.latest.update(out)
         return out
 
@@ -68,7 +82,7 @@ class MetricStore:
         """The windows not flushed yet, as numbers (one host read for all the tensors,
         at checkpoints only), so that a resumed run logs the same means as an
         uninterrupted one. ``{"tensors": {name: [...]}, "numbers": {name: [...]}}``."""
-        windows = {k: values for k, values in self.pending.items() if values}
+        windows = {k: values for k, values in self._pending.items() if values}
         tensors = {k: values for k, values in windows.items() if isinstance(values[0], Tensor)}
         flat = [v for values in tensors.values() for v in values]
         host = _read_all(flat) if flat else []
@@ -83,11 +97,11 @@ class MetricStore:
     def load_state_dict(self, state: dict[str, dict[str, list[float]]]) -> None:
         """Inverse of :meth:`state_dict`; a tensor window's values come back as float64
         CPU scalars, which ``flush`` reads to the same numbers."""
-        self.pending.clear()
+        self._pending.clear()
         for k, values in state.get("tensors", {}).items():
-            self.pending[k].extend(torch.tensor(v, dtype=torch.float64) for v in values)
+            self._pending[k].extend(torch.tensor(v, dtype=torch.float64) for v in values)
         for k, values in state.get("numbers", {}).items():
-            self.pending[k].extend(values)
+            self._pending[k].extend(values)
 
 
 def _read_all(values: list[Tensor]) -> list[float]:
