@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 
@@ -130,13 +131,27 @@ def test_phase_timer_drops_unfinished_iterations():
     assert timer.drain() == {p: [] for p in PHASES}
 
 
-def test_untimed_step_is_the_plain_closure():
-    model = TinyNet()
-    ow = treadle.Trainer(model, optimizer=dict(type="SGD", lr=0.1)).optim_wrapper
-    plain = make_train_step(model, nn.CrossEntropyLoss(), ow, None)
-    timed = make_train_step(model, nn.CrossEntropyLoss(), ow, None, timer=PhaseTimer())
-    assert plain.__qualname__ == "make_train_step.<locals>.step"
-    assert timed.__qualname__ == "make_timed_train_step.<locals>.step"
+def test_timed_and_untimed_steps_are_one_function_with_marks_attached():
+    """One step function (no timed copy); without a timer its marks are the no-op and no
+    phase is recorded; with one, the same code computes bit-identical weights."""
+    torch.manual_seed(0)
+    reference = TinyNet()
+    models = [copy.deepcopy(reference) for _ in range(2)]
+    wrappers = [treadle.Trainer(m, optimizer=dict(type="SGD", lr=0.1)).optim_wrapper for m in models]
+    timer = PhaseTimer()
+    plain = make_train_step(models[0], nn.CrossEntropyLoss(), wrappers[0], None)
+    wrappers[1].after_backward_callbacks = (timer.mark,)  # as the Trainer attaches it
+    timed = make_train_step(models[1], nn.CrossEntropyLoss(), wrappers[1], None, timer=timer)
+    assert plain.__code__ is timed.__code__
+    marks = {c.cell_contents for c in plain.__closure__ if callable(c.cell_contents)}
+    assert not any(getattr(m, "__self__", None) is not None and isinstance(m.__self__, PhaseTimer) for m in marks)
+    batch = (torch.randn(8, 6), torch.randint(0, 3, (8,)))
+    for _ in range(3):
+        plain(batch)
+        timed(batch)
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.equal(a, b)
+    assert all(len(v) == 3 for v in timer.drain().values())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,20 +1,19 @@
 """The default train and eval steps: batch -> forward -> losses -> optimizer.
 
-``make_train_step`` returns a closure specialised once for the configuration
-(loss function or not, device move or not, autocast or not), so the per-iteration
-path has no branches for features that are off::
+``make_train_step`` returns the default step, one function::
 
-    batch = move(batch)                          # skipped on CPU
-    with autocast:                               # skipped for fp32
-        if loss_fn: losses = loss_fn(model(inputs), targets)
-        else:       losses = model(batch)        # tensor or dict of losses
-    total, logged = parse_losses(losses)         # keys containing "loss" are summed
-    optim_wrapper.update(total)                  # under DDP no_sync (forward too) when
+    batch = move(batch)                          # to the strategy's device
+    with accumulation context:                   # DDP no_sync (forward too) when
                                                  # accumulating and not stepping
+        with autocast:                           # a no-op for fp32
+            if loss_fn: losses = loss_fn(model(inputs), targets)
+            else:       losses = model(batch)    # tensor or dict of losses
+        total, logged = parse_losses(losses)     # keys containing "loss" are summed
+        optim_wrapper.update(total)              # backward, and step when the window closes
     return logged                                # detached: goes to the logger
 
-``Trainer(timer_breakdown=True)`` selects ``make_timed_train_step`` instead: the same
-computation with phase marks around it (``treadle/hooks/phase_timer.py``).
+``Trainer(timer_breakdown=True)`` gives it a timer whose marks it calls between the
+phases (``treadle/hooks/phase_timer.py``); without one the marks are no-ops.
 
 With ``train_metrics`` (a ``feed``, see ``treadle/hooks/train_metrics.py``) the forward that
 is chosen also calls ``feed(outputs, targets)`` after the loss, outside autocast; without
@@ -128,108 +127,49 @@ def outputs_and_loss(model: Callable[..., Any], loss_fn: Callable[..., Any], bat
         raise loss_error(e, outputs, targets, mode)
 
 
+def _nothing() -> None:
+    """The phase marks of an untimed step."""
+
+
 def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_wrapper: OptimWrapper,
                     move: Callable[[Batch], Batch] | None, timer: PhaseTimer | None = None,
                     feed: FeedFn | None = None) -> StepFn:
-    """The default training step, specialised for this configuration.
+    """The default training step: ``step(batch) -> logged``, read top to bottom below.
 
-    With a ``timer`` (``Trainer(timer_breakdown=True)``) the step is
-    :func:`make_timed_train_step`; without one, the closures below have no timing code.
-    ``feed``: the train metrics' ``update(outputs, targets)``, called after the loss
-    (it needs a ``loss_fn``: without one the model returns losses, not outputs).
+    What varies with the configuration is chosen here, once: ``move`` (None: batches
+    stay where the loader put them), autocast (a no-op in fp32), the accumulation
+    context (DDP's ``no_sync`` when accumulating, so gradients are all-reduced once per
+    window; else a no-op), and the phase marks of ``timer`` (``Trainer(timer_breakdown=True)``,
+    treadle/hooks/phase_timer.py; no-ops without one). The mark between backward and the
+    optimizer is the timer's too, called first among ``optim_wrapper.after_backward_callbacks``
+    (the Trainer puts it there), so ``update()`` stays untouched.
+    ``feed``: the train metrics' ``update(outputs, targets)``, called after the loss (it
+    needs a ``loss_fn``: without one the model returns losses, not outputs).
     """
     if feed is not None:
         if loss_fn is None:
             raise ValueError("train_metrics need the model's outputs, which the default step has only with a loss_fn")
         feed = outside_autocast(feed, optim_wrapper)
-    if timer is not None:
-        return make_timed_train_step(model, loss_fn, optim_wrapper, move, timer, feed)
     update = hinted_update(optim_wrapper)
-    amp = optim_wrapper.precision != "32"
-    autocast = optim_wrapper.autocast
-
-    if loss_fn is None:
-        def forward(batch: Batch) -> Any:
-            try:
-                return model(batch)
-            except Exception as e:
-                raise model_error(e, batch, "train", whole_batch=True)
-    elif feed is not None:
-        fed = feed
-
-        def forward(batch: Batch) -> Any:
-            outputs, targets, losses = outputs_and_loss(model, loss_fn, batch, "train")
-            fed(outputs, targets)
-            return losses
-    else:
-        def forward(batch: Batch) -> Any:
-            return outputs_and_loss(model, loss_fn, batch, "train")[2]
-
+    autocast = optim_wrapper.autocast if optim_wrapper.precision != "32" else contextlib.nullcontext
     if optim_wrapper.no_sync is not None and optim_wrapper.accumulate > 1:
-        # DDP with accumulation: forward and backward of non-stepping micro-batches
-        # run under no_sync, so gradients are all-reduced once per window.
-        context = optim_wrapper.optim_context
-
-        def step(batch: Batch) -> dict[str, Tensor]:
-            if move is not None:
-                batch = move(batch)
-            with context():
-                with autocast():
-                    losses = forward(batch)
-                total, logged = parse_losses(losses)
-                update(total)
-            return logged
-    elif move is None and not amp:
-        def step(batch: Batch) -> dict[str, Tensor]:
-            total, logged = parse_losses(forward(batch))
-            update(total)
-            return logged
+        accumulation: Callable[[], Any] = optim_wrapper.optim_context
     else:
-        def step(batch: Batch) -> dict[str, Tensor]:
-            if move is not None:
-                batch = move(batch)
-            with autocast():
-                losses = forward(batch)
-            total, logged = parse_losses(losses)
-            update(total)
-            return logged
-    return step
-
-
-def make_timed_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_wrapper: OptimWrapper,
-                          move: Callable[[Batch], Batch] | None, timer: PhaseTimer,
-                          feed: FeedFn | None = None) -> StepFn:
-    """The default step with phase marks (see ``treadle/hooks/phase_timer.py``); it computes
-    exactly what the untimed step computes, in the same order (the train metrics'
-    ``feed`` counts in the loss phase).
-
-    The mark between backward and the optimizer is taken by a callback put first in
-    ``optim_wrapper.after_backward_callbacks`` (the Trainer resets that tuple before
-    it builds the step), so ``update()`` and its accumulation logic stay untouched.
-    """
-    callbacks = optim_wrapper.after_backward_callbacks
-    if timer.mark not in callbacks:
-        optim_wrapper.after_backward_callbacks = (timer.mark, *callbacks)
-    update = hinted_update(optim_wrapper)
-    autocast = optim_wrapper.autocast
-    begin, mark, end = timer.begin, timer.mark, timer.end
-    if optim_wrapper.no_sync is not None and optim_wrapper.accumulate > 1:
-        context: Callable[[], Any] = optim_wrapper.optim_context  # DDP no_sync, as in the untimed step
-    else:
-        context = contextlib.nullcontext
+        accumulation = contextlib.nullcontext
+    begin, mark, end = (timer.begin, timer.mark, timer.end) if timer is not None else (_nothing, _nothing, _nothing)
 
     def step(batch: Batch) -> dict[str, Tensor]:
         begin()
         if move is not None:
             batch = move(batch)
-        with context():
+        with accumulation():
             with autocast():
-                if loss_fn is None:
+                if loss_fn is None:  # the model takes the whole batch and returns its loss(es)
                     try:
                         losses = model(batch)
                     except Exception as e:
                         raise model_error(e, batch, "train", whole_batch=True)
-                    mark()  # forward; the loss phase is parse_losses only
+                    mark()  # forward done; the loss phase is parse_losses only
                 else:
                     inputs, targets = unpack_batch(batch)
                     try:
@@ -245,7 +185,7 @@ def make_timed_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, 
                         feed(outputs, targets)
             total, logged = parse_losses(losses)
             mark()
-            update(total)  # the after_backward callback marks the end of backward
+            update(total)  # backward, then (when the window closes) clip, step, zero_grad
         end()
         return logged
     return step

@@ -244,8 +244,10 @@ class Trainer:
 
     def _set_steps(self, a: Any) -> None:
         """The model's own ``train_step``/``val_step`` when it has them, and the default
-        evaluation step (the training step is chosen with the hooks: _select_train_step)."""
+        evaluation step (the training step is chosen once, with the train loop: _select_train_step)."""
         self._custom_train_step = getattr(self.module, "train_step", None)
+        self._default_step = (type(self).train_step is Trainer.train_step and self._custom_train_step is None
+                              and bool(self.optim_wrappers))
         custom_val = getattr(self.module, "val_step", None)
         self._custom_val_step = (lambda batch, t: custom_val(batch, t) or {}) if custom_val is not None else None
         if len(self.optim_wrappers) > 1 and self._custom_train_step is None and type(self).train_step is Trainer.train_step:
@@ -294,7 +296,7 @@ class Trainer:
         workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
         loop_cls = EpochLoop if s.by_epoch else IterLoop
         return loop_cls(self, feed, workflow, hooks=self._dispatch, state=s, optim_wrappers=self.optim_wrappers,
-                        step=self._train_step, val_loop=self.val_loop, agree=self._agree_stop,
+                        step=self._select_train_step(), val_loop=self.val_loop, agree=self._agree_stop,
                         world_size=self.strategy.world_size)
 
     def _eval_loop(self, loader: Any, mode: str) -> EvalLoop:
@@ -309,18 +311,23 @@ class Trainer:
                         seed_per_sample=self.seed_per_sample, comm=comm)
 
     def _rebuild_dispatch(self) -> None:
+        """The hooks' dispatch table, and from it the optimizer wrappers' callbacks
+        (``after_backward``, ``before_optimizer_step``); the default step's timer marks the
+        end of backward first. The train step itself never changes."""
         self._dispatch.rebuild(self.hooks)
         table = self._dispatch.table
-        after_backward = tuple(functools.partial(fn, self) for fn in table["after_backward"])
+        timer = self._phase_timer if self._default_step else None
+        marks = (timer.mark,) if timer is not None else ()
+        after_backward = marks + tuple(functools.partial(fn, self) for fn in table["after_backward"])
         before_step = tuple(functools.partial(fn, self) for fn in table["before_optimizer_step"])
         for ow in self.optim_wrappers.values():
             ow.after_backward_callbacks = after_backward
             ow.before_step_callbacks = before_step
-        self._train_step = self._select_train_step()
-        if self.train_loop is not None:  # built after the hooks: register_hook rebuilds the step
-            self.train_loop.step = self._train_step
 
     def _select_train_step(self) -> Callable[[Any], dict[str, Any]]:
+        """The train step, chosen once: a subclass's ``train_step``, the model's
+        ``train_step(batch, trainer)``, or the default step (treadle/engine/step.py); each
+        gets the batch moved to the device (``move_batch``)."""
         move = self._move
         if type(self).train_step is not Trainer.train_step:  # overridden in a subclass
             own = self.train_step
