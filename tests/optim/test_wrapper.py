@@ -487,6 +487,31 @@ def test_no_sync_context_is_entered_only_on_micro_batches_that_do_not_step():
     assert ow.step_count == 3
 
 
+@pytest.mark.parametrize("precision,dtype", [("32", torch.float32), ("bf16", torch.bfloat16)])
+def test_optim_context_autocasts_under_16_bit_precision_and_keeps_no_sync(precision, dtype):
+    """MMEngine's AmpOptimWrapper.optim_context autocasts: so does ours (and it still
+    enters no_sync on micro-batches that do not step)."""
+    import contextlib
+
+    model = nn.Linear(4, 4)
+    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), precision=precision, accumulate=2)
+    entered = []
+
+    @contextlib.contextmanager
+    def no_sync():
+        entered.append(ow.micro_step)
+        yield
+    ow.no_sync = no_sync
+    dtypes = []
+    for _ in range(2):
+        with ow.optim_context(model):
+            out = model(torch.ones(2, 4))
+            dtypes.append(out.dtype)
+            ow.update(out.float().sum())
+    assert dtypes == [dtype, dtype] and entered == [0] and ow.step_count == 1
+    assert model(torch.ones(2, 4)).dtype == torch.float32  # nothing left switched on
+
+
 # -- build_optim_wrapper: MMEngine's optim_wrapper dict ------------------------------------
 def test_build_optim_wrapper_from_mmengine_keys():
     from treadle.optim.wrapper import OptimWrapper, build_optim_wrapper

@@ -153,7 +153,7 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
     update = hinted_update(optim_wrapper)
     autocast = optim_wrapper.autocast if optim_wrapper.precision != "32" else contextlib.nullcontext
     if optim_wrapper.no_sync is not None and optim_wrapper.accumulate > 1:
-        accumulation: Callable[[], Any] = optim_wrapper.optim_context
+        accumulation: Callable[[], Any] = optim_wrapper.accumulation_context
     else:
         accumulation = contextlib.nullcontext
     begin, mark, end = (timer.begin, timer.mark, timer.end) if timer is not None else (_nothing, _nothing, _nothing)
@@ -189,6 +189,35 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
         end()
         return logged
     return step
+
+
+def tell_if_outside_autocast(module: nn.Module, precision: str, device_type: str,
+                              training: Callable[[], bool]) -> None:
+    """Under bf16/fp16, say once when a custom train step runs the model's forward
+    outside autocast (it then computes in float32, silently). Checked at the first
+    forward of a layer with parameters while ``training()`` (not in validation, whose
+    step autocasts itself); the hooks are removed after that one check.
+    """
+    if precision == "32":
+        return
+    handles: list[Any] = []
+
+    def check(_: nn.Module, __: Any) -> None:
+        if not training():
+            return
+        for h in handles:
+            h.remove()
+        handles.clear()
+        if not torch.is_autocast_enabled(device_type):
+            from treadle.logging.writers import get_logger
+
+            get_logger().warning(
+                f"precision={precision!r}: the custom train step ran the model outside autocast, so it computes in "
+                "float32; wrap forward and backward in `with optim_wrapper.optim_context(model):` (or the forward "
+                "in `with optim_wrapper.autocast():`)")
+    for m in module.modules():
+        if any(True for _ in m.parameters(recurse=False)):
+            handles.append(m.register_forward_pre_hook(check))
 
 
 def batch_size_of(targets: Any) -> int:

@@ -36,7 +36,7 @@ from treadle.engine.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers,
 from treadle.engine.resume import checkpoint_in, latest_to_resume, note_other_runs
 from treadle.engine.run_dir import RunDir
 from treadle.hooks.state import TrainState
-from treadle.engine.step import make_eval_step, make_train_step
+from treadle.engine.step import make_eval_step, make_train_step, tell_if_outside_autocast
 from treadle.strategies.base import Strategy
 from treadle.strategies.build import resolve_strategy
 from treadle.hooks.phase_timer import PhaseTimer
@@ -248,8 +248,6 @@ class Trainer:
         self._custom_train_step = getattr(self.module, "train_step", None)
         self._default_step = (type(self).train_step is Trainer.train_step and self._custom_train_step is None
                               and bool(self.optim_wrappers))
-        custom_val = getattr(self.module, "val_step", None)
-        self._custom_val_step = (lambda batch, t: custom_val(batch, t) or {}) if custom_val is not None else None
         if len(self.optim_wrappers) > 1 and self._custom_train_step is None and type(self).train_step is Trainer.train_step:
             raise ValueError(f"several optimizers {sorted(self.optim_wrappers)} need a custom step: define "
                              "model.train_step(batch, trainer) that uses trainer.optim_wrappers[name]")
@@ -300,15 +298,28 @@ class Trainer:
                         world_size=self.strategy.world_size)
 
     def _eval_loop(self, loader: Any, mode: str) -> EvalLoop:
-        custom, strategy, move = self._custom_val_step, self.strategy, self._move
+        strategy = self.strategy
         comm = EvalComm(strategy.rank, strategy.eval_in_lockstep) if strategy.distributed else None
-        custom_step = None
-        if custom is not None:
-            custom_step = (lambda batch: custom(batch, self)) if move is None else (lambda batch: custom(move(batch), self))
         return EvalLoop(self, loader, mode, hooks=self._dispatch, state=self.state, model=self.model,
                         metrics=self.metrics, step=self._eval_step, seed=self.seed,
-                        custom_step=custom_step,
+                        custom_step=self._custom_eval_step(mode),
                         seed_per_sample=self.seed_per_sample, comm=comm)
+
+    def _custom_eval_step(self, mode: str) -> Callable[[Any], dict[str, Any]] | None:
+        """The user's evaluation step, or None for the default one: a subclass's
+        ``test_step``/``val_step`` (``step(batch)``) before the model's
+        (``model.test_step(batch, trainer)``); a test pass takes a ``test_step`` first and
+        falls back to the ``val_step``. Each gets the batch moved (``move_batch``) and
+        returns values to average over the pass (or None)."""
+        move = self._move or (lambda batch: batch)
+        for name in (("test_step", "val_step") if mode == "test" else ("val_step",)):
+            if getattr(type(self), name) is not getattr(Trainer, name):  # overridden in a subclass
+                own = getattr(self, name)
+                return lambda batch: own(move(batch)) or {}
+            model_step = getattr(self.module, name, None)
+            if model_step is not None:
+                return lambda batch: model_step(move(batch), self) or {}
+        return None
 
     def _rebuild_dispatch(self) -> None:
         """The hooks' dispatch table, and from it the optimizer wrappers' callbacks
@@ -329,6 +340,9 @@ class Trainer:
         ``train_step(batch, trainer)``, or the default step (treadle/engine/step.py); each
         gets the batch moved to the device (``move_batch``)."""
         move = self._move
+        if not self._default_step and self.optim_wrappers:  # the user's step: it must autocast itself
+            tell_if_outside_autocast(self.module, self.precision, self.strategy.device.type,
+                                     lambda: self.state.mode == "train")
         if type(self).train_step is not Trainer.train_step:  # overridden in a subclass
             own = self.train_step
             return own if move is None else (lambda batch: own(move(batch)))
@@ -389,6 +403,16 @@ class Trainer:
     def train_step(self, batch: Any) -> dict[str, Any]:
         """Override in a subclass to replace the default step (return values to log)."""
         raise RuntimeError("no optimizer was given, so there is no training step")
+
+    def val_step(self, batch: Any) -> dict[str, Any] | None:
+        """Override in a subclass to replace the default validation step (and the test
+        step, unless ``test_step`` is overridden too): feed the metrics with
+        :meth:`update_metrics`; return values to average over the pass, or None."""
+        raise NotImplementedError  # never called unless overridden (_custom_eval_step)
+
+    def test_step(self, batch: Any) -> dict[str, Any] | None:
+        """Override in a subclass to replace the default test step (as :meth:`val_step`)."""
+        raise NotImplementedError  # never called unless overridden (_custom_eval_step)
 
     def update_metrics(self, outputs: Any, targets: Any) -> None:
         """For custom val steps: feed every metric (16-bit float outputs as float32)."""

@@ -172,15 +172,27 @@ class OptimWrapper:
             window = self.accumulate if rem is None or rem >= self.accumulate else max(rem, 1)
         return self.micro_step + 1 >= window
 
-    def optim_context(self, model: Any = None) -> ContextManager[Any]:
-        """Wrap forward *and* backward of a micro-batch in it: DDP's ``no_sync`` when
-        the coming update does not step (gradients then all-reduce once per window;
-        DDP decides in the forward pass, so wrapping backward alone would not do).
-        ``model`` is accepted for MMEngine's signature and not needed (the strategy set
-        ``no_sync`` when it prepared the wrapper)."""
+    def accumulation_context(self) -> ContextManager[Any]:
+        """DDP's ``no_sync`` when the coming :meth:`update` does not step (gradients then
+        all-reduce once per window), else a no-op. Wrap forward *and* backward of a
+        micro-batch in it: DDP decides in the forward pass, so wrapping backward alone
+        would not do."""
         if self.no_sync is None or self.next_closes():
             return contextlib.nullcontext()
         return self.no_sync()
+
+    def optim_context(self, model: Any = None) -> ContextManager[Any]:
+        """For a custom step, around forward *and* backward of a micro-batch (MMEngine's
+        contract, as its ``AmpOptimWrapper``): :meth:`accumulation_context` and, under
+        bf16/fp16, autocast (backward inside autocast runs each op in its forward dtype).
+        ``model`` is accepted for MMEngine's signature and not needed (the strategy set
+        ``no_sync`` when it prepared the wrapper)."""
+        if self.precision == "32":
+            return self.accumulation_context()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.accumulation_context())
+        stack.enter_context(self.autocast())
+        return stack
 
     def update(self, loss: Tensor) -> None:
         """Backward, and step + zero_grad when the accumulation window closes."""
