@@ -194,3 +194,45 @@ def test_a_run_keeps_its_colour_in_every_panel_and_its_best_is_starred(tmp_path,
     for name in ("loss.png", "throughput.png"):
         by_label = {ln.get_label().split(" ")[0]: ln.get_color() for ln in figures[name].axes[0].get_lines()}
         assert by_label.get("b") == "C1", name
+
+
+def test_every_logged_loss_and_every_train_metric_gets_a_panel(tmp_path, monkeypatch):
+    """A GAN logs loss_disc/loss_gen and no "loss"; fp16's loss_scale is not a loss;
+    train/* metrics have their own image."""
+    from matplotlib.figure import Figure
+
+    from treadle.report import IMAGES, is_loss_key
+
+    figures = {}
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: (figures.__setitem__(path.name, fig),
+                                                                     save(fig, path, **kw)))
+    gan = [{"mode": "train", "epoch": 1, "iter": i, "lr": 0.1, "loss_disc": 1.0 / i, "loss_gen": 2.0 / i,
+            "recon_loss": 0.5, "loss_scale": 65536.0, "train/acc": 0.1 * i} for i in (1, 2, 3)]
+    write_log(tmp_path / "gan", gan)
+    summary = make_report([tmp_path / "gan"], tmp_path / "out")
+    titles = [ax.get_title() for ax in figures["loss.png"].axes if ax.get_visible()]
+    assert titles == ["train loss_disc", "train loss_gen", "train recon_loss"]
+    gen = next(ax for ax in figures["loss.png"].axes if ax.get_title() == "train loss_gen")
+    assert list(gen.get_lines()[0].get_ydata()) == [2.0, 1.0, 2.0 / 3]
+    metrics = [ax for ax in figures["train_metrics.png"].axes if ax.get_visible()]
+    assert [ax.get_title() for ax in metrics] == ["train/acc"]
+    assert list(metrics[0].get_lines()[0].get_ydata()) == pytest.approx([0.1, 0.2, 0.3])
+    text = summary.read_text()
+    assert all(f"![{name}]({name}.png)" in text for name in IMAGES)
+    assert [k for k in ("loss", "loss_gen", "gen_loss", "loss_scale", "loss_scale/gen", "val/acc") if is_loss_key(k)] \
+        == ["loss", "loss_gen", "gen_loss"]
+
+
+def test_the_total_loss_comes_first_and_no_train_metrics_says_so(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    figures = {}
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: (figures.__setitem__(path.name, fig),
+                                                                     save(fig, path, **kw)))
+    write_log(tmp_path / "a", [{"mode": "train", "epoch": 1, "iter": 1, "loss_cls": 1.0, "loss": 1.5}])
+    make_report([tmp_path / "a"], tmp_path / "out")
+    assert [ax.get_title() for ax in figures["loss.png"].axes if ax.get_visible()] == ["train loss", "train loss_cls"]
+    texts = [t.get_text() for t in figures["train_metrics.png"].axes[0].texts]
+    assert texts == ["no train metrics recorded"]

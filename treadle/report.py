@@ -3,8 +3,9 @@
     from treadle.report import make_report
     make_report([Path("work_dirs/a"), Path("work_dirs/b")], Path("report"))
 
-writes ``loss.png``, ``lr.png``, ``metrics.png``, ``throughput.png`` and
-``summary.md`` into the output directory. Needs matplotlib, imported here only when
+writes ``loss.png`` (a panel per logged loss), ``train_metrics.png`` (a panel per
+``train/*`` metric), ``lr.png``, ``metrics.png`` (a panel per val metric),
+``throughput.png`` and ``summary.md`` into the output directory. Needs matplotlib, imported here only when
 a report is made (with the Agg canvas directly: pyplot's global backend is left
 alone, so this works headless and inside a notebook alike).
 
@@ -36,6 +37,8 @@ SAMPLE_RATE_KEYS = ("samples_per_s", "samples/s", "samples_per_sec", "throughput
 TIMESTAMP_KEYS = ("timestamp", "time", "wall_time")
 
 Records = list[dict[str, Any]]
+#: The images a report holds (``<name>.png``), in the summary's order.
+IMAGES = ("loss", "train_metrics", "lr", "metrics", "throughput")
 
 
 def _num(value: Any) -> float | None:
@@ -249,16 +252,50 @@ def run_color(i: int) -> str:
     return f"C{i % 10}"
 
 
+def is_loss_key(key: str) -> bool:
+    """A logged loss: ``loss``, ``loss_*``, ``*_loss``, any name holding "loss" (the rule
+    the step sums losses by), but not the fp16 scaler's ``loss_scale``."""
+    return "loss" in key and not key.startswith("loss_scale")
+
+
+def _train_keys(runs: list[Records], wanted: Any) -> list[str]:
+    """The numeric train-record keys ``wanted(key)`` accepts, in first-logged order."""
+    keys: dict[str, None] = {}
+    for records in runs:
+        for r in records:
+            if r.get("mode") == "train":
+                keys.update((k, None) for k, v in r.items() if wanted(k) and _num(v) is not None)
+    return list(keys)
+
+
+def _plot_train_panels(runs: list[Records], labels: list[str], keys: list[str], path: Path, empty: str) -> None:
+    """One panel per train-record key, every run overlaid in its colour."""
+    fig, axes = _figure(max(len(keys), 1))
+    if not keys:
+        _finish(fig, axes[0], False, empty, path)
+        return
+    for ax, key in zip(axes, keys):
+        for i, (records, label) in enumerate(zip(runs, labels)):
+            xs, ys = _series(records, "train", key)
+            if xs:
+                ax.plot(xs, ys, label=label, color=run_color(i))
+        ax.set(title=f"train {key}" if "/" not in key else key, xlabel="iteration", ylabel=key.rsplit("/", 1)[-1])
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=100)
+
+
 def _plot_loss(runs: list[Records], labels: list[str], path: Path) -> None:
-    fig, (ax,) = _figure()
-    drawn = False
-    for i, (records, label) in enumerate(zip(runs, labels)):
-        xs, ys = _series(records, "train", "loss")
-        if xs:
-            ax.plot(xs, ys, label=label, color=run_color(i))
-            drawn = True
-    ax.set(title="train loss", xlabel="iteration", ylabel="loss")
-    _finish(fig, ax, drawn, "no train loss recorded", path)
+    """Every logged loss (``loss`` first), one panel each."""
+    keys = _train_keys(runs, is_loss_key)
+    keys.sort(key=lambda k: k != "loss")  # the total first; the rest as logged
+    _plot_train_panels(runs, labels, keys, path, "no train loss recorded")
+
+
+def _plot_train_metrics(runs: list[Records], labels: list[str], path: Path) -> None:
+    """Every ``train/*`` metric (``Trainer(train_metrics=...)``), one panel each."""
+    keys = _train_keys(runs, lambda k: k.startswith("train/"))
+    _plot_train_panels(runs, labels, keys, path, "no train metrics recorded")
 
 
 def _plot_lr(runs: list[Records], labels: list[str], path: Path) -> None:
@@ -356,8 +393,8 @@ def _run_summary(records: Records, label: str, run_dir: Path) -> list[str]:
 
 
 def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
-    """Write ``loss.png``, ``lr.png``, ``metrics.png``, ``throughput.png`` and
-    ``summary.md`` for the runs into ``out_dir``; returns the path of summary.md.
+    """Write the images of :data:`IMAGES` and ``summary.md`` for the runs into
+    ``out_dir``; returns the path of summary.md.
 
     Each run directory must hold a ``log.jsonl`` (FileNotFoundError otherwise).
     Several runs are overlaid in each plot, labelled by directory name, each run in
@@ -378,8 +415,9 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
     _plot_lr(runs, labels, out_dir / "lr.png")
     _plot_metrics(runs, labels, [_checkpoint_rules(d) for d in run_dirs], out_dir / "metrics.png")
     _plot_throughput(runs, labels, out_dir / "throughput.png")
+    _plot_train_metrics(runs, labels, out_dir / "train_metrics.png")
     lines = ["# Training report", "", f"Runs: {', '.join(labels)}", ""]
-    lines += [f"![{name}]({name}.png)" for name in ("loss", "lr", "metrics", "throughput")] + [""]
+    lines += [f"![{name}]({name}.png)" for name in IMAGES] + [""]
     for records, label, run_dir in zip(runs, labels, run_dirs):
         lines += _run_summary(records, label, run_dir)
     summary = out_dir / "summary.md"
@@ -387,4 +425,4 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
     return summary
 
 
-__all__ = ["best_and_final", "epoch_times", "load_run", "make_report", "run_color"]
+__all__ = ["IMAGES", "best_and_final", "epoch_times", "is_loss_key", "load_run", "make_report", "run_color"]
