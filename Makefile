@@ -13,7 +13,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt torch==2.13.0
-	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,trackers,deepspeed]'
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,trackers,deepspeed,hf]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -39,7 +39,7 @@ $(TSTAMP): pyproject.toml constraints.txt
 	test -x $(TPY) || $(PYTHON) -m venv $(TVENV)
 	$(TPY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH)
 	$(TPY) tools/constraints_without_torch.py constraints.txt > $(TVENV)/constraints.txt
-	DS_BUILD_OPS=0 $(TPY) -m pip install --quiet --disable-pip-version-check -c $(TVENV)/constraints.txt -e '.[dev,trackers,deepspeed]'
+	DS_BUILD_OPS=0 $(TPY) -m pip install --quiet --disable-pip-version-check -c $(TVENV)/constraints.txt -e '.[dev,trackers,deepspeed,hf]'
 	$(TPY) -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$(TORCH)' else 'torch changed: ' + torch.__version__)"
 	touch $(TSTAMP)
 

@@ -26,6 +26,9 @@ added (``treadle/hints.py``), from ``except`` clauses only: nothing is checked p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
@@ -38,6 +41,43 @@ from treadle.hooks.phase_timer import PhaseTimer
 Batch = Any
 StepFn = Callable[[Batch], dict[str, Tensor]]
 FeedFn = Callable[[Any, Any], None]  # (outputs, targets): the train metrics' update
+
+
+def whole_batch_caller(module: nn.Module) -> Callable[[Callable[..., Any], Batch], Any]:
+    """How the default step calls the model on the whole batch (no ``loss_fn``), decided
+    once from ``module.forward``'s signature: a mapping batch (a dict, Hugging Face's
+    ``BatchEncoding``) is passed as keyword arguments, ``model(**batch)``, when the forward
+    takes ``**kwargs`` or has a parameter named after every key of the batch (a Hugging
+    Face model's ``input_ids``, ``attention_mask``, ``labels``); otherwise, and for any
+    other batch, ``model(batch)``.
+    """
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C forward: no signature to read
+        params = []
+    any_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
+    names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+    def call(model: Callable[..., Any], batch: Batch) -> Any:
+        if isinstance(batch, Mapping) and (any_keyword or (names and batch.keys() <= names)):
+            return model(**batch)
+        return model(batch)
+    return call
+
+
+def metric_inputs(outputs: Any, batch: Batch) -> tuple[Any, Any]:
+    """``(outputs, targets)`` for metrics when the model took the whole batch: a mapping
+    output's ``logits`` (a Hugging Face ``ModelOutput``) and a mapping batch's ``labels``
+    when they have them; else the output as it is and the batch's second element (or
+    the batch)."""
+    if isinstance(outputs, Mapping) and "logits" in outputs:
+        outputs = outputs["logits"]
+    if isinstance(batch, Mapping) and "labels" in batch:
+        return outputs, batch["labels"]
+    try:
+        return outputs, unpack_batch(batch)[1]
+    except TypeError:
+        return outputs, batch
 
 
 def unpack_batch(batch: Batch) -> tuple[Any, Any]:
@@ -62,28 +102,57 @@ def unpack_batch(batch: Batch) -> tuple[Any, Any]:
                     "the whole batch, or define model.train_step(batch, trainer).")
 
 
-def parse_losses(losses: Tensor | dict[str, Tensor] | list[Tensor] | tuple[Tensor, ...]) -> tuple[Tensor, dict[str, Tensor]]:
+def _as_mapping(losses: Any) -> Mapping[str, Any] | None:
+    """A model output that carries its losses by name: a dict or other mapping (a Hugging
+    Face ``ModelOutput``), a dataclass, or an object with a ``loss`` tensor."""
+    if isinstance(losses, Mapping):
+        return losses
+    if dataclasses.is_dataclass(losses) and not isinstance(losses, type):
+        return {f.name: getattr(losses, f.name) for f in dataclasses.fields(losses)}
+    if isinstance(getattr(losses, "loss", None), Tensor):
+        return {"loss": losses.loss}
+    return None
+
+
+def _loggable(value: Any) -> bool:
+    """A value the logger takes: a one-element tensor or a plain number. Anything else (a
+    model's logits, a cache object) is dropped before the logger sees it: nothing large
+    stays on the device for the log window, nothing non-numeric reaches the writers."""
+    if isinstance(value, Tensor):
+        return value.numel() == 1  # metadata only: no device read
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parse_losses(losses: Any) -> tuple[Tensor, dict[str, Tensor]]:
     """Total loss and the detached values to log.
 
-    A dict's entries whose key contains "loss" are summed into the total (MMEngine's
-    rule) and logged as "loss"; every entry is logged. A ``total_loss`` entry is the
-    total itself (basecls' rule), never added to its parts.
+    ``losses``: a tensor; a list of tensors (summed); or an output that carries its
+    losses by name (a dict, a Hugging Face ``ModelOutput``, a dataclass, an object with a
+    ``loss``): its entries whose key contains "loss" are summed into the total (MMEngine's
+    rule; a ``total_loss`` entry is the total itself, basecls' rule), logged as "loss";
+    its other one-element tensors and numbers are logged too; everything else is dropped.
     """
     if isinstance(losses, Tensor):
         return losses, {"loss": losses.detach()}
-    if isinstance(losses, dict):
-        terms = [losses["total_loss"]] if "total_loss" in losses else [v for k, v in losses.items() if "loss" in k]
+    named = _as_mapping(losses)
+    if named is not None:
+        if "total_loss" in named:
+            terms = [named["total_loss"]]
+        else:
+            terms = [v for k, v in named.items() if "loss" in k and v is not None]
         if not terms:
-            raise ValueError(f"the loss dict has no key containing 'loss' (keys: {sorted(losses)}); "
-                             "entries whose name contains 'loss' are summed into the total")
-        total = terms[0] if len(terms) == 1 else sum(terms)  # type: ignore[assignment]
-        logged = {k: (v.detach() if isinstance(v, Tensor) else v) for k, v in losses.items()}
-        logged["loss"] = total.detach()  # type: ignore[union-attr]
-        return total, logged  # type: ignore[return-value]
+            raise ValueError(f"the loss dict has no key containing 'loss' (keys: {sorted(named)}); entries whose "
+                             "name contains 'loss' are summed into the total (a Hugging Face model returns a loss "
+                             "when the batch holds its labels)")
+        total = terms[0] if len(terms) == 1 else sum(terms)
+        logged = {k: (v.detach() if isinstance(v, Tensor) else v) for k, v in named.items() if _loggable(v)}
+        logged["loss"] = total.detach()
+        return total, logged
     if isinstance(losses, (list, tuple)) and losses and all(isinstance(v, Tensor) for v in losses):
-        total = sum(losses)  # type: ignore[assignment]
-        return total, {"loss": total.detach()}  # type: ignore[union-attr]
-    raise TypeError(f"losses must be a Tensor, a dict of Tensors or a list of Tensors, got {type(losses).__name__}")
+        total = sum(losses)
+        return total, {"loss": total.detach()}
+    raise TypeError(f"losses must be a Tensor, a dict of Tensors, a list of Tensors or an output with a loss "
+                    f"(a ModelOutput, a dataclass), got {type(losses).__name__}")
 
 
 def hinted_update(optim_wrapper: OptimWrapper) -> Callable[[Tensor], None]:
@@ -133,7 +202,7 @@ def _nothing() -> None:
 
 def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_wrapper: OptimWrapper,
                     move: Callable[[Batch], Batch] | None, timer: PhaseTimer | None = None,
-                    feed: FeedFn | None = None) -> StepFn:
+                    feed: FeedFn | None = None, module: nn.Module | None = None) -> StepFn:
     """The default training step: ``step(batch) -> logged``, read top to bottom below.
 
     What varies with the configuration is chosen here, once: ``move`` (None: batches
@@ -145,7 +214,10 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
     (the Trainer puts it there), so ``update()`` stays untouched.
     ``feed``: the train metrics' ``update(outputs, targets)``, called after the loss (it
     needs a ``loss_fn``: without one the model returns losses, not outputs).
+    Without a ``loss_fn`` the model gets the whole batch, as :func:`whole_batch_caller`
+    decides from ``module`` (the unwrapped model; default ``model``).
     """
+    call = whole_batch_caller(module if module is not None else model)
     if feed is not None:
         if loss_fn is None:
             raise ValueError("train_metrics need the model's outputs, which the default step has only with a loss_fn")
@@ -166,7 +238,7 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
             with autocast():
                 if loss_fn is None:  # the model takes the whole batch and returns its loss(es)
                     try:
-                        losses = model(batch)
+                        losses = call(model, batch)
                     except Exception as e:
                         raise model_error(e, batch, "train", whole_batch=True)
                     mark()  # forward done; the loss phase is parse_losses only
@@ -230,13 +302,17 @@ def batch_size_of(targets: Any) -> int:
 
 
 def make_eval_step(model: nn.Module, loss_fn: Callable[..., Any] | None, autocast: Callable[[], Any],
-                   move: Callable[[Batch], Batch] | None) -> Callable[[Batch], tuple[Any, Any, dict[str, Tensor]]]:
+                   move: Callable[[Batch], Batch] | None,
+                   module: nn.Module | None = None) -> Callable[[Batch], tuple[Any, Any, dict[str, Tensor]]]:
     """The default validation/test step: ``batch -> (outputs, targets, losses)``.
 
     With ``loss_fn``: ``outputs = model(inputs)`` and the losses are computed. Without
-    it, ``outputs = model(batch)``; a dict output's "loss" entries are reported, and
-    the targets given to metrics are the batch's second element when it has one.
+    it, the model gets the whole batch (:func:`whole_batch_caller`); a mapping output's
+    "loss" entries are reported, and metrics get :func:`metric_inputs` (a Hugging Face
+    output's ``logits`` and the batch's ``labels``).
     """
+    call = whole_batch_caller(module if module is not None else model)
+
     def step(batch: Batch) -> tuple[Any, Any, dict[str, Tensor]]:
         if move is not None:
             batch = move(batch)
@@ -246,15 +322,12 @@ def make_eval_step(model: nn.Module, loss_fn: Callable[..., Any] | None, autocas
                 _, logged = parse_losses(losses)
                 return outputs, targets, logged
             try:
-                outputs = model(batch)
+                outputs = call(model, batch)
             except Exception as e:
                 raise model_error(e, batch, "eval", whole_batch=True)
-        try:
-            targets = unpack_batch(batch)[1]
-        except TypeError:
-            targets = batch
         logged: dict[str, Tensor] = {}
-        if isinstance(outputs, dict) and any("loss" in k for k in outputs):
-            _, logged = parse_losses({k: v for k, v in outputs.items() if "loss" in k})
-        return outputs, targets, logged
+        named = outputs if isinstance(outputs, Mapping) else None
+        if named is not None and any("loss" in k and named[k] is not None for k in named):
+            _, logged = parse_losses({k: v for k, v in named.items() if "loss" in k and v is not None})
+        return (*metric_inputs(outputs, batch), logged)
     return step

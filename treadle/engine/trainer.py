@@ -252,7 +252,7 @@ class Trainer:
             raise ValueError(f"several optimizers {sorted(self.optim_wrappers)} need a custom step: define "
                              "model.train_step(batch, trainer) that uses trainer.optim_wrappers[name]")
         autocast = make_autocast(self.precision, self.strategy.device.type)
-        self._eval_step = make_eval_step(self.strategy.eval_module, a.loss_fn, autocast, self._move)
+        self._eval_step = make_eval_step(self.strategy.eval_module, a.loss_fn, autocast, self._move, module=self.module)
 
     def _set_hooks(self, defaults: list[Hook], extra: Iterable[Hook]) -> None:
         """Defaults plus the user's hooks (a hook of a default's class replaces it)."""
@@ -359,7 +359,7 @@ class Trainer:
                              "(without one the model returns its losses): give loss_fn=, or define "
                              "model.train_step(batch, trainer) and call trainer.update_train_metrics(outputs, targets)")
         return make_train_step(self.model, self.loss_fn, self.optim_wrapper, self._move, timer=self._phase_timer,
-                               feed=feed)
+                               feed=feed, module=self.module)
 
     def call_hook(self, point: str, *args: Any) -> None:
         """Call every hook's ``point`` method (e.g. "before_save_checkpoint"), in priority order."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -41,13 +41,13 @@ def pick_device() -> torch.device:
 
 
 def move_to(obj: Any, device: torch.device, non_blocking: bool = False, dtype: torch.dtype | None = None) -> Any:
-    """Move every tensor inside nested tuples, lists and dicts to ``device`` (and the
+    """Move every tensor inside nested tuples, lists and mappings to ``device`` (and the
     floating-point ones to ``dtype``, when given)."""
     if isinstance(obj, torch.Tensor):
         if dtype is not None and obj.is_floating_point():
             return obj.to(device, dtype, non_blocking=non_blocking)
         return obj.to(device, non_blocking=non_blocking)
-    if isinstance(obj, dict):
+    if isinstance(obj, Mapping):  # a dict, or e.g. Hugging Face's BatchEncoding (a UserDict): a dict
         return {k: move_to(v, device, non_blocking, dtype) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         moved = [move_to(v, device, non_blocking, dtype) for v in obj]
