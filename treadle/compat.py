@@ -1,7 +1,7 @@
 """What differs between the torch releases treadle supports, in one place.
 
 treadle runs on torch ``TORCH_FLOOR`` and newer (pyproject.toml gives the same range,
-README's "Supported environments" says how each release was tested). Code elsewhere
+docs/environments.md says how each release was tested). Code elsewhere
 in treadle is written for the floor; where a release behaves differently, the
 difference is handled here, and each shim names the releases that need it. Where the
 behaviour can be seen before it runs (a keyword a function takes), the shim looks at it, so

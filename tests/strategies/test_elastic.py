@@ -33,7 +33,7 @@ def test_a_worker_killed_mid_epoch_is_restarted_and_resumes_from_the_latest_chec
     out, work = tmp_path / "out", tmp_path / "run"
     # The agent's TCPStore, shared with the workers (torch's default since 2.5), keeps the
     # first attempt's gloo addresses: the restart may read them and fail to connect
-    # (pytorch/pytorch#135712, #167288). The README tells users to switch the sharing off.
+    # (pytorch/pytorch#135712, #167288). docs/distributed.md tells users to switch the sharing off.
     agent = start_torchrun("--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.2",
                      SCRIPT, str(out), "--work-dir", str(work), *common, "--kill-at", "10", "--fault-attempt", "0",
                            env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})

@@ -5,7 +5,7 @@ Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
 ``MASTER_PORT``, which :func:`treadle.distributed.detect_launcher` reads. When one process
 fails, the agent stops the others at once (no waiting for a collective timeout)
 and the failure, with the rank and the error, is reported. Multi-node runs use
-``torchrun`` or SLURM directly (see the README).
+``torchrun`` or SLURM directly (see docs/distributed.md).
 
 With ``max_restarts`` > 0 the agent instead starts every process again, up to that many
 times (``torchrun --max-restarts``); ``treadle train`` then resumes from the run's latest

@@ -33,10 +33,14 @@ class ProfilerHook(Hook):
     training runs without it.
 
     Args:
-        wait, warmup, active, repeat: the ``torch.profiler.schedule``.
+        wait: the ``torch.profiler.schedule``'s ``wait``.
+        warmup: its ``warmup``.
+        active: its ``active``.
+        repeat: its ``repeat``.
         out_dir: where traces go; None: ``<work_dir>/profiler``.
-        record_shapes, profile_memory, with_stack: passed to ``torch.profiler.profile``
-            (each adds overhead and trace size).
+        record_shapes: passed to ``torch.profiler.profile`` (adds overhead and trace size).
+        profile_memory: the same.
+        with_stack: the same.
         all_ranks: with several processes, trace every rank (one file each), not only rank 0.
 
     CPU activity is always recorded, CUDA activity when training on a CUDA device.

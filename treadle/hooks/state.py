@@ -46,8 +46,8 @@ class TrainState:
         return 0.0
 
     def position(self) -> str:
-        """Where the run is, as messages say it (1-based, see the README's "Epochs and
-        iterations"): "in epoch 3, iteration 91" is the 91st iteration, in the 3rd epoch."""
+        """Where the run is, as messages say it (1-based, see docs/logging.md, "Epochs and
+        iterations in messages"): "in epoch 3, iteration 91" is the 91st iteration, in the 3rd epoch."""
         if self.mode == "train":
             return f"in epoch {self.epoch + 1}, iteration {self.iter + 1}"
         what = {"val": "validation", "test": "the test"}.get(self.mode, "the run")
