@@ -66,12 +66,14 @@ def whole_batch_caller(module: nn.Module) -> Callable[[Callable[..., Any], Batch
 
 
 def metric_inputs(outputs: Any, batch: Batch) -> tuple[Any, Any]:
-    """``(outputs, targets)`` for metrics when the model took the whole batch: a mapping
-    output's ``logits`` (a Hugging Face ``ModelOutput``) and a mapping batch's ``labels``
+    """``(outputs, targets)`` for metrics when the model took the whole batch: the
+    ``logits`` of an output that has them (a Hugging Face ``ModelOutput``, a dataclass)
+    and a mapping batch's ``labels``
     when they have them; else the output as it is and the batch's second element (or
     the batch)."""
-    if isinstance(outputs, Mapping) and "logits" in outputs:
-        outputs = outputs["logits"]
+    named = _as_mapping(outputs) if not isinstance(outputs, Tensor) else None
+    if named is not None and "logits" in named:
+        outputs = named["logits"]
     if isinstance(batch, Mapping) and "labels" in batch:
         return outputs, batch["labels"]
     try:
@@ -326,7 +328,7 @@ def make_eval_step(model: nn.Module, loss_fn: Callable[..., Any] | None, autocas
             except Exception as e:
                 raise model_error(e, batch, "eval", whole_batch=True)
         logged: dict[str, Tensor] = {}
-        named = outputs if isinstance(outputs, Mapping) else None
+        named = _as_mapping(outputs) if not isinstance(outputs, Tensor) else None
         if named is not None and any("loss" in k and named[k] is not None for k in named):
             _, logged = parse_losses({k: v for k, v in named.items() if "loss" in k and v is not None})
         return (*metric_inputs(outputs, batch), logged)
