@@ -131,3 +131,34 @@ def test_every_hook_imports_from_treadle_hooks():
     assert set(names) <= set(hooks.__all__)
     with pytest.raises(AttributeError, match="NoSuchHook"):
         hooks.NoSuchHook
+
+
+def test_trainer_log_from_a_step_and_a_hook_joins_the_train_record(tmp_path):
+    import json
+
+    class Logs(treadle.Hook):
+        def after_train_iter(self, trainer, batch, outputs):
+            trainer.log("hook/iter", float(trainer.state.iter))
+
+    class M(TinyNet):
+        def train_step(self, batch, trainer):
+            x, y = batch
+            loss = nn.functional.cross_entropy(trainer.model(x), y)
+            trainer.optim_wrapper.update(loss)
+            trainer.log("step/mean_input", x.mean())
+            return {"loss": loss.detach()}
+
+    data = make_data(32)
+    t = treadle.Trainer(M(), work_dir=tmp_path, train_dataloader=DataLoader(data, batch_size=8),
+                        optimizer=dict(type="SGD", lr=0.1), max_iters=4, log_interval=2, hooks=[Logs()],
+                        checkpoint=False, progress=False, log_writers=["jsonl"])
+    t.fit()
+    train = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    train = [r for r in train if r["mode"] == "train"]
+    means = [data.tensors[0][i * 8:(i + 1) * 8].mean().item() for i in range(4)]
+    assert [r["step/mean_input"] for r in train] == pytest.approx([sum(means[:2]) / 2, sum(means[2:]) / 2])
+    assert [r["hook/iter"] for r in train] == [0.5, 2.5]
+    with pytest.raises(ValueError, match=r"shape \(2,\)"):
+        t.log("x", torch.ones(2))
+    with pytest.raises(TypeError, match="expected a number"):
+        t.log("x", "high")

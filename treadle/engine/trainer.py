@@ -404,6 +404,21 @@ class Trainer:
         """Override in a subclass to replace the default step (return values to log)."""
         raise RuntimeError("no optimizer was given, so there is no training step")
 
+    def log(self, name: str, value: torch.Tensor | float) -> None:
+        """Log a scalar from a step or a hook: kept as it is (a device tensor stays on the
+        device, no host read) and averaged into the next train record with the losses,
+        over the iterations of its log interval (and over ranks)."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"trainer.log(name={name!r}, ...): the name must be a non-empty str")
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"trainer.log({name!r}, ...): a tensor of shape {tuple(value.shape)}; expected one "
+                                 "value (e.g. .mean() it first)")
+            value = value.detach()
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"trainer.log({name!r}, value={value!r}): expected a number or a one-element tensor")
+        self.store.put(name, value)
+
     def val_step(self, batch: Any) -> dict[str, Any] | None:
         """Override in a subclass to replace the default validation step (and the test
         step, unless ``test_step`` is overridden too): feed the metrics with

@@ -20,7 +20,7 @@ imports them.
     train_loop       where the training loop stands (None without training)
     train_dataloader / val_dataloader / test_dataloader
     checkpoint_path(name), save_checkpoint(path), checkpoint_states(), checkpointer
-    update_train_metrics(outputs, targets)
+    update_train_metrics(outputs, targets), log(name, value)
 """
 
 from __future__ import annotations
@@ -128,6 +128,11 @@ class RunView(Protocol):
         ...
 
     def update_train_metrics(self, outputs: Any, targets: Any) -> None:
+        ...
+
+    def log(self, name: str, value: Any) -> None:
+        """Log a scalar (a number or a one-element tensor, kept on its device) into the
+        next train record, averaged over its log interval like the losses."""
         ...
 
 
