@@ -68,14 +68,16 @@ def whole_batch_caller(module: nn.Module) -> Callable[[Callable[..., Any], Batch
 def metric_inputs(outputs: Any, batch: Batch) -> tuple[Any, Any]:
     """``(outputs, targets)`` for metrics when the model took the whole batch: the
     ``logits`` of an output that has them (a Hugging Face ``ModelOutput``, a dataclass)
-    and a mapping batch's ``labels``
+    and a mapping batch's ``labels`` (or ``targets``)
     when they have them; else the output as it is and the batch's second element (or
     the batch)."""
     named = _as_mapping(outputs) if not isinstance(outputs, Tensor) else None
     if named is not None and "logits" in named:
         outputs = named["logits"]
-    if isinstance(batch, Mapping) and "labels" in batch:
-        return outputs, batch["labels"]
+    if isinstance(batch, Mapping):
+        for key in ("labels", "targets"):  # Hugging Face's name, torchvision detection's
+            if key in batch:
+                return outputs, batch[key]
     try:
         return outputs, unpack_batch(batch)[1]
     except TypeError:
