@@ -419,13 +419,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """The command's status; a failure's one line printed. A non-zero status marks this
+    process failed, so that it leaves without waiting for its peers (comm.mark_failed)."""
+    from treadle.distributed import comm
+
+    status = _guarded(args)
+    if status != 0:
+        comm.mark_failed()
+    return status
+
+
+def _guarded(args: argparse.Namespace) -> int:
     from treadle.checkpoint.io import CheckpointError, CheckpointWriteError
+    from treadle.distributed import comm
     from treadle.config import ConfigError
     from treadle.engine.run_dir import WorkDirBusyError
 
     try:
         return COMMANDS[args.command](args)
     except RunFailure as e:  # the user's model, loss or metric raised: the short form, status 1
+        if comm.peer_lost(e.error):
+            return _peer_lost(args, e.error)
         return _fail_run(args, e)
     except CheckpointWriteError as e:  # disk full or another OS error at a save (sync or async): a run-time failure
         return _fail(args, e, status=1)
@@ -439,6 +457,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"treadle {args.command}: interrupted ({e or 'Ctrl-C'}); the last complete checkpoint is intact",
               file=sys.stderr)
         return 130
+    except RuntimeError as e:
+        if comm.peer_lost(e):  # a collective found another process gone: its error is the job's
+            return _peer_lost(args, e)
+        raise
+
+
+def _peer_lost(args: argparse.Namespace, err: BaseException) -> int:
+    """One line, status 1: this process stopped because another one of the job failed
+    (whose own message says why)."""
+    from treadle.distributed import comm
+
+    if _full_traceback(args):
+        traceback.print_exception(err)
+    print(f"treadle {args.command}: stopped on rank {comm.get_rank()}: another process of the job failed "
+          "(its error is shown by it)", file=sys.stderr)
+    return 1
 
 
 __all__ = ["COMMANDS", "EPILOG", "FULL_TRACEBACK_ENV", "RunFailure", "UsageError", "main"]

@@ -23,6 +23,7 @@ from treadle.distributed.env import DistEnv, detect_launcher, restart_store_haza
 
 _control_group: Any = None  # gloo group for objects; None means the default group
 _destroy_world: Callable[[], Any] | None = None  # see destroy_world_with
+_failed = False  # see mark_failed
 
 
 def is_distributed() -> bool:
@@ -70,6 +71,10 @@ def init_distributed(env: DistEnv | None = None, *, backend: str | None = None,
         device = torch.device("cuda", env.local_rank)
     else:
         device = torch.device("cpu")
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's agent started us, in a session of our own: do not outlive it
+        from treadle.distributed.launch import end_with_launcher
+
+        end_with_launcher()
     if not env.distributed or dist.is_initialized():
         return device
     if timeout_s is None or not timeout_s > 0:
@@ -149,11 +154,38 @@ def any_rank(*flags: bool) -> list[bool]:
     return [bool(v) for v in t.tolist()]
 
 
+def mark_failed() -> None:
+    """This process is ending on an error (the command line caught it and prints it):
+    no collective at exit. Its peers may be gone or stuck in the collective it left, so
+    waiting for them would hang; its exit closes its connections, their collectives fail
+    at once, and the launcher stops what is left."""
+    global _failed
+    _failed = True
+
+
+# What a collective raises when a peer process has gone (gloo, NCCL).
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited",
+              "NCCL communicator was aborted", "has been aborted", "peer exited")
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from) is a collective failing because
+    another process of the job has gone: this process then only stops, saying so; the
+    job's real error is the other process's."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, RuntimeError) and any(s in str(error) for s in _PEER_LOST):
+            return True
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+        seen += 1
+    return False
+
+
 def _shutdown_at_exit() -> None:
     """At a clean exit, wait for every rank (so that none closes its connections while
-    a peer still uses them), then free the group. After an uncaught error, do nothing:
-    peers may be gone or stuck, and the launcher stops them."""
-    if getattr(sys, "last_value", None) is not None or not dist.is_initialized():
+    a peer still uses them), then free the group. After an error (uncaught, or caught
+    and marked by :func:`mark_failed`), do nothing: see there."""
+    if _failed or getattr(sys, "last_value", None) is not None or not dist.is_initialized():
         return
     try:
         dist.barrier(group=control_group())

@@ -18,7 +18,10 @@ addresses and a restart may fail to connect (pytorch/pytorch#135712).
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+import time
 import uuid
 from contextlib import contextmanager
 from typing import Iterator, Sequence
@@ -27,6 +30,31 @@ from treadle.logging.writers import get_logger
 
 
 UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # read by the agent's c10d rendezvous
+_watching = False
+
+
+def end_with_launcher(interval_s: float = 0.5) -> None:
+    """In a process started by torchrun's agent (``treadle train --nproc N`` included;
+    the agent sets ``TORCHELASTIC_RUN_ID``, which ``init_distributed`` checks):
+    end this process, and the process group it leads (its DataLoader workers), as soon
+    as the launcher that started it is gone. The agent starts each process in a session
+    of its own, so a launcher killed with SIGKILL (or an OOM kill) would otherwise leave
+    them running, holding the GPUs and the work_dir lock. A daemon thread compares the
+    parent's pid with the one at start every ``interval_s`` seconds: no work per step."""
+    global _watching
+    if _watching or os.name != "posix":
+        return
+    _watching = True
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:  # re-parented: the launcher is gone
+                own_group = os.getpgrp() == os.getpid()
+                os.killpg(os.getpgrp(), signal.SIGKILL) if own_group else os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="treadle-launcher-watch", daemon=True).start()
 
 
 def launch_local(nproc: int, args: Sequence[str], *, max_restarts: int = 0, monitor_interval: float = 0.1) -> int:

@@ -1,0 +1,128 @@
+"""A job of several processes ends at once when one of them fails: a model error, a failed
+save, a SIGKILL on either rank, under `treadle train --nproc 2` and torchrun; the failing
+rank's message is shown once; no process is left; and the workers never outlive their
+launcher (killed with SIGKILL)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
+              pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")]
+
+BOUND_S = 60  # a job left alone runs 400 x 0.1 s = 40 s per rank at least; a hang ran 1800 s
+
+
+def _config(tmp_path: Path, raise_on: int = -1, hooks: list | None = None) -> Path:
+    cfg = {"model": {"type": "fail_fast_faults.Net", "raise_on": raise_on},
+           "train_dataloader": {"dataset": {"type": "fail_fast_faults.Numbers"}, "batch_size": 4, "shuffle": True,
+                                "num_workers": 1, "persistent_workers": True},
+           "loss_fn": {"type": "CrossEntropyLoss"}, "optimizer": {"type": "SGD", "lr": 0.1}, "max_iters": 400,
+           "log_interval": 5, "seed": 0, "progress": False, "checkpoint": {"interval": 5, "by_epoch": False},
+           "hooks": [{"type": "fail_fast_faults.Record", "dir": str(tmp_path)}, *(hooks or [])]}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _left(marker: str, wait_s: float = 10.0) -> list[int]:
+    """Processes whose command line holds ``marker`` (the job's work dir), after up to
+    ``wait_s`` seconds for them to go."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != os.getpid():
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        if marker.encode() in f.read():
+                            pids.append(int(entry))
+                except OSError:
+                    pass
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.2)
+
+
+def _run(cmd: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=_env(),
+                          start_new_session=True)
+    return proc, time.monotonic() - start
+
+
+def _treadle(config: Path, work: Path) -> list[str]:
+    return [sys.executable, "-m", "treadle", "train", str(config), "--nproc", "2", "--work-dir", str(work)]
+
+
+def _torchrun(config: Path, work: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "treadle",
+            "train", str(config), "--work-dir", str(work)]
+
+
+@pytest.mark.parametrize("launcher", ["nproc", "torchrun"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_model_error_on_either_rank_ends_the_job_at_once(tmp_path, launcher, rank):
+    work = tmp_path / "run"
+    cmd = (_treadle if launcher == "nproc" else _torchrun)(_config(tmp_path, raise_on=rank), work)
+    proc, took = _run(cmd, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert took < BOUND_S, (took, out[-3000:])
+    assert out.count(f"ValueError: bad sample on rank {rank} (simulated)") == 1, out[-3000:]  # shown once
+    if launcher == "nproc":  # torchrun itself prints a traceback of its ChildFailedError
+        assert "Traceback" not in out, out[-3000:]
+    assert _left(str(work)) == []
+
+
+def test_a_failed_save_on_one_rank_ends_the_job_at_once(tmp_path):
+    work = tmp_path / "run"
+    config = _config(tmp_path, hooks=[{"type": "fail_fast_faults.FailSave", "rank": 0, "nth": 2}])
+    proc, took = _run(_treadle(config, work), tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and took < BOUND_S, (took, out[-3000:])
+    assert out.count("No space left on device") == 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert _left(str(work)) == []
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_sigkill_of_either_rank_ends_the_job_at_once(tmp_path, rank):
+    work = tmp_path / "run"
+    config = _config(tmp_path, hooks=[{"type": "faults.SigkillAt", "rank": rank, "at_iter": 8}])
+    proc, took = _run(_treadle(config, work), tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and took < BOUND_S, (took, out[-3000:])
+    assert "Traceback" not in out, out[-3000:]
+    assert _left(str(work)) == []
+
+
+def test_the_workers_do_not_outlive_a_killed_launcher(tmp_path):
+    work = tmp_path / "run"
+    launcher = subprocess.Popen(_treadle(_config(tmp_path), work), cwd=tmp_path, env=_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"iter.rank{r}").exists() for r in (0, 1)):  # both train
+        assert launcher.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    workers = _left(str(work), wait_s=0)
+    assert len(workers) >= 3  # the launcher, two ranks (and their loader workers)
+    launcher.kill()
+    launcher.wait()
+    assert _left(str(work)) == []  # the ranks and their loader workers end with it
