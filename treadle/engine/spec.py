@@ -37,7 +37,7 @@ LOG_WRITERS = tuple(_WRITERS)  # names LoggerHook knows: "jsonl", "csv", "tensor
 _ANY = ANY_OBJECT  # an object (a DataLoader, a callable): its own checks apply, not the config's
 
 
-# -- checks ------------------------------------------------------------------------------
+# -- checks of a config-typed value (Arg.check: (value, path), raising a ConfigError) ----
 def _choice(*choices: str) -> Check:
     def check(value: Any, path: str) -> None:
         if value not in choices:
