@@ -62,7 +62,7 @@ class Trainer:
 
     The arguments (the public contract, see DESIGN.md) are defined once, with their
     types, defaults, meanings and checks, as the fields of
-    :class:`treadle.engine.spec.TrainerArgs`; the Args section below is written from them.
+    `treadle.engine.spec.TrainerArgs`; the Args section below is written from them.
 
     Config dicts: ``model``, the three dataloaders, ``loss_fn``, each metric and each
     hook may also be given as the dict a config file would hold, e.g.
