@@ -101,7 +101,7 @@ def test_ema_start_and_start_iter_together_is_an_error():
 
 
 def test_loaders_are_checked_for_iterability_only():
-    from treadle.engine.args import check_loader
+    from treadle.engine.spec import check_loader
 
     class Indexed:  # iterable through __getitem__, as Python's iter() allows
         def __getitem__(self, i):
@@ -116,7 +116,7 @@ def test_loaders_are_checked_for_iterability_only():
 
 
 def test_resume_accepts_bools_and_paths_only(tmp_path):
-    from treadle.engine.args import check_resume
+    from treadle.engine.spec import check_resume
 
     assert check_resume(False) is False and check_resume(True) is True
     assert check_resume(tmp_path) == tmp_path and check_resume("ckpt") == "ckpt"

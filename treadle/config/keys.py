@@ -2,7 +2,8 @@
 keys of a dataloader spec. :mod:`treadle.config.schema` (the Trainer's keys) re-exports
 these; they are apart from it so that :mod:`treadle.config.build`, which builds the config
 dicts that the Trainer and the strategies are given, need not import the schema, which
-imports the strategies (to check ``strategy``) and the Trainer (for its defaults).
+imports the Trainer's argument definitions (treadle/engine/spec.py) and, through them, the
+strategies (to check ``strategy``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The engine: the Trainer and the rooms it runs through.
 
     trainer.py    the Trainer: holds the components, runs the entry points
-    args.py       its keyword arguments turned into checked components
-    spec.py       the typed table of those arguments (checks, config keys, docs)
+    spec.py       its arguments, each defined once (TrainerArgs: type, default, doc, checks)
+    argspec.py    what is derived from such a definition: signature, docstring, checks, config keys
+    args.py       the arguments, checked, turned into components
     loops.py      the training flow: epochs, iterations, workflow phases
     eval_loop.py  validation and test passes
     step.py       the default train and eval steps

@@ -1,17 +1,19 @@
-"""Turn the Trainer's keyword arguments into checked components.
+"""Turn the Trainer's arguments into checked components.
 
-Everything here runs inside ``Trainer.__init__``, before anything is trained or
-written, so a bad argument fails with a message that names it. Internal to treadle:
-the public face is the Trainer's signature (treadle/engine/trainer.py).
+The arguments are defined, each once, in treadle/engine/spec.py (``TrainerArgs``);
+:func:`build_args` checks them by those definitions, then checks what needs several of
+them together and builds what they describe. Everything here runs inside
+``Trainer.__init__``, before anything is trained or written, so a bad argument fails
+with a message that names it. Internal to treadle: the public face is the Trainer's
+signature (treadle/engine/trainer.py).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from torch import nn
 
@@ -31,6 +33,7 @@ from treadle.optim.wrapper import check_clip_grad, check_precision
 from treadle.optim.wrapper_builder import by_name
 from treadle.engine.preemption import PreemptionConfig
 from treadle.engine.resume import check_resume_dir
+from treadle.engine.spec import TrainerArgs, check_args
 from treadle.seeding import seed_everything
 from treadle.hooks.phase_timer import PhaseTimerHook
 from treadle.hooks.train_metrics import TrainMetrics, TrainMetricsHook
@@ -56,12 +59,6 @@ def warn_if_unpinned(loader: Any) -> None:
                              "the host; DataLoader(..., pin_memory=True) lets it overlap with compute")
 
 
-def check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
 def nan_guard_hook(cfg: Any, log_interval: int) -> NaNGuardHook | None:
     """The default checks at the log interval, when the logger syncs anyway: no sync per step.
 
@@ -82,40 +79,6 @@ def nan_guard_hook(cfg: Any, log_interval: int) -> NaNGuardHook | None:
         except (TypeError, ValueError) as e:
             raise ValueError(f"nan_guard={cfg!r}: {e}") from None
     raise ValueError(f"nan_guard={cfg!r}; expected 'raise', 'skip', False, True or dict(mode=..., check_interval=...)")
-
-
-def check_resume(resume: Any) -> bool | str | os.PathLike[str]:
-    """``resume``: False, True or a checkpoint path (told apart by type: 0, None or '' are errors)."""
-    if isinstance(resume, bool):
-        return resume
-    if not isinstance(resume, (str, os.PathLike)) or not os.fspath(resume):
-        raise TypeError(f"resume={resume!r}; expected False, True (the newest checkpoint in work_dir) or a "
-                        "checkpoint path")
-    return resume
-
-
-def check_hook_list(hooks: Any) -> list[Any]:
-    """``hooks``: a list (or tuple) of Hook objects or config dicts, not one hook on its own."""
-    if isinstance(hooks, Hook):
-        name = type(hooks).__name__
-        raise TypeError(f"hooks={name}(...) is a single hook; expected a list of hooks, e.g. hooks=[{name}(...)]")
-    if isinstance(hooks, Mapping):
-        raise TypeError(f"hooks={dict(hooks)!r} is a single hook config; expected a list, e.g. hooks=[{dict(hooks)!r}]")
-    if isinstance(hooks, (str, bytes)) or not isinstance(hooks, Iterable):
-        raise TypeError(f"hooks={hooks!r}; expected a list of treadle.Hook objects or hook config dicts "
-                        "(an empty list for none)")
-    return list(hooks)
-
-
-def check_loader(name: str, loader: Any) -> None:
-    """A DataLoader or any iterable of batches (a config dict is built later, and checked there)."""
-    if loader is None or isinstance(loader, Mapping):
-        return
-    iterable = isinstance(loader, Iterable) or callable(getattr(type(loader), "__getitem__", None))
-    if isinstance(loader, (str, bytes)) or not iterable:
-        raise TypeError(f"{name}={loader!r} ({type(loader).__name__}) is not iterable; expected a DataLoader, "
-                        "another iterable of batches, or a dataloader config dict such as "
-                        "dict(dataset=dict(type=...), batch_size=32)")
 
 
 def checkpoint_hook(cfg: Any) -> CheckpointHook:
@@ -217,90 +180,77 @@ def warn_without_validation(hooks: list[Hook]) -> None:
 
 @dataclass
 class Args:
-    """The Trainer's arguments once checked, with config dicts of components built
-    (model and data are built later, after seeding: :func:`build_model_and_data`)."""
+    """The Trainer's arguments once checked (:attr:`args`), with what they build: config
+    dicts of components built (model and data are built later, after seeding:
+    :func:`build_model_and_data`), hooks and the optimizer wrapper's options."""
 
-    model: Any
-    loaders: tuple[Any, Any, Any]
+    args: TrainerArgs  # every argument, checked (treadle/engine/spec.py): hooks as a list
     loss_fn: Any
     metrics: dict[str, Any]
     train_metrics: TrainMetrics | None  # None when none are given: the step then has no metric code
     hooks: list[Hook]
     workflow: Workflow | None
-    resume: Any
     preemption: PreemptionConfig | None
     precision: str
     clip_grad: dict[str, Any] | None
     optim_wrapper: Any  # what Strategy.prepare takes, or None
-    schedulers: Any
     guard: NaNGuardHook | None
     ema: EMAHook | None
-    checkpoint: Any
     checkpoint_hook: CheckpointHook | None
-    log_interval: int
-    log_writers: tuple[Any, ...]
-    progress: Any
 
 
-def build_args(v: Mapping[str, Any]) -> Args:
-    """The checks that need more than one argument or a Python object (the spec in
-    treadle/engine/spec.py has checked each value), and the components given as config
-    dicts (loss, metrics, hooks) built as a config file builds them."""
-    safe = v["safe"]
-    model = v["model"]
-    if not isinstance(model, (nn.Module, Mapping)):
-        raise TypeError(f"model must be a torch.nn.Module or a config dict such as dict(type='DigitsCNN'), "
-                        f"got {type(model).__name__}")
-    loss_fn = from_spec(v["loss_fn"], "loss", "loss_fn", safe=safe)
-    metrics = v["metrics"]
+def build_args(given: TrainerArgs) -> Args:
+    """Every argument checked by its definition (treadle/engine/spec.py), then the checks
+    that need more than one argument or a file, and the components given as config dicts
+    (loss, metrics, hooks) built as a config file builds them."""
+    v = check_args(given)
+    safe = v.safe
+    loss_fn = from_spec(v.loss_fn, "loss", "loss_fn", safe=safe)
+    metrics = v.metrics
     if isinstance(metrics, Mapping):
         metrics = {name: from_spec(m, "metric", f"metrics.{name}", safe=safe) for name, m in metrics.items()}
-    train_metrics = v["train_metrics"]
+    train_metrics = v.train_metrics
     if isinstance(train_metrics, Mapping):
         train_metrics = {name: from_spec(m, "metric", f"train_metrics.{name}", safe=safe)
                          for name, m in train_metrics.items()}
     train_metrics = check_metrics(train_metrics, "train_metrics")
-    hooks = [from_spec(h, "hook", f"hooks[{i}]", safe=safe) for i, h in enumerate(v["hooks"])]
+    hooks = [from_spec(h, "hook", f"hooks[{i}]", safe=safe) for i, h in enumerate(v.hooks)]
     for i, h in enumerate(hooks):
         if not isinstance(h, Hook):
             raise TypeError(f"hooks[{i}] must be a treadle.Hook instance or a config dict, got {type(h).__name__}")
         get_priority(h.priority)
         check_hook_points(h, f"hooks[{i}]")
-    loaders = (v["train_dataloader"], v["val_dataloader"], v["test_dataloader"])
-    for name, loader in zip(("train_dataloader", "val_dataloader", "test_dataloader"), loaders):
-        check_loader(name, loader)
-    max_epochs, max_iters = v["max_epochs"], v["max_iters"]
+    max_epochs, max_iters = v.max_epochs, v.max_iters
     if max_epochs is not None and max_iters is not None:
         raise ValueError(f"give either max_epochs or max_iters, not both (got max_epochs={max_epochs!r}, "
                          f"max_iters={max_iters!r})")
-    if loaders[0] is not None:
+    if v.train_dataloader is not None:
         if max_epochs is None and max_iters is None:
             raise ValueError("training needs max_epochs (epoch-based) or max_iters (iteration-based); neither was given")
-        if v["optimizer"] is None:
+        if v.optimizer is None:
             raise ValueError("training needs an optimizer: an Optimizer object or e.g. dict(type='AdamW', lr=1e-3)")
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable (outputs, targets) -> loss, got {type(loss_fn).__name__}")
-    workflow = check_workflow(v["workflow"], loaders[1] is not None) if v["workflow"] is not None else None
-    resume = check_resume(v["resume"])
-    if resume is True and v["work_dir"] is None:
+    workflow = check_workflow(v.workflow, v.val_dataloader is not None) if v.workflow is not None else None
+    resume = v.resume
+    if resume is True and v.work_dir is None:
         raise ValueError("resume=True looks for the latest checkpoint in work_dir, but work_dir is None")
     if resume is not True and resume is not False:
         if not Path(resume).exists():
             raise FileNotFoundError(f"resume={str(resume)!r}: no such checkpoint")
         check_resume_dir(Path(resume))
-    if v["load_from"] is not None and not Path(v["load_from"]).exists():
-        raise FileNotFoundError(f"load_from={str(v['load_from'])!r}: no such file or checkpoint")
-    checkpoint = v["checkpoint"]
-    precision, clip_grad = check_precision(v["precision"]), check_clip_grad(v["clip_grad"])
+    if v.load_from is not None and not Path(v.load_from).exists():
+        raise FileNotFoundError(f"load_from={str(v.load_from)!r}: no such file or checkpoint")
+    checkpoint = v.checkpoint
+    precision, clip_grad = check_precision(v.precision), check_clip_grad(v.clip_grad)
     return Args(
-        model=model, loaders=loaders, loss_fn=loss_fn, metrics=check_metrics(metrics), hooks=hooks, workflow=workflow,
-        train_metrics=TrainMetrics(train_metrics, v["train_metrics_reset"]) if train_metrics else None,
-        resume=resume, preemption=PreemptionConfig.build(v["preemption"]), precision=precision, clip_grad=clip_grad,
-        optim_wrapper=trainer_optim_wrapper(v["optimizer"], precision, v["accumulate"], clip_grad, safe),
-        schedulers=v["schedulers"], guard=nan_guard_hook(v["nan_guard"], v["log_interval"]),
-        ema=ema_hook(v["ema"]) if v["ema"] is not None else None, checkpoint=checkpoint,
-        checkpoint_hook=checkpoint_hook(checkpoint) if checkpoint is not None and checkpoint is not False else None,
-        log_interval=v["log_interval"], log_writers=tuple(v["log_writers"]), progress=v["progress"])
+        args=v, loss_fn=loss_fn, metrics=check_metrics(metrics), hooks=hooks, workflow=workflow,
+        train_metrics=TrainMetrics(train_metrics, v.train_metrics_reset) if train_metrics else None,
+        preemption=PreemptionConfig.build(v.preemption), precision=precision, clip_grad=clip_grad,
+        optim_wrapper=trainer_optim_wrapper(v.optimizer, precision, v.accumulate, clip_grad, safe),
+        guard=nan_guard_hook(v.nan_guard, v.log_interval),
+        ema=ema_hook(v.ema) if v.ema is not None else None,
+        checkpoint_hook=checkpoint_hook(checkpoint) if checkpoint is not None and checkpoint is not False else None)
 
 
 def trainer_optim_wrapper(optimizer: Any, precision: str, accumulate: int, clip_grad: dict[str, Any] | None,
@@ -327,7 +277,9 @@ def build_model_and_data(a: Args, strategy: Any, *, safe: bool = False) -> tuple
     """The model and the three loaders, config dicts built after the strategy seeded (and
     the RNGs seeded again after, so that training's random streams do not depend on what
     building drew, as in a config run); loaders sharded across ranks."""
-    model, (train, val, test) = a.model, a.loaders
+    v = a.args
+    model: Any = v.model
+    train, val, test = v.train_dataloader, v.val_dataloader, v.test_dataloader
     if any(isinstance(x, Mapping) for x in (model, train, val, test)):
         model = from_spec(model, "model", "model", safe=safe)
         train = from_spec(train, "dataloader", "train_dataloader", safe=safe)
@@ -348,12 +300,13 @@ def default_hooks(a: Args, schedulers: dict[str, list[Any]] | None, phase_timer:
     """The Trainer's default hooks for its arguments (a user's hook of the same class
     replaces one of these): timer, logger, schedulers, EMA, checkpoints, NaN guard,
     train metrics, progress bar, phase timer."""
-    hooks: list[Hook] = [IterTimerHook(), LoggerHook(interval=a.log_interval, writers=a.log_writers)]
+    v = a.args
+    hooks: list[Hook] = [IterTimerHook(), LoggerHook(interval=v.log_interval, writers=tuple(v.log_writers))]
     if schedulers:
         hooks.append(ParamSchedulerHook(schedulers))
     if a.ema is not None:  # strategies that cannot keep an average refused it (check_trainer_options)
         hooks.append(a.ema)
-    if a.checkpoint is None and has_work_dir and a.loaders[0] is not None:
+    if v.checkpoint is None and has_work_dir and v.train_dataloader is not None:
         hooks.append(CheckpointHook(interval=None))  # the default: save when training ends
     elif a.checkpoint_hook is not None:
         hooks.append(a.checkpoint_hook)
@@ -361,10 +314,10 @@ def default_hooks(a: Args, schedulers: dict[str, list[Any]] | None, phase_timer:
         hooks.append(a.guard)
     if a.train_metrics is not None:
         hooks.append(TrainMetricsHook(a.train_metrics))
-    if progress_on(a.progress, is_main):
+    if progress_on(v.progress, is_main):
         from treadle.hooks.progress import ProgressBarHook  # imports rich: only when a bar is wanted
 
-        hooks.append(ProgressBarHook(force_terminal=True if a.progress is True else None))
+        hooks.append(ProgressBarHook(force_terminal=True if v.progress is True else None))
     if phase_timer is not None:
         hooks.append(PhaseTimerHook(phase_timer))
     return hooks

@@ -1,40 +1,43 @@
-"""The Trainer's arguments: one typed specification, for Python and config files alike.
+"""The Trainer's arguments, each defined once: :class:`TrainerArgs`.
 
-:data:`TRAINER_KEYS` lists every ``treadle.Trainer`` argument in its signature's order:
-the types a config file may give it, the Python objects a caller may pass besides
-(checked by their own builders), a range check, and its line of documentation.
-``Trainer.__init__`` checks its arguments with :func:`check_args`; the config schema
-(treadle/config/schema.py) checks a config file's keys with the same table, and
-``docs/config.md`` is generated from it. A test checks that the table and the signature
-list the same names.
+One field per ``treadle.Trainer`` argument, in its signature's order: its name, type and
+default, and an :class:`~treadle.engine.argspec.Arg` with its documentation, the types a
+config file may give it, the Python objects a caller may pass besides (checked by their
+own builders), and its checks. Everything else is derived from these fields
+(treadle/engine/argspec.py): the Trainer's signature and docstring, the checks
+``Trainer.__init__`` runs first (:func:`check_args`), the config keys
+(:data:`TRAINER_KEYS`, which treadle/config/schema.py checks config files with, and the
+CLI's ``--set`` with them) and ``docs/config.md``. A new argument is one more field here.
 """
-
-from __future__ import annotations
 
 import inspect
 import os
-from dataclasses import fields
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Annotated, Any
 
 import torch
 from torch import nn
 
 from treadle.config.errors import ConfigError, did_you_mean, join_path
-from treadle.config.keys import SPEC, Check, Key, NoneType, _min, check_keys, check_value
+from treadle.config.keys import SPEC, Check, Key, NoneType, _min, check_keys
+from treadle.engine.argspec import ANY_OBJECT, Arg, check_args as _check_args, config_keys, flag
+from treadle.engine.preemption import PreemptionConfig
+from treadle.hooks.base import Hook
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import WRITERS as _WRITERS
 from treadle.hooks.logger import check_writers
 from treadle.optim.wrapper import check_clip_grad, check_precision
-from treadle.engine.preemption import PreemptionConfig
 from treadle.strategies.base import Strategy
 from treadle.strategies.build import STRATEGY_NAMES, resolve_strategy
 
 LOG_WRITERS = tuple(_WRITERS)  # names LoggerHook knows: "jsonl", "csv", "tensorboard", "mlflow", "wandb"
-_ANY = (object,)  # an object (a DataLoader, a callable): its own checks apply, not the config's
+_ANY = ANY_OBJECT  # an object (a DataLoader, a callable): its own checks apply, not the config's
 
 
-# -- checks ------------------------------------------------------------------------------
+# -- checks of a config-typed value (Arg.check: (value, path), raising a ConfigError) ----
 def _choice(*choices: str) -> Check:
     def check(value: Any, path: str) -> None:
         if value not in choices:
@@ -129,119 +132,232 @@ _PREEMPTION_KEYS = [f.name for f in fields(PreemptionConfig) if f.name != "recei
 # EMAHook's arguments, and start_iter (the design's name for its start).
 _EMA_KEYS = [*_params(EMAHook), "start_iter"]
 
-#: The Trainer's arguments, in its signature's order.
-TRAINER_KEYS: tuple[Key, ...] = (
-    Key("model", (dict, str), SPEC, "The model: `{type: DigitsCNN, width: 32}` (registry name or dotted path).", objects=(nn.Module,)),
-    Key("work_dir", (str, NoneType), "a directory path, or null",
-        "Run directory (logs, checkpoints, `config.yaml`). The command line defaults it to `runs/<config name>`.", objects=(os.PathLike,)),
-    Key("train_dataloader", (dict, NoneType), "a dataloader spec {dataset: {...}, batch_size: N, ...}, or null",
-        "Training data: a `torch.utils.data.DataLoader` built from the dataloader keys below.", objects=_ANY),
-    Key("val_dataloader", (dict, NoneType), "a dataloader spec, or null", "Validation data (same keys).", objects=_ANY),
-    Key("test_dataloader", (dict, NoneType), "a dataloader spec, or null", "Test data (same keys).", objects=_ANY),
-    Key("loss_fn", (dict, str, NoneType), SPEC + ", or null",
-        "`(outputs, targets) -> loss`, e.g. `{type: CrossEntropyLoss}` or a dotted path to a function; "
-        "null: the model returns its loss(es).", objects=_ANY),
-    Key("optimizer", (dict, NoneType), "{type: AdamW, lr: ...}, a mapping of such by name, or null",
-        "Passed to the Trainer as it is: any `torch.optim` class by name; `paramwise: {...}` for per-parameter "
-        "options; `{gen: {...}, disc: {...}}` for one optimizer per submodule.", objects=(torch.optim.Optimizer,)),
-    Key("schedulers", (list, dict, NoneType), "a list of scheduler specs, a mapping of lists by optimizer name, or null",
-        "Parameter schedulers (`treadle.optim.scheduler_builder.SCHEDULERS`), passed to the Trainer as they are.", objects=_ANY),
-    Key("max_epochs", (int, NoneType), "an int >= 1, or null", "Epoch-based training length (not with max_iters).",
-        _min(1)),
-    Key("max_iters", (int, NoneType), "an int >= 1, or null", "Iteration-based training length (not with max_epochs).",
-        _min(1)),
-    Key("val_interval", (int,), "an int >= 1", "Validate every this many epochs (or iterations), and at the end.",
-        _min(1)),
-    Key("workflow", (list, NoneType), "a list of [mode, count] pairs, or null",
-        "mmcv-style phases such as `[[train, 2], [val, 1]]`; null: train `val_interval`, then validate.", _workflow),
-    Key("metrics", (dict, NoneType), "a mapping {name: component spec}, or null",
-        "Validation/test metrics, e.g. `{acc: {type: Accuracy}}`; logged as `val/<name>`.", objects=_ANY),
-    Key("train_metrics", (dict, NoneType), "a mapping {name: component spec}, or null",
-        "Training metrics (same specs as `metrics`), updated each iteration on the device without a host read "
-        "and logged as `train/<name>` at the log interval; the default step needs `loss_fn`.", objects=_ANY),
-    Key("train_metrics_reset", (str,), "'interval' or 'epoch'",
-        "When `train_metrics` start over: after each log record (`interval`: a record covers its window) or "
-        "when an epoch starts (`epoch`: running values over the epoch).", _choice("interval", "epoch")),
-    Key("hooks", (list,), "a list of hook specs",
-        "Extra hooks, e.g. `[{type: EarlyStoppingHook, patience: 3}]`; `priority:` sets a hook's priority. "
-        "A hook of a default hook's class replaces the default.", objects=_ANY),
-    Key("precision", (str, int), "'32', 'bf16' or '16'", "Numeric precision: fp32, bf16 autocast, fp16 with GradScaler.",
-        _wrap(check_precision)),
-    Key("accumulate", (int,), "an int >= 1", "Gradient accumulation: optimizer step every this many batches.", _min(1)),
-    Key("clip_grad", (dict, NoneType), "{max_norm: N[, norm_type: 2]} or {value: V}, or null",
-        "Gradient clipping by norm or by value.", _wrap(check_clip_grad)),
-    Key("ema", (dict, NoneType), f"a mapping with keys among {', '.join(_EMA_KEYS)}, or null",
-        "Exponential moving average of the weights (`treadle.hooks.ema.EMAHook` arguments; `start_iter` is "
-        "another name for `start`).", _keys(_EMA_KEYS, "ema"), objects=(EMAHook,)),
-    Key("strategy", (str, dict), f"one of {', '.join(STRATEGY_NAMES)}, or {{type: ddp|fsdp|deepspeed, option: value}}",
-        "Device and distribution strategy; options as in `treadle.strategies.ddp.DDPStrategy` / "
-        "`treadle.strategies.fsdp.FSDPStrategy` / `treadle.strategies.deepspeed.DeepSpeedStrategy`.", _strategy, objects=(Strategy,)),
-    Key("seed", (int, NoneType), "an int >= 0, or null",
-        "Seed of every RNG; the command line seeds before building the model, so initial weights repeat too.", _min(0)),
-    Key("seed_per_rank", (bool,), "true or false", "Each process uses seed + rank."),
-    Key("seed_per_sample", (bool,), "true or false",
-        "Seed each sample's randomness in a map-style dataset from (seed, epoch, index): the same for any "
-        "num_workers and on resume."),
-    Key("deterministic", (bool,), "true or false", "Deterministic algorithms (slower, repeatable)."),
-    Key("resume", (bool, str), "true, false, or a checkpoint path",
-        "Continue a run: true takes the latest checkpoint in work_dir.", objects=(os.PathLike,)),
-    Key("load_from", (str, NoneType), "a checkpoint or weights path, or null", "Load model weights only (strict).", objects=(os.PathLike,)),
-    Key("checkpoint", (dict, bool, NoneType), f"a mapping with keys among {', '.join(_params(CheckpointHook))}, or null",
-        "Checkpointing (`treadle.hooks.checkpoint.CheckpointHook` arguments); null: save once at the end.",
-        _keys(_params(CheckpointHook), "checkpoint"), objects=(CheckpointHook,)),
-    Key("log_interval", (int,), "an int >= 1", "Iterations between log lines.", _min(1)),
-    Key("compile", (bool,), "true or false", "`torch.compile` the model."),
-    Key("auto_scale_lr", (dict, NoneType), "{base_batch_size: N[, enable: true]}, or null",
-        "Scale lr by world_size * batch_size / base_batch_size.", _auto_scale_lr),
-    Key("preemption", (bool, dict), "true, false, or {signals: [...], exit_code: N, requeue: bool}",
-        "Save and exit on SIGTERM/SIGUSR1 (and requeue on SLURM).",
-        _keys(_PREEMPTION_KEYS, "preemption")),
-    Key("nan_guard", (str, bool, dict), "'raise', 'skip', false, or {mode: raise|skip, check_interval: N}",
-        "Non-finite losses: raise (checked at the log interval) or skip the optimizer step.", _nan_guard),
-    Key("log_writers", (list,), f"a list of names among {', '.join(LOG_WRITERS)}, or {{type: name, option: value}}",
-        "Where logged records go besides the console and `log.txt`; a mapping gives the writer's options after "
-        "the run directory, e.g. `{type: wandb, project: exp}` (`treadle.logging.trackers`).", _log_writers),
-    Key("progress", (str, bool), "'auto', true or false",
-        "Live progress bar (rich): auto shows it when stdout is a terminal; main process only.", _progress),
-    Key("timer_breakdown", (bool,), "true or false",
-        "Log `time/forward`, `time/loss`, `time/backward`, `time/optimizer`, `time/hooks` of the default step."),
-    Key("move_batch", (bool,), "true or false",
-        "Every step, the default one and a model's own `train_step`/`val_step`, gets the batch on the strategy's "
-        "device; false: steps get batches as the loader yields them and move what they need."),
-    Key("verbose", (bool,), "true or false",
-        "Print the environment and hook-order tables on the console too (they always go to `log.txt`)."),
-)
+# -- checks of a value as given in Python (Arg.convert: (name, value) -> value) ----------
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
 
 
+def check_model(name: str, model: Any) -> Any:
+    """An ``nn.Module`` or a config dict (a registered name is a config file's only)."""
+    if not isinstance(model, (nn.Module, Mapping)):
+        raise TypeError(f"{name} must be a torch.nn.Module or a config dict such as dict(type='DigitsCNN'), "
+                        f"got {type(model).__name__}")
+    return model
 
-def check_args(values: Mapping[str, Any]) -> None:
-    """Check the Trainer's arguments ``values`` against :data:`TRAINER_KEYS`: a value of
-    a config type is checked as a config file's would be (a tuple as a list); any other
-    value the key also takes (``objects``: a module, a DataLoader, a path) is left to its
-    builder. Raises TypeError for a
+
+def check_hook_list(hooks: Any) -> list[Any]:
+    """``hooks``: a list (or tuple) of Hook objects or config dicts, not one hook on its own."""
+    if isinstance(hooks, Hook):
+        name = type(hooks).__name__
+        raise TypeError(f"hooks={name}(...) is a single hook; expected a list of hooks, e.g. hooks=[{name}(...)]")
+    if isinstance(hooks, Mapping):
+        raise TypeError(f"hooks={dict(hooks)!r} is a single hook config; expected a list, e.g. hooks=[{dict(hooks)!r}]")
+    if isinstance(hooks, (str, bytes)) or not isinstance(hooks, Iterable):
+        raise TypeError(f"hooks={hooks!r}; expected a list of treadle.Hook objects or hook config dicts "
+                        "(an empty list for none)")
+    return list(hooks)
+
+
+def check_loader(name: str, loader: Any) -> Any:
+    """A DataLoader or any iterable of batches (a config dict is built later, and checked there)."""
+    if loader is None or isinstance(loader, Mapping):
+        return loader
+    iterable = isinstance(loader, Iterable) or callable(getattr(type(loader), "__getitem__", None))
+    if isinstance(loader, (str, bytes)) or not iterable:
+        raise TypeError(f"{name}={loader!r} ({type(loader).__name__}) is not iterable; expected a DataLoader, "
+                        "another iterable of batches, or a dataloader config dict such as "
+                        "dict(dataset=dict(type=...), batch_size=32)")
+    return loader
+
+
+def check_resume(resume: Any) -> bool | str | os.PathLike[str]:
+    """``resume``: False, True or a checkpoint path (told apart by type: 0, None or '' are errors)."""
+    if isinstance(resume, bool):
+        return resume
+    if not isinstance(resume, (str, os.PathLike)) or not os.fspath(resume):
+        raise TypeError(f"resume={resume!r}; expected False, True (the newest checkpoint in work_dir) or a "
+                        "checkpoint path")
+    return resume
+
+
+def _loader(doc: str) -> Arg:
+    return Arg(doc, (dict, NoneType), "a dataloader spec, or null", objects=_ANY, convert=check_loader)
+
+
+# -- the arguments -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainerArgs:
+    """``treadle.Trainer``'s arguments (see the module's docstring); ``Trainer.__init__``
+    receives them as one instance, which :func:`check_args` checks."""
+
+    model: Annotated[nn.Module | Mapping[str, Any], Arg(
+        "The model: an `nn.Module`, or a spec such as `{type: DigitsCNN, width: 32}` (a registered name or a dotted "
+        "path), built after seeding. Without `loss_fn` it is called with the whole batch in training and returns a "
+        "loss tensor or a dict of losses; it may define `train_step(batch, trainer)` / `val_step(batch, trainer)`.",
+        (dict, str), SPEC, objects=(nn.Module,), convert=check_model)]
+    work_dir: Annotated[str | Path | None, Arg(
+        "Run directory: `log.txt`, `log.jsonl`, checkpoints, `config.yaml` (None: log to the console only). The "
+        "command line defaults it to `runs/<config name>`.",
+        (str, NoneType), "a directory path, or null", objects=(os.PathLike,))] = None
+    train_dataloader: Annotated[Iterable[Any] | Mapping[str, Any] | None, Arg(
+        "Training data: a `DataLoader` or another iterable of batches, or a dataloader spec "
+        "`{dataset: {type: ...}, batch_size: N, ...}` (the dataloader keys of docs/config.md), built after seeding.",
+        (dict, NoneType), "a dataloader spec {dataset: {...}, batch_size: N, ...}, or null", objects=_ANY,
+        convert=check_loader)] = None
+    val_dataloader: Annotated[Iterable[Any] | Mapping[str, Any] | None, _loader(
+        "Validation data (as `train_dataloader`).")] = None
+    test_dataloader: Annotated[Iterable[Any] | Mapping[str, Any] | None, _loader(
+        "Test data (as `train_dataloader`).")] = None
+    loss_fn: Annotated[Callable[..., Any] | Mapping[str, Any] | None, Arg(
+        "`(outputs, targets) -> loss` (a tensor or a dict of them), e.g. `nn.CrossEntropyLoss()`, "
+        "`{type: CrossEntropyLoss}` or a dotted path to a function; batches are then `(inputs, targets)` or dicts "
+        "with `inputs`/`targets`. None: the model returns its loss(es).",
+        (dict, str, NoneType), SPEC + ", or null", objects=_ANY)] = None
+    optimizer: Annotated[torch.optim.Optimizer | Mapping[str, Any] | None, Arg(
+        "An `Optimizer`, or `{type: AdamW, lr: ...}` (any `torch.optim` class by name; `paramwise: {...}` for "
+        "per-parameter options), or a mapping of such by name, e.g. `{gen: {...}, disc: {...}}`, each for the "
+        "model's submodule of that name. Built over the model once it is placed.",
+        (dict, NoneType), "{type: AdamW, lr: ...}, a mapping of such by name, or null",
+        objects=(torch.optim.Optimizer,))] = None
+    schedulers: Annotated[Sequence[Any] | Mapping[str, Sequence[Any]] | None, Arg(
+        "Parameter schedulers: MMEngine-style specs (`treadle.optim.scheduler_builder.SCHEDULERS`) or scheduler "
+        "objects; a mapping of lists by optimizer name for several optimizers.",
+        (list, dict, NoneType), "a list of scheduler specs, a mapping of lists by optimizer name, or null",
+        objects=_ANY)] = None
+    max_epochs: Annotated[int | None, Arg(
+        "Train this many epochs (epoch-based); give this or `max_iters`, not both.",
+        (int, NoneType), "an int >= 1, or null", _min(1))] = None
+    max_iters: Annotated[int | None, Arg(
+        "Train this many iterations (iteration-based); give this or `max_epochs`, not both.",
+        (int, NoneType), "an int >= 1, or null", _min(1))] = None
+    val_interval: Annotated[int, Arg(
+        "Validate every this many epochs (or iterations), and at the end.",
+        (int,), "an int >= 1", _min(1))] = 1
+    workflow: Annotated[list[tuple[str, int]] | None, Arg(
+        "mmcv-style phases such as `[(\"train\", 2), (\"val\", 1)]` (`[[train, 2], [val, 1]]` in YAML); None: "
+        "train `val_interval`, then validate.",
+        (list, NoneType), "a list of [mode, count] pairs, or null", _workflow)] = None
+    metrics: Annotated[Mapping[str, Any] | None, Arg(
+        "Validation and test metrics by name: objects with `update(outputs, targets)`, `compute()` and `reset()` "
+        "(torchmetrics objects work as they are) or specs, e.g. `{acc: {type: Accuracy}}`; logged as `val/<name>` "
+        "(`test/<name>`).",
+        (dict, NoneType), "a mapping {name: component spec}, or null", objects=_ANY)] = None
+    train_metrics: Annotated[Mapping[str, Any] | None, Arg(
+        "Training metrics (as `metrics`), updated each iteration on the device without a host read, reduced over "
+        "ranks, checkpointed per rank and logged as `train/<name>` at the log interval "
+        "(treadle/hooks/train_metrics.py). The default step needs `loss_fn`; a custom step calls "
+        "`trainer.update_train_metrics(outputs, targets)`.",
+        (dict, NoneType), "a mapping {name: component spec}, or null", objects=_ANY)] = None
+    train_metrics_reset: Annotated[str, Arg(
+        "When `train_metrics` start over: after each log record (`interval`: a record covers its window) or when an "
+        "epoch starts (`epoch`: running values over the epoch).",
+        (str,), "'interval' or 'epoch'", _choice("interval", "epoch"))] = "interval"
+    hooks: Annotated[Iterable[Hook | Mapping[str, Any]], Arg(
+        "Hooks on top of the default ones: `Hook` objects or specs such as `{type: EarlyStoppingHook, patience: 3}` "
+        "(`priority:` sets a hook's priority). A hook of a default hook's class replaces that default.",
+        (list,), "a list of hook specs", objects=_ANY, convert=lambda _, hooks: check_hook_list(hooks))] = ()
+    precision: Annotated[str | int, Arg(
+        "Numeric precision: `\"32\"` (fp32), `\"bf16\"` (bf16 autocast) or `\"16\"` (fp16 autocast with a "
+        "GradScaler).",
+        (str, int), "'32', 'bf16' or '16'", _wrap(check_precision))] = "32"
+    accumulate: Annotated[int, Arg(
+        "Gradient accumulation: an optimizer step every this many batches (treadle/optim/wrapper.py).",
+        (int,), "an int >= 1", _min(1))] = 1
+    clip_grad: Annotated[dict[str, Any] | None, Arg(
+        "Gradient clipping by norm, `{max_norm: 1.0, norm_type: 2}`, or by value, `{value: 0.5}`.",
+        (dict, NoneType), "{max_norm: N[, norm_type: 2]} or {value: V}, or null", _wrap(check_clip_grad))] = None
+    ema: Annotated[dict[str, Any] | EMAHook | None, Arg(
+        "Exponential moving average of the weights: `{momentum: 0.9998, interval: 1, start: 0}` or `{alpha: ...}` "
+        "(`treadle.hooks.ema.EMAHook`'s arguments; `start_iter` is another name for `start`), or an `EMAHook`.",
+        (dict, NoneType), f"a mapping with keys among {', '.join(_EMA_KEYS)}, or null", _keys(_EMA_KEYS, "ema"),
+        objects=(EMAHook,))] = None
+    strategy: Annotated[str | dict[str, Any] | Strategy, Arg(
+        "Device and distribution: `auto` (DDP under a multi-process launcher, else one device), `single`, `ddp`, "
+        "`fsdp`, `deepspeed`, a mapping with options, e.g. `{type: ddp, find_unused_parameters: true}` (as in "
+        "`treadle.strategies.ddp.DDPStrategy` / `treadle.strategies.fsdp.FSDPStrategy` / "
+        "`treadle.strategies.deepspeed.DeepSpeedStrategy`), or a `Strategy`.",
+        (str, dict), f"one of {', '.join(STRATEGY_NAMES)}, or {{type: ddp|fsdp|deepspeed, option: value}}", _strategy,
+        objects=(Strategy,))] = "auto"
+    seed: Annotated[int | None, Arg(
+        "Seed of every RNG. A model and data given as specs (and the command line's) are built after seeding, so "
+        "initial weights repeat too.",
+        (int, NoneType), "an int >= 0, or null", _min(0))] = None
+    seed_per_rank: Annotated[bool, flag("Each process uses seed + rank.")] = False
+    seed_per_sample: Annotated[bool, flag(
+        "Seed the randomness a map-style dataset draws for each sample from `(seed, epoch, index)`: the same for "
+        "any `num_workers` and on resume.")] = True
+    deterministic: Annotated[bool, flag("Deterministic algorithms (slower, repeatable).")] = False
+    resume: Annotated[bool | str | Path, Arg(
+        "Continue a run: False, True (the newest verified checkpoint in `work_dir`) or a checkpoint path.",
+        (bool, str), "true, false, or a checkpoint path", objects=(os.PathLike,),
+        convert=lambda _, resume: check_resume(resume))] = False
+    load_from: Annotated[str | Path | None, Arg(
+        "Model weights only (strict), from a checkpoint, a run directory (its newest verified checkpoint), a `.pt` "
+        "file or a `.safetensors` file.",
+        (str, NoneType), "a checkpoint or weights path, or null", objects=(os.PathLike,))] = None
+    checkpoint: Annotated[dict[str, Any] | bool | CheckpointHook | None, Arg(
+        "Checkpointing: `{interval: 1, by_epoch: true, keep: 3, best: val/acc, rule: max}` "
+        "(`treadle.hooks.checkpoint.CheckpointHook`'s arguments), True (its defaults) or a `CheckpointHook`; "
+        "None: save once at the end (with a `work_dir`); False: never.",
+        (dict, bool, NoneType), f"a mapping with keys among {', '.join(_params(CheckpointHook))}, or null",
+        _keys(_params(CheckpointHook), "checkpoint"), objects=(CheckpointHook,))] = None
+    log_interval: Annotated[int, Arg(
+        "Iterations between log lines.", (int,), "an int >= 1", _min(1))] = 50
+    compile: Annotated[bool, flag("`torch.compile` the model.")] = False
+    auto_scale_lr: Annotated[dict[str, Any] | None, Arg(
+        "`{base_batch_size: N}`: scale lr by world_size * batch_size / base_batch_size (`enable: false` turns it "
+        "off).",
+        (dict, NoneType), "{base_batch_size: N[, enable: true]}, or null", _auto_scale_lr)] = None
+    preemption: Annotated[bool | dict[str, Any], Arg(
+        "Save and exit on SIGTERM/SIGUSR1 (exit code 143; and requeue on SLURM): True, False, or "
+        "`{signals: [...], exit_code: N, requeue: bool}`.",
+        (bool, dict), "true, false, or {signals: [...], exit_code: N, requeue: bool}",
+        _keys(_PREEMPTION_KEYS, "preemption"))] = True
+    nan_guard: Annotated[str | bool | dict[str, Any], Arg(
+        "Non-finite losses: `raise` (checked at the log interval), `skip` the optimizer step, False (no check), or "
+        "`{mode: raise|skip, check_interval: N}`.",
+        (str, bool, dict), "'raise', 'skip', false, or {mode: raise|skip, check_interval: N}", _nan_guard)] = "raise"
+    log_writers: Annotated[Sequence[Any], Arg(
+        "Where logged records go besides the console and `log.txt`: names among "
+        f"{', '.join(f'`{w}`' for w in LOG_WRITERS)}, or a mapping with the writer's options after the run "
+        "directory, e.g. `{type: wandb, project: exp}` (`treadle.logging.trackers`).",
+        (list,), f"a list of names among {', '.join(LOG_WRITERS)}, or {{type: name, option: value}}",
+        _log_writers)] = ("jsonl", "csv", "tensorboard")
+    progress: Annotated[bool | str, Arg(
+        "Live progress bar (rich): `auto` shows it when stdout is a terminal, True always, False never; main "
+        "process only.",
+        (str, bool), "'auto', true or false", _progress)] = "auto"
+    timer_breakdown: Annotated[bool, flag(
+        "Log `time/forward`, `time/loss`, `time/backward`, `time/optimizer`, `time/hooks` of the default step "
+        "(treadle/hooks/phase_timer.py).")] = False
+    move_batch: Annotated[bool, flag(
+        "Every step (the default ones, a model's own `train_step`/`val_step`, a subclass's `train_step`) gets the "
+        "batch on the strategy's device, its tensors moved inside tuples, lists and dicts; False: steps get "
+        "batches as the loader yields them and move what they need.")] = True
+    safe: Annotated[bool, Arg(
+        "Config dicts name only registered names and torch.nn / torch.optim classes; other dotted `type` paths and "
+        "`collate_fn` strings are refused before anything is imported (treadle/config/safe.py). Objects are not "
+        "affected. Not a config key: how far the caller trusts a config is not the config's to say.",
+        convert=check_bool)] = False
+    verbose: Annotated[bool, flag(
+        "Print the environment and hook-order tables on the console too (they always go to `log.txt`).")] = False
+
+
+def check_args(args: TrainerArgs) -> TrainerArgs:
+    """``args`` with every argument checked, in order (argspec.check_args): a value of a
+    config type as a config file's would be (a tuple as a list), any other value the
+    argument also takes (``objects``: a module, a DataLoader, a path) left to its
+    builder, then each ``convert`` (``hooks`` becomes a list). Raises TypeError for a
     value of the wrong type, ValueError (a ConfigError) for one out of range; both name
     the argument."""
-    for key in TRAINER_KEYS:
-        value = values[key.name]
-        if isinstance(value, tuple):
-            value = list(value)
-        of_config_type = any(isinstance(value, t) for t in key.types)
-        if not of_config_type and isinstance(value, key.objects):
-            continue
-        try:
-            check_value(key, value, key.name)
-        except ConfigError as e:
-            if e.problem.startswith("wrong type"):
-                expected = e.expected
-                if key.objects and key.objects != _ANY and "path" not in expected:  # what Python may pass too
-                    expected += ", or " + " or ".join(_type_name(t) for t in key.objects)
-                raise TypeError(str(ConfigError(e.path, e.problem, value=e.value, expected=expected))) from None
-            raise
+    return _check_args(args)
 
 
-def _type_name(t: type) -> str:
-    return {os.PathLike: "a path", nn.Module: "an nn.Module"}.get(t, f"a {t.__module__.split('.')[0]}.{t.__qualname__}"
-                                                                      if t.__module__ != "builtins" else t.__name__)
+#: The config keys: every Trainer argument but ``safe``, in the signature's order.
+TRAINER_KEYS: tuple[Key, ...] = config_keys(TrainerArgs)
 
 
-__all__ = ["LOG_WRITERS", "TRAINER_KEYS", "check_args"]
+__all__ = ["LOG_WRITERS", "TRAINER_KEYS", "TrainerArgs", "check_args", "check_bool", "check_hook_list", "check_loader",
+           "check_model", "check_resume"]

@@ -1,8 +1,9 @@
 """The Trainer: holds the components, checks them, runs the loops, dispatches hooks.
 
 The flow itself lives in ``treadle/engine/loops.py``; the default step in ``treadle/engine/step.py``.
-Everything is checked in ``__init__`` (with the checks and builders of
-``treadle/engine/args.py``), so a bad argument fails before anything runs or is written.
+Its arguments are defined once, in ``treadle/engine/spec.py``; everything is checked in
+``__init__`` (by those definitions, then by the builders of ``treadle/engine/args.py``), so a
+bad argument fails before anything runs or is written.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import contextlib
 import functools
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -37,12 +38,12 @@ from treadle.engine.resume import checkpoint_in, latest_to_resume, note_other_ru
 from treadle.engine.run_dir import RunDir
 from treadle.hooks.state import TrainState
 from treadle.engine.step import make_eval_step, make_train_step, tell_if_outside_autocast
-from treadle.strategies.base import Strategy
 from treadle.strategies.build import resolve_strategy
 from treadle.hooks.phase_timer import PhaseTimer
-from treadle.engine.args import (build_args, build_model_and_data, check_bool, check_hook_list, default_hooks,
-                                  warn_if_unpinned, warn_without_validation)
-from treadle.engine.spec import check_args
+from treadle.engine.args import (build_args, build_model_and_data, default_hooks, warn_if_unpinned,
+                                  warn_without_validation)
+from treadle.engine.argspec import document, takes
+from treadle.engine.spec import TrainerArgs
 from treadle.engine import snapshot
 
 
@@ -55,66 +56,13 @@ class LearningRates(dict):
         return self
 
 
+@document(TrainerArgs)  # the docstring's Args section: each argument's doc (treadle/engine/spec.py)
 class Trainer:
     """Train, validate and test a model.
 
-    Args (the public contract, see DESIGN.md):
-        model: the ``nn.Module``. In training mode without ``loss_fn`` it is called
-            with the whole batch and returns a loss tensor or a dict of losses. It may
-            define ``train_step(batch, trainer)`` / ``val_step(batch, trainer)``.
-
-        work_dir: run directory for ``log.txt`` and ``log.jsonl`` (None: console only).
-        train_dataloader, val_dataloader, test_dataloader: DataLoaders (or iterables).
-        loss_fn: ``(outputs, targets) -> Tensor | dict``; batches are then
-            ``(inputs, targets)`` or dicts with "inputs"/"targets".
-        optimizer: an Optimizer, ``dict(type="AdamW", lr=...)`` (any torch.optim class),
-            or a dict of those by name, e.g. ``{"gen": ..., "disc": ...}`` (a config
-            dict then optimizes the model's submodule of that name).
-        max_epochs / max_iters: exactly one, for epoch- or iteration-based training.
-        val_interval: validate every this many epochs (or iterations), and at the end.
-        workflow: mmcv-style phases such as ``[("train", 2), ("val", 1)]``.
-        metrics: ``{name: obj}`` with ``update(outputs, targets)``, ``compute()``,
-            ``reset()`` (torchmetrics objects work as they are).
-        train_metrics: the same, for training: updated each iteration on the device
-            (no host read), logged as ``train/<name>`` at the log interval, reduced over
-            ranks, checkpointed per rank (treadle/hooks/train_metrics.py). The default step
-            needs ``loss_fn``; a custom step calls :meth:`update_train_metrics`.
-        train_metrics_reset: "interval" (start over after each log record) or "epoch".
-        hooks: Hook objects added to the defaults (a hook of a default's class
-            replaces that default).
-        precision: "32" | "bf16" | "16" (fp16 with a GradScaler).
-        accumulate: optimizer step every N iterations (see treadle/optim/wrapper.py).
-        clip_grad: ``dict(max_norm=1.0, norm_type=2)`` or ``dict(value=0.5)``.
-        schedulers: MMEngine-style scheduler dicts or objects (a dict by optimizer
-            name for several optimizers); see treadle/optim/schedulers.py.
-        ema: ``dict(momentum=0.9998, interval=1, start=0)`` (``start_iter``: the same) or ``dict(alpha=...)``.
-        strategy: "auto" (DDP under a multi-process launcher, else one device) | "single" |
-            "ddp" | "fsdp" | "deepspeed" | ``dict(type="ddp", find_unused_parameters=True, ...)`` | a
-            Strategy (treadle/strategies/). seed, seed_per_rank, deterministic.
-        seed_per_sample: seed the randomness a map-style dataset draws for each sample from
-            ``(seed, epoch, index)``, so it is the same for any num_workers and on resume.
-        resume: False, True (newest verified checkpoint in work_dir) or a path.
-        load_from: weights only, from a checkpoint, a .pt file or a .safetensors file.
-        checkpoint: ``dict(interval=1, by_epoch=True, keep=3, best="val/acc", rule="max")``;
-            None with a work_dir: save once at the end; False: never.
-        log_interval: iterations between log lines. compile: ``torch.compile`` the model.
-        auto_scale_lr: ``dict(base_batch_size=256)``: lr x world size x batch / base.
-        preemption: True (SIGTERM/SIGUSR1 save and exit 143), False, or a dict.
-        nan_guard: "raise" (default, checked at the log interval), "skip", or False.
-        log_writers: any of "jsonl", "csv", "tensorboard".
-        progress: "auto" (a live rich progress bar when stdout is a terminal, main
-            process only), True (always, main process only) or False.
-        timer_breakdown: log ``time/forward``, ``time/loss``, ``time/backward``,
-            ``time/optimizer``, ``time/hooks`` of the default step (see treadle/hooks/phase_timer.py).
-        move_batch: every step (the default ones, ``model.train_step``/``val_step``, a
-            subclass's ``train_step``) gets the batch on the strategy's device, its
-            tensors moved inside tuples, lists and dicts. False: steps get batches as the
-            loader yields them, and the step (or the model) moves what it needs.
-        safe: config dicts below name only registered names and torch.nn / torch.optim
-            classes; other dotted ``type`` paths and ``collate_fn`` strings are refused
-            before anything is imported (treadle/config/safe.py). Objects are not affected.
-        verbose: print the environment and hook-order tables on the console too (they
-            always go to ``log.txt``, with one console line saying so).
+    The arguments (the public contract, see DESIGN.md) are defined once, with their
+    types, defaults, meanings and checks, as the fields of
+    `treadle.engine.spec.TrainerArgs`; the Args section below is written from them.
 
     Config dicts: ``model``, the three dataloaders, ``loss_fn``, each metric and each
     hook may also be given as the dict a config file would hold, e.g.
@@ -129,92 +77,53 @@ class Trainer:
     is where a checkpoint name lands without replacing what another run saved.
     """
 
-    def __init__(
-        self,
-        model: nn.Module | Mapping[str, Any],
-        work_dir: str | Path | None = None,
-        train_dataloader: Iterable[Any] | Mapping[str, Any] | None = None,
-        val_dataloader: Iterable[Any] | Mapping[str, Any] | None = None,
-        test_dataloader: Iterable[Any] | Mapping[str, Any] | None = None,
-        loss_fn: Callable[..., Any] | Mapping[str, Any] | None = None,
-        optimizer: torch.optim.Optimizer | Mapping[str, Any] | None = None,
-        schedulers: list[Any] | None = None,
-        max_epochs: int | None = None,
-        max_iters: int | None = None,
-        val_interval: int = 1,
-        workflow: list[tuple[str, int]] | None = None,
-        metrics: Mapping[str, Any] | None = None,
-        train_metrics: Mapping[str, Any] | None = None,
-        train_metrics_reset: str = "interval",
-        hooks: Iterable[Hook | Mapping[str, Any]] = (),
-        precision: str = "32",
-        accumulate: int = 1,
-        clip_grad: dict[str, Any] | None = None,
-        ema: dict[str, Any] | None = None,
-        strategy: str | Strategy = "auto",
-        seed: int | None = None,
-        seed_per_rank: bool = False,
-        seed_per_sample: bool = True,
-        deterministic: bool = False,
-        resume: bool | str | Path = False,
-        load_from: str | Path | None = None,
-        checkpoint: dict[str, Any] | None = None,
-        log_interval: int = 50,
-        compile: bool = False,
-        auto_scale_lr: dict[str, Any] | None = None,
-        preemption: bool | dict[str, Any] = True,
-        nan_guard: str | bool | dict[str, Any] = "raise",
-        log_writers: tuple[Any, ...] = ("jsonl", "csv", "tensorboard"),
-        progress: bool | str = "auto",
-        timer_breakdown: bool = False,
-        move_batch: bool = True,
-        safe: bool = False,
-        verbose: bool = False,
-    ) -> None:
+    @takes(TrainerArgs)  # Trainer(model, work_dir=None, ...): TrainerArgs's fields, received as one object
+    def __init__(self, args: TrainerArgs) -> None:
         # -- every argument is checked before anything happens (treadle/engine/spec.py) --
-        check_bool("safe", safe)
-        hooks = check_hook_list(hooks)
-        check_args(locals())
-        a = build_args(locals())  # config dicts of components built (model and data: after seeding, below)
+        a = build_args(args)  # config dicts of components built (model and data: after seeding, below)
+        args = a.args  # as checked: hooks as a list
         self.precision, self.clip_grad, self.metrics, self.workflow = a.precision, a.clip_grad, a.metrics, a.workflow
-        self.preemption, self.verbose, self.resume = a.preemption, verbose, a.resume
-        self.seed_per_sample = seed_per_sample  # the loaders' DataFeeds (treadle/data/worker_seed.py)
-        self.move_batch = move_batch
-        self.strategy = resolve_strategy(strategy)
+        self.preemption, self.verbose, self.resume = a.preemption, args.verbose, args.resume
+        self.seed_per_sample = args.seed_per_sample  # the loaders' DataFeeds (treadle/data/worker_seed.py)
+        self.move_batch = args.move_batch
+        self.strategy = resolve_strategy(args.strategy)
         self.train_metrics = a.train_metrics  # None unless given (treadle/hooks/train_metrics.py)
 
         # -- process group, run id and seeds; then model and data ----------------------
-        self.strategy.setup_env(seed=seed, seed_per_rank=seed_per_rank, deterministic=deterministic, draw_seed=False)
-        self.strategy.check_trainer_options({"ema": a.ema, "compile": compile, "checkpoint": checkpoint})
+        seed = args.seed
+        self.strategy.setup_env(seed=seed, seed_per_rank=args.seed_per_rank, deterministic=args.deterministic,
+                                draw_seed=False)
+        self.strategy.check_trainer_options({"ema": a.ema, "compile": args.compile, "checkpoint": args.checkpoint})
         self.run_timestamp, self.seed = self.strategy.timestamp, seed
         self.run_files: dict[str, str] = {}  # written into work_dir once fit's resume checks pass (run_dir.py)
-        model, loaders = build_model_and_data(a, self.strategy, safe=safe)
+        model, loaders = build_model_and_data(a, self.strategy, safe=args.safe)
         self.train_dataloader, self.val_dataloader, self.test_dataloader = loaders
-        self.work_dir = Path(work_dir) if work_dir is not None else None
+        self.work_dir = Path(args.work_dir) if args.work_dir is not None else None
         self.run_dir = RunDir(self.work_dir, self.is_main) if self.work_dir is not None else None
-        self.loss_fn, self.val_interval, self.log_interval = a.loss_fn, val_interval, log_interval
+        self.loss_fn, self.val_interval, self.log_interval = a.loss_fn, args.val_interval, args.log_interval
+        max_epochs, max_iters = args.max_epochs, args.max_iters
         self.state = TrainState(max_epochs=max_epochs, max_iters=max_iters, by_epoch=max_iters is None)
         if self.train_dataloader is not None:
             self.state.set_epoch_length(DataFeed(self.train_dataloader).length)
         self.store = MetricStore()
         self.module = model  # the user's module, unwrapped
         self._resume_loaded = False  # validate/test load `resume` too, unless fit already did
-        if load_from is not None:
-            self._load_weights(load_from)
+        if args.load_from is not None:
+            self._load_weights(args.load_from)
 
         # -- placed, wrapped and optimized through the public Strategy API -------------
-        self._prepare(a, schedulers, compile, auto_scale_lr)
+        self._prepare(a, args.schedulers, args.compile, args.auto_scale_lr)
         self._set_steps(a)
 
         # -- hooks and loops -----------------------------------------------------------
         self.hooks: list[Hook] = []
         self._dispatch = HookDispatcher()  # the loops get it when they are built
         self.train_loop: TrainLoop | None = None
-        self._phase_timer = PhaseTimer(self.strategy.device) if timer_breakdown else None  # before the train step
+        self._phase_timer = PhaseTimer(self.strategy.device) if args.timer_breakdown else None  # before the train step
         scheds = self.strategy.param_schedulers
         scheds = scheds if isinstance(scheds, dict) else {"default": scheds}  # by optimizer name
-        self._set_hooks(default_hooks(a, scheds if schedulers else None, self._phase_timer,
-                                      has_work_dir=work_dir is not None, is_main=self.is_main), a.hooks)
+        self._set_hooks(default_hooks(a, scheds if args.schedulers else None, self._phase_timer,
+                                      has_work_dir=args.work_dir is not None, is_main=self.is_main), a.hooks)
         if self.train_dataloader is not None and self.val_dataloader is None and self.is_main:
             warn_without_validation(self.hooks)
         self.val_loop = self._eval_loop(self.val_dataloader, "val") if self.val_dataloader is not None else None
