@@ -190,10 +190,22 @@ class WithInit(torch.nn.Module):
         torch.nn.init.constant_(self.fc.weight, 0.5)
 
 
-def test_build_model_calls_init_weights_as_mmengine_does():
+def test_init_weights_is_called_only_when_asked_and_the_log_says_so(caplog):
+    """A built model keeps the weights its constructor made (a model zoo's pretrained
+    ones); init_weights=True (an MMEngine config sets it) calls init_weights(), as
+    MMEngine's runner does, for a config dict or an object alike."""
     model = build_model({"type": WithInit})
-    assert torch.equal(model.fc.weight, torch.full((2, 2), 0.5))
-    with pytest.raises(ConfigError, match=r"model: WithInit.init_weights\(\) failed: OSError: no pretrained weights"):
-        build_model({"type": WithInit, "fail": True})
-    trainer = Trainer(model={"type": WithInit}, progress=False)  # a config dict given to the Trainer: the same
+    assert not torch.equal(model.fc.weight, torch.full((2, 2), 0.5))  # the constructor's weights
+    kept = Trainer(model={"type": WithInit}, progress=False)
+    assert not torch.equal(kept.module.fc.weight.cpu(), torch.full((2, 2), 0.5))
+    with caplog.at_level("INFO", logger="treadle"):
+        trainer = Trainer(model={"type": WithInit}, init_weights=True, progress=False)
     assert torch.equal(trainer.module.fc.weight, torch.full((2, 2), 0.5, device=support.DEVICE))  # and placed
+    assert "init_weights: called WithInit.init_weights()" in caplog.text
+    assert torch.equal(Trainer(WithInit(), init_weights=True, progress=False).module.fc.weight.cpu(),
+                       torch.full((2, 2), 0.5))
+    with pytest.raises(ConfigError, match=r"model: WithInit.init_weights\(\) failed: OSError: no pretrained weights"):
+        Trainer(model={"type": WithInit, "fail": True}, init_weights=True, progress=False)
+    with caplog.at_level("WARNING", logger="treadle"):
+        Trainer(torch.nn.Linear(2, 2), init_weights=True, progress=False)
+    assert "Linear has no init_weights(): nothing called" in caplog.text

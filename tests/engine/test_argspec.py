@@ -28,7 +28,8 @@ from treadle.engine.spec import TRAINER_KEYS, TrainerArgs
 ROOT = Path(__file__).resolve().parents[2]
 
 # The public signature as it was written out in Trainer.__init__ before the arguments
-# were defined once: names, order and defaults must not change.
+# were defined once: names, order and defaults must not change. New arguments go at the
+# end (a caller passing arguments by position keeps its meaning): init_weights (#32).
 PUBLIC = [
     ("model", inspect.Parameter.empty), ("work_dir", None), ("train_dataloader", None), ("val_dataloader", None),
     ("test_dataloader", None), ("loss_fn", None), ("optimizer", None), ("schedulers", None), ("max_epochs", None),
@@ -38,7 +39,7 @@ PUBLIC = [
     ("deterministic", False), ("resume", False), ("load_from", None), ("checkpoint", None), ("log_interval", 50),
     ("compile", False), ("auto_scale_lr", None), ("preemption", True), ("nan_guard", "raise"),
     ("log_writers", ("jsonl", "csv", "tensorboard")), ("progress", "auto"), ("timer_breakdown", False),
-    ("move_batch", True), ("safe", False), ("verbose", False),
+    ("move_batch", True), ("safe", False), ("verbose", False), ("init_weights", False),
 ]
 
 
@@ -140,7 +141,8 @@ CHECK = textwrap.dedent('''
     from treadle.config import ConfigError, SCHEMA, resolve_config
     from treadle.config.reference import render_reference
 
-    assert list(inspect.signature(treadle.Trainer).parameters)[-2:] == ["warmup", "verbose"]
+    names = list(inspect.signature(treadle.Trainer).parameters)
+    assert names[names.index("warmup") + 1] == "verbose"  # where it was added
     assert inspect.signature(treadle.Trainer).parameters["warmup"].default == 0
     assert "warmup: Warm-up iterations before the schedule starts." in treadle.Trainer.__doc__
     assert "warmup" in SCHEMA and "| `warmup` | an int >= 0 | `0` | Warm-up iterations" in render_reference()

@@ -85,18 +85,28 @@ def build_component(spec: Any, kind: str, path: str, *, safe: bool = False) -> A
 
 
 def build_model(spec: Any, *, safe: bool = False) -> nn.Module:
-    """The model a spec describes; its ``init_weights()``, when it has one, is called as
-    MMEngine's runner does (mmcv/MMEngine models set their initial or pretrained weights there)."""
+    """The model a spec describes, as its constructor made it: ``init_weights()`` is not
+    called here (a model-zoo constructor may have loaded pretrained weights that it would
+    overwrite); the Trainer calls it with ``init_weights=True``, which an MMEngine config
+    sets (:func:`call_init_weights`)."""
     model = build_component(spec, "model", "model", safe=safe)
     if not isinstance(model, nn.Module):
         raise ConfigError("model", f"built a {type(model).__name__}, not a torch.nn.Module", value=spec)
-    init_weights = getattr(model, "init_weights", None)
-    if callable(init_weights):
-        try:
-            init_weights()
-        except Exception as e:
-            raise ConfigError("model", f"{type(model).__name__}.init_weights() failed: {type(e).__name__}: {e}") from e
     return model
+
+
+def call_init_weights(model: nn.Module) -> bool:
+    """``model.init_weights()``, as MMEngine's runner calls it (mmcv/MMEngine models set
+    their initial or pretrained weights there); False when the model has none. Its error
+    is a ConfigError naming the model."""
+    init_weights = getattr(model, "init_weights", None)
+    if not callable(init_weights):
+        return False
+    try:
+        init_weights()
+    except Exception as e:
+        raise ConfigError("model", f"{type(model).__name__}.init_weights() failed: {type(e).__name__}: {e}") from e
+    return True
 
 
 def build_dataloader(spec: dict[str, Any], path: str, *, safe: bool = False) -> DataLoader:

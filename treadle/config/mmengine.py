@@ -334,6 +334,8 @@ def translate(cfg: dict[str, Any]) -> dict[str, Any]:
         out.cfg["auto_scale_lr"] = {**scale, "enable": False}  # MMEngine scales only with enable=True
     if out.cfg.get("resume") is True and out.cfg.get("load_from") is not None:
         out.cfg["resume"] = out.cfg.pop("load_from")  # MMEngine resumes from load_from (full state)
+    if "model" in out.cfg:
+        out.cfg.setdefault("init_weights", True)  # MMEngine's runner calls model.init_weights()
     return out.cfg
 
 

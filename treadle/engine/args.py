@@ -280,11 +280,20 @@ def build_model_and_data(a: Args, strategy: Any, *, safe: bool = False) -> tuple
     v = a.args
     model: Any = v.model
     train, val, test = v.train_dataloader, v.val_dataloader, v.test_dataloader
-    if any(isinstance(x, Mapping) for x in (model, train, val, test)):
+    specs = any(isinstance(x, Mapping) for x in (model, train, val, test))
+    if specs:
         model = from_spec(model, "model", "model", safe=safe)
         train = from_spec(train, "dataloader", "train_dataloader", safe=safe)
         val = from_spec(val, "dataloader", "val_dataloader", safe=safe)
         test = from_spec(test, "dataloader", "test_dataloader", safe=safe)
+    if v.init_weights:  # before the RNGs are seeded again: its draws do not move training's streams
+        from treadle.config.build import call_init_weights
+
+        if call_init_weights(model):
+            get_logger().info(f"init_weights: called {type(model).__name__}.init_weights()")
+        else:
+            get_logger().warning(f"init_weights=True, but {type(model).__name__} has no init_weights(): nothing called")
+    if specs:
         if strategy.seed is not None:
             seed_everything(strategy.seed, rank=strategy.rank, per_rank=strategy.seed_per_rank)
     if strategy.distributed and strategy.shard_data:  # each rank reads its share

@@ -343,6 +343,11 @@ class TrainerArgs:
         convert=check_bool)] = False
     verbose: Annotated[bool, flag(
         "Print the environment and hook-order tables on the console too (they always go to `log.txt`).")] = False
+    init_weights: Annotated[bool, flag(
+        "Call the model's `init_weights()` once it is built, as MMEngine's runner does (mmcv/MMEngine models set "
+        "their initial or pretrained weights there); the log says so. Off by default: a model that loaded weights "
+        "in its constructor (a model zoo's `pretrained=True`) keeps them. A translated MMEngine config turns it "
+        "on.")] = False
 
 
 def check_args(args: TrainerArgs) -> TrainerArgs:
