@@ -46,18 +46,20 @@ SCHEDULER_HOOK = "ParamSchedulerHook"
 
 
 def trainer_2_to_3(state: dict[str, Any]) -> dict[str, Any]:
-    """The strategy's entries added: ``param_schedulers`` (from the scheduler hook's state),
-    ``data`` (the loop's place), ``extra``."""
+    """The strategy's entries added: ``param_schedulers`` (moved from the scheduler hook's
+    state: one owner), ``data`` (the loop's place), ``extra``."""
     hooks = dict(state.get("hooks") or {})
     scheds = (hooks.get(SCHEDULER_HOOK) or {}).get("schedulers")
     if isinstance(scheds, dict):
         param_schedulers: Any = scheds["default"] if set(scheds) == {"default"} else dict(scheds)
     else:
         param_schedulers = []
+    if SCHEDULER_HOOK in hooks:  # one owner: the strategy's entry
+        hooks[SCHEDULER_HOOK] = {k: v for k, v in hooks[SCHEDULER_HOOK].items() if k != "schedulers"}
     loop = state["loop"]
     data = [place_of(loop)] if isinstance(loop.get("seed"), int) else []
     new = {"model": state.get("model"), "optim": state.get("optim"), "param_schedulers": param_schedulers,
-           "data": data, "extra": {}, "strategy": state.get("strategy")}
+           "data": data, "extra": {}, "strategy": state.get("strategy"), "hooks": hooks}
     new.update({k: v for k, v in state.items() if k not in new})
     return new
 
