@@ -217,15 +217,24 @@ class StrategyAPI:
             from treadle.config.build import build_dataloader  # the config layer: only for a config dict
 
             loader = build_dataloader(dict(loader), "prepare_dataloader(loader)")
-        if self.distributed and self.shard_data:  # type: ignore[attr-defined]
-            shard = shard_train_loader if train else shard_eval_loader
-            loader = shard(loader, self.rank, self.world_size)
+        loader = self.shard_dataloader(loader, train=train)
         if not train:
             return loader
         prepared = ResumableLoader(loader, seed=derive_seed(self.data_seed, len(self._places.loaders)),
                                    rank=self.rank, seed_per_sample=seed_per_sample)
         self.track_loader(prepared)
         return prepared
+
+    def shard_dataloader(self, loader: Any, *, train: bool = True) -> Any:
+        """``loader`` over this process's share of the data (the one place loaders are
+        sharded: :meth:`prepare_dataloader` and the Trainer call it). Training: a
+        DistributedSampler, padded so every rank takes as many steps; ``train=False``:
+        every sample once across ranks. Unchanged on one process, or with
+        ``shard_data=False`` (treadle/data/distributed.py)."""
+        if loader is None or not (self.distributed and self.shard_data):  # type: ignore[attr-defined]
+            return loader
+        shard = shard_train_loader if train else shard_eval_loader
+        return shard(loader, self.rank, self.world_size)
 
     def track_loader(self, loader: Any) -> None:
         """Record ``loader``'s place (its ``state_dict()``) in every checkpoint's ``data``
