@@ -1,5 +1,6 @@
-"""The run of the format-1 checkpoint fixture (tests/checkpoint/make_format1_fixture.py):
-the same construction for the old code that saved it and the new code that resumes it."""
+"""The runs of the old-format checkpoint fixtures (tests/checkpoint/make_format1_fixture.py,
+make_format2_fixture.py): the same construction for the old code that saved them and the
+new code that resumes them."""
 
 from __future__ import annotations
 
@@ -22,11 +23,15 @@ class DropNet(nn.Module):
         return self.net(x)
 
 
+def _data() -> TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    return TensorDataset(torch.randn(40, 6, generator=g), torch.randint(0, 3, (40,), generator=g))
+
+
 def make_trainer(work_dir: Path, max_iters: int = TOTAL, **kw):
     import treadle
 
-    g = torch.Generator().manual_seed(1)
-    data = TensorDataset(torch.randn(40, 6, generator=g), torch.randint(0, 3, (40,), generator=g))
+    data = _data()
     torch.manual_seed(0)
     return treadle.Trainer(
         DropNet(), work_dir=work_dir, train_dataloader=DataLoader(data, batch_size=8, shuffle=True),
@@ -34,3 +39,34 @@ def make_trainer(work_dir: Path, max_iters: int = TOTAL, **kw):
         accumulate=2, clip_grad=dict(max_norm=1.0), seed=0, log_writers=("jsonl",), progress=False,
         schedulers=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10)],
         checkpoint=dict(interval=SAVE_AT, by_epoch=False), log_interval=2, **kw)
+
+
+def strategy_loop(work_dir: Path, *, save_at: int | None = None, resume: Path | None = None,
+                  total: int = TOTAL, strategy: str = "single"):
+    """A hand-written loop through the Strategy API with the Trainer run's parts (dropout,
+    AdamW, accumulation of 2, clipping, a warmup per iteration, a shuffled loader); saves
+    at ``save_at`` with ``extra_ckpt={"iter": ...}``, or resumes ``resume`` first.
+    Returns ``(strategy, model, optim_wrapper)`` after ``total`` iterations."""
+    import treadle
+
+    s = treadle.build_strategy(strategy, work_dir=work_dir, seed=0)
+    torch.manual_seed(0)
+    model, ow, scheds = s.prepare(
+        DropNet(), optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-2), accumulative_counts=2,
+                                      clip_grad=dict(max_norm=1.0)),
+        param_scheduler=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10)])
+    loader = s.prepare_dataloader(DataLoader(_data(), batch_size=8, shuffle=True))
+    it = s.resume(resume)["iter"] if resume is not None else 0
+    while it < total:
+        for x, y in loader:
+            x, y = x.to(s.device), y.to(s.device)
+            with ow.optim_context(model):
+                ow.update_params(nn.functional.cross_entropy(model(x), y))
+            for sch in scheds:
+                sch.step()
+            it += 1
+            if it == save_at:
+                s.save_checkpoint(Path(work_dir) / f"iter_{it}", extra_ckpt={"iter": it})
+            if it == total:
+                break
+    return s, model, ow

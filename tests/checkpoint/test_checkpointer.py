@@ -81,3 +81,18 @@ def test_load_refuses_what_is_not_a_state_checkpoint(tmp_path, ckpt):
     save_checkpoint(tmp_path / "w", {"weights.pt": {"x": torch.zeros(1)}})
     with pytest.raises(CheckpointError, match="not a training checkpoint"):
         ckpt.load(tmp_path / "w")
+
+
+def test_save_weights_writes_state_pt_alone_after_the_same_checks(tmp_path, ckpt):
+    """Best weights go through the one checkpointer: its atomic write, no RNG files, and
+    its refusals (non-finite, another run's path) before anything is written."""
+    w = {"model": {"w": torch.ones(2)}}
+    path = ckpt.save_weights(tmp_path / "best", w, meta={"iter": 4, "val/acc": 0.5}, run="run-1")
+    files = load_checkpoint(path)
+    assert set(files) == {STATE_FILE} and torch.equal(files[STATE_FILE]["model"]["w"], torch.ones(2))
+    assert json.loads((path / "manifest.json").read_text())["meta"] == {"iter": 4, "val/acc": 0.5, "run": "run-1"}
+    with pytest.raises(FloatingPointError, match=r"'model.w' holds NaN or inf at iteration 5"):
+        ckpt.save_weights(tmp_path / "nan", {"model": {"w": torch.tensor([float("nan")])}}, meta={"iter": 5})
+    assert not (tmp_path / "nan").exists()
+    with pytest.raises(CheckpointError, match="another run"):
+        ckpt.save_weights(tmp_path / "best", w, run="run-2")

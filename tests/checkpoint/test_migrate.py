@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from treadle import compat
-from treadle.checkpoint.migrate import is_format_1, migrate
+from treadle.checkpoint.migrate import format_1_to_2, is_format_1, migrate
 
 from format1_run import SAVE_AT, make_trainer
 from support import ON_CPU
@@ -74,7 +74,7 @@ def test_migrate_maps_every_entry():
                       "phase": [0, 7], "val_due": True}}
     own = {"torch": torch.ones(1), "rank_state": {"log_windows": {"loss": [1.0]}, "grad_norms": {"default": [0.5]},
                                                   "val": {"passes": 1, "epoch": 0, "batch_idx": 0}}}
-    new, new_own = migrate(state, own)
+    new, new_own = format_1_to_2(state, own)
     assert set(new) == {"model", "optim", "hooks", "loop", "results", "strategy"}
     assert new["loop"] == {"epoch": 1, "iter": 7, "inner_iter": 2, "batch_idx": 2, "open": True, "seed": 3,
                            "batch_size": 8, "phase": [0, 7], "val_due": True, "world_size": 2}
@@ -86,8 +86,12 @@ def test_migrate_maps_every_entry():
     assert rank["optim"]["default"]["grad_norms"] == [0.5]
     assert rank["log_windows"] == {"loss": [1.0]} and rank["val"]["passes"] == 1
     assert "grads" in state["optim"]["default"]  # the arguments are not changed
+    three, three_own = migrate(state, own)  # and on to format 3: the strategy's entries added
+    assert {k: three[k] for k in new} == new and three_own == new_own
+    assert three["data"] == [{"epoch": 1, "batch_idx": 2, "seed": 3}] and three["extra"] == {}
 
 
-def test_format_2_passes_through_unchanged():
-    state = {"model": {}, "loop": {"iter": 1}}
+def test_format_3_passes_through_unchanged():
+    state = {"model": {}, "optim": {}, "param_schedulers": [], "data": [], "extra": {}, "strategy": {},
+             "loop": {"iter": 1}}
     assert migrate(state, None) == (state, None)

@@ -140,3 +140,20 @@ def test_validate_and_test_start_from_the_resumed_checkpoint(tmp_path, saved):
     assert fresh.state.epoch == 1  # the counters came back too
     unloaded = _trainer(tmp_path / "other", val_dataloader=val)
     assert unloaded.validate() != reference.validate()
+
+
+def test_a_trainer_checkpoint_has_the_one_layout_with_one_owner_of_each_part(tmp_path):
+    """The strategy's entries and the Trainer's parts; the schedulers' states in
+    param_schedulers only (not in the scheduler hook's), the loader's place in data."""
+    from treadle.engine.snapshot import ENTRIES
+
+    t = _trainer(tmp_path / "run", schedulers=[dict(type="StepLR", step_size=1, gamma=0.5, by_epoch=False)],
+                 checkpoint=dict(interval=3, by_epoch=False))
+    t.fit()
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "iter_00000003")["state.pt"]
+    assert list(state) == list(ENTRIES)
+    assert state["hooks"]["ParamSchedulerHook"] == {}
+    [sched] = state["param_schedulers"]
+    assert sched["last_step"] == 3 and sched["_last_value"] == [0.1 * 0.5 ** 3]  # stepped after 3 iterations
+    assert state["data"] == [{"epoch": 0, "batch_idx": 3, "seed": state["loop"]["seed"]}]
+    assert state["extra"] == {} and state["loop"]["iter"] == 3 and state["loop"]["open"]

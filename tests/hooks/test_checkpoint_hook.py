@@ -53,6 +53,33 @@ def test_best_k_by_a_validation_metric(tmp_path):
     assert names(tmp_path) == ["epoch_0004"]  # best ones are kept apart, never pruned as periodic
 
 
+@pytest.mark.parametrize("spoil", [True, False])
+def test_best_weights_with_nan_are_not_saved_and_the_run_goes_on(tmp_path, caplog, spoil):
+    """Best weights go through the checkpointer's non-finite check: a NaN weight at a
+    best validation is said and not saved; the run goes on (control: finite ones are saved)."""
+
+    class One:
+        def reset(self): pass
+        def update(self, o, t): pass
+        def compute(self): return 1.0
+
+    class Spoil(treadle.Hook):
+        def before_val(self, trainer):
+            if spoil:
+                with torch.no_grad():
+                    trainer.module.fc1.weight[0, 0] = float("nan")
+
+    t = make(tmp_path, max_epochs=1, val_dataloader=DataLoader(make_data(4), batch_size=4), metrics={"s": One()},
+             hooks=[Spoil()], nan_guard=False, checkpoint=dict(interval=None, best="val/s", rule="max", save_last=False))
+    t.fit()
+    saved = list((tmp_path / "checkpoints" / "best").iterdir())
+    if spoil:
+        assert saved == [] and t.state.epoch == 1
+        assert "best val/s = 1: not saved: refusing to save" in caplog.text and "'model.fc1.weight' holds NaN" in caplog.text
+    else:
+        assert [p.name for p in saved] == ["best_val_s_00000004"]
+
+
 def test_default_saves_once_at_the_end(tmp_path):
     make(tmp_path).fit()
     assert names(tmp_path) == ["epoch_0004"]

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import treadle
 from treadle.checkpoint.io import CheckpointError
 from treadle.optim.wrapper import OptimWrapper
-from support import DEVICE, FUSED, TinyNet, make_data
+from support import DEVICE, FUSED, ON_CPU, TinyNet, make_data
 
 OPTIM = dict(optimizer=dict(type="AdamW", lr=1e-2), accumulative_counts=2)
 WARMUP = [dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10)]
@@ -178,17 +178,53 @@ def test_resume_refuses_a_misfit_before_changing_anything(tmp_path):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-def test_resume_refuses_a_trainer_checkpoint(tmp_path):
-    trainer = treadle.Trainer(TinyNet(), work_dir=tmp_path / "run", train_dataloader=DataLoader(make_data(16), batch_size=4),
-                              loss_fn=nn.functional.cross_entropy, optimizer=dict(type="SGD", lr=0.1), max_epochs=1,
-                              log_writers=(), progress=False)
-    trainer.fit()
-    ckpt = next((tmp_path / "run" / "checkpoints").iterdir())
-    s = treadle.build_strategy("single", seed=0)
-    s.prepare(trainer.module, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)))
-    with pytest.raises(CheckpointError, match="a Trainer checkpoint"):
-        s.resume(ckpt)
-    s.load_checkpoint(ckpt)  # its weights: fine
+def _continue_by_hand(strategy, model, ow, scheds, loader, it, total):
+    """The Trainer's default step written out (fp32, loss_fn): forward, loss, update;
+    the iteration schedulers after every iteration."""
+    while it < total:
+        for x, y in loader:
+            x, y = x.to(strategy.device), y.to(strategy.device)
+            with ow.optim_context(model):
+                ow.update_params(nn.CrossEntropyLoss()(model(x), y))
+            for sch in scheds:
+                sch.step()
+            it += 1
+            if it == total:
+                break
+    return it
+
+
+@pytest.mark.parametrize("control", [None, "no-schedulers", "no-loader-place"])
+def test_a_trainer_checkpoint_resumes_in_a_hand_written_loop(tmp_path, control):
+    """A Trainer run (dropout, AdamW, accumulation of 2, clipping, a warmup, a shuffled
+    loader) saved mid-epoch inside an accumulation window, resumed by strategy.resume() in
+    a hand-written loop and continued to the end: weights and optimizer state equal an
+    uninterrupted Trainer run's, bit for bit. Negative controls: without the schedulers'
+    states, or without the loader's place, they differ."""
+    from format1_run import SAVE_AT, TOTAL, DropNet, _data, make_trainer
+
+    ref = make_trainer(tmp_path / "ref", strategy=ON_CPU)
+    ref.fit()  # saves at SAVE_AT on its way
+    ckpt = tmp_path / "ref" / "checkpoints" / f"iter_{SAVE_AT:08d}"
+
+    s = treadle.build_strategy(ON_CPU, seed=0)
+    model, ow, scheds = s.prepare(
+        DropNet(), optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-2), accumulative_counts=2,
+                                      clip_grad=dict(max_norm=1.0)),
+        param_scheduler=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10)])
+    loader = s.prepare_dataloader(DataLoader(_data(), batch_size=8, shuffle=True))
+    got = s.resume(ckpt, resume_param_scheduler=control != "no-schedulers")
+    assert set(got) == {"loop", "hooks", "results"}  # the Trainer's parts, handed back
+    if control == "no-loader-place":
+        loader.set_epoch(got["loop"]["epoch"])
+    it = _continue_by_hand(s, model, ow, scheds, loader, got["loop"]["iter"], TOTAL)
+    assert got["loop"]["iter"] == SAVE_AT and it == ref.state.iter == TOTAL
+    a, b = ref.optimizer.state_dict()["state"], ow.optimizer.state_dict()["state"]
+    same = all(torch.equal(v, model.state_dict()[k]) for k, v in ref.module.state_dict().items()) and all(
+        torch.equal(a[i][k], b[i][k]) for i in a for k in ("exp_avg", "exp_avg_sq"))
+    assert same is (control is None)
+    if control is None:
+        assert ow.get_lr() == ref.optim_wrapper.get_lr()
 
 
 def test_load_checkpoint_takes_weights_only_with_revised_keys(tmp_path):

@@ -88,6 +88,22 @@ class Checkpointer:
         return self.backend.write_checkpoint(path, self.payloads(state, rank_states), meta, writer=writer,
                                              sharded=sharded_names(states))
 
+    def save_weights(self, path: str | Path, weights: Mapping[str, Any], *, meta: Mapping[str, Any] | None = None,
+                     run: str | None = None) -> Path:
+        """Write a weights-only checkpoint (``state.pt`` = ``weights``, e.g. ``{"model": full
+        state dict}``; no RNG files) at ``path`` from rank 0, after the checks of
+        :meth:`save`: a path holding another run's checkpoint, or a non-finite tensor in
+        rank 0's ``weights`` (the others' are not read), raises on every rank alike and
+        nothing is written. Every rank calls it. Returns ``path``."""
+        from treadle.checkpoint.io import save_checkpoint
+
+        mine = weights if self.backend.rank == 0 else {}
+        meta = {**(meta or {}), **({"run": run} if run is not None else {})}
+        self.check_savable(path, mine, run, meta.get("iter"))
+        if self.backend.rank == 0:
+            save_checkpoint(path, {STATE_FILE: dict(weights)}, meta=meta)
+        return Path(path)
+
     def payloads(self, states: Mapping[str, Any], rank_states: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The files :meth:`save` hands the strategy: ``state.pt`` and this rank's
         ``rng_rank<r>.pt`` (its RNGs, and ``rank_states`` under ``rank_state``).

@@ -20,10 +20,12 @@ from typing import Any
 from .durable import _is_flat_dir, _sha256_file
 
 FORMAT = "treadle-checkpoint"
-# 2: state.pt holds one entry per owner (Stateful), and a sharded checkpoint's DCP files
-# the tensors of the entries their owner marks sharded. 1: the Trainer's older layout
-# ("trainer"/"data" entries), migrated when read (treadle/checkpoint/migrate.py).
-FORMAT_VERSION = 2
+# 3: one layout for the Trainer and the Strategy API (treadle/strategies/api.py): the
+# strategy's entries and the caller's named parts. 2: state.pt holds one entry per owner
+# (Stateful), in a Trainer's and a Strategy API's layout, and a sharded checkpoint's DCP
+# files the tensors of the entries their owner marks sharded. 1: the Trainer's older
+# layout ("trainer"/"data" entries). 1 and 2 are migrated when read (treadle/checkpoint/migrate.py).
+FORMAT_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 STATE_FILE = "state.pt"  # main payload; a legacy single-file checkpoint is returned under this name
 LEGACY_SUFFIXES = (".pt", ".pth")

@@ -115,4 +115,12 @@ class ResumableLoader:
         return f"ResumableLoader({self.loader!r}, epoch={self._next_epoch}, seed={self.seed})"
 
 
-__all__ = ["ResumableLoader"]
+def place_of(pos: dict[str, Any]) -> dict[str, Any]:
+    """A training loop's position (``epoch``, ``batch_idx``, ``open``, ``seed``: the
+    Trainer's, treadle/engine/loops.py) as a ResumableLoader's place: inside an open epoch,
+    that epoch and its batches taken; between epochs, the next epoch from its start."""
+    return {"epoch": int(pos["epoch"]), "batch_idx": int(pos["batch_idx"]) if pos.get("open") else 0,
+            "seed": int(pos["seed"])}
+
+
+__all__ = ["ResumableLoader", "place_of"]

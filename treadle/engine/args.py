@@ -18,7 +18,6 @@ from typing import Any, Mapping
 from torch import nn
 
 from treadle.hints import check_metric_update
-from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.hooks.base import Hook, check_hook_points, get_priority
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.early_stopping import EarlyStoppingHook
@@ -296,11 +295,9 @@ def build_model_and_data(a: Args, strategy: Any, *, safe: bool = False) -> tuple
     if specs:
         if strategy.seed is not None:
             seed_everything(strategy.seed, rank=strategy.rank, per_rank=strategy.seed_per_rank)
-    if strategy.distributed and strategy.shard_data:  # each rank reads its share
-        rank, world = strategy.rank, strategy.world_size
-        train = shard_train_loader(train, rank, world) if train is not None else None
-        val = shard_eval_loader(val, rank, world) if val is not None else None
-        test = shard_eval_loader(test, rank, world) if test is not None else None
+    # Each rank reads its share: sharded where a hand-written loop's loaders are (the strategy).
+    train = strategy.shard_dataloader(train)
+    val, test = strategy.shard_dataloader(val, train=False), strategy.shard_dataloader(test, train=False)
     return model, (train, val, test)
 
 

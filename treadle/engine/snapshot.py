@@ -1,28 +1,41 @@
-"""What a Trainer checkpoint holds: one entry per owner of training state.
+"""What a Trainer checkpoint holds: the one layout (treadle/strategies/api.py), with the
+Trainer's own parts handed to the strategy by name.
 
-``Trainer.checkpoint_states()`` hands the checkpointer (treadle/checkpoint/checkpointer.py)
-these Statefuls; ``state.pt`` (format 2) holds each one's ``state_dict()``::
+``Trainer.save_checkpoint`` is ``strategy.save_checkpoint(path, parts=..., rank_parts=...)``
+and ``Trainer.load_checkpoint`` is ``strategy.resume(path, parts=..., rank_parts=...)``,
+the calls a hand-written loop makes. ``state.pt`` (format 3) holds each owner's
+``state_dict()``::
 
-    model     ModelState      the module's state, as the strategy gives it (FSDP: sharded)
-    optim     OptimStates     {name: OptimWrapper state}: optimizer, GradScaler, accumulation
-    hooks     HookStates      {key: hook.state_dict()}: schedulers, EMA, best-K, early stop, ...
-    loop      TrainLoop       the iteration boundary: epoch, iter, inner_iter; the data
-                              position (batch_idx, open, shuffle seed, batch_size); the
-                              workflow phase and val_due; the world size that saved
-    results   TrainState      the last validation/test results
-    strategy  RunState        the run's id (a resume carries it on), world size, version
+    model             ModelState      the module's state, as the strategy gives it (FSDP: sharded)
+    optim             OptimStates     {name: OptimWrapper state}: optimizer, GradScaler, accumulation
+    param_schedulers  SchedulerStates the schedulers' states (a dict of lists by optimizer
+                                      name for several); ParamSchedulerHook steps them
+    data              LoaderPlaces    [the training loader's place]: epoch, batches taken,
+                                      shuffle seed (what a hand-written loop's loader resumes)
+    extra             {}              (a hand-written loop's extra_ckpt)
+    strategy          RunState        the run's id (a resume carries it on), world size, version
+  the Trainer's parts:
+    loop              TrainLoop       the iteration boundary: epoch, iter, inner_iter; the data
+                                      position (batch_idx, open, shuffle seed, batch_size); the
+                                      workflow phase and val_due; the world size that saved
+    hooks             HookStates      {key: hook.state_dict()}: EMA, best-K, early stop, ...
+    results           TrainState      the last validation/test results
 
 and each ``rng_rank<r>.pt`` that rank's RNGs and, under ``rank_state``, what differs
 from one process to the next::
 
-    log_windows  MetricStore     the values the next log line averages
-    train_metrics  TrainMetrics  the train metrics' counts so far (with train_metrics=)
     optim        OptimStates.local  an open accumulation window's gradients, clipping's norms
-    val          EvalLoop        the validation feed's place (each rank reads its shard)
+    log_windows  MetricStore        the values the next log line averages
+    train_metrics  TrainMetrics     the train metrics' counts so far (with train_metrics=)
+    val          EvalLoop           the validation feed's place (each rank reads its shard)
+
+``strategy.resume(path)`` in a hand-written loop restores weights, optimizers,
+schedulers, the loader's place and the RNG of a Trainer checkpoint, and hands ``loop``,
+``hooks`` and ``results`` back in the dict it returns.
 
 The loop position is that of an iteration boundary: saved from ``after_train_iter`` it
 already counts the running iteration (its step is done), from ``after_train_epoch`` the
-epoch. Checkpoints of format 1 are migrated when read (treadle/checkpoint/migrate.py).
+epoch. Checkpoints of formats 1 and 2 are migrated when read (treadle/checkpoint/migrate.py).
 """
 
 from __future__ import annotations
@@ -31,22 +44,26 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from treadle.checkpoint.checkpointer import Checkpointer, rng_file
+from treadle.checkpoint.checkpointer import rng_file
 from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
+from treadle.data.resumable import place_of
 from treadle.hooks.base import HookStates
 from treadle.logging.writers import get_logger
-from treadle.engine.loops import LoopCounters
-from treadle.strategies.states import ModelState, OptimStates, RunState
+from treadle.engine.loops import LoopCounters, TrainLoop
 
 if TYPE_CHECKING:
     from treadle.engine.trainer import Trainer
 
-#: The entries of a Trainer checkpoint's ``state.pt``.
-ENTRIES = ("model", "optim", "hooks", "loop", "results", "strategy")
+#: The entries of a Trainer checkpoint's ``state.pt``: the strategy's, then the Trainer's parts.
+ENTRIES = ("model", "optim", "param_schedulers", "data", "extra", "strategy", "loop", "hooks", "results")
+#: The Trainer's own parts (the rest are the strategy's).
+PARTS = ("loop", "hooks", "results")
 
 _HINT = ("a weights-only checkpoint (e.g. checkpoints/best/...) or a state dict restores weights with load_from=, "
          "not resume=")
+_NONFINITE = (" (a non-finite gradient with a finite loss does this); nan_guard='skip' skips such steps, "
+              "clip_grad or a lower lr may avoid them")
 
 
 def check_training_checkpoint(state: Any) -> None:
@@ -54,12 +71,17 @@ def check_training_checkpoint(state: Any) -> None:
     entry of a Trainer checkpoint (each owner then checks its own part)."""
     if not isinstance(state, dict):
         raise CheckpointError(f"not a training checkpoint: it has no {STATE_FILE} dict of the training state; {_HINT}")
-    if "param_schedulers" in state and "extra" in state and "loop" not in state:
-        raise CheckpointError("a checkpoint saved by Strategy.save_checkpoint (your own loop), not by a Trainer: "
-                              "resume it with strategy.resume(), or take its weights with load_from=")
+    if "extra" in state and "loop" not in state and isinstance(state.get("optim"), dict):
+        raise CheckpointError("a checkpoint saved by Strategy.save_checkpoint in a hand-written loop, without the "
+                              "Trainer's parts (loop, hooks, results): resume it with strategy.resume(), or take its "
+                              "weights with load_from=")
     for part in ENTRIES:
-        if not isinstance(state.get(part), dict):
-            raise CheckpointError(f"not a complete training checkpoint: {STATE_FILE} has no {part!r} dict "
+        if part == "param_schedulers" and part not in state:
+            continue  # saved with save_param_scheduler=False: the schedulers start afresh
+        kind = list if part == "data" else (dict, list) if part == "param_schedulers" else dict
+        if not isinstance(state.get(part), kind):
+            what = "list" if kind is list else "dict"
+            raise CheckpointError(f"not a complete training checkpoint: {STATE_FILE} has no {part!r} {what} "
                                   f"(it has {sorted(state)}); {_HINT}")
 
 
@@ -71,57 +93,80 @@ def finished(pos: dict[str, Any], max_epochs: int | None, max_iters: int | None,
     return bool(done and not (pos["open"] or pos.get("val_due")))
 
 
-def trainer_states(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(states, rank_states)``: the owners of ``trainer``'s training state, by name."""
+class LoopPlace:
+    """The training loop's data place as a loader's (``ResumableLoader.state_dict``:
+    epoch, batches taken in it, shuffle seed), for the checkpoint's ``data`` entry, where
+    a hand-written loop's loader takes it. The Trainer resumes its place from the
+    ``loop`` entry (which also knows the workflow phase and the world size that saved):
+    loading this one is left to the loop."""
+
+    def __init__(self, loop: TrainLoop) -> None:
+        self.loop = loop
+
+    def state_dict(self) -> dict[str, Any]:
+        return place_of(self.loop.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing: the ``loop`` entry holds the same place."""
+
+
+def trainer_parts(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(parts, rank_parts)``: the Trainer's own Statefuls, by name, beside the strategy's."""
     strategy = trainer.strategy
-    optim = OptimStates(strategy, trainer.module, trainer.optim_wrappers)
     loop = trainer.train_loop if trainer.train_loop is not None else LoopCounters(
         trainer.state, strategy.data_seed, strategy.world_size)
-    states = {"model": ModelState(strategy, trainer.module), "optim": optim,
-              "hooks": HookStates(lambda: trainer.hooks), "loop": loop, "results": trainer.state,
-              "strategy": RunState(strategy)}
-    rank_states: dict[str, Any] = {"log_windows": trainer.store, "optim": optim.local}
+    parts = {"loop": loop, "hooks": HookStates(lambda: trainer.hooks), "results": trainer.state}
+    rank_parts: dict[str, Any] = {"log_windows": trainer.store}
     if trainer.val_loop is not None:
-        rank_states["val"] = trainer.val_loop
+        rank_parts["val"] = trainer.val_loop
     if trainer.train_metrics is not None:
-        rank_states["train_metrics"] = trainer.train_metrics
-    return states, rank_states
+        rank_parts["train_metrics"] = trainer.train_metrics
+    return parts, rank_parts
+
+
+def trainer_states(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(states, rank_states)``: every owner of ``trainer``'s training state, by name, as
+    the strategy hands them to its checkpointer."""
+    return trainer.strategy.checkpoint_states(*trainer_parts(trainer))
 
 
 def save(trainer: "Trainer", path: str | Path, writer: Callable[..., Path] | None = None) -> Path:
-    """``Trainer.save_checkpoint``: the owners handed to the strategy's checkpointer, the
-    manifest's meta (position, finished), the ``before_save_checkpoint`` hooks."""
-    states, rank_states = trainer_states(trainer)
-    pos, s = states["loop"].state_dict(), trainer.state
+    """``Trainer.save_checkpoint``: the Trainer's parts handed to ``strategy.save_checkpoint``,
+    the manifest's meta (position, finished), the ``before_save_checkpoint`` hooks."""
+    parts, rank_parts = trainer_parts(trainer)
+    pos, s = parts["loop"].state_dict(), trainer.state
     meta = {"epoch": pos["epoch"], "iter": pos["iter"], "finished": finished(pos, s.max_epochs, s.max_iters, s.by_epoch)}
     # Checked on every rank (FSDP: each its shards), agreed on, raised everywhere alike.
-    return trainer.checkpointer.save(
-        path, states, rank_states=rank_states, meta=meta, run=trainer.run_id, writer=writer,
-        callback=functools.partial(trainer.call_hook, "before_save_checkpoint"),
-        describe=states["optim"].describe_nonfinite,
-        hint=" (a non-finite gradient with a finite loss does this); nan_guard='skip' skips such steps, "
-             "clip_grad or a lower lr may avoid them")
+    return trainer.strategy.save_checkpoint(
+        path, parts=parts, rank_parts=rank_parts, meta=meta, writer=writer,
+        callback=functools.partial(trainer.call_hook, "before_save_checkpoint"), explain_nonfinite=_NONFINITE)
 
 
 def load(trainer: "Trainer", path: str | Path) -> None:
-    """``Trainer.load_checkpoint``: every owner checks its part, then all load; the train
-    loop takes this rank's RNG to set where the interrupted run took its next batch."""
+    """``Trainer.load_checkpoint``: ``strategy.resume`` with the Trainer's parts (every
+    owner checks its part, then all load); the train loop takes this rank's RNG to set
+    where the interrupted run took its next batch."""
     strategy = trainer.strategy
-    states, rank_states = trainer_states(trainer)
-    state, own = trainer.checkpointer.load(path, states)
-    check_training_checkpoint(state)
-    saved_world = int(state["loop"].get("world_size") or 1)
-    if own is None and strategy.distributed and saved_world == strategy.world_size:
-        raise FileNotFoundError(f"the checkpoint has no {rng_file(strategy.rank)}; it was not saved by this job")
-    Checkpointer.restore(states, state, where=str(path))
-    local = own.get("rank_state") if own is not None else None
-    if isinstance(local, dict):  # another world size: this rank may have none
-        Checkpointer.restore(rank_states, local, where=f"{path} ({rng_file(strategy.rank)})", optional=rank_states)
+    parts, rank_parts = trainer_parts(trainer)
+    seen: dict[str, Any] = {}
+
+    def check(state: Any) -> None:
+        check_training_checkpoint(state)
+        seen["state"] = state
+
+    def take_rng(own: dict[str, Any] | None) -> None:
+        saved_world = int(seen["state"]["loop"].get("world_size") or 1)
+        if own is None and strategy.distributed and saved_world == strategy.world_size:
+            raise FileNotFoundError(f"the checkpoint has no {rng_file(strategy.rank)}; it was not saved by this job")
+        seen["own"] = own
+
+    strategy.resume(path, parts=parts, rank_parts=rank_parts, callback=check, rng=take_rng)
     if trainer.train_loop is not None:
-        trainer.train_loop.resume_rng(own)
-    trainer.call_hook("after_load_checkpoint", state)
+        trainer.train_loop.resume_rng(seen["own"])
+    trainer.call_hook("after_load_checkpoint", seen["state"])
     get_logger().info(f"resumed from {path}: {trainer.state.iter} iterations done, training goes on in epoch "
                       f"{trainer.state.epoch + 1}")  # 1-based, as the log lines (README: Epochs and iterations)
 
 
-__all__ = ["ENTRIES", "check_training_checkpoint", "finished", "load", "save", "trainer_states"]
+__all__ = ["ENTRIES", "PARTS", "LoopPlace", "check_training_checkpoint", "finished", "load", "save",
+           "trainer_parts", "trainer_states"]

@@ -129,6 +129,8 @@ class Trainer:
         self.val_loop = self._eval_loop(self.val_dataloader, "val") if self.val_dataloader is not None else None
         self.test_loop = self._eval_loop(self.test_dataloader, "test") if self.test_dataloader is not None else None
         self.train_loop = self._train_loop() if self.train_dataloader is not None else None
+        if self.train_loop is not None:  # its place goes to the checkpoint's data entry (snapshot.py)
+            self.strategy.track_loader(snapshot.LoopPlace(self.train_loop))
 
     # -- construction helpers ------------------------------------------------------
     def _prepare(self, a: Any, schedulers: Any, compile: bool, auto_scale_lr: Any) -> None:

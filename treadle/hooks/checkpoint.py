@@ -9,9 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from treadle.checkpoint.async_save import AsyncCheckpointer
 from treadle.checkpoint.directory import prune_checkpoints, remove_own_checkpoint
-from treadle.checkpoint.io import STATE_FILE, CheckpointError, save_checkpoint
-from treadle.checkpoint.finite import first_nonfinite, named_tensors
-from treadle.distributed import comm
+from treadle.checkpoint.io import CheckpointError
 from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import get_logger
 from treadle.metrics import higher_is_better
@@ -140,14 +138,12 @@ class CheckpointHook(Hook):
         weights = {"model": model}
         if trainer.ema is not None:
             weights["ema"] = trainer.ema.state_dict()
-        # Not a best worth keeping, whatever the metric says (rank 0 holds the full weights).
-        bad = comm.broadcast_object(first_nonfinite(named_tensors(weights)) if trainer.is_main else None)
-        if bad is not None:
-            get_logger().warning(f"best {self.best} = {value:.6g}: not saved, weight {bad!r} holds NaN or inf")
+        try:  # the one checkpointer: its atomic write, its non-finite check (rank 0 holds the full weights)
+            trainer.checkpointer.save_weights(path, weights, meta={"iter": s.iter, "epoch": s.epoch, self.best: value},
+                                              run=trainer.run_id)
+        except FloatingPointError as e:  # not a best worth keeping, whatever the metric says
+            get_logger().warning(f"best {self.best} = {value:.6g}: not saved: {e}")
             return
-        if trainer.is_main:
-            save_checkpoint(path, {STATE_FILE: weights},
-                            meta={"iter": s.iter, "epoch": s.epoch, self.best: value, "run": trainer.run_id})
         relative = path.relative_to(trainer.work_dir).as_posix()
         self.best_records = sorted([*self.best_records, (value, relative)], key=lambda r: sign * r[0])
         for _, old in self.best_records[self.keep_best:]:

@@ -18,6 +18,10 @@ class ParamSchedulerHook(Hook):
 
     With accumulation, iteration-based
     schedulers still step every iteration (MMEngine's rule).
+
+    The hook keeps no state of its own: the schedulers' states are the strategy's, saved
+    in the checkpoint's ``param_schedulers`` entry (treadle/strategies/states.py
+    SchedulerStates), their one owner.
     """
 
     priority = Priority.LOW
@@ -67,12 +71,3 @@ class ParamSchedulerHook(Hook):
         flat = {**{k.split("/", 1)[-1]: v for k, v in metrics.items()}, **metrics}
         for sch in self._on_val:
             sch.step(flat)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"schedulers": {name: [s.state_dict() for s in scheds] for name, scheds in self.schedulers.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        states = state["schedulers"]
-        for name, scheds in self.schedulers.items():
-            for sch, st in zip(scheds, states.get(name, [])):
-                sch.load_state_dict(st)

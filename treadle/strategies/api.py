@@ -10,22 +10,28 @@ Every Strategy (single device, DDP, FSDP) has these methods; the flow of a loop:
         optim_wrapper.update_params(loss)
         strategy.save_checkpoint(path, extra_ckpt={...})
 
-A checkpoint saved here is a treadle checkpoint directory (atomic, verified,
-``weights_only``), written by :class:`treadle.checkpoint.checkpointer.Checkpointer`.
-``state.pt`` holds (each entry's owner: treadle/strategies/states.py)::
+This is the one checkpoint layout (format 3): the Trainer saves and resumes through
+these same calls, handing its own parts by name. A checkpoint is a treadle checkpoint
+directory (atomic, verified, ``weights_only``), written by
+:class:`treadle.checkpoint.checkpointer.Checkpointer`. ``state.pt`` holds (each entry's
+owner: treadle/strategies/states.py)::
 
     model             the module's state (FSDP: sharded, in DCP files)
     optim             {"default": OptimWrapper state}  (optimizer, scaler, accumulation;
                       by name for several wrappers)
     param_schedulers  [scheduler.state_dict(), ...]    (a dict of lists by name for several)
-    data              [ResumableLoader.state_dict(), ...]  one per prepared loader
-    extra             the ``extra_ckpt`` dict
+    data              [ResumableLoader.state_dict(), ...]  one per tracked training loader
+    extra             the ``extra_ckpt`` dict ({} for the Trainer)
     strategy          {"run", "world_size", "treadle"}
+    <part>            each named part handed to ``save_checkpoint(parts=...)``: the
+                      Trainer's ``loop``, ``hooks``, ``results`` (treadle/engine/snapshot.py)
 
-and each ``rng_rank<r>.pt`` that rank's RNGs and, under ``rank_state["optim"]``, an open
-accumulation window's gradients (its own under DDP's ``no_sync``). ``resume``
-restores all of it, RNG last, so the next batch and the next random draw are those an
-uninterrupted run would have had.
+and each ``rng_rank<r>.pt`` that rank's RNGs and, under ``rank_state``, its own share:
+``optim`` (an open accumulation window's gradients, its own under DDP's ``no_sync``) and
+each part of ``rank_parts``. ``resume`` restores all of it, RNG last, so the next batch
+and the next random draw are those an uninterrupted run would have had; the parts it was
+not handed (a Trainer checkpoint's, in a hand-written loop) come back with ``extra``.
+Checkpoints of formats 1 and 2 are migrated when read (treadle/checkpoint/migrate.py).
 """
 
 from __future__ import annotations
@@ -53,9 +59,11 @@ from treadle.optim.wrapper import OptimWrapper
 from treadle.optim.wrapper_builder import build_optim_wrappers, by_name, scale_lr
 from treadle.seeding import derive_seed, seed_everything, set_deterministic
 from treadle.strategies.search import find_latest_saved
-from treadle.strategies.states import ModelState, OptimStates, RunState
+from treadle.strategies.states import LoaderPlaces, ModelState, OptimStates, RunState, SchedulerStates
 
 DEFAULT_REVISE_KEYS = [(r"^module\.", "")]
+#: The entries of ``state.pt`` the strategy owns; a caller's parts take other names.
+STRATEGY_ENTRIES = ("model", "optim", "param_schedulers", "data", "extra", "strategy")
 #: What ``prepare(dispatch_kwargs=...)`` takes (MMEngine's names).
 DISPATCH_KEYS = ("epoch_length", "max_epochs", "max_iters", "train_micro_batch_size_per_gpu")
 
@@ -116,8 +124,7 @@ class StrategyAPI:
         if deterministic:
             set_deterministic(True)
         self.work_dir = Path(work_dir) if work_dir is not None else None
-        self._loaders: list[ResumableLoader] = []  # prepared training loaders, in order
-        self._pending_loaders: list[dict[str, Any]] = []  # places resumed before their loader was prepared
+        self._places = LoaderPlaces([])  # tracked training loaders, in order, and places resumed before them
         self._env_ready = True
 
     def collect_env(self) -> tuple[dict[str, str], dict[str, Any]]:
@@ -210,17 +217,34 @@ class StrategyAPI:
             from treadle.config.build import build_dataloader  # the config layer: only for a config dict
 
             loader = build_dataloader(dict(loader), "prepare_dataloader(loader)")
-        if self.distributed and self.shard_data:  # type: ignore[attr-defined]
-            shard = shard_train_loader if train else shard_eval_loader
-            loader = shard(loader, self.rank, self.world_size)
+        loader = self.shard_dataloader(loader, train=train)
         if not train:
             return loader
-        prepared = ResumableLoader(loader, seed=derive_seed(self.data_seed, len(self._loaders)), rank=self.rank,
-                                   seed_per_sample=seed_per_sample)
-        self._loaders.append(prepared)
-        if self._pending_loaders:  # resumed before this loader was prepared
-            prepared.load_state_dict(self._pending_loaders.pop(0))
+        prepared = ResumableLoader(loader, seed=derive_seed(self.data_seed, len(self._places.loaders)),
+                                   rank=self.rank, seed_per_sample=seed_per_sample)
+        self.track_loader(prepared)
         return prepared
+
+    def shard_dataloader(self, loader: Any, *, train: bool = True) -> Any:
+        """``loader`` over this process's share of the data (the one place loaders are
+        sharded: :meth:`prepare_dataloader` and the Trainer call it). Training: a
+        DistributedSampler, padded so every rank takes as many steps; ``train=False``:
+        every sample once across ranks. Unchanged on one process, or with
+        ``shard_data=False`` (treadle/data/distributed.py)."""
+        if loader is None or not (self.distributed and self.shard_data):  # type: ignore[attr-defined]
+            return loader
+        shard = shard_train_loader if train else shard_eval_loader
+        return shard(loader, self.rank, self.world_size)
+
+    def track_loader(self, loader: Any) -> None:
+        """Record ``loader``'s place (its ``state_dict()``) in every checkpoint's ``data``
+        entry, after those tracked before it; :meth:`resume` puts it back with its
+        ``load_state_dict`` (a place resumed before the loader was tracked: now).
+        ``prepare_dataloader`` calls it; the Trainer hands its training loop's place."""
+        self.setup_env()
+        self._places.loaders.append(loader)
+        if self._places.pending:  # resumed before this loader was tracked
+            loader.load_state_dict(self._places.pending.pop(0))
 
     def _need(self, what: str) -> None:
         if not self._prepared:
@@ -269,14 +293,9 @@ class StrategyAPI:
     def load_scheduler_state_dict(self, state_dict: Any) -> None:
         """Inverse of :meth:`scheduler_state_dict` (as many states as schedulers)."""
         self._need("load_scheduler_state_dict()")
+        SchedulerStates(self).check_state_dict(state_dict)
         mine = self.param_schedulers if isinstance(self.param_schedulers, dict) else {"": self.param_schedulers}
         saved = state_dict if isinstance(self.param_schedulers, dict) and isinstance(state_dict, dict) else {"": state_dict}
-        for name, group in mine.items():
-            states = saved.get(name)
-            if not isinstance(states, list) or len(states) != len(group):
-                got = len(states) if isinstance(states, list) else type(states).__name__
-                where = f" of optimizer {name!r}" if name else ""
-                raise CheckpointError(f"scheduler states{where}: {got}, but {len(group)} scheduler(s) were prepared")
         for name, group in mine.items():
             for sched, st in zip(group, saved[name]):
                 sched.load_state_dict(st)
@@ -286,65 +305,106 @@ class StrategyAPI:
     def checkpointer(self) -> Checkpointer:
         return Checkpointer(self)  # type: ignore[arg-type]
 
-    def _owners(self, with_optimizer: bool = True) -> dict[str, Any]:
-        """The owners of what :meth:`prepare` placed (treadle/strategies/states.py)."""
-        wrappers = self.optim_wrappers if with_optimizer else {}
-        return {"model": ModelState(self, self.module), "optim": OptimStates(self, self.module, wrappers),  # type: ignore[arg-type]
-                "strategy": RunState(self)}  # type: ignore[arg-type]
+    def checkpoint_states(self, parts: Mapping[str, Any] | None = None, rank_parts: Mapping[str, Any] | None = None,
+                          *, save_optimizer: bool = True, save_param_scheduler: bool = True,
+                          extra_ckpt: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(states, rank_states)``: the owners of a checkpoint by name, as
+        :meth:`save_checkpoint` hands them to the checkpointer (the layout: the module
+        docstring). ``parts``/``rank_parts``: the caller's own Statefuls (or plain dicts),
+        by names other than the strategy's entries."""
+        self._need("checkpoint_states()")
+        parts, rank_parts = dict(parts or {}), dict(rank_parts or {})
+        taken = sorted(set(parts) & set(STRATEGY_ENTRIES)) + sorted(set(rank_parts) & {"optim"})
+        if taken:
+            raise ValueError(f"checkpoint parts {taken} take names of the strategy's own entries "
+                             f"({', '.join(STRATEGY_ENTRIES)}); give them other names")
+        extra = _plain(extra_ckpt if extra_ckpt is not None else {}, "extra_ckpt")
+        clash = sorted(set(extra) & set(parts))
+        if clash:
+            raise ValueError(f"extra_ckpt keys {clash} are also names of checkpoint parts; resume hands both "
+                             "back in one dict, so give them other names")
+        optim = OptimStates(self, self.module, self.optim_wrappers if save_optimizer else {})  # type: ignore[arg-type]
+        states: dict[str, Any] = {"model": ModelState(self, self.module), "optim": optim}  # type: ignore[arg-type]
+        if save_param_scheduler:
+            states["param_schedulers"] = SchedulerStates(self)
+        states.update({"data": self._places, "extra": extra, "strategy": RunState(self), **parts})  # type: ignore[arg-type]
+        return states, {"optim": optim.local, **rank_parts}
 
     def save_checkpoint(self, filename: str | Path, *, save_optimizer: bool = True, save_param_scheduler: bool = True,
                         extra_ckpt: dict[str, Any] | None = None,
-                        callback: Callable[[dict[str, Any]], None] | None = None) -> Path:
+                        callback: Callable[[dict[str, Any]], None] | None = None,
+                        parts: Mapping[str, Any] | None = None, rank_parts: Mapping[str, Any] | None = None,
+                        meta: Mapping[str, Any] | None = None, writer: Callable[..., Path] | None = None,
+                        explain_nonfinite: str | None = None) -> Path:
         """Save everything the next step depends on to the directory ``filename`` (every
         rank calls it). ``extra_ckpt``: plain data (numbers, strings, tensors, lists and
         dicts of them) handed back by :meth:`resume`. ``callback(state)`` may edit the
-        state before it is written. Refuses to replace what another run saved."""
+        state before it is written. Refuses to replace what another run saved.
+
+        For a caller with state of its own (the Trainer): ``parts`` / ``rank_parts`` are
+        Statefuls saved by name in ``state.pt`` / this rank's file (see
+        :meth:`checkpoint_states`); ``meta`` goes to the manifest; ``writer`` replaces
+        rank 0's write (an ``AsyncCheckpointer``); ``explain_nonfinite``: name a NaN or inf
+        by model weight and optimizer entry, and end that error with this advice."""
         self._need("save_checkpoint()")
-        owners = self._owners(with_optimizer=save_optimizer)
-        states: dict[str, Any] = {"model": owners["model"], "optim": owners["optim"]}
-        if save_param_scheduler:
-            states["param_schedulers"] = self.scheduler_state_dict()
-        states["data"] = [ld.state_dict() for ld in self._loaders]
-        states["extra"] = _plain(extra_ckpt if extra_ckpt is not None else {}, "extra_ckpt")
-        states["strategy"] = owners["strategy"]
-        path = self.checkpointer.save(filename, states, rank_states={"optim": owners["optim"].local},
-                                      meta={"kind": "strategy"}, run=self.run_id, callback=callback)
+        states, rank_states = self.checkpoint_states(parts, rank_parts, save_optimizer=save_optimizer,
+                                                     save_param_scheduler=save_param_scheduler, extra_ckpt=extra_ckpt)
+        describe = states["optim"].describe_nonfinite if explain_nonfinite is not None else None
+        path = self.checkpointer.save(filename, states, rank_states=rank_states, meta={**(meta or {}), "kind": "strategy"},
+                                      run=self.run_id, writer=writer, callback=callback, describe=describe,
+                                      hint=explain_nonfinite or "")
         get_logger().debug(f"saved checkpoint {path}")
         return Path(path)
 
     def resume(self, filename: str | Path, *, resume_optimizer: bool = True, resume_param_scheduler: bool = True,
-               map_location: str = "default", callback: Callable[[dict[str, Any]], None] | None = None
-               ) -> dict[str, Any]:
-        """Restore everything :meth:`save_checkpoint` saved in ``filename``; returns its
-        ``extra_ckpt``. Nothing is changed before the checkpoint is known to fit."""
+               map_location: str = "default", callback: Callable[[dict[str, Any]], None] | None = None,
+               parts: Mapping[str, Any] | None = None, rank_parts: Mapping[str, Any] | None = None,
+               rng: Callable[[dict[str, Any] | None], None] | None = None) -> dict[str, Any]:
+        """Restore everything :meth:`save_checkpoint` saved in ``filename``: weights,
+        optimizers, schedulers, the loaders' places, the RNG. Returns its ``extra_ckpt``,
+        with the state of every saved part not handed in ``parts`` added by name (a Trainer
+        checkpoint's ``loop``, ``hooks``, ``results``: ``extra["loop"]["iter"]`` is the
+        iterations done). Nothing is changed before the checkpoint is known to fit.
+
+        ``parts`` / ``rank_parts``: the caller's Statefuls, restored from the entries of
+        those names (each checks its part first). ``callback(state)`` sees (and may edit)
+        the state first. ``rng(own)``: takes this rank's RNG file (None when this rank has
+        none) before anything is restored, instead of the RNG being set at the end (the
+        Trainer sets it where the interrupted run took its next batch)."""
         self._need("resume()")
-        owners = self._owners(with_optimizer=resume_optimizer)
-        state, own = self.checkpointer.load(filename, owners)
+        parts, rank_parts = dict(parts or {}), dict(rank_parts or {})
+        states, rank_states = self.checkpoint_states(parts, rank_parts, save_optimizer=resume_optimizer)
+        state, own = self.checkpointer.load(filename, states)
         if callback is not None:
             callback(state)
         _check_fits(self, state, filename, resume_optimizer)
         where = f"resume({str(filename)!r})"
-        if not owners["optim"].wrappers:  # resume_optimizer=False, or no optimizer prepared
-            del owners["optim"]
-        Checkpointer.restore(owners, state, where=where)  # every owner checks its part first
+        del states["extra"]  # plain data, handed back
+        if not states["optim"].wrappers:  # resume_optimizer=False, or no optimizer prepared
+            del states["optim"]
+        if not resume_param_scheduler or "param_schedulers" not in state:  # saved with save_param_scheduler=False
+            states.pop("param_schedulers")
+        if rng is not None:
+            rng(own)
+        Checkpointer.restore(states, state, where=where)  # every owner checks its part first
         local = own.get("rank_state") if own is not None else None
-        if isinstance(local, dict) and "optim" in owners:
-            Checkpointer.restore({"optim": owners["optim"].local}, local, where=where, optional=["optim"])
-        if resume_param_scheduler and "param_schedulers" in state:
-            self.load_scheduler_state_dict(state["param_schedulers"])
-        loaders, saved = self._loaders, list(state["data"])
-        for ld in loaders:
-            ld.load_state_dict(saved.pop(0))
-        self._pending_loaders = saved  # loaders prepared after the resume take these
+        if isinstance(local, dict):  # another world size: this rank may have none
+            if "optim" not in states:
+                rank_states.pop("optim")
+            Checkpointer.restore(rank_states, local, where=where, optional=rank_states)
         info = state["strategy"]
-        if int(info.get("world_size", 1)) != self.world_size or own is None:
+        if rng is not None:  # the caller sets it
+            pass
+        elif int(info.get("world_size", 1)) != self.world_size or own is None:
             get_logger().warning(f"resuming a checkpoint saved by {info.get('world_size')} process(es) on "
                                  f"{self.world_size}: weights, optimizer and positions are restored, the RNG "
                                  "streams are not (they cannot be split differently)")
         else:
             set_rng_state(own)  # last: the next draw is the uninterrupted run's
-        get_logger().info(f"resumed from {filename}")
-        return dict(state["extra"])
+        if not parts:  # a caller with parts of its own says where it goes on (the Trainer does)
+            get_logger().info(f"resumed from {filename}")
+        others = {name: state[name] for name in state if name not in STRATEGY_ENTRIES and name not in parts}
+        return {**dict(state["extra"]), **others}
 
     def load_checkpoint(self, filename: str | Path, *, map_location: str = "cpu", strict: bool = False,
                         revise_keys: list[tuple[str, str]] | None = None,
@@ -406,16 +466,11 @@ def _check_fits(strategy: StrategyAPI, state: dict[str, Any], filename: str | Pa
     where = f"resume({str(filename)!r})"
     missing = [k for k in ("model", "optim", "data", "extra", "strategy") if k not in state]
     if missing:
-        kind = ("a Trainer checkpoint: resume it with Trainer(resume=...), or take its weights with "
-                "load_checkpoint()" if "loop" in state else f"it lacks {missing}")
-        raise CheckpointError(f"{where}: not a checkpoint saved by Strategy.save_checkpoint ({kind})")
+        raise CheckpointError(f"{where}: not a training checkpoint (it lacks {missing}); a weights-only file "
+                              "loads with load_checkpoint()")
     if resume_optimizer and strategy.optim_wrappers and not set(strategy.optim_wrappers) <= set(state["optim"]):
         raise CheckpointError(f"{where}: the checkpoint holds no optimizer state (saved with save_optimizer=False); "
                               "pass resume_optimizer=False")
-    loaders = len(strategy._loaders)
-    if loaders > len(state["data"]):
-        raise CheckpointError(f"{where}: {loaders} loader(s) were prepared, the checkpoint has the place of "
-                              f"{len(state['data'])}")
 
 
-__all__ = ["StrategyAPI", "DEFAULT_REVISE_KEYS"]
+__all__ = ["StrategyAPI", "DEFAULT_REVISE_KEYS", "STRATEGY_ENTRIES"]

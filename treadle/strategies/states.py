@@ -1,10 +1,14 @@
-"""The owners of what a strategy places: the model, the optimizers, the run's identity.
+"""The owners of what a strategy places: the model, the optimizers, the schedulers, the
+loaders' places, the run's identity.
 
 Each is a *Stateful* (``state_dict`` / ``load_state_dict``) that the checkpointer is
-handed by name, by the Trainer and by the Strategy API alike::
+handed by name (``Strategy.checkpoint_states``, for the Trainer and a hand-written loop
+alike)::
 
     states = {"model": ModelState(strategy, module),
               "optim": OptimStates(strategy, module, {"default": optim_wrapper}),
+              "param_schedulers": SchedulerStates(strategy),
+              "data": LoaderPlaces(strategy, loaders),
               "strategy": RunState(strategy)}
     rank_states = {"optim": optim_states.local}      # each rank's own: open-window gradients
 
@@ -137,6 +141,59 @@ class _LocalOptimStates:
                 self.owner.wrappers[name].load_local_state_dict(st)
 
 
+class SchedulerStates:
+    """The prepared schedulers' states, in order (a dict of lists by optimizer name for
+    several wrappers): the one owner of scheduler state (the Trainer's ParamSchedulerHook
+    steps them, the strategy saves them)."""
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+
+    def state_dict(self) -> Any:
+        return self.strategy.scheduler_state_dict()
+
+    def check_state_dict(self, state: Any) -> None:
+        """As many saved states as prepared schedulers, for each optimizer."""
+        scheds = self.strategy.param_schedulers
+        mine = scheds if isinstance(scheds, dict) else {"": scheds}
+        saved = state if isinstance(scheds, dict) and isinstance(state, dict) else {"": state}
+        for name, group in mine.items():
+            states = saved.get(name)
+            if not isinstance(states, list) or len(states) != len(group):
+                got = len(states) if isinstance(states, list) else type(states).__name__
+                where = f" of optimizer {name!r}" if name else ""
+                raise CheckpointError(f"scheduler states{where}: {got}, but {len(group)} scheduler(s) were prepared")
+
+    def load_state_dict(self, state: Any) -> None:
+        self.strategy.load_scheduler_state_dict(state)
+
+
+class LoaderPlaces:
+    """``[loader.state_dict(), ...]``: where each tracked training loader goes on, in the
+    order they were prepared (``Strategy.track_loader``). Places beyond the loaders
+    prepared so far wait for loaders prepared after the resume (:attr:`pending`)."""
+
+    def __init__(self, loaders: list[Any]) -> None:
+        self.loaders = loaders
+        self.pending: list[dict[str, Any]] = []
+
+    def state_dict(self) -> list[Any]:  # type: ignore[override]
+        return [ld.state_dict() for ld in self.loaders]
+
+    def check_state_dict(self, state: Any) -> None:
+        if not isinstance(state, list):
+            raise CheckpointError(f"the checkpoint's data entry is a {type(state).__name__}, not a list of places")
+        if len(self.loaders) > len(state):
+            raise CheckpointError(f"{len(self.loaders)} loader(s) were prepared, the checkpoint has the place of "
+                                  f"{len(state)}")
+
+    def load_state_dict(self, state: list[Any]) -> None:  # type: ignore[override]
+        saved = list(state)
+        for ld in self.loaders:
+            ld.load_state_dict(saved.pop(0))
+        self.pending = saved
+
+
 class RunState:
     """The run's identity: its id (a resume carries it on), the number of processes that
     saved, the treadle version."""
@@ -180,4 +237,4 @@ def check_optimizer(name: str, optimizer: torch.optim.Optimizer, saved: Any) -> 
                                   f"{len(mine['params'])} here")
 
 
-__all__ = ["ModelState", "OptimStates", "RunState", "check_optimizer"]
+__all__ = ["LoaderPlaces", "ModelState", "OptimStates", "RunState", "SchedulerStates", "check_optimizer"]
