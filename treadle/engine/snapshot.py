@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, TYPE_CHECKING, Protocol
 
 from treadle.checkpoint.checkpointer import rng_file
 from treadle.checkpoint.io import CheckpointError
@@ -53,7 +53,28 @@ from treadle.logging.writers import get_logger
 from treadle.engine.loops import LoopCounters, TrainLoop
 
 if TYPE_CHECKING:
-    from treadle.engine.trainer import Trainer
+    from treadle.engine.eval_loop import EvalLoop
+    from treadle.hooks.base import Hook
+    from treadle.hooks.state import TrainState
+    from treadle.hooks.train_metrics import TrainMetrics
+    from treadle.logging.store import MetricStore
+    from treadle.strategies.base import Strategy
+
+
+class Trainer(Protocol):
+    """What this module reads of the Trainer (treadle/engine/trainer.py, which imports it):
+    the owners of its training state and the hook call."""
+
+    strategy: Strategy
+    state: TrainState
+    hooks: list[Hook]
+    store: MetricStore
+    train_loop: TrainLoop | None
+    val_loop: EvalLoop | None
+    train_metrics: TrainMetrics | None
+
+    def call_hook(self, point: str, *args: Any) -> None: ...
+
 
 #: The entries of a Trainer checkpoint's ``state.pt``: the strategy's, then the Trainer's parts.
 ENTRIES = ("model", "optim", "param_schedulers", "data", "extra", "strategy", "loop", "hooks", "results")

@@ -20,7 +20,7 @@ marks an owner whose tensors a sharding strategy (FSDP) writes through DCP.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
@@ -32,13 +32,34 @@ from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
     from treadle.optim.wrapper import OptimWrapper
-    from treadle.strategies.base import Strategy
+
+
+class StrategyOfStates(Protocol):
+    """What the owners below use of their strategy (``treadle.strategies.base.Strategy``
+    has it all; named here so that this module needs no import of the strategies, which
+    import it)."""
+
+    name: str
+    world_size: int
+    run_id: str
+    shards_state: bool
+    saves_window_grads: bool
+    param_schedulers: Any
+
+    def get_model_state(self, module: nn.Module) -> dict[str, Any]: ...
+    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None: ...
+    def full_shapes(self, module: nn.Module) -> dict[str, tuple[int, ...]]: ...
+    def get_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]: ...
+    def set_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None: ...
+    def check_optim_state(self, state: Any) -> None: ...
+    def scheduler_state_dict(self) -> Any: ...
+    def load_scheduler_state_dict(self, state_dict: Any) -> None: ...
 
 
 class ModelState:
     """The model's state as the strategy gives it (FSDP: sharded DTensors)."""
 
-    def __init__(self, strategy: "Strategy", module: nn.Module) -> None:
+    def __init__(self, strategy: "StrategyOfStates", module: nn.Module) -> None:
         self.strategy, self.module = strategy, module
         self.sharded = strategy.shards_state
 
@@ -70,7 +91,7 @@ class OptimStates:
     strategy gives it. What differs between ranks (open-window gradients, clipping's
     norms) is in :attr:`local`, for each rank's own file."""
 
-    def __init__(self, strategy: "Strategy", module: nn.Module, wrappers: Mapping[str, "OptimWrapper"]) -> None:
+    def __init__(self, strategy: "StrategyOfStates", module: nn.Module, wrappers: Mapping[str, "OptimWrapper"]) -> None:
         self.strategy, self.module, self.wrappers = strategy, module, wrappers
         self.sharded = strategy.shards_state
         self.local = _LocalOptimStates(self)
@@ -198,7 +219,7 @@ class RunState:
     """The run's identity: its id (a resume carries it on), the number of processes that
     saved, the treadle version."""
 
-    def __init__(self, strategy: "Strategy") -> None:
+    def __init__(self, strategy: "StrategyOfStates") -> None:
         self.strategy = strategy
 
     def state_dict(self) -> dict[str, Any]:
