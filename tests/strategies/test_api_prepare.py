@@ -121,3 +121,22 @@ def test_the_trainer_builds_through_prepare(monkeypatch):
     assert seen["param_scheduler"] == [dict(type="ConstantLR", factor=0.5, by_epoch=False)]
     assert t.optim_wrappers is t.strategy.optim_wrappers and t.model is t.strategy.model
     assert t.optim_wrapper.precision == "bf16" and t.optim_wrapper.accumulate == 2
+
+
+def test_dispatch_kwargs_epoch_length_and_max_epochs_give_schedulers_their_length():
+    """MMEngine's runner passes epoch_length and max_epochs; an iteration-based scheduler
+    without `end` then runs over epoch_length x max_epochs iterations (as given max_iters)."""
+    lrs = {}
+    for how, dispatch in (("derived", dict(epoch_length=16, max_epochs=3)), ("given", dict(max_iters=48))):
+        s = treadle.build_strategy("single", seed=0)
+        _, ow, (sched,) = s.prepare(torch.nn.Linear(8, 8), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+                                    param_scheduler=[dict(type="CosineAnnealingLR", by_epoch=False)],
+                                    dispatch_kwargs=dispatch)
+        assert sched.end == 48
+        seen = []
+        for _ in range(48):
+            seen.append(ow.get_lr()[0])
+            ow.optimizer.step()
+            sched.step()
+        lrs[how] = seen
+    assert lrs["derived"] == lrs["given"] and lrs["derived"][0] == 0.1 and lrs["derived"][-1] < 1e-3

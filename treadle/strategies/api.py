@@ -147,7 +147,8 @@ class StrategyAPI:
         OptimWrapper; or several by name, ``{"gen": {...}, "disc": {...}}`` (a config
         optimizes the model's submodule of that name), which ``param_scheduler`` then
         gives by name too. ``dispatch_kwargs``: ``epoch_length``, ``max_epochs``,
-        ``max_iters`` for schedulers configured by epoch or without ``end``, and
+        ``max_iters`` (``epoch_length x max_epochs`` when not given) for schedulers
+        configured by epoch or without ``end``, and
         ``train_micro_batch_size_per_gpu`` for ``auto_scale_lr`` (``dict(base_batch_size=N)``:
         lr x processes x batch / N, before the schedulers record it).
 
@@ -165,6 +166,9 @@ class StrategyAPI:
         unknown = sorted(set(kwargs) - set(DISPATCH_KEYS))
         if unknown:
             raise ValueError(f"dispatch_kwargs has unknown keys {unknown}; expected some of {', '.join(DISPATCH_KEYS)}")
+        length, epochs = kwargs.get("epoch_length"), kwargs.get("max_epochs")
+        if kwargs.get("max_iters") is None and length and epochs:  # an epoch-based loop's length in iterations
+            kwargs["max_iters"] = length * epochs
         if isinstance(model, Mapping):
             from treadle.config.build import build_model  # the config layer: only for a config dict
 
