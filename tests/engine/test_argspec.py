@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # The public signature as it was written out in Trainer.__init__ before the arguments
 # were defined once: names, order and defaults must not change. New arguments go at the
-# end (a caller passing arguments by position keeps its meaning): init_weights (#32).
+# end (a caller passing arguments by position keeps its meaning): init_weights, fast_dev_run,
+# limit_*_batches (#32).
 PUBLIC = [
     ("model", inspect.Parameter.empty), ("work_dir", None), ("train_dataloader", None), ("val_dataloader", None),
     ("test_dataloader", None), ("loss_fn", None), ("optimizer", None), ("schedulers", None), ("max_epochs", None),
@@ -39,7 +40,8 @@ PUBLIC = [
     ("deterministic", False), ("resume", False), ("load_from", None), ("checkpoint", None), ("log_interval", 50),
     ("compile", False), ("auto_scale_lr", None), ("preemption", True), ("nan_guard", "raise"),
     ("log_writers", ("jsonl", "csv", "tensorboard")), ("progress", "auto"), ("timer_breakdown", False),
-    ("move_batch", True), ("safe", False), ("verbose", False), ("init_weights", False),
+    ("move_batch", True), ("safe", False), ("verbose", False), ("init_weights", False), ("fast_dev_run", False),
+    ("limit_train_batches", None), ("limit_val_batches", None), ("limit_test_batches", None),
 ]
 
 

@@ -64,14 +64,17 @@ class DataFeed:
     ``seed``: the order's seed (one for all ranks); ``rank`` salts the workers' seeds;
     ``seed_per_sample``: read a DataLoader over a map-style dataset through a copy that
     seeds each sample's randomness from ``(seed, epoch, index)`` (treadle/data/worker_seed.py);
-    the attribute of that name says whether this feed does.
+    the attribute of that name says whether this feed does. ``limit``: an epoch ends
+    after this many batches (``limit_train_batches`` and friends); the order of the ones
+    taken is the same as without it.
     """
 
     def __init__(self, loader: Iterable[Any], *, seed: int | None = None, rank: int = 0,
-                 seed_per_sample: bool = True) -> None:
+                 seed_per_sample: bool = True, limit: int | None = None) -> None:
         if not isinstance(seed_per_sample, bool):
             raise TypeError(f"seed_per_sample must be True or False, got {seed_per_sample!r}")
         self.loader = loader
+        self.limit = limit  # at most this many batches per epoch (None: all of them)
         # Without a seed the order is still recorded (and so reproducible on resume).
         # Several processes must agree on it: the trainer passes rank 0's seed.
         self.seed = int(seed) if seed is not None else secrets.randbits(63)
@@ -86,11 +89,13 @@ class DataFeed:
 
     @property
     def length(self) -> int | None:
-        """Batches per epoch, or None when the loader has no length."""
+        """Batches per epoch (at most ``limit``), or None when the loader has no length
+        and there is no limit."""
         try:
-            return len(self.loader)  # type: ignore[arg-type]
+            n = len(self.loader)  # type: ignore[arg-type]
         except TypeError:
-            return None
+            return self.limit
+        return n if self.limit is None else min(n, self.limit)
 
     def start_epoch(self, epoch: int, skip: int = 0) -> None:
         """Begin epoch ``epoch``: seed its order and create a fresh iterator.
@@ -173,6 +178,8 @@ class DataFeed:
     def __next__(self) -> Any:
         if self._it is None:
             self.start_epoch(self.epoch)
+        if self.limit is not None and self.batch_idx >= self.limit:  # the epoch ends early (limit_*_batches)
+            raise StopIteration
         batch = next(self._it)  # type: ignore[arg-type]
         self.batch_idx += 1
         return batch

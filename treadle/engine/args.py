@@ -10,6 +10,7 @@ signature (treadle/engine/trainer.py).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,11 +199,24 @@ class Args:
     checkpoint_hook: CheckpointHook | None
 
 
+def quick_check(v: TrainerArgs) -> TrainerArgs:
+    """``fast_dev_run``: the arguments of a quick check of the whole run (one epoch of N
+    batches, N of validation and of test, nothing written), said in the log."""
+    if v.fast_dev_run is False:
+        return v
+    n = 1 if v.fast_dev_run is True else int(v.fast_dev_run)
+    get_logger().info(f"fast_dev_run: 1 epoch of {n} batch(es), {n} of validation and of test; nothing is written "
+                      "(no work_dir, checkpoints or resume)")
+    return dataclasses.replace(v, max_epochs=1, max_iters=None, val_interval=1, workflow=None,
+                               limit_train_batches=n, limit_val_batches=n, limit_test_batches=n, work_dir=None,
+                               checkpoint=False, resume=False, log_writers=())
+
+
 def build_args(given: TrainerArgs) -> Args:
     """Every argument checked by its definition (treadle/engine/spec.py), then the checks
     that need more than one argument or a file, and the components given as config dicts
     (loss, metrics, hooks) built as a config file builds them."""
-    v = check_args(given)
+    v = quick_check(check_args(given))
     safe = v.safe
     loss_fn = from_spec(v.loss_fn, "loss", "loss_fn", safe=safe)
     metrics = v.metrics

@@ -39,7 +39,7 @@ class EvalLoop:
                  state: TrainState, model: nn.Module, metrics: dict[str, Any],
                  step: Callable[[Any], tuple[Any, Any, dict[str, Any]]],
                  custom_step: Callable[[Any], dict[str, Any]] | None = None, seed: int | None = None,
-                 seed_per_sample: bool = True, comm: EvalComm | None = None) -> None:
+                 seed_per_sample: bool = True, comm: EvalComm | None = None, limit: int | None = None) -> None:
         self.owner = owner  # what the hooks receive (the Trainer)
         self.mode = mode  # "val" | "test"
         self.hooks, self.state, self.model, self.metrics = hooks, state, model, metrics
@@ -47,7 +47,7 @@ class EvalLoop:
         self.custom_step = custom_step  # the model's val_step(batch, trainer): values to log
         self.comm = comm  # several processes: how results are summed, and lockstep (FSDP)
         # Started at the first pass: no workers before.
-        self.feed = DataFeed(loader, seed=seed, seed_per_sample=seed_per_sample)
+        self.feed = DataFeed(loader, seed=seed, seed_per_sample=seed_per_sample, limit=limit)
         self._passes = 0
 
     def state_dict(self) -> dict[str, int]:

@@ -186,6 +186,11 @@ def _loader(doc: str) -> Arg:
     return Arg(doc, (dict, NoneType), "a dataloader spec, or null", objects=_ANY, convert=check_loader)
 
 
+def _fast_dev_run(value: Any, path: str) -> None:
+    if not isinstance(value, bool) and value < 1:
+        raise ConfigError(path, "out of range", value=value, expected="true, false or an int >= 1")
+
+
 # -- the arguments -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class TrainerArgs:
@@ -348,6 +353,17 @@ class TrainerArgs:
         "their initial or pretrained weights there); the log says so. Off by default: a model that loaded weights "
         "in its constructor (a model zoo's `pretrained=True`) keeps them. A translated MMEngine config turns it "
         "on.")] = False
+    fast_dev_run: Annotated[bool | int, Arg(
+        "A quick check of the whole run: true (1) or N trains one epoch of N batches, validates and tests N "
+        "batches, and writes nothing (no work_dir files, no checkpoints, no resume); the log says so.",
+        (bool, int), "true, false or an int >= 1", _fast_dev_run)] = False
+    limit_train_batches: Annotated[int | None, Arg(
+        "Train at most this many batches per epoch (the epoch then ends early; the order is the full one's).",
+        (int, NoneType), "an int >= 1, or null", _min(1))] = None
+    limit_val_batches: Annotated[int | None, Arg(
+        "Validate on at most this many batches per pass.", (int, NoneType), "an int >= 1, or null", _min(1))] = None
+    limit_test_batches: Annotated[int | None, Arg(
+        "Test on at most this many batches.", (int, NoneType), "an int >= 1, or null", _min(1))] = None
 
 
 def check_args(args: TrainerArgs) -> TrainerArgs:

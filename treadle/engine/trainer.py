@@ -26,9 +26,10 @@ from treadle.fsutil import settle
 from treadle.hints import strict_loss_shapes
 from treadle.hooks.base import HOOK_POINTS, Hook, HookDispatcher, check_hook_points, describe_order, get_priority, sort_hooks
 from treadle.hooks.checkpoint import CheckpointHook
+from treadle.hooks.summary import model_summary
 from treadle.hooks.ema import EMAHook
 from treadle.logging.store import MetricStore
-from treadle.logging.writers import get_logger, log_details, log_failure
+from treadle.logging.writers import CONSOLE_ONLY, FILE_ONLY, get_logger, log_details, log_failure
 from treadle.engine.eval_loop import EvalComm, EvalLoop
 from treadle.engine.loops import EpochLoop, IterLoop, TrainLoop, default_workflow
 from treadle.metrics import update_metrics
@@ -86,6 +87,8 @@ class Trainer:
         self.preemption, self.verbose, self.resume = a.preemption, args.verbose, args.resume
         self.seed_per_sample = args.seed_per_sample  # the loaders' DataFeeds (treadle/data/worker_seed.py)
         self.move_batch = args.move_batch
+        self._limits = {"train": args.limit_train_batches, "val": args.limit_val_batches,
+                        "test": args.limit_test_batches}  # batches per epoch or pass (None: all)
         self.strategy = resolve_strategy(args.strategy)
         self.train_metrics = a.train_metrics  # None unless given (treadle/hooks/train_metrics.py)
 
@@ -104,10 +107,11 @@ class Trainer:
         max_epochs, max_iters = args.max_epochs, args.max_iters
         self.state = TrainState(max_epochs=max_epochs, max_iters=max_iters, by_epoch=max_iters is None)
         if self.train_dataloader is not None:
-            self.state.set_epoch_length(DataFeed(self.train_dataloader).length)
+            self.state.set_epoch_length(DataFeed(self.train_dataloader, limit=args.limit_train_batches).length)
         self.store = MetricStore()
         self.module = model  # the user's module, unwrapped
         self._resume_loaded = False  # validate/test load `resume` too, unless fit already did
+        self._summarized = False  # the model's summary is logged at the first run
         if args.load_from is not None:
             self._load_weights(args.load_from)
 
@@ -200,6 +204,7 @@ class Trainer:
     def _train_loop(self) -> TrainLoop:
         s = self.state
         feed = DataFeed(self.train_dataloader, seed=self.strategy.data_seed, rank=self.strategy.rank,  # type: ignore[arg-type]
+                        limit=self._limits["train"],
                         seed_per_sample=self.seed_per_sample)
         total = s.max_epochs if s.by_epoch else s.max_iters
         workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
@@ -214,7 +219,7 @@ class Trainer:
         return EvalLoop(self, loader, mode, hooks=self._dispatch, state=self.state, model=self.model,
                         metrics=self.metrics, step=self._eval_step, seed=self.seed,
                         custom_step=self._custom_eval_step(mode),
-                        seed_per_sample=self.seed_per_sample, comm=comm)
+                        seed_per_sample=self.seed_per_sample, comm=comm, limit=self._limits[mode])
 
     def _custom_eval_step(self, mode: str) -> Callable[[Any], dict[str, Any]] | None:
         """The user's evaluation step, or None for the default one: a subclass's
@@ -507,6 +512,7 @@ class Trainer:
             if self.is_main:  # to log.txt, one console line (treadle/logging/writers.py)
                 log_details({**({"environment": f"environment:\n{env}"} if env else {}),
                              "hook order": describe_order(self.hooks)}, verbose=self.verbose)
+                self._summarize_model()
             with strict_loss_shapes():  # torch's loss broadcasting warning is an error (treadle/hints.py)
                 result = body()
         except BaseException as error:
@@ -518,6 +524,21 @@ class Trainer:
             self._close_feeds()
         self._dispatch.call_all("after_run", self, None)
         return result
+
+    def _summarize_model(self) -> None:
+        """At the first run: the model's parameters (all, trainable, frozen) and size on
+        the console; its table by module to log.txt (on the console too with ``verbose``)."""
+        if self._summarized:
+            return
+        self._summarized = True
+        table = model_summary(self.module, max_depth=2)
+        totals = table.splitlines()[-1]
+        logger = get_logger()
+        if self.verbose or "\n" not in table:
+            logger.info(f"model:\n{table}" if "\n" in table else f"model: {totals}")
+            return
+        logger.info(f"model:\n{table}", extra=FILE_ONLY)
+        logger.info(f"model: {totals}", extra=CONSOLE_ONLY)
 
     def _close_feeds(self) -> None:
         """Stop the loaders' worker processes when a run ends (see DataFeed.close)."""
