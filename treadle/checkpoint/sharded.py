@@ -33,7 +33,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Mapping
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -311,7 +311,7 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
                 return None
             return files_on_disk([*sizes, _dcp_bytes(sharded_state), 400 + 200 * len(names)],  # type: ignore[list-item]
                                  path.parent)
-        except Exception:  # noqa: BLE001 - only an estimate for the error message
+        except Exception:  # only an estimate for the error message
             return None
 
     if rank == 0:  # checks and small files before any collective: a failure here stops every rank

@@ -51,7 +51,7 @@ class ResumableLoader:
 
     def _batches(self) -> Iterator[Any]:
         feed = self._feed
-        for batch in feed:
+        for batch in feed:  # noqa: UP028 - `yield from` would close the feed when a caller stops early
             yield batch
         self._open = False
 

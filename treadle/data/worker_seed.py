@@ -143,7 +143,7 @@ class SeededDataset(Dataset):
         return len(self._treadle_dataset)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name.startswith("_treadle_"):  # unpickling asks before __dict__ is set
+        if name.startswith(("__", "_treadle_")):  # unpickling asks before __dict__ is set
             raise AttributeError(name)
         return getattr(self._treadle_dataset, name)
 

@@ -281,7 +281,8 @@ class Trainer:
     def optim_wrapper(self) -> OptimWrapper:
         """The optimizer wrapper when there is exactly one."""
         if len(self.optim_wrappers) != 1:
-            raise AttributeError(f"there are {len(self.optim_wrappers)} optimizers ({sorted(self.optim_wrappers)}); use trainer.optim_wrappers[name]")
+            raise AttributeError(f"there are {len(self.optim_wrappers)} optimizers ({sorted(self.optim_wrappers)}); "
+                                 "use trainer.optim_wrappers[name]")
         return next(iter(self.optim_wrappers.values()))
 
     @property

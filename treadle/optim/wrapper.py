@@ -61,7 +61,8 @@ def check_clip_grad(clip_grad: dict[str, Any] | None) -> dict[str, Any] | None:
     allowed = {"max_norm", "norm_type", "error_if_nonfinite", "foreach"} if "max_norm" in keys else {"value", "foreach"}
     extra = keys - allowed
     if extra:
-        raise ValueError(f"clip_grad has unknown keys {sorted(extra)}; allowed with {'max_norm' if 'max_norm' in keys else 'value'}: {sorted(allowed)}")
+        kind = "max_norm" if "max_norm" in keys else "value"
+        raise ValueError(f"clip_grad has unknown keys {sorted(extra)}; allowed with {kind}: {sorted(allowed)}")
     bound = clip_grad.get("max_norm", clip_grad.get("value"))
     if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:  # NaN too
         raise ValueError(f"clip_grad bound must be a positive number, got {bound!r}")
