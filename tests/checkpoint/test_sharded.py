@@ -129,13 +129,13 @@ def two_rank_worker(rank: int, world: int, root: str) -> dict:
         if rank == 1 and "w" in mode and p.name.endswith(".distcp"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_open(p, mode, *args, **kwargs)
-    Path.open = disk_full  # type: ignore[method-assign]
+    Path.open = disk_full  # type: ignore[method-assign, assignment]  # a full disk on rank 1, restored below
     try:
         save_sharded(root_path / "sync", sharded_state(strategy, model, opt), {"state.pt": {"iter": 3}}).wait()
     except CheckpointWriteError as e:
         out["disk_full"] = {"message": str(e), "needed": e.needed, "free": e.free}
     finally:
-        Path.open = real_open  # type: ignore[method-assign]
+        Path.open = real_open  # type: ignore[method-assign]  # restored
     out["sync_untouched_by_full_disk"] = before == sorted(
         (p.name, p.stat().st_mtime_ns) for p in (root_path / "sync").iterdir())
     return out

@@ -152,7 +152,7 @@ def _write_error(path: Path, error: OSError | CheckpointWriteError, operation: s
         if needed is None:
             sizes = list(sizes)
             if sizes and None not in sizes:
-                needed = files_on_disk(sizes, path.parent)  # type: ignore[arg-type]
+                needed = files_on_disk(sizes, path.parent)  # type: ignore[arg-type]  # no None: checked above
     else:
         needed = None
     return CheckpointWriteError(path, error.errno, error.strerror, filename, operation, needed, free, mount)

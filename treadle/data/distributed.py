@@ -92,4 +92,4 @@ def shard_eval_loader(loader: Any, rank: int, world_size: int) -> Any:
         return loader
     if isinstance(loader.sampler, RandomSampler):
         get_logger().warning("the validation/test loader shuffles; sharded evaluation reads it in order")
-    return _rebuild(loader, ShardSampler(len(loader.dataset), rank, world_size))  # type: ignore[arg-type]
+    return _rebuild(loader, ShardSampler(len(loader.dataset), rank, world_size))

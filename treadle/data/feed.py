@@ -88,7 +88,7 @@ class DataFeed:
     def length(self) -> int | None:
         """Batches per epoch, or None when the loader has no length."""
         try:
-            return len(self.loader)  # type: ignore[arg-type]
+            return len(self.loader)  # type: ignore[arg-type]  # no length: TypeError, caught below
         except TypeError:
             return None
 
@@ -113,7 +113,7 @@ class DataFeed:
         loader = self.loader
         if self.seed_per_sample:
             if self._seeded is None:
-                self._seeded = SeededCopy(loader)  # type: ignore[arg-type]
+                self._seeded = SeededCopy(loader)  # type: ignore[arg-type]  # seed_per_sample: seedable() found a DataLoader
             self._it = self._seeded.epoch(self.seed, epoch, skip, gen)
         elif skip and isinstance(loader, DataLoader) and loader.batch_sampler is not None \
                 and not isinstance(loader.dataset, IterableDataset):
@@ -173,7 +173,7 @@ class DataFeed:
     def __next__(self) -> Any:
         if self._it is None:
             self.start_epoch(self.epoch)
-        batch = next(self._it)  # type: ignore[arg-type]
+        batch = next(self._it)  # type: ignore[arg-type]  # start_epoch() above set it
         self.batch_idx += 1
         return batch
 

@@ -57,7 +57,7 @@ class ResumableLoader:
 
     def __len__(self) -> int:
         """Batches per epoch (a TypeError for a loader without a length, as torch's)."""
-        return len(self.loader)  # type: ignore[arg-type]
+        return len(self.loader)  # type: ignore[arg-type]  # no length: TypeError, as the docstring says
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` start epoch ``epoch`` from its first batch."""

@@ -98,7 +98,7 @@ class EMAHook(Hook):
 
     def _swap_out(self, trainer: "RunView", *args: Any) -> None:
         if self._swapped:
-            self.ema.swap(trainer.module)  # type: ignore[union-attr]
+            self.ema.swap(trainer.module)  # type: ignore[union-attr]  # swapped in: _ensure() built it
             self._swapped = False
 
     before_val = before_test = _swap_in

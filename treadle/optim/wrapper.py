@@ -227,11 +227,12 @@ class OptimWrapper:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         cfg = self.clip_grad
-        if "max_norm" in cfg:  # type: ignore[operator]
+        assert cfg is not None  # step() calls _clip only with clip_grad set
+        if "max_norm" in cfg:
             # Returns a device tensor: no host sync here (unless error_if_nonfinite).
-            self.grad_norms.append(torch.nn.utils.clip_grad_norm_(params, **cfg))  # type: ignore[arg-type]
+            self.grad_norms.append(torch.nn.utils.clip_grad_norm_(params, **cfg))
         else:
-            torch.nn.utils.clip_grad_value_(params, clip_value=cfg["value"], foreach=cfg.get("foreach"))  # type: ignore[index]
+            torch.nn.utils.clip_grad_value_(params, clip_value=cfg["value"], foreach=cfg.get("foreach"))
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
