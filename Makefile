@@ -1,13 +1,13 @@
 # Two commands work on a fresh machine: `make demo` and `make test`.
 # Both create .venv when it is missing and install with constraints.txt.
-# `make test` also builds the documentation site (`make docs`), warnings as errors.
+# `make test` also lints (`make lint`, first) and builds the documentation site (`make docs`), warnings as errors.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast docs test-torch test-gpu bench clean
+.PHONY: demo lint test test-fast docs test-torch test-gpu bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,11 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(PY) -m treadle train examples/digits/digits.yaml --work-dir runs/digits
 
-test: $(STAMP)
+# ruff, configured in pyproject.toml ([tool.ruff]); make test runs it first, so a lint error fails CI.
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+test: lint
 	$(PY) -m pytest
 	$(MKDOCS)
 

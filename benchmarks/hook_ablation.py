@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import overhead  # noqa: E402  (the same model, batches and settings)
+import overhead  # the same model, batches and settings
 
 
 def treadle_run(leave_out: tuple[str, ...] = (), **kwargs: Any) -> Callable[[int], float]:

@@ -73,7 +73,7 @@ def main() -> None:
     spread = sorted(s["treadle"] * 1e3 for s in samples)
     print(f"import torch: {torch_ms:.0f} ms (median of {args.runs} fresh processes)")
     print(f"import treadle after torch: {treadle_ms:.1f} ms (median; min {spread[0]:.1f}, max {spread[-1]:.1f})")
-    print(f"slowest imports under treadle (-X importtime, cumulative):")
+    print("slowest imports under treadle (-X importtime, cumulative):")
     for us, name in slowest_under_treadle(args.top):
         print(f"  {us / 1e3:7.1f} ms  {name}")
     loaded = sorted({m for s in samples for m in s["loaded"]})

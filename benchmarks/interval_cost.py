@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import overhead  # noqa: E402  (the same model, batches and settings)
+import overhead  # the same model, batches and settings
 
 INTERVAL = 50
 

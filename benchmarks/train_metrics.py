@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from hook_ablation import treadle_run  # noqa: E402  (overhead.py's model and batches)
+from hook_ablation import treadle_run  # overhead.py's model and batches
 
 
 def update_alone(topks: tuple[int, ...], number: int = 20000) -> float:

@@ -382,7 +382,8 @@ def test_train_nproc_2_launches_two_ddp_processes(tiny, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "treadle", "train", str(tiny), "--nproc", "2", "--work-dir", str(work)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert re.search(r"^world size +2$", (work / "env.txt").read_text(), re.M)  # aligned to the longest key, which a CUDA build adds
+    # aligned to the longest key, which a CUDA build adds
+    assert re.search(r"^world size +2$", (work / "env.txt").read_text(), re.M)
     records = [r for r in map(yaml.safe_load, (work / "log.jsonl").read_text().splitlines()) if r["mode"] == "train"]
     assert [r["iter"] for r in records] == [2, 4]  # 32 samples / (8 x 2 ranks) = 2 iterations per epoch
     latest = find_latest_checkpoint(work / "checkpoints")

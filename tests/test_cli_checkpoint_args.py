@@ -15,7 +15,7 @@ from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.weights import read_safetensors
 
 from cli_support import run
-from support import TinyNet, make_data
+from support import TinyNet
 
 
 @pytest.fixture

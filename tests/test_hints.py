@@ -4,7 +4,6 @@ checked at construction, and the command line prints the short form (issue 20)."
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest

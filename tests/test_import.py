@@ -34,7 +34,8 @@ def test_import_treadle_imports_no_optional_package():
 def test_building_a_trainer_without_a_work_dir_imports_no_optional_package():
     code = ("import torch, treadle\n"
             "treadle.Trainer(torch.nn.Linear(2, 2), train_dataloader=[(torch.randn(4, 2), torch.zeros(4, dtype=torch.long))],\n"
-            "                loss_fn=torch.nn.CrossEntropyLoss(), optimizer=dict(type='SGD', lr=0.1), max_iters=1, progress=False)")
+            "                loss_fn=torch.nn.CrossEntropyLoss(), optimizer=dict(type='SGD', lr=0.1), max_iters=1, "
+            "progress=False)")
     assert _modules_after(code) == []
 
 
@@ -53,7 +54,8 @@ def test_a_run_with_a_work_dir_writes_tensorboard_events_without_importing_tenso
             "                loss_fn=torch.nn.CrossEntropyLoss(), optimizer=dict(type='SGD', lr=0.1), max_iters=3,\n"
             "                log_interval=1).fit()\n"
             "import sys\n"
-            "assert not [m for m in sys.modules if m.startswith(('tensorboard', 'google.protobuf', 'google_crc32c'))], sys.modules")
+            "assert not [m for m in sys.modules\n"
+            "            if m.startswith(('tensorboard', 'google.protobuf', 'google_crc32c'))], sys.modules")
     assert _modules_after(code) == []
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -20,10 +20,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from support import TinyNet, make_data  # noqa: E402
+from support import TinyNet, make_data
 
-import treadle  # noqa: E402
-from treadle.seeding import seed_everything  # noqa: E402
+import treadle
+from treadle.seeding import seed_everything
 
 
 def build(work_dir: str, batch_size: int, loss_fn, hooks=(), resume: bool = False, strategy="auto") -> treadle.Trainer:

@@ -15,7 +15,7 @@ from treadle.compat import check_torch
 check_torch()  # below the floor: one line naming the installed and the required release
 
 from treadle.hooks.base import Hook, Priority  # noqa: E402
-from treadle import hooks  # noqa: E402
+from treadle import hooks  # noqa: E402, F401 (treadle.hooks: the package as an attribute)
 from treadle.metrics import Accuracy  # noqa: E402
 from treadle.hooks.state import TrainState  # noqa: E402
 from treadle.strategies.build import build_strategy  # noqa: E402

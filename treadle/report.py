@@ -151,12 +151,12 @@ def epoch_times(records: Records) -> tuple[dict[int, float], float, str]:
         for r, t in stamped:
             e = r.get("epoch")
             if isinstance(e, int):
-                ends[e] = max(ends.get(e, t), t)  # type: ignore[arg-type]
+                ends[e] = max(ends.get(e, t), t)  # type: ignore[type-var, assignment]  # no None: all() above
         times, prev = {}, stamped[0][1]
         for e in sorted(ends):
-            times[e] = ends[e] - prev  # type: ignore[operator]
+            times[e] = ends[e] - prev  # type: ignore[operator]  # no None: all() above
             prev = ends[e]
-        return times, stamped[-1][1] - stamped[0][1], "timestamps"  # type: ignore[operator]
+        return times, stamped[-1][1] - stamped[0][1], "timestamps"  # type: ignore[operator]  # no None: all() above
     times = {}
     prev_iter = 0.0
     for r in records:

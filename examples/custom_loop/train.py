@@ -21,9 +21,9 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "digits"))
-from digits import DigitsCNN, digits_loaders  # noqa: E402
+from digits import DigitsCNN, digits_loaders
 
-import treadle  # noqa: E402
+import treadle
 
 
 def evaluate(model: nn.Module, loader, strategy) -> float:

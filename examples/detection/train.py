@@ -17,9 +17,9 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from detector import BoxAP, Squares, TinyDetector, collate  # noqa: E402
+from detector import BoxAP, Squares, TinyDetector, collate
 
-import treadle  # noqa: E402
+import treadle
 
 
 def build_trainer(work_dir: str | Path | None, epochs: int = 8, **options: Any) -> treadle.Trainer:

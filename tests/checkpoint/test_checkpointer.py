@@ -59,7 +59,7 @@ def test_callback_edits_the_state_before_it_is_written(tmp_path, ckpt):
 
 def test_non_finite_state_is_refused_before_writing(tmp_path, ckpt):
     bad = Counter(1)
-    bad.state_dict = lambda: {"w": torch.tensor([1.0, float("inf")])}  # type: ignore[method-assign]
+    bad.state_dict = lambda: {"w": torch.tensor([1.0, float("inf")])}  # type: ignore[method-assign]  # a stand-in for this test
     with pytest.raises(FloatingPointError, match=r"'bad.w' holds NaN or inf at iteration 9; the checkpoints"):
         ckpt.save(tmp_path / "c", {"bad": bad}, meta={"iter": 9})
     with pytest.raises(FloatingPointError, match="the weight w holds NaN or inf; hint"):

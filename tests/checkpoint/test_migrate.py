@@ -81,7 +81,7 @@ def test_migrate_maps_every_entry():
     assert new["results"] == {"metrics": {"val/acc": 0.5}}
     assert new["strategy"] == {"run": "r", "world_size": 2, "treadle": "0.1.0"}
     assert "grads" not in new["optim"]["default"]  # moved to the rank file
-    rank = new_own["rank_state"]  # type: ignore[index]
+    rank = new_own["rank_state"]  # type: ignore[index]  # a rank file was given, so one comes back
     assert rank["optim"]["default"]["grads"][0].equal(torch.ones(1))
     assert rank["optim"]["default"]["grad_norms"] == [0.5]
     assert rank["log_windows"] == {"loss": [1.0]} and rank["val"]["passes"] == 1

@@ -210,7 +210,8 @@ def test_translated_strategies_train_on_two_processes_as_one_with_the_doubled_ba
         proc = subprocess.run([sys.executable, "-m", "treadle", "train", str(tmp_path / f"{name}.py"), "--work-dir",
                                str(tmp_path / name), *extra], capture_output=True, text=True, timeout=300, env=env)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert re.search(r"^world size +2$", (tmp_path / "two" / "env.txt").read_text(), re.M)  # aligned to the longest key, which a CUDA build adds
+    # aligned to the longest key, which a CUDA build adds
+    assert re.search(r"^world size +2$", (tmp_path / "two" / "env.txt").read_text(), re.M)
     two = read_weights(tmp_path / "two" / "checkpoints" / "epoch_0002")
     one = read_weights(tmp_path / "one" / "checkpoints" / "epoch_0002")
     assert set(two) == set(one)

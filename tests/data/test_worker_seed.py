@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler,
-                              SequentialSampler, Subset, WeightedRandomSampler, get_worker_info)
+from torch.utils.data import (DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler,
+                              Subset, WeightedRandomSampler, get_worker_info)
 
 import treadle
 from support import ON_CPU, TinyNet, make_data

@@ -6,7 +6,6 @@ launcher (killed with SIGKILL)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time

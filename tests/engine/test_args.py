@@ -75,7 +75,8 @@ def test_bad_config_dicts_fail_at_construction_naming_the_key(changes, match, tm
 
 
 def test_a_model_of_another_type_is_refused():
-    with pytest.raises(TypeError, match=r'model: wrong type list \(got \[Linear\(in_features=2, out_features=2, bias=True\)\]\); expected a component spec such as \{typ'):
+    with pytest.raises(TypeError, match=r'model: wrong type list \(got \[Linear\(in_features=2, out_features=2, bias=True\)\]\); '
+                                        r'expected a component spec such as \{typ'):
         treadle.Trainer([nn.Linear(2, 2)])
 
 

@@ -50,7 +50,7 @@ def test_public_signature_keeps_its_names_order_and_defaults():
     assert [(name, p.default) for name, p in sig.parameters.items()] == PUBLIC
     assert {p.kind for p in sig.parameters.values()} == {inspect.Parameter.POSITIONAL_OR_KEYWORD}
     assert sig.parameters["max_epochs"].annotation == int | None  # the type, without its Arg
-    assert list(inspect.signature(treadle.Trainer.__init__).parameters)[0] == "self"
+    assert next(iter(inspect.signature(treadle.Trainer.__init__).parameters)) == "self"
 
 
 def test_a_call_that_does_not_fit_names_the_trainer():

@@ -130,7 +130,7 @@ def test_every_hook_imports_from_treadle_hooks():
         assert issubclass(cls, treadle.Hook) and cls.__name__ == name
     assert set(names) <= set(hooks.__all__)
     with pytest.raises(AttributeError, match="NoSuchHook"):
-        hooks.NoSuchHook
+        _ = hooks.NoSuchHook
 
 
 def test_trainer_log_from_a_step_and_a_hook_joins_the_train_record(tmp_path):

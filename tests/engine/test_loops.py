@@ -65,7 +65,10 @@ def test_validate_and_test_hook_sequences():
     t.validate()
     t.test()
     points = [c[0] for c in rec.calls]
-    one = lambda m: [f"before_{m}", f"before_{m}_epoch"] + [f"before_{m}_iter", f"after_{m}_iter"] * 2 + [f"after_{m}_epoch", f"after_{m}"]
+
+    def one(m):
+        return ([f"before_{m}", f"before_{m}_epoch"] + [f"before_{m}_iter", f"after_{m}_iter"] * 2
+                + [f"after_{m}_epoch", f"after_{m}"])
     assert points == ["before_run", *one("val"), "after_run", "before_run", *one("test"), "after_run"]
 
 

@@ -32,7 +32,8 @@ from support import TinyNet, make_data
     (dict(exit_code=143.0), TypeError, r"preemption exit_code=143.0 is not an int"),
     (dict(exit_code=300), ValueError, r"preemption exit_code=300 is out of range; expected an int in 0..255"),
     (dict(requeue="no"), TypeError, r"preemption requeue='no'; expected True .* or False"),
-    (dict(signal=["SIGTERM"]), ValueError, r"preemption has unknown keys \['signal'\]|preemption\.signal: unknown key for preemption"),
+    (dict(signal=["SIGTERM"]), ValueError,
+     r"preemption has unknown keys \['signal'\]|preemption\.signal: unknown key for preemption"),
     (dict(interrupt="yes"), TypeError, r"preemption interrupt='yes'; expected True \(Ctrl-C saves and exits 130\)"),
     ("yes", TypeError, r"preemption must be True, False or dict|preemption: wrong type str \(got 'yes'\); expected true, false"),
 ])

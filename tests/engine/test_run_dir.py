@@ -40,7 +40,8 @@ def test_a_second_lock_on_the_same_work_dir_is_refused_naming_the_holder(tmp_pat
 
 @pytest.mark.slow
 def test_the_lock_of_a_killed_process_is_free_with_no_cleanup(tmp_path):
-    code = ("import sys, time; from treadle.engine.run_dir import WorkDirLock; lock = WorkDirLock(sys.argv[1], 'dead'); lock.acquire(); "
+    code = ("import sys, time; from treadle.engine.run_dir import WorkDirLock; "
+            "lock = WorkDirLock(sys.argv[1], 'dead'); lock.acquire(); "
             "print('locked', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:

@@ -137,9 +137,13 @@ def test_custom_train_step_with_two_optimizers_matches_hand_written():
             z = torch.randn(real.shape[0], 2, device=DEVICE)
             fake = ref.gen(z)
             d_loss = bce(ref.disc(real), ones) + bce(ref.disc(fake.detach()), zeros)
-            d_loss.backward(); d_opt.step(); d_opt.zero_grad()
+            d_loss.backward()
+            d_opt.step()
+            d_opt.zero_grad()
             g_loss = bce(ref.disc(fake), ones)
-            g_loss.backward(); g_opt.step(); g_opt.zero_grad()
+            g_loss.backward()
+            g_opt.step()
+            g_opt.zero_grad()
     for (name, p), q in zip(gan.state_dict().items(), ref.state_dict().values()):
         assert torch.equal(p, q), name
 
@@ -214,7 +218,8 @@ def test_subclass_can_override_train_step():
             loss = nn.functional.cross_entropy(self.model(x), y) * 0.0 + 1.0
             return {"loss": loss.detach()}
 
-    t = MyTrainer(TinyNet(), train_dataloader=DataLoader(make_data(8), batch_size=4), optimizer=dict(type="SGD", lr=0.1), max_iters=3)
+    t = MyTrainer(TinyNet(), train_dataloader=DataLoader(make_data(8), batch_size=4), optimizer=dict(type="SGD", lr=0.1),
+                  max_iters=3)
     before = copy.deepcopy(t.model.state_dict())
     t.fit()
     assert t.state.iter == 3
@@ -231,13 +236,15 @@ def test_subclass_can_override_train_step():
     (dict(max_epochs=1, optimizer=dict(lr=1)), r"has no 'type'"),
     (dict(max_epochs=1, optimizer=dict(type="SGD", lr=1, betas=(0.9, 0.9))), r"SGD rejected arguments"),
     (dict(max_epochs=1, precision="fp8"), r"precision='fp8' is not supported; expected one of '32', 'bf16', '16'"),
-    (dict(max_epochs=1, strategy="horovod"), r"strategy: not a supported value \(got 'horovod'\); expected one of 'auto', 'single', 'ddp', 'fsdp'"),
+    (dict(max_epochs=1, strategy="horovod"),
+     r"strategy: not a supported value \(got 'horovod'\); expected one of 'auto', 'single', 'ddp', 'fsdp'"),
     (dict(max_epochs=1, optimizer=None), r"training needs an optimizer"),
     (dict(max_epochs=1, val_interval=0), r'val_interval: out of range \(got 0\); expected an int >= 1'),
     (dict(max_epochs=1, log_interval="10"), r"log_interval: wrong type str \(got '10'\); expected an int >= 1"),
     (dict(max_epochs=1, workflow=[("val", 1)]), r"no 'val_dataloader'|'val' phase but no val_dataloader"),
     (dict(max_epochs=1, workflow=[("train", 0)]), r'workflow\[0\]\[1\]: not a positive count \(got 0\); expected an int >= 1'),
-    (dict(max_epochs=1, workflow=[("eval", 1)]), r"workflow\[0\]\[0\]: not a supported value \(got 'eval'\); expected one of 'train', 'val'\. Did you mean 'val'\?"),
+    (dict(max_epochs=1, workflow=[("eval", 1)]),
+     r"workflow\[0\]\[0\]: not a supported value \(got 'eval'\); expected one of 'train', 'val'\. Did you mean 'val'\?"),
     (dict(max_epochs=1, clip_grad=dict()), r"exactly one of 'max_norm'"),
     (dict(max_epochs=1, metrics={"acc": object()}), r"metrics\['acc'\] \(object\) lacks"),
     (dict(max_epochs=1, hooks=[object()]), r"hooks\[0\] must be a treadle.Hook"),
@@ -254,20 +261,31 @@ def test_subclass_can_override_train_step():
     (dict(max_epochs=1, resume=None), r'resume: wrong type NoneType \(got None\); expected true, false, or a checkpoint path'),
     (dict(max_epochs=1, resume=""), r"resume=''; expected False, True"),
     (dict(max_epochs=1, resume=0), r'resume: wrong type int \(got 0\); expected true, false, or a checkpoint path'),
-    (dict(max_epochs=1, log_writers=None), r'log_writers: wrong type NoneType \(got None\); expected a list of names among jsonl, csv, tensorboard, mlflow, wandb, or '),
-    (dict(max_epochs=1, log_writers="jsonl"), r"log_writers: wrong type str \(got 'jsonl'\); expected a list of names among jsonl, csv, tensorboard, mlflow, wandb, or \{t"),
+    (dict(max_epochs=1, log_writers=None),
+     r'log_writers: wrong type NoneType \(got None\); expected a list of names among jsonl, csv, tensorboard, '
+     r'mlflow, wandb, or '),
+    (dict(max_epochs=1, log_writers="jsonl"),
+     r"log_writers: wrong type str \(got 'jsonl'\); expected a list of names among jsonl, csv, tensorboard, "
+     r"mlflow, wandb, or \{t"),
     (dict(max_epochs=1, log_writers=("jsonl", object())),
      r"log_writers\[1\]=<object object at .*> is neither a writer name nor a writer object; expected one of"),
-    (dict(max_epochs=1, log_writers=["jsonl", "jsonll"]), r"log_writers\[1\]: not a supported value \(got 'jsonll'\); expected one of 'jsonl', 'csv', 'tensorboard', 'mlflow', 'wandb'\. "),
+    (dict(max_epochs=1, log_writers=["jsonl", "jsonll"]),
+     r"log_writers\[1\]: not a supported value \(got 'jsonll'\); "
+     r"expected one of 'jsonl', 'csv', 'tensorboard', 'mlflow', 'wandb'\. "),
     (dict(max_epochs=1, deterministic="false"), r"deterministic: wrong type str \(got 'false'\); expected true or false"),
     (dict(max_epochs=1, compile="no"), r"compile: wrong type str \(got 'no'\); expected true or false"),
     (dict(max_epochs=1, seed_per_rank="no"), r"seed_per_rank: wrong type str \(got 'no'\); expected true or false"),
-    (dict(max_epochs=1, nan_guard=0), r"nan_guard: wrong type int \(got 0\); expected 'raise', 'skip', false, or \{mode: raise\|skip, check_interval: N\}"),
-    (dict(max_epochs=1, nan_guard=None), r"nan_guard: wrong type NoneType \(got None\); expected 'raise', 'skip', false, or \{mode: raise\|skip, check_interval: N\}"),
+    (dict(max_epochs=1, nan_guard=0),
+     r"nan_guard: wrong type int \(got 0\); "
+     r"expected 'raise', 'skip', false, or \{mode: raise\|skip, check_interval: N\}"),
+    (dict(max_epochs=1, nan_guard=None),
+     r"nan_guard: wrong type NoneType \(got None\); "
+     r"expected 'raise', 'skip', false, or \{mode: raise\|skip, check_interval: N\}"),
     (dict(max_epochs=1, nan_guard=dict(check_interval=0)), r"nan_guard=\{'check_interval': 0\}: check_interval must be"),
     (dict(max_epochs=1, auto_scale_lr=dict(base_batch_size=4, enable="no")),
      r"auto_scale_lr enable must be True or False, got 'no'"),
-    (dict(max_epochs=1, strategy=dict(devices=2)), r"strategy\.type: not a supported value \(got None\); expected one of 'auto', 'single', 'ddp', 'fsdp'"),
+    (dict(max_epochs=1, strategy=dict(devices=2)),
+     r"strategy\.type: not a supported value \(got None\); expected one of 'auto', 'single', 'ddp', 'fsdp'"),
 ])
 def test_bad_arguments_fail_before_training_with_clear_message(kwargs, match, tmp_path):
     args = dict(train_dataloader=DataLoader(make_data(8), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
@@ -284,7 +302,8 @@ def test_batch_the_default_step_cannot_unpack_names_what_it_got():
     before = copy.deepcopy(model.state_dict())
     t = treadle.Trainer(model, train_dataloader=loader, loss_fn=nn.CrossEntropyLoss(),
                         optimizer=dict(type="SGD", lr=0.1), max_epochs=1)
-    with pytest.raises(TypeError, match=r"cannot unpack the batch: got a dict with keys \['image', 'label'\]; expected \(inputs, targets\)"):
+    with pytest.raises(TypeError,
+                       match=r"cannot unpack the batch: got a dict with keys \['image', 'label'\]; expected \(inputs, targets\)"):
         t.fit()
     assert all(torch.equal(before[k], v.cpu()) for k, v in model.state_dict().items())  # nothing was trained
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: faults.py
-from faults import SigkillAt  # noqa: E402
+from faults import SigkillAt
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "huggingface" / "train.py"
 

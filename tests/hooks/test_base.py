@@ -22,7 +22,8 @@ def test_priority_names_map_to_numbers():
     assert get_priority("low") == 70 and get_priority(Priority.HIGH) == 30 and get_priority(5) == 5
 
 
-@pytest.mark.parametrize("bad,err", [("MEDIUM", ValueError), (101, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)])
+@pytest.mark.parametrize("bad,err", [("MEDIUM", ValueError), (101, ValueError), (-1, ValueError), (1.5, TypeError),
+                                     (True, TypeError)])
 def test_bad_priorities_are_rejected(bad, err):
     with pytest.raises(err, match="priority"):
         get_priority(bad)

@@ -168,7 +168,8 @@ def test_preemption_requeues_under_slurm_and_exits_143(tmp_path, monkeypatch):
 
 
 def test_checkpoint_config_errors():
-    with pytest.raises(ValueError, match=r'checkpoint\.every: unknown key for checkpoint \(got 2\); expected one of interval, by_epoch, keep, best, rule, keep_best, sa'):
+    with pytest.raises(ValueError, match=r'checkpoint\.every: unknown key for checkpoint \(got 2\); '
+                                         r'expected one of interval, by_epoch, keep, best, rule, keep_best, sa'):
         treadle.Trainer(TinyNet(), checkpoint=dict(every=2))
     with pytest.raises(ValueError, match="checkpoint rule must be 'max' or 'min'"):
         treadle.Trainer(TinyNet(), checkpoint=dict(best="val/acc", rule="bigger"))

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 

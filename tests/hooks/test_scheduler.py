@@ -134,7 +134,8 @@ def test_plateau_monitor_without_a_val_dataloader_is_warned_about(caplog):
 
 
 def test_unknown_scheduler_name_fails_at_construction(tmp_path):
-    with pytest.raises(ValueError, match=r"CosineAnealingLR.*Did you mean.*CosineAnnealingLR|CosineAnnealingLR.*CosineAnealingLR"):
+    with pytest.raises(ValueError,
+                       match=r"CosineAnealingLR.*Did you mean.*CosineAnnealingLR|CosineAnnealingLR.*CosineAnealingLR"):
         run([dict(type="CosineAnealingLR", T_max=3)], epochs=1, work_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
 

@@ -3,7 +3,6 @@ host read per step, exact after a resume inside an interval, custom steps, confi
 
 from __future__ import annotations
 
-import logging
 
 import pytest
 import torch

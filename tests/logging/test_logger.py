@@ -141,7 +141,8 @@ def test_logging_does_not_read_device_values_between_intervals(monkeypatch, as_d
     ([{"type": "mlflow", "experiment": "x", "tags": {}}], ValueError,
      r"LoggerHook writers\[0\]: bad options \['experiment', 'tags'\] for the mlflow writer .*; expected some of "
      r"\['experiment', 'run_name', 'tracking_uri', 'params'\]"),
-    ([{"type": "csv", "path": "x.csv"}], ValueError, r"bad options \['path'\] for the csv writer \(multiple values for argument 'path'\)"),
+    ([{"type": "csv", "path": "x.csv"}], ValueError,
+     r"bad options \['path'\] for the csv writer \(multiple values for argument 'path'\)"),
 ])
 def test_bad_writers_are_refused_at_construction(writers, exc, match):
     from treadle.hooks.logger import LoggerHook

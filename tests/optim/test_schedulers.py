@@ -152,7 +152,7 @@ def test_reduce_on_plateau_matches_torch():
                                        r"\['acc', 'val/acc'\]"):
         ours.step({"acc": 1.0, "val/acc": 1.0})
     with pytest.raises(TypeError, match="dict"):
-        ours.step(0.5)  # type: ignore[arg-type]
+        ours.step(0.5)
 
 
 def test_reduce_on_plateau_greater_rule_and_window():

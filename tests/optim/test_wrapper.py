@@ -455,7 +455,7 @@ def test_bad_wrapper_arguments_are_clear_errors():
         treadle.Trainer(model, train_dataloader=DataLoader(make_data(8), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
                         optimizer=dict(type="SGD", lr=0.1), max_epochs=1, accumulate=0)
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
-        OptimWrapper(model)  # type: ignore[arg-type]
+        OptimWrapper(model)  # type: ignore[arg-type]  # the wrong type, on purpose
     with pytest.raises(ValueError, match="precision"):
         OptimWrapper(opt, precision="8")
 

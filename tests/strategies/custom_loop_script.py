@@ -1,7 +1,7 @@
 """A hand-written loop on the public Strategy API (tests/strategies/test_api_resume.py).
 
-    python custom_loop_script.py STRATEGY WORK_DIR OUT     (STRATEGY: single|ddp|fsdp|deepspeed|deepspeed3) [--kill-at N] [--save-every K]
-                                 [--control none|no-rng|no-loader]
+    python custom_loop_script.py STRATEGY WORK_DIR OUT     (STRATEGY: single|ddp|fsdp|deepspeed|deepspeed3)
+                                 [--kill-at N] [--save-every K] [--control none|no-rng|no-loader]
 
 Shuffled data, dropout, accumulative_counts=2 and a warmup scheduler; a checkpoint
 every K iterations; ``--kill-at N``: SIGKILL itself after iteration N. Run under

@@ -1,7 +1,8 @@
-"""One rank of a 2-process DDP (or FSDP or DeepSpeed: --strategy fsdp|deepspeed) training run (started by tests/strategies/test_ddp.py
-with torchrun's environment variables).
+"""One rank of a 2-process DDP (or FSDP or DeepSpeed: --strategy fsdp|deepspeed) training run (started by
+tests/strategies/test_ddp.py with torchrun's environment variables).
 
-    python ddp_script.py OUT_DIR [--strategy S] [--zero-stage Z] [--precision P] [--compile] [--work-dir D] [--batch B] [--shuffle] [--accumulate N]
+    python ddp_script.py OUT_DIR [--strategy S] [--zero-stage Z] [--precision P] [--compile] [--work-dir D] [--batch B]
+        [--shuffle] [--accumulate N]
         [--dropout P] [--max-iters N] [--kill-at N] [--term-at N] [--int-at N] [--raise-at N] [--resume]
         [--interval K] [--val] [--fault-attempt N]
 
@@ -26,10 +27,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import TinyNet, make_data  # noqa: E402
+from support import TinyNet, make_data
 
-import treadle  # noqa: E402
-from treadle.distributed import detect_launcher  # noqa: E402
+import treadle
+from treadle.distributed import detect_launcher
 
 
 class Fault(treadle.Hook):

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import treadle
 from treadle.checkpoint.io import CheckpointError
 from treadle.optim.wrapper import OptimWrapper
-from support import DEVICE, FUSED, ON_CPU, TinyNet, make_data
+from support import DEVICE, FUSED, ON_CPU
 
 OPTIM = dict(optimizer=dict(type="AdamW", lr=1e-2), accumulative_counts=2)
 WARMUP = [dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10)]
@@ -64,7 +64,8 @@ def test_prepare_returns_what_was_asked_for(tmp_path):
     with pytest.raises(ValueError, match="needs optim_wrapper"):
         treadle.build_strategy("single").prepare(nn.Linear(2, 2), param_scheduler=WARMUP)
     with pytest.raises(ValueError, match="unknown keys"):
-        treadle.build_strategy("single").prepare(nn.Linear(2, 2), optim_wrapper=dict(optimizer=dict(type="SGD", lr=1), accumulate=2))
+        treadle.build_strategy("single").prepare(nn.Linear(2, 2),
+                                                 optim_wrapper=dict(optimizer=dict(type="SGD", lr=1), accumulate=2))
     amp = treadle.build_strategy("single").prepare(nn.Linear(2, 2), optim_wrapper=dict(
         type="AmpOptimWrapper", dtype="bfloat16", optimizer=dict(type="SGD", lr=0.1)))[1]
     assert amp.precision == "bf16"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 import treadle
 from support import ON_CPU, TinyNet, make_data
@@ -70,7 +70,8 @@ def test_ddp_matches_one_process_with_the_doubled_batch(tmp_path, shuffle, accum
     assert len((work / "log.csv").read_text().splitlines()) == len(records) + 1  # one row per record + header
     assert sorted(p.name for p in (work / "checkpoints" / "epoch_0002").iterdir()) == [
         "manifest.json", "rng_rank0.pt", "rng_rank1.pt", "state.pt"]
-    assert re.search(r"^world size +2$", (work / "env.txt").read_text(), re.M)  # aligned to the longest key, which a CUDA build adds
+    # aligned to the longest key, which a CUDA build adds
+    assert re.search(r"^world size +2$", (work / "env.txt").read_text(), re.M)
 
 
 @pytest.fixture(scope="module")

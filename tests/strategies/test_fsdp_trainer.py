@@ -4,7 +4,6 @@ resume on another number of processes and export to one file."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch

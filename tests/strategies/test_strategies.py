@@ -80,7 +80,7 @@ def test_a_cuda_index_beyond_the_devices_and_a_bad_device_name(monkeypatch):
     with pytest.raises(ValueError, match=r"device='gpu' is not a device name"):
         SingleDevice("gpu")
     with pytest.raises(TypeError, match=r"device=0; expected a device name"):
-        SingleDevice(0)  # type: ignore[arg-type]
+        SingleDevice(0)  # type: ignore[arg-type]  # the wrong type, on purpose
     assert SingleDevice("cpu").device == torch.device("cpu")
 
 
@@ -91,7 +91,7 @@ def test_move_model_leaves_a_model_already_on_the_device_alone_and_moves_one_tha
 
     def refuse(*args, **kwargs):
         raise AssertionError("model.to() was called for a model already on the device")
-    model.to = refuse  # type: ignore[method-assign]
+    model.to = refuse  # type: ignore[method-assign]  # a stand-in, removed below
     assert move_model(model, torch.device("cpu")) is model
     del model.to
     moved = move_model(model, torch.device("meta"))  # a buffer left behind would keep .to() too

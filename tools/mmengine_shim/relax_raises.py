@@ -58,8 +58,8 @@ def _assert_raises_regex(self: unittest.TestCase, expected: Any, regex: Any, *ar
     return _run(_Relaxed(self, expected, regex), args, kwargs)
 
 
-unittest.TestCase.assertRaises = _assert_raises  # type: ignore[method-assign]
-unittest.TestCase.assertRaisesRegex = _assert_raises_regex  # type: ignore[method-assign]
+unittest.TestCase.assertRaises = _assert_raises  # type: ignore[method-assign, assignment]  # the patch is this module's purpose
+unittest.TestCase.assertRaisesRegex = _assert_raises_regex  # type: ignore[method-assign, assignment]  # the patch is this module's purpose
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:

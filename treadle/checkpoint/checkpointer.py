@@ -144,7 +144,7 @@ class Checkpointer:
         migrated (treadle/checkpoint/migrate.py). The RNG file is None when this rank has
         none (saved by fewer processes)."""
         names = sharded_names(states or {})
-        template = (lambda: {n: _state_of(states[n]) for n in names}) if names else None  # type: ignore[index]
+        template = (lambda: {n: _state_of(states[n]) for n in names}) if names else None  # type: ignore[index]  # names come from states: none without it
         payloads = self.backend.read_checkpoint(path, template=template)
         state = payloads.get(STATE_FILE)
         if not isinstance(state, dict):

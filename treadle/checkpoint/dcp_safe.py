@@ -33,10 +33,11 @@ class _MetadataUnpickler(pickle.Unpickler):
     """Builds DCP's ``Metadata`` and nothing else (dataclasses, dtypes, sizes, paths)."""
 
     _METADATA = "torch.distributed.checkpoint.metadata"
-    _OTHERS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-               ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-               ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
-               ("pathlib", "PureWindowsPath"), ("pathlib", "Path"), ("builtins", "set"), ("builtins", "frozenset")}
+    _OTHERS = frozenset({("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+                         ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                         ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+                         ("pathlib", "PureWindowsPath"), ("pathlib", "Path"), ("builtins", "set"),
+                         ("builtins", "frozenset")})
 
     def find_class(self, module: str, name: str) -> Any:
         if module == self._METADATA and (not name.startswith("_") or name == "_MEM_FORMAT_ENCODING"):
@@ -70,7 +71,7 @@ def read_metadata_safely(path: str | os.PathLike[str]) -> Metadata:
         ) from None
     except FileNotFoundError:
         raise CorruptCheckpointError(f"{path}: missing (a sharded checkpoint needs DCP's metadata)") from None
-    except Exception as e:  # noqa: BLE001 - a damaged pickle raises about anything
+    except Exception as e:  # a damaged pickle raises about anything
         raise CorruptCheckpointError(f"{path}: unreadable DCP metadata ({type(e).__name__}: {e})") from None
     if not isinstance(metadata, Metadata):
         raise CorruptCheckpointError(

@@ -60,11 +60,11 @@ def saved_size(obj: Any) -> int | None:
             with skip_data():
                 torch.save(obj, sink)
             return sink.end
-        except Exception:  # noqa: BLE001 - an estimate: fall back to counting storages
+        except Exception:  # an estimate: fall back to counting storages
             pass
     try:
         return _storage_estimate(obj)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 

@@ -42,7 +42,7 @@ from treadle.fsutil import FsyncRound, fsync_dir, new_dirs, settle
 
 from .directory import (
     DIRS_GROUP,
-    _process_start_time,
+    _process_start_time,  # noqa: F401 (tests/checkpoint/test_io.py reads it from here)
     cleanup_stale_tmp,
     find_latest_checkpoint,
     list_checkpoints,
@@ -51,7 +51,7 @@ from .directory import (
 )
 from .durable import (  # sharded.py, weights.py and tests import some of these from here
     _HashingWriter,
-    _host_tag,
+    _host_tag,  # noqa: F401 (tests/checkpoint/test_io.py reads it from here)
     _rename_exchange,
     _scratch_name,
 )
@@ -152,7 +152,7 @@ def _write_error(path: Path, error: OSError | CheckpointWriteError, operation: s
         if needed is None:
             sizes = list(sizes)
             if sizes and None not in sizes:
-                needed = files_on_disk(sizes, path.parent)  # type: ignore[arg-type]
+                needed = files_on_disk(sizes, path.parent)  # type: ignore[arg-type]  # no None: checked above
     else:
         needed = None
     return CheckpointWriteError(path, error.errno, error.strerror, filename, operation, needed, free, mount)

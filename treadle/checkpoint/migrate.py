@@ -68,7 +68,7 @@ def _strategy_1_to_2(state: dict[str, Any], own: dict[str, Any] | None) -> tuple
     local = own.get("rank_state") if own is not None else None
     if "extra" in state and isinstance(local, dict) and isinstance(local.get("grads"), list):
         # Strategy.save_checkpoint of format 1: the open window's gradients at the top
-        return state, {**own, "rank_state": {"optim": {"default": {"grads": local["grads"]}}}}  # type: ignore[dict-item]
+        return state, {**own, "rank_state": {"optim": {"default": {"grads": local["grads"]}}}}  # type: ignore[dict-item]  # local came from own: not None
     return state, own
 
 

@@ -33,7 +33,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Mapping
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -191,7 +191,7 @@ class PendingSave:
         gathered = comm.gather_object((entries, error))
         outcome: str | CheckpointWriteError | None = None
         if comm.get_rank() == 0:
-            outcome = self._commit(gathered)  # type: ignore[arg-type]
+            outcome = self._commit(gathered)  # type: ignore[arg-type]  # gather_object's list, on rank 0
         outcome = comm.broadcast_object(outcome)
         if isinstance(outcome, CheckpointWriteError):
             self._error = outcome.as_asynchronous() if self._asynchronous else outcome
@@ -309,9 +309,9 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
             sizes = [payload_files[n]["size"] if n in payload_files else saved_size(payloads[n]) for n in names]
             if None in sizes:
                 return None
-            return files_on_disk([*sizes, _dcp_bytes(sharded_state), 400 + 200 * len(names)],  # type: ignore[list-item]
+            return files_on_disk([*sizes, _dcp_bytes(sharded_state), 400 + 200 * len(names)],  # type: ignore[list-item]  # no None: checked above
                                  path.parent)
-        except Exception:  # noqa: BLE001 - only an estimate for the error message
+        except Exception:  # only an estimate for the error message
             return None
 
     if rank == 0:  # checks and small files before any collective: a failure here stops every rank

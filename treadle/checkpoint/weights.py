@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,7 +36,7 @@ __all__ = ["LoadReport", "WeightsMismatchError", "load_weights", "export_safeten
 logger = logging.getLogger("treadle")
 
 DEFAULT_REVISE_KEYS: tuple[tuple[str, str], ...] = ((r"^module\.", ""), (r"^_orig_mod\.", ""))
-Source = Union[str, os.PathLike, Mapping[str, Any]]
+Source = str | os.PathLike | Mapping[str, Any]
 _MAX_LISTED = 20
 
 

@@ -59,10 +59,11 @@ class ExampleRef:
         module = sys.modules.get(name)
         if module is None:
             spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+            assert spec is not None and spec.loader is not None  # a .py file has both
+            module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module  # before exec: dataclasses and pickling look it up
             try:
-                spec.loader.exec_module(module)  # type: ignore[union-attr]
+                spec.loader.exec_module(module)
             except BaseException:
                 del sys.modules[name]
                 raise
@@ -113,7 +114,7 @@ REGISTRIES: dict[str, dict[str, Any]] = {
     "metric": METRICS,
     "hook": HOOKS,
     "optimizer": OPTIMIZERS,
-    "scheduler": SCHEDULERS,  # type: ignore[dict-item]
+    "scheduler": SCHEDULERS,
 }
 
 

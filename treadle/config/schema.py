@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from treadle.config.keys import (DATALOADER_KEYS, DATALOADER_SCHEMA, Key, check_keys, check_table,  # noqa: F401
+from treadle.config.keys import (DATALOADER_KEYS, DATALOADER_SCHEMA, Key, check_keys, check_table,
                                  check_value)
 from treadle.engine.argspec import config_defaults, params
 from treadle.engine.spec import LOG_WRITERS, TRAINER_KEYS, TrainerArgs  # the definitions: beside the Trainer
@@ -33,5 +33,5 @@ def trainer_defaults() -> dict[str, Any]:
     return config_defaults(TrainerArgs)
 
 
-__all__ = ["DATALOADER_KEYS", "DATALOADER_SCHEMA", "Key", "LOG_WRITERS", "NOT_CONFIG_KEYS", "SCHEMA", "TRAINER_KEYS", "check_keys",
-           "check_table", "check_value", "trainer_defaults"]
+__all__ = ["DATALOADER_KEYS", "DATALOADER_SCHEMA", "Key", "LOG_WRITERS", "NOT_CONFIG_KEYS", "SCHEMA", "TRAINER_KEYS",
+           "check_keys", "check_table", "check_value", "trainer_defaults"]

@@ -61,7 +61,8 @@ def _shardable(loader: Any, role: str) -> bool:
         get_logger().warning(f"the {role} loader reads an IterableDataset: every rank reads the whole stream "
                              "unless the dataset shards itself (torch.utils.data.get_worker_info / the rank)")
         return False
-    if isinstance(loader.sampler, DistributedSampler) or isinstance(getattr(loader.batch_sampler, "sampler", None), DistributedSampler):
+    inner = getattr(loader.batch_sampler, "sampler", None)  # a BatchSampler's sampler
+    if isinstance(loader.sampler, DistributedSampler) or isinstance(inner, DistributedSampler):
         return False  # already sharded by the user
     if loader.batch_size is None or type(loader.batch_sampler) is not BatchSampler \
             or not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
@@ -91,4 +92,4 @@ def shard_eval_loader(loader: Any, rank: int, world_size: int) -> Any:
         return loader
     if isinstance(loader.sampler, RandomSampler):
         get_logger().warning("the validation/test loader shuffles; sharded evaluation reads it in order")
-    return _rebuild(loader, ShardSampler(len(loader.dataset), rank, world_size))  # type: ignore[arg-type]
+    return _rebuild(loader, ShardSampler(len(loader.dataset), rank, world_size))

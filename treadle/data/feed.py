@@ -92,7 +92,7 @@ class DataFeed:
         """Batches per epoch (at most ``limit``), or None when the loader has no length
         and there is no limit."""
         try:
-            n = len(self.loader)  # type: ignore[arg-type]
+            n = len(self.loader)  # type: ignore[arg-type]  # no length: TypeError, caught below
         except TypeError:
             return self.limit
         return n if self.limit is None else min(n, self.limit)
@@ -118,7 +118,7 @@ class DataFeed:
         loader = self.loader
         if self.seed_per_sample:
             if self._seeded is None:
-                self._seeded = SeededCopy(loader)  # type: ignore[arg-type]
+                self._seeded = SeededCopy(loader)  # type: ignore[arg-type]  # seed_per_sample: seedable() found a DataLoader
             self._it = self._seeded.epoch(self.seed, epoch, skip, gen)
         elif skip and isinstance(loader, DataLoader) and loader.batch_sampler is not None \
                 and not isinstance(loader.dataset, IterableDataset):
@@ -180,7 +180,7 @@ class DataFeed:
             self.start_epoch(self.epoch)
         if self.limit is not None and self.batch_idx >= self.limit:  # the epoch ends early (limit_*_batches)
             raise StopIteration
-        batch = next(self._it)  # type: ignore[arg-type]
+        batch = next(self._it)  # type: ignore[arg-type]  # start_epoch() above set it
         self.batch_idx += 1
         return batch
 

@@ -51,13 +51,13 @@ class ResumableLoader:
 
     def _batches(self) -> Iterator[Any]:
         feed = self._feed
-        for batch in feed:
+        for batch in feed:  # noqa: UP028 - `yield from` would close the feed when a caller stops early
             yield batch
         self._open = False
 
     def __len__(self) -> int:
         """Batches per epoch (a TypeError for a loader without a length, as torch's)."""
-        return len(self.loader)  # type: ignore[arg-type]
+        return len(self.loader)  # type: ignore[arg-type]  # no length: TypeError, as the docstring says
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` start epoch ``epoch`` from its first batch."""

@@ -143,7 +143,7 @@ class SeededDataset(Dataset):
         return len(self._treadle_dataset)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name.startswith("_treadle_"):  # unpickling asks before __dict__ is set
+        if name.startswith(("__", "_treadle_")):  # unpickling asks before __dict__ is set
             raise AttributeError(name)
         return getattr(self._treadle_dataset, name)
 
@@ -181,7 +181,7 @@ class KeyedIndices:
                 yield (seed, i, 0)
 
     def _counted(self, seed: int) -> Iterator[Any]:
-        counts = np.zeros(self.repeats_from, dtype=np.int64)  # type: ignore[arg-type]
+        counts = np.zeros(self.repeats_from, dtype=np.int64)  # type: ignore[arg-type]  # called only with repeats_from set
         for item in self.sampler:
             keys = []
             for i in (item if self.batched else (item,)):
@@ -197,7 +197,7 @@ class KeyedIndices:
 def _repeats_from(sampler: Any) -> int | None:
     """The dataset size for torch's samplers that draw with replacement; None for others."""
     if isinstance(sampler, RandomSampler) and sampler.replacement:
-        return len(sampler.data_source)  # type: ignore[arg-type]
+        return len(sampler.data_source)
     if isinstance(sampler, WeightedRandomSampler) and sampler.replacement:
         return len(sampler.weights)
     return None
@@ -242,7 +242,7 @@ class SeededCopy:
         extra = {"in_order": loader.in_order} if hasattr(loader, "in_order") else {}
         sampling = dict(batch_sampler=self.keys) if batched else dict(sampler=self.keys, batch_size=None)
         self.loader = DataLoader(
-            SeededDataset(loader.dataset), **sampling, num_workers=workers,  # type: ignore[arg-type]
+            SeededDataset(loader.dataset), **sampling, num_workers=workers,
             collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, timeout=loader.timeout,
             worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
             generator=loader.generator, prefetch_factor=loader.prefetch_factor if workers > 0 else None,

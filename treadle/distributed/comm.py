@@ -176,7 +176,7 @@ def peer_lost(error: BaseException) -> bool:
     while error is not None and seen < 8:
         if isinstance(error, RuntimeError) and any(s in str(error) for s in _PEER_LOST):
             return True
-        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]  # None ends the loop
         seen += 1
     return False
 

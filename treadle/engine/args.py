@@ -146,7 +146,8 @@ def check_metrics(metrics: Mapping[str, Any] | None, arg: str = "metrics") -> di
                             f"such as {m.__name__}()")
         missing = [a for a in ("update", "compute", "reset") if not callable(getattr(m, a, None))]
         if missing:
-            raise TypeError(f"{arg}[{name!r}] ({type(m).__name__}) lacks {missing}; a metric needs update(outputs, targets), compute() and reset()")
+            raise TypeError(f"{arg}[{name!r}] ({type(m).__name__}) lacks {missing}; "
+                            "a metric needs update(outputs, targets), compute() and reset()")
         check_metric_update(name, m, arg)
     return dict(metrics)
 

@@ -178,7 +178,7 @@ def check_args(given: A) -> A:
             new = p.arg.convert(p.name, value)
             if new is not value:
                 changes[p.name] = new
-    return dataclasses.replace(given, **changes) if changes else given  # type: ignore[type-var]
+    return dataclasses.replace(given, **changes) if changes else given  # type: ignore[type-var]  # given is a dataclass (A cannot say so)
 
 
 def config_keys(spec: type) -> tuple[Key, ...]:

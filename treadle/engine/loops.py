@@ -151,7 +151,7 @@ class TrainLoop:
         s.mode = "train"
         if not self.by_epoch and not (self.resume_pos and s.iter):  # windows run on to max_iters
             for ow in self.optim_wrappers.values():
-                ow.start_run(s.max_iters - s.iter)  # type: ignore[operator]
+                ow.start_run(s.max_iters - s.iter)  # type: ignore[operator]  # by iteration: max_iters is set
         self.hooks.call("before_train", t)
         if self.resume_pos and not self.resume_pos["open"]:
             self._restore_rng(self.resume_pos)  # resuming between epochs: the next batch is near
@@ -167,7 +167,7 @@ class TrainLoop:
                 mode, k = self.workflow[i]
                 self.phase, self.phase_base = i, self._units_done() - done
                 if mode == "train":
-                    self.train_phase(k - done)  # type: ignore[operator]
+                    self.train_phase(k - done)  # type: ignore[operator]  # only a val phase's count may be None
                 else:
                     self.val_phase(k)
                     s.mode = "train"
@@ -196,11 +196,11 @@ class TrainLoop:
                 return 0, 0
             return phase, done
         cycle = sum(k for m, k in self.workflow if m == "train")
-        skip = self._units_done() % cycle if cycle else 0  # type: ignore[operator]
+        skip = self._units_done() % cycle if cycle else 0
         for i, (mode, k) in enumerate(self.workflow):
             if mode == "train":
                 if skip >= k:  # this phase was finished before the interruption
-                    skip -= k  # type: ignore[operator]
+                    skip -= k  # type: ignore[operator]  # only a val phase's count may be None
                     continue
                 return i, skip
             if not skip:
@@ -357,7 +357,7 @@ class EpochLoop(TrainLoop):
 
     def _done(self) -> bool:
         s = self.state
-        return s.epoch >= s.max_epochs  # type: ignore[operator]
+        return s.epoch >= s.max_epochs  # type: ignore[operator]  # by epoch: max_epochs is set
 
     def _units_done(self) -> int:
         return self.state.epoch
@@ -378,7 +378,7 @@ class EpochLoop(TrainLoop):
 
     def val_phase(self, k: int | None) -> None:
         for _ in range(k or 1):
-            self.val_loop.run()  # type: ignore[union-attr]
+            self.val_loop.run()  # type: ignore[union-attr]  # a val phase is in the workflow only with a val_loop
 
 
 class IterLoop(TrainLoop):
@@ -390,7 +390,7 @@ class IterLoop(TrainLoop):
 
     def _done(self) -> bool:
         s = self.state
-        return s.iter >= s.max_iters  # type: ignore[operator]
+        return s.iter >= s.max_iters  # type: ignore[operator]  # by iteration: max_iters is set
 
     def _units_done(self) -> int:
         return self.state.iter
@@ -403,7 +403,7 @@ class IterLoop(TrainLoop):
             # epoch first, as the run would have before anything else.
             self._open_epoch()
             self._close_epoch(complete=True)
-        remaining = min(k, s.max_iters - s.iter)  # type: ignore[operator]
+        remaining = min(k, s.max_iters - s.iter)  # type: ignore[operator]  # by iteration: max_iters is set
         while remaining > 0 and not s.should_stop:
             if not self._epoch_open:
                 self._open_epoch()
@@ -418,7 +418,7 @@ class IterLoop(TrainLoop):
                 self._close_epoch(complete=True)
 
     def val_phase(self, k: int | None) -> None:
-        self.val_loop.run(num_iters=k)  # type: ignore[union-attr]
+        self.val_loop.run(num_iters=k)  # type: ignore[union-attr]  # a val phase is in the workflow only with a val_loop
 
 
 def default_workflow(by_epoch: bool, val_interval: int, has_val: bool, total: int) -> Workflow:

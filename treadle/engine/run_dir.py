@@ -29,7 +29,7 @@ from typing import IO, Any, TypeVar
 try:
     import fcntl
 except ImportError:  # not POSIX (Windows): no lock, said once in the log
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # the lock checks for None
 
 from treadle.checkpoint.directory import check_writable_dir, claim_checkpoint_path, make_checkpoint_dir
 from treadle.checkpoint.io import CheckpointError

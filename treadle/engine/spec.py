@@ -27,7 +27,7 @@ from treadle.engine.preemption import PreemptionConfig
 from treadle.hooks.base import Hook
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.ema import EMAHook
-from treadle.hooks.logger import WRITERS as _WRITERS
+from treadle.logging.specs import WRITERS as _WRITERS
 from treadle.hooks.logger import check_writers
 from treadle.optim.wrapper import check_clip_grad, check_precision
 from treadle.strategies.base import Strategy

@@ -203,11 +203,11 @@ class Trainer:
 
     def _train_loop(self) -> TrainLoop:
         s = self.state
-        feed = DataFeed(self.train_dataloader, seed=self.strategy.data_seed, rank=self.strategy.rank,  # type: ignore[arg-type]
+        feed = DataFeed(self.train_dataloader, seed=self.strategy.data_seed, rank=self.strategy.rank,
                         limit=self._limits["train"],
                         seed_per_sample=self.seed_per_sample)
         total = s.max_epochs if s.by_epoch else s.max_iters
-        workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]
+        workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]  # max_epochs or max_iters: args.py requires one
         loop_cls = EpochLoop if s.by_epoch else IterLoop
         return loop_cls(self, feed, workflow, hooks=self._dispatch, state=s, optim_wrappers=self.optim_wrappers,
                         step=self._select_train_step(), val_loop=self.val_loop, agree=self._agree_stop,
@@ -286,7 +286,8 @@ class Trainer:
     def optim_wrapper(self) -> OptimWrapper:
         """The optimizer wrapper when there is exactly one."""
         if len(self.optim_wrappers) != 1:
-            raise AttributeError(f"there are {len(self.optim_wrappers)} optimizers ({sorted(self.optim_wrappers)}); use trainer.optim_wrappers[name]")
+            raise AttributeError(f"there are {len(self.optim_wrappers)} optimizers ({sorted(self.optim_wrappers)}); "
+                                 "use trainer.optim_wrappers[name]")
         return next(iter(self.optim_wrappers.values()))
 
     @property
@@ -377,9 +378,10 @@ class Trainer:
     def _fit(self) -> dict[str, Any]:
         # Nothing in work_dir changes before the resume checks pass (a misfit is refused first).
         loop = self.train_loop
-        loop.reset()  # type: ignore[union-attr]  # a resume below sets where it goes on
+        assert loop is not None  # fit() checked train_dataloader
+        loop.reset()  # a resume below sets where it goes on
         resumed = self._resume() if self.resume else False
-        pos = loop.resume_pos  # type: ignore[union-attr]
+        pos = loop.resume_pos
         self._resume_loaded = True
         env = None  # the environment table: env.txt, and log.txt once the run starts
         if self.run_dir is not None:
@@ -387,10 +389,10 @@ class Trainer:
                 env = format_env(collect_env(seed=self.seed, world_size=self.strategy.world_size))
                 self.run_dir.write_files({"env.txt": env + "\n", **self.run_files})
                 if not resumed:
-                    note_other_runs(self.work_dir / "checkpoints")  # type: ignore[operator]
+                    note_other_runs(self.work_dir / "checkpoints")  # type: ignore[operator]  # a run_dir means a work_dir
             self._check_checkpoint_dirs()
         s = self.state
-        trained = s.iter >= s.max_iters if s.max_iters else s.epoch >= s.max_epochs  # type: ignore[operator]
+        trained = s.iter >= s.max_iters if s.max_iters else s.epoch >= s.max_epochs  # type: ignore[operator]  # no max_iters: max_epochs is set
         if pos is not None and trained and not (pos["open"] or pos.get("val_due")):  # else: finish the last cycle
             get_logger().info(f"the run in {self.work_dir} already finished (epoch {s.epoch}, iter {s.iter}); nothing to do")
             return dict(s.metrics)
@@ -409,7 +411,7 @@ class Trainer:
         return dict(s.metrics)
 
     def _train_and_save_on_preemption(self) -> None:
-        self.train_loop.run()  # type: ignore[union-attr]
+        self.train_loop.run()  # type: ignore[union-attr]  # fit() checked train_dataloader
         s = self.state
         if s.preempted and self.work_dir is not None:
             path = self.save_checkpoint(self.checkpoint_path(f"iter_{s.iter:08d}"))
@@ -433,7 +435,7 @@ class Trainer:
         if any(h.best is not None for h in checkpoint_hooks):
             names.append("best")
         # Made now where a CheckpointHook will save; probed where only a preemption might.
-        self.run_dir.check_checkpoint_dirs(names, create=bool(checkpoint_hooks))  # type: ignore[union-attr]
+        self.run_dir.check_checkpoint_dirs(names, create=bool(checkpoint_hooks))  # type: ignore[union-attr]  # _fit calls it only with a run_dir
 
     def checkpoint_path(self, name: str) -> Path:
         """Where this run saves the checkpoint it calls ``name`` (e.g. "epoch_0003", or
@@ -478,11 +480,11 @@ class Trainer:
     def _resume(self) -> bool:
         """Load the checkpoint ``resume`` names; False when ``resume=True`` finds none."""
         if self.resume is True:
-            path = latest_to_resume(self.work_dir / "checkpoints", self.is_main)  # type: ignore[operator]
+            path = latest_to_resume(self.work_dir / "checkpoints", self.is_main)  # type: ignore[operator]  # resume=True needs a work_dir (args.py)
             if path is None:
                 return False
         else:
-            path = Path(self.resume)  # type: ignore[arg-type]
+            path = Path(self.resume)
         self.load_checkpoint(path)
         return True
 

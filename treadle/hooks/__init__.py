@@ -26,7 +26,7 @@ _LAZY = {
     "TrainMetricsHook": "treadle.hooks.train_metrics",
 }
 
-__all__ = ["EMAHook", "HOOK_POINTS", "Hook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "Priority",
+__all__ = ["EMAHook", "HOOK_POINTS", "Hook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "Priority",  # noqa: PLE0604 - _LAZY's keys are names
            "RunView", "TrainState", *_LAZY]
 
 

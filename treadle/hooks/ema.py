@@ -69,8 +69,10 @@ class EMAHook(Hook):
         if self.alpha is not None:
             batch = getattr(trainer.train_dataloader, "batch_size", None)
             if not batch or not trainer.state.max_epochs:
-                raise ValueError("ema alpha= needs a DataLoader with a batch_size and a known number of epochs; give momentum= instead")
-            total = batch * trainer.strategy.world_size * max(1, trainer.optim_wrapper.accumulate if len(trainer.optim_wrappers) == 1 else 1)
+                raise ValueError("ema alpha= needs a DataLoader with a batch_size and a known number of epochs; "
+                                 "give momentum= instead")
+            accumulate = trainer.optim_wrapper.accumulate if len(trainer.optim_wrappers) == 1 else 1
+            total = batch * trainer.strategy.world_size * max(1, accumulate)
             self.momentum = momentum_from_alpha(self.alpha, total, trainer.state.max_epochs, self.interval)
             self._ensure(trainer).momentum = self.momentum
         self._last_steps = sum(ow.step_count for ow in trainer.optim_wrappers.values())
@@ -96,7 +98,7 @@ class EMAHook(Hook):
 
     def _swap_out(self, trainer: "RunView", *args: Any) -> None:
         if self._swapped:
-            self.ema.swap(trainer.module)  # type: ignore[union-attr]
+            self.ema.swap(trainer.module)  # type: ignore[union-attr]  # swapped in: _ensure() built it
             self._swapped = False
 
     before_val = before_test = _swap_in

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from treadle.hooks.base import Hook, Priority
-from treadle.logging.specs import WRITERS, build_writer, check_writers
+from treadle.logging.specs import build_writer, check_writers
 from treadle.logging.writers import LOGGER_NAME, TEXT_LOG_NAME, add_file_handler, get_logger, remove_handler
 
 if TYPE_CHECKING:

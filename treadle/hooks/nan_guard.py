@@ -150,8 +150,8 @@ class NaNGuardHook(Hook):
         # another rank's non-finite value (or overflowed). Raise on every rank alike.
         shown = {k: values[k] for k in bad_keys}
         raise FloatingPointError(f"Loss became infinite or NaN between iterations {window[0][0] + 1} and "
-                                 f"{window[-1][0] + 1} (epoch {window[-1][1] + 1}): the logged means {shown} are non-finite although every "
-                                 "value of this process is finite (another process's values, or an overflow)")
+                                 f"{window[-1][0] + 1} (epoch {window[-1][1] + 1}): the logged means {shown} are non-finite "
+                                 "although every value of this process is finite (another process's values, or an overflow)")
 
     def _check(self) -> None:
         """Raise for the first non-finite iteration in the window (one host transfer)."""

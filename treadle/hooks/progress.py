@@ -155,7 +155,7 @@ class ProgressBarHook(Hook):
 
     def after_val_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         if self._eval is not None:
-            self.progress.advance(self._eval)  # type: ignore[union-attr]
+            self.progress.advance(self._eval)  # type: ignore[union-attr]  # _eval is set only with a progress
 
     def after_val(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
         self._end_eval()
@@ -176,8 +176,8 @@ class ProgressBarHook(Hook):
         if self._eval is None:
             return
         if self._train is not None:  # inside fit: draw the final count, then make room for training
-            self.progress.refresh()  # type: ignore[union-attr]
-            self.progress.remove_task(self._eval)  # type: ignore[union-attr]  # the logged line stays
+            self.progress.refresh()  # type: ignore[union-attr]  # _eval is set only with a progress
+            self.progress.remove_task(self._eval)  # type: ignore[union-attr]  # as above; the logged line stays
         self._eval = None  # validate()/test(): the finished task is the last thing shown
 
 
@@ -196,7 +196,7 @@ def _eval_total(trainer: "RunView", mode: str, in_fit: bool) -> int | None:
             return counts[0]
     loader = trainer.val_dataloader if mode == "val" else trainer.test_dataloader
     try:
-        return len(loader)  # type: ignore[arg-type]
+        return len(loader)
     except TypeError:
         return None
 
@@ -211,6 +211,6 @@ def _writes_to_terminal(handler: logging.Handler, console: Console) -> bool:
     if stream is console.file:
         return True
     try:
-        return bool(stream.isatty())  # type: ignore[union-attr]
+        return bool(stream.isatty())  # type: ignore[union-attr]  # None or no isatty: caught below
     except (AttributeError, ValueError):
         return False

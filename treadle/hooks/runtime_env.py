@@ -100,7 +100,7 @@ class RuntimeEnvHook(Hook):
         if "mp_start_method" in saved:
             multiprocessing.set_start_method(saved["mp_start_method"], force=True)
         if "opencv_num_threads" in saved:
-            _opencv().setNumThreads(saved["opencv_num_threads"])  # type: ignore[union-attr]
+            _opencv().setNumThreads(saved["opencv_num_threads"])
 
 
 def _opencv() -> Any:

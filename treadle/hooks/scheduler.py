@@ -11,8 +11,8 @@ if TYPE_CHECKING:
 
 
 class ParamSchedulerHook(Hook):
-    """Steps the schedulers (built by the Trainer, ``{optimizer name: [schedulers]}``): iteration-based ones after every iteration whose optimizer step
-    was not skipped by the fp16 GradScaler, ``by_epoch`` ones after every training
+    """Steps the schedulers (built by the Trainer, ``{optimizer name: [schedulers]}``): iteration-based ones after
+    every iteration whose optimizer step was not skipped by the fp16 GradScaler, ``by_epoch`` ones after every training
     epoch, and ReduceOnPlateau ones with the metrics after every validation (and without,
     after every training epoch, which counts the epochs of their begin/end window).
 

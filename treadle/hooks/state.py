@@ -59,9 +59,9 @@ class TrainState:
         self.iters_per_epoch = iters_per_epoch
         if iters_per_epoch:
             if self.by_epoch:
-                self.max_iters = self.max_epochs * iters_per_epoch  # type: ignore[operator]
+                self.max_iters = self.max_epochs * iters_per_epoch  # type: ignore[operator]  # by epoch: max_epochs is set
             else:
-                self.max_epochs = -(-self.max_iters // iters_per_epoch)  # type: ignore[operator]
+                self.max_epochs = -(-self.max_iters // iters_per_epoch)  # type: ignore[operator]  # by iteration: max_iters is set
 
     def request_stop(self, reason: str = "") -> None:
         """Ask the loop to stop cleanly at the next iteration boundary."""

@@ -135,7 +135,7 @@ def written_after(record: Mapping[str, Any], iteration: int, val_due: bool) -> b
     ``iter`` is kept.
     """
     try:
-        step = int(float(record.get("iter")))  # type: ignore[arg-type]
+        step = int(float(record.get("iter")))  # type: ignore[arg-type]  # None or not a number: caught below
     except (TypeError, ValueError, OverflowError):
         return False
     if step != iteration:

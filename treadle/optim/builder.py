@@ -102,7 +102,7 @@ def build_optimizer(cfg: torch.optim.Optimizer | dict[str, Any], params: Iterabl
         # Every parameter, frozen ones included, as MMEngine and torch.optim(model.parameters()) do: a frozen
         # parameter has no gradient and so is not updated, and one unfrozen later is trained.
         params = list(module.parameters())
-    params = list(params)  # type: ignore[arg-type]
+    params = list(params)  # type: ignore[arg-type]  # a Module became its parameters or groups above
     if wants_fused(cls, kwargs, params, module):
         try:
             return cls(params, **kwargs, fused=True)

@@ -34,7 +34,7 @@ class _LRMixin:
     _fixed_param_name = "lr"
 
     def __init__(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(optimizer, "lr", *args, **kwargs)  # type: ignore[call-arg]
+        super().__init__(optimizer, "lr", *args, **kwargs)  # type: ignore[call-arg]  # a mixin: the scheduler after it in the MRO takes these
 
 
 class _MomentumMixin:
@@ -59,12 +59,12 @@ class _MomentumMixin:
             self.use_betas = True
             for group in optimizer.param_groups:
                 group["momentum"] = group["betas"][0]
-        super().__init__(optimizer, "momentum", *args, **kwargs)  # type: ignore[call-arg]
+        super().__init__(optimizer, "momentum", *args, **kwargs)  # type: ignore[call-arg]  # a mixin: the scheduler after it in the MRO takes these
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        super().step(*args, **kwargs)  # type: ignore[misc]
+        super().step(*args, **kwargs)  # type: ignore[misc]  # the scheduler's step(), after this mixin in the MRO
         if self.use_betas:
-            for group in self.optimizer.param_groups:  # type: ignore[attr-defined]
+            for group in self.optimizer.param_groups:  # type: ignore[attr-defined]  # set by the scheduler's __init__
                 group["betas"] = (group["momentum"], group["betas"][1])
 
 

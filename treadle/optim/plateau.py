@@ -85,7 +85,7 @@ class ReduceOnPlateauParamScheduler(ParamScheduler):
     def _get_value(self) -> list[Any]:
         return [max(float(v) * self.factor, lo) for v, lo in zip(self._current(), self.min_values)]
 
-    def step(self, metrics: dict[str, Any] | None = None) -> None:  # type: ignore[override]
+    def step(self, metrics: dict[str, Any] | None = None) -> None:
         """Count an epoch (``metrics=None``) or check ``metrics[monitor]`` for a plateau."""
         if metrics is None:
             self._global_step += 1

@@ -42,7 +42,7 @@ from treadle.optim.scheduler_base import (
 from treadle.optim.scheduler_builder import SCHEDULERS, build_schedulers
 
 __all__ = [
-    "INF", "ParamScheduler", "current_lrs", "SCHEDULERS", "build_schedulers",
+    "INF", "ParamScheduler", "current_lrs", "SCHEDULERS", "build_schedulers", "explicit_init_params", "init_arg_names",
     "ConstantParamScheduler", "StepParamScheduler", "MultiStepParamScheduler",
     "ExponentialParamScheduler", "LinearParamScheduler", "CosineAnnealingParamScheduler",
     "PolyParamScheduler", "OneCycleParamScheduler", "CosineRestartParamScheduler",

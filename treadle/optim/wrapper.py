@@ -61,7 +61,8 @@ def check_clip_grad(clip_grad: dict[str, Any] | None) -> dict[str, Any] | None:
     allowed = {"max_norm", "norm_type", "error_if_nonfinite", "foreach"} if "max_norm" in keys else {"value", "foreach"}
     extra = keys - allowed
     if extra:
-        raise ValueError(f"clip_grad has unknown keys {sorted(extra)}; allowed with {'max_norm' if 'max_norm' in keys else 'value'}: {sorted(allowed)}")
+        kind = "max_norm" if "max_norm" in keys else "value"
+        raise ValueError(f"clip_grad has unknown keys {sorted(extra)}; allowed with {kind}: {sorted(allowed)}")
     bound = clip_grad.get("max_norm", clip_grad.get("value"))
     if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:  # NaN too
         raise ValueError(f"clip_grad bound must be a positive number, got {bound!r}")
@@ -226,11 +227,12 @@ class OptimWrapper:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         cfg = self.clip_grad
-        if "max_norm" in cfg:  # type: ignore[operator]
+        assert cfg is not None  # step() calls _clip only with clip_grad set
+        if "max_norm" in cfg:
             # Returns a device tensor: no host sync here (unless error_if_nonfinite).
-            self.grad_norms.append(torch.nn.utils.clip_grad_norm_(params, **cfg))  # type: ignore[arg-type]
+            self.grad_norms.append(torch.nn.utils.clip_grad_norm_(params, **cfg))
         else:
-            torch.nn.utils.clip_grad_value_(params, clip_value=cfg["value"], foreach=cfg.get("foreach"))  # type: ignore[index]
+            torch.nn.utils.clip_grad_value_(params, clip_value=cfg["value"], foreach=cfg.get("foreach"))
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:

@@ -105,10 +105,10 @@ class StrategyAPI:
             return
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
-        self.setup()  # type: ignore[attr-defined]
+        self.setup()  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
         from treadle.distributed.env import detect_launcher
 
-        self.launcher = detect_launcher().launcher if self.distributed else "none"  # type: ignore[attr-defined]
+        self.launcher = detect_launcher().launcher if self.distributed else "none"  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
         if self.rank != 0:  # one copy of the console: rank 0's
             get_logger().setLevel(logging.WARNING)
         # Ranks must agree on the data order and the run's start time: rank 0 decides.
@@ -132,7 +132,7 @@ class StrategyAPI:
         launcher, processes, seed and determinism."""
         from treadle.env import collect_env
 
-        runtime = {"launcher": self.launcher, "distributed": self.distributed, "world_size": self.world_size,  # type: ignore[attr-defined]
+        runtime = {"launcher": self.launcher, "distributed": self.distributed, "world_size": self.world_size,  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
                    "seed": self.seed, "deterministic": self.deterministic, "strategy": self.name}
         return collect_env(seed=self.seed, world_size=self.world_size), runtime
 
@@ -176,13 +176,13 @@ class StrategyAPI:
         if not isinstance(model, nn.Module):
             raise TypeError(f"prepare(model=...) needs a torch.nn.Module or a config dict, got {type(model).__name__}")
         self.module = model
-        wrapped = self.setup_model(model)  # type: ignore[attr-defined]
+        wrapped = self.setup_model(model)  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
         wrappers = build_optim_wrappers(optim_wrapper, model, device_type=self.device.type) if optim_wrapper is not None else {}
         # DeepSpeed: the engine (made from the model and the optimizer) is what the loop calls.
         self.optim_wrappers: dict[str, OptimWrapper]
-        wrapped, self.optim_wrappers = self.setup_optim_wrappers(  # type: ignore[attr-defined]
+        wrapped, self.optim_wrappers = self.setup_optim_wrappers(  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
             wrapped, wrappers, micro_batch=kwargs.get("train_micro_batch_size_per_gpu"))
-        self.model, self.eval_module = wrapped, self.eval_model(wrapped)  # type: ignore[attr-defined]
+        self.model, self.eval_module = wrapped, self.eval_model(wrapped)  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
         if compile:
             options = compile if isinstance(compile, dict) else {}
             self.model = torch.compile(wrapped, **options)
@@ -235,7 +235,7 @@ class StrategyAPI:
         DistributedSampler, padded so every rank takes as many steps; ``train=False``:
         every sample once across ranks. Unchanged on one process, or with
         ``shard_data=False`` (treadle/data/distributed.py)."""
-        if loader is None or not (self.distributed and self.shard_data):  # type: ignore[attr-defined]
+        if loader is None or not (self.distributed and self.shard_data):  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
             return loader
         shard = shard_train_loader if train else shard_eval_loader
         return shard(loader, self.rank, self.world_size)
@@ -258,7 +258,7 @@ class StrategyAPI:
     def model_state_dict(self) -> dict[str, Any]:
         """The model's full weights (CPU tensors under FSDP, gathered on rank 0)."""
         self._need("model_state_dict()")
-        return self.get_full_model_state(self.module)  # type: ignore[attr-defined]
+        return self.get_full_model_state(self.module)  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
 
     def optim_state_dict(self) -> dict[str, Any]:
         """The optimizer wrapper's state (optimizer, scaler, accumulation); by name for
@@ -266,7 +266,7 @@ class StrategyAPI:
         self._need("optim_state_dict()")
         if not self.optim_wrappers:
             raise RuntimeError("optim_state_dict(): prepare() was given no optim_wrapper")
-        states = {name: ow.state_dict(self.get_optim_state(self.module, ow.optimizer))  # type: ignore[attr-defined]
+        states = {name: ow.state_dict(self.get_optim_state(self.module, ow.optimizer))  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
                   for name, ow in self.optim_wrappers.items()}
         return states if isinstance(self.optim_wrapper, dict) else states["default"]
 
@@ -282,7 +282,7 @@ class StrategyAPI:
                               revise_keys: list[tuple[str, str]] | None = None) -> None:
         """Full weights into the model, keys rewritten by ``revise_keys`` (regex, repl)."""
         self._need("load_model_state_dict()")
-        self.load_full_model_state(self.module, state_dict, strict=strict,  # type: ignore[attr-defined]
+        self.load_full_model_state(self.module, state_dict, strict=strict,  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
                                    revise_keys=DEFAULT_REVISE_KEYS if revise_keys is None else revise_keys)
 
     def load_optim_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -292,7 +292,7 @@ class StrategyAPI:
             raise RuntimeError("load_optim_state_dict(): prepare() was given no optim_wrapper")
         states = state_dict if isinstance(self.optim_wrapper, dict) else {"default": state_dict}
         for name, ow in self.optim_wrappers.items():
-            ow.load_state_dict(states[name], functools.partial(self.set_optim_state, self.module, ow.optimizer))  # type: ignore[attr-defined]
+            ow.load_state_dict(states[name], functools.partial(self.set_optim_state, self.module, ow.optimizer))  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
 
     def load_scheduler_state_dict(self, state_dict: Any) -> None:
         """Inverse of :meth:`scheduler_state_dict` (as many states as schedulers)."""
@@ -307,7 +307,7 @@ class StrategyAPI:
     # -- checkpoints ---------------------------------------------------------------------
     @property
     def checkpointer(self) -> Checkpointer:
-        return Checkpointer(self)  # type: ignore[arg-type]
+        return Checkpointer(self)  # type: ignore[arg-type]  # self is a Strategy, its StorageBackend
 
     def checkpoint_states(self, parts: Mapping[str, Any] | None = None, rank_parts: Mapping[str, Any] | None = None,
                           *, save_optimizer: bool = True, save_param_scheduler: bool = True,
@@ -327,11 +327,11 @@ class StrategyAPI:
         if clash:
             raise ValueError(f"extra_ckpt keys {clash} are also names of checkpoint parts; resume hands both "
                              "back in one dict, so give them other names")
-        optim = OptimStates(self, self.module, self.optim_wrappers if save_optimizer else {})  # type: ignore[arg-type]
-        states: dict[str, Any] = {"model": ModelState(self, self.module), "optim": optim}  # type: ignore[arg-type]
+        optim = OptimStates(self, self.module, self.optim_wrappers if save_optimizer else {})  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
+        states: dict[str, Any] = {"model": ModelState(self, self.module), "optim": optim}  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
         if save_param_scheduler:
             states["param_schedulers"] = SchedulerStates(self)
-        states.update({"data": self._places, "extra": extra, "strategy": RunState(self), **parts})  # type: ignore[arg-type]
+        states.update({"data": self._places, "extra": extra, "strategy": RunState(self), **parts})  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
         return states, {"optim": optim.local, **rank_parts}
 
     def save_checkpoint(self, filename: str | Path, *, save_optimizer: bool = True, save_param_scheduler: bool = True,
@@ -443,7 +443,7 @@ class StrategyAPI:
                 return None
             return self.resume(found)
         if resume:
-            return self.resume(load_from if resume is True else resume)  # type: ignore[arg-type]
+            return self.resume(load_from if resume is True else resume)  # type: ignore[arg-type]  # True with load_from None returned above
         if load_from is not None:
             self.load_checkpoint(load_from)
         return None

@@ -175,7 +175,7 @@ class Strategy(StrategyAPI):
         if self.distributed:
             gathered = comm.gather_object(payloads.pop(rng_file(self.rank)))
             if self.is_main:
-                payloads.update({rng_file(r): state for r, state in enumerate(gathered)})  # type: ignore[arg-type]
+                payloads.update({rng_file(r): state for r, state in enumerate(gathered)})  # type: ignore[arg-type]  # gather_object's list, on rank 0
         return payloads
 
     def finish_saves(self) -> None:

@@ -49,11 +49,11 @@ def resolve_strategy(strategy: str | dict[str, Any] | Strategy) -> Strategy:
     if strategy == "single":
         cls: type[Strategy] = SingleDevice
     elif strategy == "ddp":
-        from treadle.strategies.ddp import DDPStrategy as cls  # type: ignore[no-redef]
+        from treadle.strategies.ddp import DDPStrategy as cls
     elif strategy == "fsdp":  # imported when asked for: torch.distributed.checkpoint is slow to import
-        from treadle.strategies.fsdp import FSDPStrategy as cls  # type: ignore[no-redef]
+        from treadle.strategies.fsdp import FSDPStrategy as cls
     else:  # deepspeed itself is imported by its setup() only
-        from treadle.strategies.deepspeed import DeepSpeedStrategy as cls  # type: ignore[no-redef]
+        from treadle.strategies.deepspeed import DeepSpeedStrategy as cls
     try:
         return cls(**options)
     except TypeError as e:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Union
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -42,7 +42,7 @@ from treadle.logging.writers import get_logger
 from treadle.compat import fsdp_cpu_problem
 from treadle.strategies.base import ProcessGroupStrategy, move_model
 
-WrapPolicy = Union[tuple[Union[type, str], ...], list[Union[type, str]], Callable[[nn.Module], bool], None]
+WrapPolicy = tuple[type | str, ...] | list[type | str] | Callable[[nn.Module], bool] | None
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "16": torch.float16, "float32": torch.float32, "fp32": torch.float32,

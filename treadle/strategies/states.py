@@ -198,7 +198,7 @@ class LoaderPlaces:
         self.loaders = loaders
         self.pending: list[dict[str, Any]] = []
 
-    def state_dict(self) -> list[Any]:  # type: ignore[override]
+    def state_dict(self) -> list[Any]:
         return [ld.state_dict() for ld in self.loaders]
 
     def check_state_dict(self, state: Any) -> None:
@@ -208,7 +208,7 @@ class LoaderPlaces:
             raise CheckpointError(f"{len(self.loaders)} loader(s) were prepared, the checkpoint has the place of "
                                   f"{len(state)}")
 
-    def load_state_dict(self, state: list[Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state: list[Any]) -> None:
         saved = list(state)
         for ld in self.loaders:
             ld.load_state_dict(saved.pop(0))

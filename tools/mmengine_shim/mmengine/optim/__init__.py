@@ -3,4 +3,4 @@
 from mmengine.optim.optimizer import (  # noqa: F401
     OPTIM_WRAPPER_CONSTRUCTORS, OPTIMIZERS, DefaultOptimWrapperConstructor, OptimWrapper, build_optim_wrapper,
 )
-from mmengine.optim.scheduler import *  # noqa: F401,F403
+from mmengine.optim.scheduler import *  # noqa: F403
