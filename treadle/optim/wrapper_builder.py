@@ -56,6 +56,30 @@ def build_optim_wrappers(cfg: Any, module: nn.Module, *, device_type: str = "cpu
     return built
 
 
+def check_optimizes(module: nn.Module, wrappers: Mapping[str, OptimWrapper]) -> None:
+    """Refuse optimizers that hold none of ``module``'s trainable parameters (built over
+    another model's: training would change nothing of this one), and say which
+    trainable parameters no optimizer holds (they will not train)."""
+    trainable = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    if not trainable or not wrappers:
+        return
+    held = {id(p) for ow in wrappers.values() for g in ow.optimizer.param_groups for p in g["params"]}
+    missing = [(name, p) for name, p in trainable if id(p) not in held]
+    if len(missing) == len(trainable):
+        own = {id(p) for p in module.parameters()}
+        foreign = len(held - own)
+        raise ValueError(f"the optimizer holds none of the model's {len(trainable)} trainable parameter tensors "
+                         f"({sum(p.numel() for _, p in trainable):,} values) but {foreign} tensor(s) of another "
+                         "model: training would not change this one. Build it over this model's parameters "
+                         "(e.g. optimizer=dict(type='AdamW', lr=...), which the Trainer builds over the model)")
+    if missing:
+        names = [name for name, _ in missing]
+        shown = ", ".join(names[:5]) + (f", ... ({len(names) - 5} more)" if len(names) > 5 else "")
+        get_logger().warning(f"{len(missing)} of the model's {len(trainable)} trainable parameter tensors "
+                             f"({sum(p.numel() for _, p in missing):,} values) are in no optimizer and will not "
+                             f"train: {shown}; freeze them (requires_grad_(False)) or give them to an optimizer")
+
+
 def scale_lr(cfg: Any, wrappers: Mapping[str, OptimWrapper], batch_size: Any, world_size: int) -> None:
     """MMEngine's ``auto_scale_lr``: every lr times ``world_size * batch_size /
     base_batch_size`` (``enable`` defaults to True here; MMEngine configs are translated

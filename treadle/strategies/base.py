@@ -27,6 +27,7 @@ from torch import nn
 from treadle.checkpoint.checkpointer import rng_file
 from treadle.checkpoint.io import CheckpointError
 from treadle.distributed import comm
+from treadle.optim.wrapper_builder import check_optimizes
 from treadle.strategies.api import DEFAULT_REVISE_KEYS, StrategyAPI
 
 
@@ -106,6 +107,7 @@ class Strategy(StrategyAPI):
         its engine from both. ``micro_batch``: the training loader's batch size, if known."""
         for ow in wrappers.values():
             self.setup_optim_wrapper(ow, model)
+        check_optimizes(self.module, wrappers)  # an optimizer over another model's parameters: refused
         return model, wrappers
 
     # -- state dicts: full tensors here; FSDP returns sharded ones ---------------------
