@@ -113,6 +113,15 @@ class LoggerHook(Hook):
         if fn not in self._sources:
             self._sources.append(fn)
 
+    def before_save_checkpoint(self, trainer: "RunView", checkpoint: dict[str, Any]) -> None:
+        """Every record logged so far is written and durable before the checkpoint commits,
+        so a run killed after the commit and resumed from it loses none (writers with a
+        ``sync()``: the JSONL, CSV and TensorBoard files; once per save)."""
+        for w in self._writers:
+            sync = getattr(w, "sync", None)
+            if callable(sync):
+                sync()
+
     def after_load_checkpoint(self, trainer: "RunView", checkpoint: dict[str, Any]) -> None:
         pos = checkpoint.get("loop") or {}  # where the run goes on (treadle/engine/snapshot.py)
         self._resume_at = (int(pos.get("iter", 0)), bool(pos.get("val_due", False)))

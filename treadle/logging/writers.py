@@ -243,6 +243,16 @@ class BatchedWriter:
         if kept:
             self._write_batch(kept)
 
+    def sync(self) -> None:
+        """Write every kept record and make the file durable (fsync): what a checkpoint
+        about to commit needs, so that a resume from it finds every record logged before
+        it (LoggerHook calls it in ``before_save_checkpoint``)."""
+        if self._file.closed:
+            return
+        self.flush()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
     def close(self) -> None:
         """Write every kept record, then close the file (idempotent)."""
         if not self._file.closed:
