@@ -12,7 +12,9 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
+
+T = TypeVar("T")
 
 EPILOG = """examples:
   treadle train examples/digits/digits.yaml
@@ -207,10 +209,16 @@ def _resume_on_restart(cfg: dict[str, Any]) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from treadle.config import build_trainer, load_config
+    from treadle.config import load_config
 
     cfg = load_config(args.config, args.overrides, mode=args.command, safe=args.safe)
-    checkpoint, note = _checkpoint_arg(args.checkpoint, "--checkpoint")
+    # A run directory's latest checkpoint; one pruned by the live run meanwhile: the next newest.
+    return _with_checkpoint(args.checkpoint, "--checkpoint", lambda checkpoint, note: _evaluate_on(args, cfg, checkpoint, note))
+
+
+def _evaluate_on(args: argparse.Namespace, cfg: dict[str, Any], checkpoint: Path, note: str | None) -> int:
+    from treadle.config import build_trainer
+
     if note and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 says it
         print(f"treadle {args.command}: {note}")
     ema_cfg = cfg.get("ema")
@@ -260,13 +268,16 @@ def _export(args: argparse.Namespace) -> int:
     from treadle.checkpoint.io import CheckpointError
     from treadle.checkpoint.weights import export_safetensors
 
-    checkpoint, note = _checkpoint_arg(args.checkpoint, "")
     _check_out_file(args.out)
-    if note:
-        print(f"treadle export: {note}")
-    try:
+
+    def export(checkpoint: Path, note: str | None) -> Path:
+        if note:
+            print(f"treadle export: {note}")
         source = _ema_source(checkpoint, "", "export without --ema for the model's weights") if args.ema else checkpoint
-        out = export_safetensors(source, args.out, key="ema" if args.ema else "model")
+        return export_safetensors(source, args.out, key="ema" if args.ema else "model")
+
+    try:  # a run directory's latest checkpoint; one pruned by the live run meanwhile: the next newest
+        out = _with_checkpoint(args.checkpoint, "", export)
     except CheckpointError as e:
         raise UsageError(str(e)) from e
     except OSError as e:  # e.g. no permission to read or write (the file is written whole or not at all)
@@ -275,14 +286,16 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checkpoint_arg(path: str, what: str) -> tuple[Path, str | None]:
-    """A checkpoint argument: the checkpoint itself, or a run directory's latest verified
-    one with a message saying which (treadle/engine/resume.py checkpoint_in)."""
-    from treadle.engine.resume import checkpoint_in
+def _with_checkpoint(path: str, what: str, use: Callable[[Path, str | None], T]) -> T:
+    """``use(checkpoint, note)`` for the checkpoint argument (treadle/engine/resume.py
+    use_latest); a path that does not exist is a usage error."""
+    from treadle.engine.resume import use_latest
 
     try:
-        return checkpoint_in(path, what)
+        return use_latest(path, what, use)
     except FileNotFoundError as e:
+        if Path(path).exists():  # the checkpoint was found, and reading it failed
+            raise
         raise UsageError(str(e)) from e
 
 

@@ -83,7 +83,10 @@ def _scan(directory: Path, order: str) -> list[_Found]:
             meta = m.get("meta", {})
             it, run = meta.get("iter"), meta.get("run")
         except CheckpointError:  # still listed: find_latest_checkpoint reports it
-            created = (p / MANIFEST_NAME).stat().st_mtime
+            try:
+                created = (p / MANIFEST_NAME).stat().st_mtime
+            except FileNotFoundError:  # pruned by a live run while we looked: not there
+                continue
         if isinstance(it, bool) or not isinstance(it, int):
             it = None
         found.append(_Found(it, created, run if isinstance(run, str) else None, p))
@@ -112,7 +115,9 @@ def find_latest_checkpoint(directory: str | os.PathLike[str], verify: bool = Tru
     for ckpt in reversed(list_checkpoints(directory, order)):
         try:
             verify_checkpoint(ckpt) if verify else read_manifest(ckpt)
-        except CheckpointError as e:
+        except (CheckpointError, OSError) as e:
+            if not ckpt.exists():  # pruned by a live run while it was read: the next newest
+                continue
             _warn(f"skipping checkpoint {ckpt}: {e}")
             continue
         return ckpt

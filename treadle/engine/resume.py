@@ -9,11 +9,14 @@ restoring a checkpoint into the Trainer is treadle/engine/snapshot.py.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from treadle.checkpoint.directory import cleanup_stale_tmp, find_latest_checkpoint, list_checkpoints
 from treadle.checkpoint.io import MANIFEST_NAME, CheckpointError
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
+
+T = TypeVar("T")
 
 
 def latest_to_resume(ckpt_dir: Path, is_main: bool) -> Path | None:
@@ -38,6 +41,23 @@ def latest_to_resume(ckpt_dir: Path, is_main: bool) -> Path | None:
     if path is None:
         get_logger().info(f"resume=True: no checkpoint in {ckpt_dir}; starting from scratch")
     return path
+
+
+def use_latest(path: str | Path, what: str, use: Callable[[Path, str | None], T], is_main: bool = True,
+               attempts: int = 5) -> T:
+    """``use(checkpoint, note)`` for the checkpoint :func:`checkpoint_in` finds. When it was
+    chosen by a search (a run directory) and a live run's pruning removed it before or
+    while ``use`` read it, the next newest is taken: a reader of a running job never
+    fails because of that (``treadle validate``/``export``, ``load_from=``)."""
+    for attempt in range(attempts):
+        checkpoint, note = checkpoint_in(path, what, is_main)
+        try:
+            return use(checkpoint, note)
+        except (OSError, CheckpointError):
+            if note is None or checkpoint.exists() or attempt == attempts - 1:
+                raise
+            get_logger().info(f"{checkpoint} was pruned while it was read; taking the next newest")
+    raise AssertionError("unreachable")
 
 
 def checkpoint_in(path: str | Path, what: str, is_main: bool = True) -> tuple[Path, str | None]:

@@ -35,7 +35,7 @@ from treadle.engine.loops import EpochLoop, IterLoop, TrainLoop, default_workflo
 from treadle.metrics import update_metrics
 from treadle.optim.wrapper import OptimWrapper, make_autocast
 from treadle.engine.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, agree_on_stop, requeue_slurm_job
-from treadle.engine.resume import checkpoint_in, latest_to_resume, note_other_runs
+from treadle.engine.resume import latest_to_resume, note_other_runs, use_latest
 from treadle.engine.run_dir import RunDir
 from treadle.hooks.state import TrainState
 from treadle.engine.step import make_eval_step, make_train_step, tell_if_outside_autocast
@@ -179,10 +179,11 @@ class Trainer:
     def _load_weights(self, load_from: str | Path) -> None:
         """``load_from``: weights into the module before it is placed (a run directory: its
         latest verified checkpoint, treadle/engine/resume.py)."""
-        path, note = checkpoint_in(load_from, "load_from", self.is_main)
-        if note:
-            get_logger().info(note)
-        get_logger().info(f"load_from: {load_weights(self.module, path, strict=True)}")
+        def load(path: Path, note: str | None) -> None:
+            if note:
+                get_logger().info(note)
+            get_logger().info(f"load_from: {load_weights(self.module, path, strict=True)}")
+        use_latest(load_from, "load_from", load, self.is_main)  # a live run's pruning: the next newest
 
     @property
     def ema(self) -> nn.Module | None:
