@@ -125,3 +125,11 @@ def test_resume_accepts_bools_and_paths_only(tmp_path):
         with pytest.raises(TypeError, match=r"resume=.*; expected False, True \(the newest checkpoint in work_dir\) or a "
                                             r"checkpoint path"):
             check_resume(bad)
+
+
+def test_a_work_dir_that_is_a_file_is_refused_by_the_constructor(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("mine")
+    with pytest.raises(ValueError, match=r"^work_dir='.*notes.txt' is a file; expected a directory"):
+        treadle.Trainer(TinyNet(), work_dir=path)
+    assert path.read_text() == "mine"  # nothing on disk is touched

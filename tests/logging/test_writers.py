@@ -96,3 +96,24 @@ def test_non_finite_values_are_written_as_strings(tmp_path):
     # Strict JSON (no bare NaN/Infinity tokens), so any reader can parse it.
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"iter": 1, "loss": "nan", "grad_norm": "inf", "nested": {"a": "-inf", "b": 2.0}}
+
+
+def test_a_text_log_on_a_full_disk_is_said_once_in_one_line(capsys):
+    """/dev/full: every write fails with ENOSPC. One line on stderr, no traceback, and
+    closing the handler raises nothing."""
+    import logging
+    from pathlib import Path
+
+    from treadle.logging.writers import add_file_handler, get_logger, remove_handler
+
+    handler = add_file_handler(Path("/dev/full"))
+    try:
+        for i in range(3):
+            get_logger().info(f"record {i}")
+    finally:
+        remove_handler(handler)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "/dev/full" in ln]
+    assert len(lines) == 1 and "No space left on device" in lines[0] and "the text log stops here" in lines[0]
+    assert "Traceback" not in err and "Logging error" not in err
+    assert isinstance(handler, logging.FileHandler)

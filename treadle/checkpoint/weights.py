@@ -265,16 +265,21 @@ def export_safetensors(
     tmp = out.parent / _scratch_name(out.name, "tmp")
     import safetensors.torch  # here, not at the top: `import treadle` stays light
 
+    # Serialized here and written by us (not safetensors.save_file): an OS error (a full
+    # disk) is then an OSError naming the file and its errno, not a SafetensorError.
+    data = safetensors.torch.save(tensors, metadata=metadata)
     try:
-        with open(tmp, "xb"):  # created as open() creates any file, so the umask decides its mode ...
-            pass
-        mode = tmp.stat().st_mode & 0o777
-        safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
-        os.chmod(tmp, mode)  # ... which safetensors would make 0600: the mode checkpoints' files get
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())  # contents durable before the rename publishes them
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
+        try:
+            with open(tmp, "xb") as f:  # created as open() creates any file: the umask decides its mode
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())  # contents durable before the rename publishes them
+            os.replace(tmp, out)
+            fsync_dir(out.parent)
+        except OSError as e:
+            if e.errno is None or e.filename is not None:
+                raise
+            raise OSError(e.errno, e.strerror, str(out)) from e
     except BaseException:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -246,6 +246,9 @@ def build_args(given: TrainerArgs) -> Args:
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable (outputs, targets) -> loss, got {type(loss_fn).__name__}")
     workflow = check_workflow(v.workflow, v.val_dataloader is not None) if v.workflow is not None else None
+    if v.work_dir is not None and Path(v.work_dir).exists() and not Path(v.work_dir).is_dir():
+        raise ValueError(f"work_dir={str(v.work_dir)!r} is a file; expected a directory for the run's logs and "
+                         "checkpoints, or a path where one can be made")
     resume = v.resume
     if resume is True and v.work_dir is None:
         raise ValueError("resume=True looks for the latest checkpoint in work_dir, but work_dir is None")

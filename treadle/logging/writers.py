@@ -47,10 +47,36 @@ def get_logger() -> logging.Logger:
     return logger
 
 
+class TextLogHandler(logging.FileHandler):
+    """``log.txt``'s handler. A write that fails (a full disk) is said once, in one line
+    on stderr, and the text log stops there; the run and its other outputs go on. (The
+    logging module would print a traceback for every record, and again at close.)"""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # logging's name for it
+        error = sys.exc_info()[1]
+        if not self.failed:
+            self.failed = True
+            print(f"treadle: writing {self.baseFilename} failed: {error}; the text log stops here", file=sys.stderr)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as e:  # its last flush, on a full disk
+            if not self.failed:
+                self.failed = True
+                print(f"treadle: writing {self.baseFilename} failed: {e}; the text log stops here", file=sys.stderr)
+
+
 def add_file_handler(path: Path) -> logging.Handler:
     """Mirror the treadle logger into a text file; remove the handler when done."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = TextLogHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
     handler.addFilter(_not_console_only)
     get_logger().addHandler(handler)
