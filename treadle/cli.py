@@ -464,6 +464,10 @@ def _guarded(args: argparse.Namespace) -> int:
         return _fail(args, e)
     except FloatingPointError as e:  # training diverged (NaN guard, or non-finite weights at a save)
         return _fail(args, e, status=1)
+    except OSError as e:  # a full disk while logging, a file that went away: one line (log.txt has the traceback)
+        if comm.peer_lost(e):
+            return _peer_lost(args, e)
+        return _fail(args, e, status=1)
     except KeyboardInterrupt as e:  # a second Ctrl-C during fit, or one outside it
         if getattr(args, "debug", False):
             traceback.print_exception(e)

@@ -275,9 +275,14 @@ class BatchedWriter:
         it (LoggerHook calls it in ``before_save_checkpoint``)."""
         if self._file.closed:
             return
-        self.flush()
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            self.flush()
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as e:  # a full disk: the error names the file
+            if e.errno is None or e.filename is not None:
+                raise
+            raise OSError(e.errno, e.strerror, str(self.path)) from e
 
     def close(self) -> None:
         """Write every kept record, then close the file (idempotent)."""
