@@ -60,3 +60,11 @@ def test_a_restartable_torchrun_job_sharing_the_agent_store_is_warned_about():
     assert restart_store_hazard({**job, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None  # no restart, no hazard
     assert restart_store_hazard({**job, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None  # switched off
     assert restart_store_hazard({"RANK": "0", "WORLD_SIZE": "2"}) is None  # not torchrun's agent
+
+
+def test_a_lost_peer_is_only_recognised_in_a_job_of_several_processes():
+    """In one process a RuntimeError that reads like a lost peer (a broken pipe in a
+    data pipeline) is the run's own error, shown as such."""
+    from treadle.distributed import comm
+
+    assert not comm.peer_lost(RuntimeError("[gloo] Connection closed by peer"))

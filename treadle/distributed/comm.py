@@ -171,7 +171,9 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken p
 def peer_lost(error: BaseException) -> bool:
     """Whether ``error`` (or one it was raised from) is a collective failing because
     another process of the job has gone: this process then only stops, saying so; the
-    job's real error is the other process's."""
+    job's real error is the other process's. Always False in one process."""
+    if not is_distributed():
+        return False
     seen = 0
     while error is not None and seen < 8:
         if isinstance(error, RuntimeError) and any(s in str(error) for s in _PEER_LOST):
