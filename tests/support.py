@@ -122,3 +122,20 @@ def wait_all(procs, timeout: float = 300.0) -> list[tuple[int, str]]:
                 p.kill()
                 p.wait()
     return out
+
+
+def assert_state_equal(a: Any, b: Any, path: str = "") -> None:
+    """Two (nested) states equal bit for bit: tensors exactly, containers entry by entry,
+    other leaves by ==; the failing entry's path in the message."""
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=path)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_state_equal(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_state_equal(x, y, f"{path}/{i}")
+    else:
+        assert a == b, path

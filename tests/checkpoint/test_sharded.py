@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 from torch.utils._pytree import tree_map_only
 
 from dist_support import run_ranks
+from support import assert_state_equal
 from treadle.checkpoint import io
 from treadle.compat import reshard_problem
 from treadle.checkpoint.dcp_safe import _SafeReader
@@ -75,21 +76,6 @@ def load_into(strategy: FSDPStrategy, model: nn.Module, opt: torch.optim.Optimiz
     strategy.set_model_state(model, state["model"])
     strategy.set_optim_state(model, opt, state["optim"])
     return payloads
-
-
-def assert_state_equal(a: dict, b: dict, path: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=path)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for k in a:
-            assert_state_equal(a[k], b[k], f"{path}/{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_state_equal(x, y, f"{path}/{i}")
-    else:
-        assert a == b, path
 
 
 def two_rank_worker(rank: int, world: int, root: str) -> dict:

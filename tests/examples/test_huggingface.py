@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 import treadle
 from treadle.checkpoint.io import find_latest_checkpoint, load_checkpoint
+from support import assert_state_equal
 
 transformers = pytest.importorskip("transformers")
 
@@ -81,19 +82,6 @@ def test_bert_validation_feeds_a_torchmetrics_metric_the_logits_and_labels():
     assert res["val/loss"] == pytest.approx(out.loss.item(), rel=1e-4)
 
 
-def _tensors_equal(a, b, path=""):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert set(a) == set(b), path
-        for k in a:
-            _tensors_equal(a[k], b[k], f"{path}/{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _tensors_equal(x, y, f"{path}/{i}")
-
-
 @pytest.mark.slow  # subprocesses
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
 def test_the_example_resumes_exactly_after_sigkill(name, tmp_path):
@@ -111,8 +99,8 @@ def test_the_example_resumes_exactly_after_sigkill(name, tmp_path):
     a = load_checkpoint(find_latest_checkpoint(tmp_path / "whole" / "checkpoints"))
     b = load_checkpoint(find_latest_checkpoint(tmp_path / "cut" / "checkpoints"))
     assert find_latest_checkpoint(tmp_path / "cut" / "checkpoints").name == "iter_00000008"
-    _tensors_equal(a["state.pt"]["model"], b["state.pt"]["model"], "model")
-    _tensors_equal(a["state.pt"]["optim"], b["state.pt"]["optim"], "optim")
+    assert_state_equal(a["state.pt"]["model"], b["state.pt"]["model"], "model")
+    assert_state_equal(a["state.pt"]["optim"], b["state.pt"]["optim"], "optim")
 
     def records(d):
         out = [json.loads(line) for line in (d / "log.jsonl").read_text().splitlines()]
