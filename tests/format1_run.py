@@ -70,3 +70,20 @@ def strategy_loop(work_dir: Path, *, save_at: int | None = None, resume: Path | 
             if it == total:
                 break
     return s, model, ow
+
+
+def computes_as_the_fixture(fixture: Path, here: Path) -> bool:
+    """True when the checkpoint ``here``, saved at ``SAVE_AT`` by the same run on this
+    machine, holds the fixture's weights bit for bit. CPU kernels give other last bits on
+    another processor (an H100 host's, with torch 2.11, which computes the fixture's bits on
+    this machine) or another torch release (2.6), and there a run resumed from the fixture
+    cannot end at the bits of an uninterrupted run computed here, whatever the migration does."""
+    saved = torch.load(fixture / "state.pt", weights_only=True)["model"]  # format 1 and 2: read as they are
+    from treadle.checkpoint.weights import read_weights
+
+    ours = read_weights(here)
+    return set(ours) == set(saved) and all(torch.equal(v, saved[k]) for k, v in ours.items())
+
+
+SKIP_REASON = ("this machine computes the fixture's first steps to other bits than the machine that saved it "
+               "(another processor or torch release): a bit-exact continuation cannot be compared here")

@@ -9,20 +9,28 @@ from pathlib import Path
 import pytest
 import torch
 
-from treadle import compat
 from treadle.checkpoint.migrate import format_1_to_2, is_format_1, migrate
 
-from format1_run import SAVE_AT, make_trainer
+from format1_run import SAVE_AT, SKIP_REASON, computes_as_the_fixture, make_trainer
 from support import ON_CPU
 
 FIXTURE = Path(__file__).parent / "data" / "format1"  # saved by commit 415a029 (make_format1_fixture.py)
 # The fixture was saved by a CPU run (its first 7 steps and its RNG state are the CPU's):
 # the resume and the uninterrupted reference run on the CPU too.
 CPU = dict(strategy=ON_CPU)
-# And by torch 2.13: a release whose kernels or draws differ cannot continue its 7 steps to the
-# uninterrupted run's bits. 2.7 to 2.14 do; 2.6 does not.
-SAME_NUMBERS = pytest.mark.skipif(compat.release(torch.__version__) < (2, 7),
-                                  reason="the fixture's first steps were computed by torch 2.13, whose numbers 2.6's differ from")
+
+
+@pytest.fixture(scope="module")
+def same_numbers(tmp_path_factory):
+    """Skips where this machine's first 7 steps differ from the fixture's in their last bits
+    (format1_run.computes_as_the_fixture): measured, not guessed from the release."""
+    probe = make_trainer(tmp_path_factory.mktemp("probe"), **CPU)
+    probe.fit()  # saves at SAVE_AT as the fixture's run did
+    if not computes_as_the_fixture(FIXTURE, probe.work_dir / "checkpoints" / f"iter_{SAVE_AT:08d}"):
+        pytest.skip(SKIP_REASON)
+
+
+SAME_NUMBERS = pytest.mark.usefixtures("same_numbers")
 
 
 def test_the_fixture_is_of_format_1():

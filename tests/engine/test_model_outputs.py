@@ -17,6 +17,8 @@ import treadle
 from treadle.engine.step import metric_inputs, parse_losses, whole_batch_caller
 from treadle.strategies.base import move_to
 
+from support import DEVICE, FUSED
+
 
 @dataclasses.dataclass
 class Output:
@@ -62,16 +64,16 @@ class Tokens(Dataset):
 def test_a_keyword_model_trains_as_a_hand_loop_calling_model_of_star_star_batch(tmp_path, as_dict):
     torch.manual_seed(0)
     model = KeywordModel(as_dict)
-    reference = copy.deepcopy(model)
+    reference = copy.deepcopy(model).to(DEVICE)  # the reference runs where the run does
     loader = DataLoader(Tokens(), batch_size=8)
     t = treadle.Trainer(model, work_dir=tmp_path, train_dataloader=loader, optimizer=dict(type="SGD", lr=0.1),
                         max_iters=6, log_interval=3, strategy="single", checkpoint=False, progress=False,
                         log_writers=["jsonl"])
     t.fit()
-    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, **FUSED)
     for _ in range(2):
         for batch in loader:
-            out = reference(**batch)
+            out = reference(**move_to(batch, DEVICE))
             loss = out["loss"] if as_dict else out.loss
             opt.zero_grad()
             loss.backward()
@@ -160,7 +162,37 @@ def test_validation_of_a_keyword_model_feeds_metrics_and_reports_its_loss():
                         strategy="single")
     res = t.validate()
     ds = Tokens()
-    with torch.no_grad():
-        out = model(ds.ids, torch.ones(len(ds), 5), ds.labels)
-    assert res["val/acc"] == pytest.approx((out.logits.argmax(1) == ds.labels).float().mean().item())
+    with torch.no_grad():  # the model stays where the run put it
+        out = model(*(x.to(DEVICE) for x in (ds.ids, torch.ones(len(ds), 5), ds.labels)))
+    assert res["val/acc"] == pytest.approx((out.logits.argmax(1).cpu() == ds.labels).float().mean().item())
     assert res["val/loss"] == pytest.approx(out.loss.item(), rel=1e-5)
+
+
+def test_metrics_that_are_modules_go_to_the_run_device():
+    """A torchmetrics metric is an nn.Module holding its state in buffers: it is moved to
+    the device the model's outputs are on (on a GPU it was left on the CPU: the first
+    update raised 'different devices')."""
+    class Spy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("total", torch.zeros(()))
+            self.moved_to = []
+
+        def to(self, *args, **kwargs):
+            self.moved_to.append(torch.device(args[0] if args else kwargs["device"]))
+            return super().to(*args, **kwargs)
+
+        def reset(self):
+            self.total.zero_()
+
+        def update(self, outputs, targets):
+            self.total += (outputs.argmax(1) == targets).sum()  # the logits: treadle picks them
+
+        def compute(self):
+            return self.total.item()
+
+    spy = Spy()
+    t = treadle.Trainer(KeywordModel(), val_dataloader=DataLoader(Tokens(), batch_size=8), metrics={"n": spy},
+                        strategy="single")
+    assert spy.moved_to == [t.strategy.device] == [DEVICE]
+    assert t.validate()["val/n"] == spy.total.item()

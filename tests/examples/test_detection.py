@@ -13,6 +13,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import treadle
+from treadle.strategies.base import move_to
+from support import DEVICE, FUSED
 
 DIR = Path(__file__).resolve().parents[2] / "examples" / "detection"
 
@@ -34,13 +36,14 @@ det = _load("detector")
 def test_training_equals_a_hand_loop_calling_the_detector_with_images_and_targets():
     torch.manual_seed(0)
     model = det.TinyDetector()
-    reference = copy.deepcopy(model)
+    reference = copy.deepcopy(model).to(DEVICE)  # the reference runs where the run does
     loader = DataLoader(det.Squares(32, seed=1), batch_size=8, collate_fn=det.collate)
     t = treadle.Trainer(model, train_dataloader=loader, optimizer=dict(type="SGD", lr=0.05), max_iters=4,
                         strategy="single", progress=False, checkpoint=False)
     t.fit()
-    opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.05, **FUSED)
     for batch in loader:
+        batch = move_to(batch, DEVICE)
         losses = reference(images=batch["images"], targets=batch["targets"])
         opt.zero_grad()
         sum(losses.values()).backward()
@@ -61,7 +64,7 @@ def test_evaluation_gives_the_metric_the_predictions_and_the_targets():
     with torch.no_grad():
         for i in range(0, 24, 8):
             images, targets = zip(*[data[j] for j in range(i, i + 8)])
-            by_hand.update(model(list(images)), list(targets))
+            by_hand.update(model([x.to(DEVICE) for x in images]), move_to(list(targets), DEVICE))
     assert res["val/ap50"] == pytest.approx(by_hand.compute())
     assert set(res) == {"val/ap50"}  # eval mode returns predictions, no loss
 

@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 
 import treadle
 from treadle.checkpoint.io import find_latest_checkpoint, load_checkpoint
-from support import assert_state_equal
+from treadle.strategies.base import move_to
+from support import DEVICE, FUSED, assert_state_equal
 
 transformers = pytest.importorskip("transformers")
 
@@ -44,17 +45,17 @@ def test_a_hugging_face_model_trains_as_a_hand_loop_does(name, tmp_path):
     ex = _example()
     torch.manual_seed(0)
     model = _no_dropout(ex.build_model(name))
-    reference = copy.deepcopy(model)
+    reference = copy.deepcopy(model).to(DEVICE)  # the reference runs where the run does
     data = ex.Sequences(32, seed=1, classify=name == "bert")
     loader = DataLoader(data, batch_size=8)
     t = treadle.Trainer(model, work_dir=tmp_path, train_dataloader=loader, optimizer=dict(type="AdamW", lr=1e-3),
                         max_iters=4, log_interval=2, strategy="single", checkpoint=False, progress=False,
                         log_writers=["jsonl"])
     t.fit()
-    opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, **FUSED)
     losses = []
     for batch in loader:
-        out = reference(**batch)
+        out = reference(**move_to(batch, DEVICE))
         opt.zero_grad()
         out.loss.backward()
         opt.step()
@@ -77,8 +78,9 @@ def test_bert_validation_feeds_a_torchmetrics_metric_the_logits_and_labels():
                         metrics={"acc": torchmetrics.classification.MulticlassAccuracy(num_classes=2, average="micro")})
     res = t.validate()
     with torch.no_grad():
-        out = model(input_ids=data.ids, attention_mask=torch.ones_like(data.ids), labels=data.labels)
-    assert res["val/acc"] == pytest.approx((out.logits.argmax(1) == data.labels).float().mean().item())
+        ids, labels = data.ids.to(DEVICE), data.labels.to(DEVICE)  # the model stays where the run put it,
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)  # with the metric
+    assert res["val/acc"] == pytest.approx((out.logits.argmax(1) == labels).float().mean().item())
     assert res["val/loss"] == pytest.approx(out.loss.item(), rel=1e-4)
 
 

@@ -142,7 +142,8 @@ def test_timed_and_untimed_steps_are_one_function_with_marks_attached():
     torch.manual_seed(0)
     reference = TinyNet()
     models = [copy.deepcopy(reference) for _ in range(2)]
-    wrappers = [treadle.Trainer(m, optimizer=dict(type="SGD", lr=0.1)).optim_wrapper for m in models]
+    wrappers = [treadle.Trainer(m, optimizer=dict(type="SGD", lr=0.1), strategy=ON_CPU).optim_wrapper
+                for m in models]  # on the CPU: the test is about the step, not the device
     timer = PhaseTimer()
     plain = make_train_step(models[0], nn.CrossEntropyLoss(), wrappers[0], None)
     wrappers[1].after_backward_callbacks = (timer.mark,)  # as the Trainer attaches it

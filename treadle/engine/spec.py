@@ -246,8 +246,8 @@ class TrainerArgs:
         (list, NoneType), "a list of [mode, count] pairs, or null", _workflow)] = None
     metrics: Annotated[Mapping[str, Any] | None, Arg(
         "Validation and test metrics by name: objects with `update(outputs, targets)`, `compute()` and `reset()` "
-        "(torchmetrics objects work as they are) or specs, e.g. `{acc: {type: Accuracy}}`; logged as `val/<name>` "
-        "(`test/<name>`).",
+        "(torchmetrics objects work as they are; metrics that are modules are moved to the run's device) or specs, "
+        "e.g. `{acc: {type: Accuracy}}`; logged as `val/<name>` (`test/<name>`).",
         (dict, NoneType), "a mapping {name: component spec}, or null", objects=_ANY)] = None
     train_metrics: Annotated[Mapping[str, Any] | None, Arg(
         "Training metrics (as `metrics`), updated each iteration on the device without a host read, reduced over "

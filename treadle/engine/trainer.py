@@ -154,6 +154,9 @@ class Trainer:
         self._move = strategy.batch_mover() if self.move_batch else None
         if self.train_metrics is not None:  # torchmetrics objects (modules) on the training device
             self.train_metrics.to(strategy.device)
+        for m in (self.metrics or {}).values():  # and the evaluation's: they are fed the model's outputs there
+            if isinstance(m, nn.Module):
+                m.to(strategy.device)
         if strategy.device.type == "cuda" and self.is_main:
             warn_if_unpinned(self.train_dataloader)
 
