@@ -252,7 +252,7 @@ def test_mlflow_backend_runs_into_the_run_directory(tmp_path, monkeypatch):
      "default_hooks.visualization.enable: drawing is not supported (got True). treadle draws no images"),
     ({"default_hooks": {"visualization": {"type": "DetVisualizationHook", "draw": True, "interval": 1}}},
      "default_hooks.visualization.draw: drawing is not supported"),
-    ({"custom_hooks": [{"type": "SyncBuffersHook"}]}, "custom_hooks[0].type: unknown hook type (got 'SyncBuffersHook')"),
+    ({"custom_hooks": [{"type": "SimSiamHook"}]}, "custom_hooks[0].type: unknown hook type (got 'SimSiamHook')"),
     ({"env_cfg": {"dist_cfg": {"backend": "hccl"}}}, "env_cfg.dist_cfg.backend: unsupported process-group backend"),
     ({"env_cfg": {"dist_cfg": {"backend": "nccl", "port": 29500}}}, "env_cfg.dist_cfg.port: option has no treadle"),
     ({"env_cfg": {"dist_cfg": {"timeout": "1h"}}}, "env_cfg.dist_cfg.timeout: not a positive number of seconds"),
@@ -290,14 +290,20 @@ def test_deterministic_wins_over_cudnn_benchmark_as_in_mmengine():
         {"type": "RuntimeEnvHook", "cudnn_benchmark": True, "log_level": "WARNING"}]
 
 
-def test_helper_variables_are_dropped_but_unknown_and_misspelt_keys_stay_errors(tmp_path):
+def test_helper_variables_and_unused_names_are_dropped_but_misspelt_keys_stay_errors(tmp_path, caplog):
     base = {"default_scope": "x", "data_root": "data/cifar10/", "crop": (32, 32),
             "train_dataloader": {"dataset": {"root": "data/cifar10/train", "size": [32, 32]}}}
     assert translate(base) == {"train_dataloader": base["train_dataloader"]}
-    with pytest.raises(ConfigError, match=r"^vis_backends: unknown key.*only inside visualizer"):
-        resolve_config({"default_scope": "x", "vis_backends": [{"type": "LocalVisBackend"}]})
-    with pytest.raises(ConfigError, match=r"^unknown_thing: unknown key"):  # used nowhere: not a helper
-        load_config(write_config(tmp_path, CLS_RUNTIME, CLS_SCHEDULE, "unknown_thing = dict(a=1)\n"), mode="train")
+    assert "vis_backends" not in resolve_config({"default_scope": "x", "vis_backends": [{"type": "LocalVisBackend"}]})
+    path = write_config(tmp_path, CLS_RUNTIME, CLS_SCHEDULE, "unknown_thing = dict(a=1)\n")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        assert "unknown_thing" not in load_config(path, mode="train")  # a variable nothing uses: MMEngine ignores it
+    said = [r.getMessage() for r in caplog.records if "not used" in r.getMessage()]
+    names = "dataset_type, num_samples, unknown_thing, vis_backends"
+    assert len(said) == 1 and said[0] == f"{path}: not used (config variables that no treadle key takes): {names}"
+    with pytest.raises(ConfigError, match=r"^--set unknown_thing.a: no treadle key, and nothing in the config uses"):
+        load_config(path, ["unknown_thing.a=2"], mode="train")
     with pytest.raises(ConfigError, match=r"^max_epoch: unknown key.*Did you mean 'max_epochs'"):  # misspelt: kept
         load_config(write_config(tmp_path, CLS_RUNTIME, CLS_SCHEDULE, "max_epoch = 2\n"), mode="train")
     # evaluators stay refused with their hint, even when one reuses the other
@@ -335,6 +341,15 @@ def test_runtime_env_hook_errors(kwargs, match):
 
 def test_a_short_string_is_a_helper_only_where_it_is_used_whole():
     cfg = {"default_scope": "x", "opt_name": "SG", "train_dataloader": {"dataset": {"kind": "SGD"}}}
-    with pytest.raises(ConfigError, match=r"^opt_name: unknown key"):
-        resolve_config(cfg)
+    assert translate(cfg)["opt_name"] == "SG"  # not a helper: resolve_config drops it as an unused name
+    assert "opt_name" not in resolve_config(cfg)
     assert "opt_name" not in translate({**cfg, "opt_name": "SGD"})
+
+
+def test_a_helper_named_after_the_key_it_feeds_is_no_typo_but_a_near_miss_is():
+    cfg = {"default_scope": "x", "interval": 10, "train_cfg": {"max_epochs": 20, "val_interval": 10}}
+    assert resolve_config(cfg)["val_interval"] == 10  # interval = 10 used as val_interval (mmpose's rtmpose files)
+    with pytest.raises(ConfigError, match=r"^interval: unknown key.*Did you mean"):
+        resolve_config({**cfg, "interval": 3})  # used nowhere: read as a misspelt log_interval/val_interval
+    with pytest.raises(ConfigError, match=r"^val_intervall: unknown key.*Did you mean 'val_interval'"):
+        resolve_config({**cfg, "val_intervall": 10})

@@ -183,7 +183,8 @@ def test_collate_fn_paths(marker_module, marker, safe):
     with pytest.raises(ConfigError) as e:
         build_dataloader(spec, "val_dataloader", safe=True)
     assert one_line(e.value).startswith(f"val_dataloader.collate_fn: {RULE}, not this dotted import path "
-                                        f"(got '{name}.collate'); expected no collate_fn (torch's default collate).")
+                                        f"(got '{name}.collate'); expected no collate_fn (torch's default collate) or one of "
+                                        "default_collate, pseudo_collate.")
     with pytest.raises(ConfigError, match=r"^val_dataloader.collate_fn: safe mode allows only"):
         check_safe({"val_dataloader": spec})
     assert not marker.exists()

@@ -27,6 +27,7 @@ from treadle.config.errors import ConfigError, did_you_mean, join_path
 from treadle.config.registry import check_name, import_object, resolve_type
 from treadle.config.safe import refused
 from treadle.config.keys import DATALOADER_SCHEMA, check_table
+from treadle.data.collate import COLLATE_FUNCTIONS
 from treadle.hooks.base import Hook, get_priority
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.optim.scheduler_builder import SCHEDULERS
@@ -115,6 +116,8 @@ def build_dataloader(spec: dict[str, Any], path: str, *, safe: bool = False) -> 
     if "dataset" not in spec:
         raise ConfigError(join_path(path, "dataset"), "missing required key", expected="{type: digits, ...}")
     kwargs = {k: v for k, v in spec.items() if k != "dataset"}
+    if kwargs.get("collate_fn") in COLLATE_FUNCTIONS:
+        kwargs["collate_fn"] = COLLATE_FUNCTIONS[kwargs["collate_fn"]]
     if safe and isinstance(kwargs.get("collate_fn"), str):
         raise _refused_collate(kwargs["collate_fn"], join_path(path, "collate_fn"))
     dataset = build_component(spec["dataset"], "dataset", join_path(path, "dataset"), safe=safe)
@@ -130,7 +133,7 @@ def build_dataloader(spec: dict[str, Any], path: str, *, safe: bool = False) -> 
 
 
 def _refused_collate(value: Any, path: str) -> ConfigError:
-    return refused(path, value, "no collate_fn (torch's default collate)",
+    return refused(path, value, f"no collate_fn (torch's default collate) or one of {', '.join(COLLATE_FUNCTIONS)}",
                    hint="Pass the function itself from Python or, if you trust the config as code, load it without "
                         "safe mode.")
 
@@ -297,10 +300,11 @@ def named_types(cfg: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
 
 def check_safe(cfg: Mapping[str, Any]) -> None:
     """Safe mode's check of a whole config, before anything is built or imported: every
-    name is registered or a torch.nn / torch.optim class, and no ``collate_fn`` is a string."""
+    name is registered or a torch.nn / torch.optim class, and no ``collate_fn`` is a string
+    other than a name of :data:`treadle.data.collate.COLLATE_FUNCTIONS`."""
     for kind, name, path in named_types(cfg):
         if kind == "collate_fn":
-            if isinstance(name, str):
+            if isinstance(name, str) and name not in COLLATE_FUNCTIONS:
                 raise _refused_collate(name, path)
         elif kind == "scheduler" and isinstance(name, str) and name.rsplit(".", 1)[-1] in SCHEDULERS:
             continue  # a treadle scheduler (an MMEngine scope prefix is dropped, never imported)

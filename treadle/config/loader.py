@@ -9,13 +9,15 @@ Names starting with an underscore, modules, classes and functions are not keys
 (they are imports and helpers); ``_base_`` is the one underscore name that is read.
 
 ``_base_: path`` (or a list of paths, relative to the file) names configs this one
-builds on. Bases are merged in order, then the file itself: dicts merge key by key,
+builds on; they are read first, so that ``{{_base_.x}}`` and, in Python, ``_base_.x``
+reuse their values (:mod:`treadle.config.base_refs`). Bases are merged in order, then the file itself: dicts merge key by key,
 anything else (lists included) is replaced by the later value, and a dict holding
 ``_delete_: true`` replaces the inherited dict instead of merging into it.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import re
 import sys
@@ -26,6 +28,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from treadle.config.base_refs import BaseView, mark_references, plain, substitute, take_base_assignment
 from treadle.config.errors import ConfigError
 from treadle.config.safe import refused_python_file
 
@@ -91,7 +94,7 @@ def parse_yaml(text: str, source: str = "<string>") -> Any:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    data = parse_yaml(path.read_text(encoding="utf-8"), source=str(path))
+    data = parse_yaml(mark_references(path.read_text(encoding="utf-8")), source=str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -104,15 +107,25 @@ def _is_helper(value: Any) -> bool:
     return isinstance(value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType))
 
 
-def _read_python(path: Path) -> dict[str, Any]:
-    code_globals: dict[str, Any] = {"__file__": str(path), "__name__": f"treadle_config_{path.stem}"}
-    sys.path.insert(0, str(path.parent))  # like `python file.py`: siblings are importable
+def _parse_python(path: Path) -> tuple[ast.Module, Any]:
+    """The file's code, its ``{{_base_.x}}`` marked, without its ``_base_ = ...`` line,
+    and that line's value (None: no bases)."""
     try:
-        code = compile(path.read_text(encoding="utf-8"), str(path), "exec")
-        exec(code, code_globals)  # noqa: S102 -- a Python config is documented as code that runs
+        tree = ast.parse(mark_references(path.read_text(encoding="utf-8")), str(path))
     except SyntaxError as e:
         raise ConfigError("", f"Python syntax error at line {e.lineno}, column {e.offset}: {e.msg}",
                           source=str(path)) from None
+    return tree, take_base_assignment(tree, str(path))
+
+
+def _run_python(path: Path, tree: ast.Module, base: BaseView | None) -> dict[str, Any]:
+    """Run the file's code; ``base`` (the merged bases) is what ``_base_`` names in it."""
+    code_globals: dict[str, Any] = {"__file__": str(path), "__name__": f"treadle_config_{path.stem}"}
+    if base is not None:
+        code_globals[BASE_KEY] = base
+    sys.path.insert(0, str(path.parent))  # like `python file.py`: siblings are importable
+    try:
+        exec(compile(tree, str(path), "exec"), code_globals)  # noqa: S102 -- a Python config is documented as code that runs
     except ConfigError:
         raise
     except Exception as e:
@@ -125,14 +138,10 @@ def _read_python(path: Path) -> dict[str, Any]:
             sys.path.remove(str(path.parent))
         except ValueError:
             pass
-    return {k: v for k, v in code_globals.items()
-            if (k == BASE_KEY or not k.startswith("_")) and not _is_helper(v)}
+    return plain({k: v for k, v in code_globals.items() if not k.startswith("_") and not _is_helper(v)})
 
 
-def read_file(path: str | Path, *, safe: bool = False) -> dict[str, Any]:
-    """One config file as a dict, ``_base_`` not yet followed; ``safe``: a ``.py`` file
-    is refused, not run."""
-    path = Path(path)
+def _check_path(path: Path, safe: bool) -> None:
     if not path.is_file():
         problem = "is a directory, not a config file" if path.is_dir() else "no such config file"
         raise ConfigError("", problem, source=str(path))
@@ -141,7 +150,18 @@ def read_file(path: str | Path, *, safe: bool = False) -> dict[str, Any]:
                           expected=" or ".join(SUFFIXES), source=str(path))
     if safe and path.suffix == ".py":
         raise refused_python_file(str(path))
-    return _read_python(path) if path.suffix == ".py" else _read_yaml(path)
+
+
+def read_file(path: str | Path, *, safe: bool = False) -> dict[str, Any]:
+    """One config file as a dict, ``_base_`` not yet followed (a Python file runs without
+    its bases: ``_base_.x`` in it fails); ``safe``: a ``.py`` file is refused, not run."""
+    path = Path(path)
+    _check_path(path, safe)
+    if path.suffix != ".py":
+        return _read_yaml(path)
+    tree, bases = _parse_python(path)
+    data = _run_python(path, tree, None)
+    return data if bases is None else {BASE_KEY: bases, **data}
 
 
 def merge(base: Any, override: Any) -> Any:
@@ -168,31 +188,40 @@ def strip_delete(value: Any) -> Any:
 
 def load_file(path: str | Path, _chain: tuple[Path, ...] = (), *, safe: bool = False) -> dict[str, Any]:
     """A config file with its ``_base_`` chain merged in (errors name the file).
-    ``safe``: ``.py`` files are refused, the top-level one and every base, before any runs."""
+    ``safe``: ``.py`` files are refused, the top-level one and every base, before any runs.
+    The bases are read first, so that ``{{_base_.x}}`` and (in Python) ``_base_.x`` find
+    their values (:mod:`treadle.config.base_refs`)."""
     path = Path(path).resolve() if _chain else Path(path)
     if path.resolve() in [p.resolve() for p in _chain]:
         cycle = " -> ".join(str(p) for p in (*_chain, path))
         raise ConfigError(BASE_KEY, f"inheritance cycle: {cycle}", source=str(_chain[0]))
-    data = read_file(path, safe=safe)
-    bases = data.pop(BASE_KEY, None)
-    if bases is None:
-        return strip_delete(data)
+    _check_path(path, safe)
+    if path.suffix == ".py":
+        tree, bases = _parse_python(path)
+    else:
+        data = _read_yaml(path)
+        bases = data.pop(BASE_KEY, None)
     if isinstance(bases, str):
         bases = [bases]
-    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+    if bases is not None and (not isinstance(bases, list) or not all(isinstance(b, str) for b in bases)):
         raise ConfigError(BASE_KEY, "must be a path or a list of paths", value=bases,
                           expected="e.g. _base_: ../base.yaml", source=str(path))
     if safe:  # every base of this file is checked before the first is read
-        for base in bases:
+        for base in bases or []:
             if Path(base).suffix == ".py":
                 raise refused_python_file(base, listed_in=str(path))
     merged: dict[str, Any] = {}
-    for base in bases:
+    for base in bases or []:
         base_path = (path.parent / base)
         if not base_path.is_file():
             raise ConfigError(BASE_KEY, f"base config {base!r} not found (looked at {base_path})", source=str(path))
         merged = merge(merged, load_file(base_path, (*_chain, path), safe=safe))
-    return merge(merged, data)
+    if path.suffix == ".py":
+        view = BaseView(merged)
+        data = _run_python(path, tree, view)
+        merged = plain(view)  # the file may have set keys of _base_ (MMEngine merges them too)
+    data = substitute(data, merged, str(path))
+    return strip_delete(data) if bases is None else merge(merged, data)
 
 
 # -- --set overrides --------------------------------------------------------------------

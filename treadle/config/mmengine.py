@@ -72,6 +72,8 @@ from typing import Any
 
 from treadle.config.errors import ConfigError, join_path
 from treadle.config.mmengine_common import take
+from treadle.config.mmengine_data import translate_dataloader
+from treadle.config.mmengine_loop import val_schedule
 from treadle.config.mmengine_runtime import RUNTIME_KEYS, helper_names, translate_runtime, visualization_hook
 from treadle.config.mmengine_strategy import is_mmengine_strategy, strategy_settings, translate_strategy
 from treadle.config.registry import REGISTRIES
@@ -85,8 +87,6 @@ MMENGINE_KEYS = ("optim_wrapper", "param_scheduler", "train_cfg", "val_cfg", "te
 NOT_TRANSLATED = {
     "val_evaluator": "MMEngine evaluators are not translated; use metrics: {name: {type: ...}} (update/compute/reset)",
     "test_evaluator": "MMEngine evaluators are not translated; use metrics: {name: {type: ...}}",
-    "vis_backends": "MMEngine reads vis_backends only inside visualizer: give visualizer = "
-                    "dict(type='Visualizer', vis_backends=vis_backends), or remove vis_backends",
     # MMEngine imports these modules while reading the config; treadle never imports for a key.
     "custom_imports": "treadle imports no modules for a config; name classes by dotted type paths (trusted configs) "
                       "or register them from Python (treadle.config.registry) and remove custom_imports",
@@ -106,19 +106,27 @@ def is_mmengine_style(cfg: dict[str, Any]) -> bool:
 
 
 class _Out:
-    """The translated config; refuses to set a key twice with two values (e.g. optimizer
-    and optim_wrapper). The same value twice is a helper variable of an MMEngine config
-    (``max_epochs = 12`` then ``train_cfg = dict(max_epochs=max_epochs)``): MMEngine
-    reads only the runner key."""
+    """The translated config. Two MMEngine keys that set one treadle key with two values
+    are an error. A top-level name that a translated key also sets is a variable of the
+    config, as MMEngine's runner sees it (``max_epochs = 12`` then ``train_cfg =
+    dict(max_epochs=max_epochs)``): the runner key wins, the name is listed in
+    ``replaced`` (name -> the key that set it), whatever its value."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = {k: v for k, v in cfg.items() if k not in MMENGINE_KEYS}
+        self.translated: dict[str, str] = {}
+        self.replaced: dict[str, str] = {}
 
     def set(self, key: str, value: Any, source: str) -> None:
         if key in self.cfg and self.cfg[key] != value:
-            raise ConfigError(source, f"sets {key!r}, which the config also gives directly", value=value,
-                              expected=f"only one of {source} and {key}")
+            if key in self.translated:
+                raise ConfigError(source, f"sets {key!r}, which {self.translated[key]} also sets", value=value,
+                                  expected=f"only one of {source} and {self.translated[key]}")
+            self.replaced[key] = source
+        elif key in self.cfg and key not in self.translated:
+            self.replaced[key] = source  # the same value: a helper reused by the runner key
         self.cfg[key] = value
+        self.translated[key] = source
 
 
 def _optim_wrapper(spec: Any, out: _Out) -> None:
@@ -130,13 +138,17 @@ def _optim_wrapper(spec: Any, out: _Out) -> None:
     if kind not in ("OptimWrapper", "AmpOptimWrapper", "DeepSpeedOptimWrapper"):  # DeepSpeed's: the strategy's
         raise ConfigError(join_path(path, "type"), "unsupported optimizer wrapper", value=kind,
                           expected="OptimWrapper, AmpOptimWrapper or DeepSpeedOptimWrapper")
+    if kind == "AmpOptimWrapper" and spec.get("loss_scale", "dynamic") != "dynamic":
+        raise ConfigError(join_path(path, "loss_scale"), "option has no treadle equivalent for this value",
+                          value=spec["loss_scale"], expected="loss_scale: 'dynamic' (what treadle does: torch's "
+                          "GradScaler with its defaults), or no loss_scale")
     rest = take(spec, path, {"optimizer": "optimizer", "paramwise_cfg": "paramwise", "clip_grad": "clip_grad",
-                              "accumulative_counts": "accumulate", "dtype": "dtype"}, {"type": None})
+                              "accumulative_counts": "accumulate", "dtype": "dtype"},
+                {"type": None, "constructor": "DefaultOptimWrapperConstructor",
+                 **({"loss_scale": "dynamic"} if kind == "AmpOptimWrapper" else {})})
     optimizer = rest.pop("optimizer")
     if not isinstance(optimizer, dict):
         raise ConfigError(join_path(path, "optimizer"), "must be a mapping", value=optimizer, expected="{type: AdamW, lr: ...}")
-    if out.cfg.get("optimizer") == optimizer:  # ``optimizer = dict(...)`` reused as optim_wrapper's: a helper
-        del out.cfg["optimizer"]
     if "paramwise" in rest:
         optimizer = {**optimizer, "paramwise": rest.pop("paramwise")}
     out.set("optimizer", optimizer, join_path(path, "optimizer"))
@@ -158,7 +170,8 @@ def _train_cfg(spec: Any, out: _Out) -> None:
     if not isinstance(spec, dict):
         raise ConfigError(path, "must be a mapping", value=spec, expected="{by_epoch: true, max_epochs: N, val_interval: K}")
     rest = take(spec, path, {"max_epochs": "max_epochs", "max_iters": "max_iters", "val_interval": "val_interval",
-                              "by_epoch": "by_epoch", "type": "type"}, {"val_begin": 1})
+                              "by_epoch": "by_epoch", "type": "type", "val_begin": "val_begin",
+                              "dynamic_intervals": "dynamic_intervals"}, {})
     loops = {"EpochBasedTrainLoop": True, "IterBasedTrainLoop": False}
     if "type" in rest and rest["type"] not in loops:
         raise ConfigError(join_path(path, "type"), "unsupported loop", value=rest["type"], expected=" or ".join(loops))
@@ -167,8 +180,12 @@ def _train_cfg(spec: Any, out: _Out) -> None:
     if wrong in rest:
         raise ConfigError(join_path(path, wrong), f"does not fit by_epoch={by_epoch}", value=rest[wrong],
                           expected=f"{'max_epochs' if by_epoch else 'max_iters'} for this loop")
+    schedule = val_schedule(rest.pop("val_begin", 1), rest.pop("dynamic_intervals", None), rest.get("val_interval", 1),
+                            rest.get("max_epochs" if by_epoch else "max_iters"), by_epoch, path)
     for key, value in rest.items():
         out.set(key, value, join_path(path, key))
+    if schedule is not None and out.cfg.get("val_dataloader") is not None:  # MMEngine: no loader, no validation
+        out.set("workflow", schedule, path)
 
 
 def _checkpoint(spec: dict[str, Any], path: str, out: _Out) -> None:
@@ -180,9 +197,6 @@ def _checkpoint(spec: dict[str, Any], path: str, out: _Out) -> None:
     keep = ck.get("keep")
     if keep is None or (isinstance(keep, int) and not isinstance(keep, bool) and keep < 0):
         ck["keep"] = None  # MMEngine's default (-1) keeps every checkpoint; treadle's default keeps 3
-    if ck.get("best") == "auto":
-        raise ConfigError(join_path(path, "save_best"), "'auto' is not supported", value="auto",
-                          expected="the name of a validation metric such as val/acc")
     if "rule" in ck:
         rules = {"greater": "max", "less": "min"}
         if ck["rule"] not in rules:
@@ -230,6 +244,8 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> tuple[list[Any],
         if not isinstance(spec, dict) or "type" not in spec:
             raise ConfigError(path, "must be a hook spec", value=spec, expected="{type: HookName, ...}")
         kind = spec["type"]
+        if spec.get("enable") is False and kind not in REGISTRIES["hook"]:
+            continue  # an MMEngine project's hook switched off (BadCaseAnalysisHook, VisualizationHook...)
         if kind in _DROPPED_HOOKS or visualization_hook(spec, path):
             continue
         if isinstance(kind, str) and "." not in kind and kind not in REGISTRIES["hook"]:
@@ -257,17 +273,6 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> tuple[list[Any],
     return hooks, logs_leftovers
 
 
-def _dataloader(spec: Any, path: str) -> Any:
-    if not isinstance(spec, dict) or "sampler" not in spec:
-        return spec
-    sampler, spec = spec["sampler"], {k: v for k, v in spec.items() if k != "sampler"}
-    if not isinstance(sampler, dict) or sampler.get("type") not in ("DefaultSampler", "InfiniteSampler"):
-        raise ConfigError(join_path(path, "sampler"), "unsupported sampler", value=sampler,
-                          expected="{type: DefaultSampler, shuffle: true|false}")
-    shuffle = take(sampler, join_path(path, "sampler"), {"shuffle": "shuffle"}, {"type": None, "seed": None})
-    return {**spec, **shuffle}
-
-
 def _strategy_with(given: Any, options: dict[str, Any], source: str) -> dict[str, Any]:
     """``given`` (the config's strategy, or None) with ``options`` for its process group."""
     if given is None or given in ("auto", "ddp", "fsdp"):
@@ -282,8 +287,10 @@ def _strategy_with(given: Any, options: dict[str, Any], source: str) -> dict[str
     return {**given, "type": "ddp" if given["type"] == "auto" else given["type"], **options}
 
 
-def translate(cfg: dict[str, Any]) -> dict[str, Any]:
-    """``cfg`` with MMEngine's keys replaced by treadle's (see the module's table)."""
+def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None) -> dict[str, Any]:
+    """``cfg`` with MMEngine's keys replaced by treadle's (see the module's table).
+    ``replaced`` receives the top-level variables that a translated key overrode (or
+    helpers it dropped), each with the key that set it."""
     out = _Out(cfg)
     if "optim_wrapper" in cfg:
         _optim_wrapper(cfg["optim_wrapper"], out)
@@ -305,7 +312,7 @@ def translate(cfg: dict[str, Any]) -> dict[str, Any]:
             out.set(key, value, join_path("randomness", key))
     for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
         if key in out.cfg:
-            out.cfg[key] = _dataloader(out.cfg[key], key)
+            out.cfg[key] = translate_dataloader(out.cfg[key], key)
     defaults = trainer_defaults()  # the Trainer's: log_interval, log_writers
     log_interval = out.cfg.get("log_interval", defaults["log_interval"])
     rt = translate_runtime(cfg, deterministic=out.cfg.get("deterministic") is True, log_interval=log_interval)
@@ -326,9 +333,11 @@ def translate(cfg: dict[str, Any]) -> dict[str, Any]:
     if hooks:
         out.set("hooks", hooks, "custom_hooks")
     for name in helper_names(cfg, [*SCHEMA, *MMENGINE_KEYS, *NOT_TRANSLATED]):
-        out.cfg.pop(name, None)  # used only to write other keys
-    if cfg.get("visualizer") is not None:  # default_runtime.py's helper, also when a config gives a new visualizer
-        out.cfg.pop("vis_backends", None)
+        if out.cfg.pop(name, None) is not None:  # used only to write other keys
+            out.replaced.setdefault(name, "")
+    if cfg.get("visualizer") is not None and "vis_backends" in out.cfg:  # default_runtime.py's helper
+        out.cfg.pop("vis_backends")
+        out.replaced.setdefault("vis_backends", "visualizer")
     scale = out.cfg.get("auto_scale_lr")
     if isinstance(scale, dict) and "enable" not in scale:
         out.cfg["auto_scale_lr"] = {**scale, "enable": False}  # MMEngine scales only with enable=True
@@ -336,6 +345,8 @@ def translate(cfg: dict[str, Any]) -> dict[str, Any]:
         out.cfg["resume"] = out.cfg.pop("load_from")  # MMEngine resumes from load_from (full state)
     if "model" in out.cfg:
         out.cfg.setdefault("init_weights", True)  # MMEngine's runner calls model.init_weights()
+    if replaced is not None:
+        replaced.update(out.replaced)
     return out.cfg
 
 

@@ -33,6 +33,7 @@ from treadle.hooks.profiler import ProfilerHook
 from treadle.hooks.runtime_env import RuntimeEnvHook
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.summary import ModelSummaryHook
+from treadle.hooks.sync_buffers import SyncBuffersHook
 from treadle.hooks.timer import IterTimerHook
 from treadle.metrics import Accuracy
 from treadle.optim.builder import optimizer_names
@@ -98,6 +99,7 @@ HOOKS: dict[str, Any] = {
     "LoggerHook": LoggerHook,
     "ModelSummaryHook": ModelSummaryHook,
     "NaNGuardHook": NaNGuardHook,
+    "SyncBuffersHook": SyncBuffersHook,
     "ParamSchedulerHook": ParamSchedulerHook,
     "ProfilerHook": ProfilerHook,
     "RuntimeEnvHook": RuntimeEnvHook,

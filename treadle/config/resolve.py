@@ -19,6 +19,7 @@ from treadle.config.loader import apply_overrides, load_file
 from treadle.config.mmengine import NOT_TRANSLATED, is_mmengine_style, translate
 from treadle.config.registry import name_of
 from treadle.config.schema import SCHEMA, check_value, trainer_defaults
+from treadle.config.unused import check_overrides, log_unused, split_unused
 
 MODES = ("train", "validate", "test")
 
@@ -101,14 +102,20 @@ def with_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolve_config(raw: dict[str, Any], overrides: Iterable[str] = (), *, mode: str | None = None,
-                   **values: Any) -> dict[str, Any]:
+                   source: str = "config", **values: Any) -> dict[str, Any]:
     """``raw`` (a loaded file) with ``--set`` overrides, MMEngine keys translated, then
     ``values`` (e.g. ``work_dir=...``; None values are ignored), made plain, checked and
-    completed with defaults."""
+    completed with defaults. Top-level names treadle does not take are left out and
+    logged once (:mod:`treadle.config.unused`); ``source`` names the file there."""
+    overrides = list(overrides)
     cfg = apply_overrides(raw, overrides)
+    replaced: dict[str, str] = {}
     if is_mmengine_style(cfg):
-        cfg = translate(cfg)
+        cfg = translate(cfg, replaced)
     cfg.update({k: v for k, v in values.items() if v is not None})
+    cfg, unused = split_unused(cfg, SCHEMA, NOT_TRANSLATED)
+    check_overrides(overrides, unused, {k: v for k, v in replaced.items() if v})
+    log_unused(sorted({*unused, *replaced}), source)
     cfg = to_plain(cfg)
     validate_config(cfg, mode)
     return with_defaults(cfg)
@@ -124,7 +131,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = (), *, mode: str | 
     (``--set`` overrides included) must be registered or a torch.nn / torch.optim class.
     Build it with ``build_trainer(cfg, safe=True)`` too."""
     try:
-        cfg = resolve_config(load_file(path, safe=safe), overrides, mode=mode, **values)
+        cfg = resolve_config(load_file(path, safe=safe), overrides, mode=mode, source=str(path), **values)
         if safe:
             check_safe(cfg)
         return cfg

@@ -34,7 +34,9 @@ class CheckpointHook(Hook):
         rule: "max" or "min" for ``best``; default: inferred from the name ("min" for
             losses and errors such as ``val/loss`` or ``val/top1_err``, "max" for scores
             such as ``val/acc`` or ``val/mAP``, see treadle.metrics.higher_is_better),
-            and an error when the name does not say.
+            and an error when the name does not say. ``"auto"`` (MMEngine's
+            ``save_best='auto'``): the first validation result that is not a loss,
+            chosen at the first validation, its rule inferred then.
         save_last: save when training ends.
         async_save: periodic and final saves return once the state is copied to CPU
             memory (pinned buffers on CUDA) and are written by a background thread,
@@ -72,7 +74,8 @@ class CheckpointHook(Hook):
         self.by_epoch = by_epoch
         self.keep = keep
         self.best = best
-        if best is not None and rule is None:
+        self._given_rule = rule
+        if best is not None and best != "auto" and rule is None:
             higher = higher_is_better(best)
             if higher is None:
                 raise ValueError(f"checkpoint best={best!r}: its name does not say whether higher or lower is "
@@ -117,11 +120,27 @@ class CheckpointHook(Hook):
             name = f"epoch_{s.epoch:04d}" if self.by_epoch and s.by_epoch and not inside else f"iter_{s.iter:08d}"
             self._save_periodic(trainer, name)
 
+    def _choose_best(self, metrics: dict[str, Any]) -> None:
+        """``best="auto"``: the first result that is not a loss (the first metric)."""
+        chosen = next((k for k in metrics if "loss" not in k.rsplit("/", 1)[-1].lower()), None)
+        if chosen is None:
+            raise KeyError(f"checkpoint best='auto' needs a validation metric besides the losses; the validation "
+                           f"results are {sorted(metrics)}")
+        if self._given_rule is None:
+            higher = higher_is_better(chosen)
+            if higher is None:
+                raise ValueError(f"checkpoint best='auto' chose {chosen!r}, whose name does not say whether higher "
+                                 "or lower is better; give rule='max' or rule='min'")
+            self.rule = "max" if higher else "min"
+        self.best = chosen
+
     def after_val_epoch(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
         if trainer.state.mode == "val":
             self._moved_since_save = True  # hook states (best, plateau, early stopping) changed
         if self.best is None or trainer.state.mode != "val" or trainer.work_dir is None:
             return
+        if self.best == "auto":
+            self._choose_best(metrics)
         if self.best not in metrics:
             raise KeyError(f"checkpoint best={self.best!r} is not among the validation results {sorted(metrics)}")
         value = float(metrics[self.best])

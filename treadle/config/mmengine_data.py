@@ -1,0 +1,92 @@
+"""An MMEngine ``*_dataloader`` spec as treadle's (the keys of a ``torch.utils.data.DataLoader``).
+
+=================================================  ===========================================
+MMEngine                                           treadle
+=================================================  ===========================================
+``sampler: {type: DefaultSampler | InfiniteSampler  ``shuffle`` (MMEngine's default: true); the
+shuffle, seed, round_up}``                         ``seed`` is dropped (treadle seeds samplers);
+                                                   ``round_up: true`` is dropped (treadle pads
+                                                   training shards as MMEngine does, and
+                                                   validation results are not padded in either)
+``batch_sampler: null``                            dropped
+``batch_sampler: {type: BatchSampler, drop_last}``  ``drop_last`` (torch's BatchSampler over the
+                                                   sampler is what the DataLoader batches with)
+``batch_sampler: {type: AspectRatioBatchSampler}``  refused: treadle's resumable, sharded sampler
+                                                   batches in sampler order
+``collate_fn: {type: default_collate |             ``collate_fn: default_collate`` (torch's) or
+pseudo_collate}``                                  ``pseudo_collate`` (:mod:`treadle.data.collate`)
+=================================================  ===========================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treadle.config.errors import ConfigError, join_path
+from treadle.config.mmengine_common import take
+
+_SAMPLERS = ("DefaultSampler", "InfiniteSampler")
+_COLLATE = ("default_collate", "pseudo_collate")
+
+
+def _short(kind: Any) -> Any:
+    """``'mmengine.dataset.DefaultSampler'`` -> ``'DefaultSampler'`` (a scope or module prefix)."""
+    return kind.rsplit(".", 1)[-1] if isinstance(kind, str) else kind
+
+
+def _sampler(sampler: Any, path: str, training: bool) -> dict[str, Any]:
+    if not isinstance(sampler, dict) or _short(sampler.get("type")) not in _SAMPLERS:
+        raise ConfigError(path, "unsupported sampler", value=sampler,
+                          expected="{type: DefaultSampler, shuffle: true|false}")
+    out = take(sampler, path, {"shuffle": "shuffle", "round_up": "round_up"}, {"type": None, "seed": None})
+    if out.pop("round_up", True) is not True and training:
+        raise ConfigError(join_path(path, "round_up"), "option has no treadle equivalent for this value", value=False,
+                          expected="round_up: true (what treadle does: every training process takes as many "
+                                   "batches, the shards padded from the start), or no round_up")
+    return {"shuffle": out.get("shuffle", True)}  # MMEngine's samplers shuffle by default
+
+
+def _batch_sampler(spec: Any, path: str) -> dict[str, Any]:
+    if spec is None:
+        return {}
+    kind = _short(spec.get("type")) if isinstance(spec, dict) else spec
+    if kind == "BatchSampler":
+        return take(spec, path, {"drop_last": "drop_last"}, {"type": None})
+    if kind == "AspectRatioBatchSampler":
+        raise ConfigError(join_path(path, "type"), "is not supported", value=kind,
+                          expected="no batch_sampler (or null, or {type: BatchSampler, drop_last: ...})",
+                          hint="treadle's resumable sampler batches in sampler order, so images of both "
+                               "orientations may share a batch; pad them to one size in collate_fn")
+    raise ConfigError(join_path(path, "type") if isinstance(spec, dict) else path, "unsupported batch sampler",
+                      value=kind, expected="null or {type: BatchSampler, drop_last: ...}")
+
+
+def _collate(spec: Any, path: str) -> Any:
+    if not isinstance(spec, dict):
+        return spec  # a name or dotted path: checked where the loader is built
+    kind = _short(spec.get("type"))
+    if kind not in _COLLATE or len(spec) != 1:
+        raise ConfigError(path, "unsupported collate_fn", value=spec,
+                          expected=f"{{type: {' | '.join(_COLLATE)}}} without options, or a dotted path to a function")
+    return kind
+
+
+def translate_dataloader(spec: Any, path: str) -> Any:
+    """treadle's dataloader spec for MMEngine's (see the module's table)."""
+    if not isinstance(spec, dict):
+        return spec
+    out = {k: v for k, v in spec.items() if k not in ("sampler", "batch_sampler")}
+    if "sampler" in spec:
+        out.update(_sampler(spec["sampler"], join_path(path, "sampler"), path == "train_dataloader"))
+    if "batch_sampler" in spec:
+        for key, value in _batch_sampler(spec["batch_sampler"], join_path(path, "batch_sampler")).items():
+            if key in out and out[key] != value:
+                raise ConfigError(join_path(path, "batch_sampler"), f"sets {key}, which the loader also sets",
+                                  value=value, expected=f"one {key}")
+            out[key] = value
+    if "collate_fn" in spec:
+        out["collate_fn"] = _collate(spec["collate_fn"], join_path(path, "collate_fn"))
+    return out
+
+
+__all__ = ["translate_dataloader"]
