@@ -144,10 +144,11 @@ def test_a_torn_last_frame_of_the_killed_run_is_passed_over(tmp_path, whole):
     assert _shown(tmp_path) == whole
 
 
-def test_the_resumed_runs_file_is_renamed_to_be_read_last(tmp_path, whole):
+@pytest.mark.parametrize("extra", [3, 0])  # events to hide, or none (read in order all the same)
+def test_the_resumed_runs_file_is_renamed_to_be_read_last(tmp_path, whole, extra):
     """An interrupted run's file whose name sorts after the resumed run's (made in the same
     second by another process, or a clock set back)."""
-    _killed(tmp_path, 14, False, 3)
+    _killed(tmp_path, 14, False, extra)
     (first,) = tmp_path.glob("events.out.tfevents.*")
     later = first.name.split(".")
     later[3] = "9" + later[3][1:]

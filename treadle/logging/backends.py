@@ -275,8 +275,8 @@ class TensorBoardWriter(BatchedWriter):
         again, but the last ``keep_last`` (this run's own, e.g. of a ``validate()`` before
         ``fit()``). Returns how many were hidden.
 
-        How: this writer's file, made to sort after every other event file of
-        ``log_dir`` (TensorBoard reads them in name order), gets a ``SessionLog.START``
+        How: this writer's file, renamed if need be to sort after every other event file
+        of ``log_dir`` (TensorBoard reads them in name order), gets a ``SessionLog.START``
         at step ``s``, the checkpoint's iteration + 1, or its iteration when a validation
         was due there; TensorBoard's reader then drops every event read before with a
         step ``>= s``. The events at steps ``>= s`` that belong before the position (the
@@ -287,6 +287,7 @@ class TensorBoardWriter(BatchedWriter):
         """
         self.flush()
         self._file.flush()
+        self._sort_last()  # what it writes next is read after the interrupted run's events, purge or not
         start = iteration if val_due else iteration + 1
         shown = shown_events(self.log_dir, self._crc)
         older = max(len(shown) - max(keep_last, 0), 0)
@@ -296,7 +297,6 @@ class TensorBoardWriter(BatchedWriter):
             return 0
         again = [e for e in later if not _event_after(e, iteration, val_due)]
         again += [e for e in shown[older:] if e.step >= start]
-        self._sort_last()
         frames = [self._frame(session_start_event(time.time(), start))] + [self._frame(e.data) for e in again]
         self._file.write(b"".join(frames))
         self._file.flush()
