@@ -1,11 +1,13 @@
 """A job of several processes ends at once when one of them fails: a model error, a failed
-save, a SIGKILL on either rank, under `treadle train --nproc 2` and torchrun; the failing
+save, a SIGKILL on either rank (from itself or from outside), under `treadle train --nproc 2`
+and torchrun, and a SIGTERM to one rank (a preemption: all stop at one boundary); the failing
 rank's message is shown once; no process is left; and the workers never outlive their
 launcher (killed with SIGKILL)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
+from treadle.checkpoint.io import find_latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,3 +129,41 @@ def test_the_workers_do_not_outlive_a_killed_launcher(tmp_path):
     launcher.kill()
     launcher.wait()
     assert _left(str(work)) == []  # the ranks and their loader workers end with it
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_signal_from_outside_to_one_rank_ends_the_job_at_once(tmp_path, sig, rank):
+    """A scheduler's (or a user's) signal to one worker of `treadle train --nproc 2`: SIGTERM is
+    a preemption (every rank stops at the same iteration boundary, a checkpoint is saved there,
+    status 143); SIGKILL ends the job as a failure."""
+    work = tmp_path / "run"
+    log = tmp_path / "out.txt"
+    with open(log, "w") as f:
+        launcher = subprocess.Popen(_treadle(_config(tmp_path), work), cwd=tmp_path, env=_env(), stdout=f,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"iter.rank{r}").exists() for r in (0, 1)):  # both train
+            assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        start = time.monotonic()
+        os.kill(int((tmp_path / f"pid.rank{rank}").read_text()), getattr(signal, sig))
+        launcher.wait(timeout=BOUND_S)
+        took = time.monotonic() - start
+    finally:
+        if launcher.poll() is None:  # a hang: the test fails below, and leaves no process
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    out = log.read_text()
+    assert took < BOUND_S, (took, out[-3000:])
+    assert "Traceback" not in out, out[-3000:]
+    assert _left(str(work)) == []
+    if sig == "SIGTERM":
+        assert launcher.returncode == 143, out[-3000:]
+        stopped_at = int((tmp_path / f"iter.rank{1 - rank}").read_text())  # the other rank stopped with it
+        assert stopped_at < 400, out[-3000:]
+        latest = find_latest_checkpoint(work / "checkpoints")
+        assert latest is not None and latest.name == f"iter_{stopped_at:08d}", (latest, stopped_at)
+    else:
+        assert launcher.returncode != 0, out[-3000:]

@@ -14,6 +14,9 @@ from torch.utils.data import DataLoader
 
 import treadle
 
+# Events written at once: the interrupted run's events after its checkpoint are on disk when it is killed.
+TENSORBOARD = {"type": "tensorboard", "flush_secs": 0}
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("work_dir")
@@ -28,4 +31,4 @@ if __name__ == "__main__":
                     val_dataloader=DataLoader(data, batch_size=32), loss_fn=torch.nn.CrossEntropyLoss(),
                     optimizer=dict(type="SGD", lr=0.1), max_iters=36, val_interval=10, log_interval=3,
                     checkpoint=dict(interval=7, by_epoch=False, keep=2), seed=0, hooks=hooks, progress=False,
-                    log_writers=["jsonl", "csv"], resume=args.resume).fit()
+                    log_writers=["jsonl", "csv", TENSORBOARD], resume=args.resume).fit()

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from treadle.logging.events import file_version_event, scalars_event
+from treadle.logging.events import EventHead, file_version_event, read_event_head, scalars_event, session_start_event
 
 event_pb2 = pytest.importorskip("tensorboard.compat.proto.event_pb2")
 summary_pb2 = pytest.importorskip("tensorboard.compat.proto.summary_pb2")
@@ -67,3 +67,37 @@ def test_events_parse_back_with_protobuf():
     assert event.wall_time == 1795482434.5 and event.step == 1000
     assert [v.tag for v in event.summary.value] == ["train/loss", "val/acc"]
     assert event.summary.value[0].simple_value == 0.125 and math.isnan(event.summary.value[1].simple_value)
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_session_start_event_equals_protobufs_and_torchs_purge_event(step):
+    expected = event_pb2.Event(wall_time=12.5, step=step,
+                               session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)).SerializeToString()
+    assert session_start_event(12.5, step) == expected
+
+
+def test_event_heads_read_back_what_protobuf_wrote():
+    Summary = summary_pb2.Summary
+    for step in STEPS:
+        values = [Summary.Value(tag=tag, simple_value=0.5) for tag in TAGS]
+        data = event_pb2.Event(wall_time=3.0, step=step, summary=Summary(value=values)).SerializeToString()
+        assert read_event_head(data) == EventHead(step, False, tuple(TAGS)), step
+        start = event_pb2.Event(step=step, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
+        assert read_event_head(start.SerializeToString()) == EventHead(step, True, None)
+    # Other messages: a file version, a STOP, an empty summary, values that are no simple_value.
+    assert read_event_head(file_version_event(9.0)) == EventHead(0, False, None)
+    stop = event_pb2.Event(step=4, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.STOP, msg="x"))
+    assert read_event_head(stop.SerializeToString()) == EventHead(4, False, None)
+    assert read_event_head(scalars_event(1.0, 7, [])) == EventHead(7, False, ())
+    image = Summary.Value(tag="img", image=Summary.Image(height=2, width=2, encoded_image_string=b"\x00" * 9))
+    data = event_pb2.Event(step=5, summary=Summary(value=[image])).SerializeToString()
+    assert read_event_head(data) == EventHead(5, False, ("img",))
+
+
+def test_a_malformed_event_is_a_value_error():
+    data = scalars_event(1.0, 300, [("train/loss", 0.5)])
+    for cut in (1, 5, len(data) - 1):
+        with pytest.raises(ValueError):
+            read_event_head(data[:cut])
+    with pytest.raises(ValueError):
+        read_event_head(b"\x0f")  # wire type 7

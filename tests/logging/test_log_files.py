@@ -1,5 +1,5 @@
-"""log.jsonl and log.csv across runs: a run resumed from a checkpoint leaves the files equal
-to the uninterrupted run's (the interrupted run's records after the checkpoint are
+"""log.jsonl and log.csv across runs: a run resumed from a checkpoint leaves the files (and
+what TensorBoard shows) equal to the uninterrupted run's (the interrupted run's records after the checkpoint are
 dropped, not written twice); a fresh run in a work_dir that holds an earlier run's
 files moves those aside instead of appending to them."""
 
@@ -55,6 +55,19 @@ def _records(work_dir):
     return [{k: v for k, v in r.items() if k not in PER_RUN} for r in read_jsonl(work_dir / "log.jsonl")]
 
 
+def _tensorboard(work_dir):
+    """{tag: [(step, value), ...]} as TensorBoard shows the run's event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(work_dir / "tensorboard"))
+    ea.Reload()
+    return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]
+            if tag.split("/", 1)[1] not in PER_RUN}
+
+
+ALL_WRITERS = dict(log_writers=("jsonl", "csv", "tensorboard"))
+
+
 def _csv(work_dir):
     with open(work_dir / "log.csv", newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
@@ -78,11 +91,13 @@ RUNS = {
 @pytest.mark.parametrize("kw, train_iters", RUNS.values(), ids=RUNS.keys())
 def test_log_files_after_a_crash_and_resume_equal_the_uninterrupted_runs(tmp_path, kw, train_iters):
     ref, run = tmp_path / "ref", tmp_path / "run"
+    kw = dict(kw, **ALL_WRITERS)
     _trainer(ref, **kw).fit()
     with pytest.raises(Crash):
         _trainer(run, hooks=[CrashAt(8)], **kw).fit()
     before_crash = [("train", i) for i in train_iters if i <= 8]
     assert [(r["mode"], r["iter"]) for r in _records(run)] == before_crash[:2] + [("val", 5)] + before_crash[2:]
+    assert [step for step, _ in _tensorboard(run)["val/loss"]] == [5]
     _trainer(run, resume=True, **kw).fit()
 
     expected = _records(ref)
@@ -90,6 +105,7 @@ def test_log_files_after_a_crash_and_resume_equal_the_uninterrupted_runs(tmp_pat
     assert [r["iter"] for r in expected if r["mode"] == "train"] == train_iters
     assert _records(run) == expected  # losses, lr, epochs and val metrics, record for record
     assert _csv(run) == _csv(ref)
+    assert _tensorboard(run) == _tensorboard(ref)  # the validation at 5 once, the records after 5 once
     assert not list(run.glob("log.*.jsonl"))  # a resume moves nothing aside
 
 
@@ -177,6 +193,7 @@ def test_validate_alone_appends_to_the_runs_log(tmp_path):
 
 def test_a_validate_before_the_resumed_fit_keeps_its_record(tmp_path):
     kw, _ = RUNS["iters"]
+    kw = dict(kw, **ALL_WRITERS)
     ref, run = tmp_path / "ref", tmp_path / "run"
     _trainer(ref, **kw).fit()
     with pytest.raises(Crash):
@@ -186,3 +203,9 @@ def test_a_validate_before_the_resumed_fit_keeps_its_record(tmp_path):
     t.fit()
     expected = [("train", 2), ("train", 4), ("val", 5)] + [(r["mode"], r["iter"]) for r in _records(ref)][2:]
     assert [(r["mode"], r["iter"]) for r in _records(run)] == expected
+    # TensorBoard: the uninterrupted run's scalars, and this trainer's validation at 5 besides the fit's.
+    ref_tb, run_tb = _tensorboard(ref), _tensorboard(run)
+    assert {k: v for k, v in run_tb.items() if not k.startswith("val/")} == {
+        k: v for k, v in ref_tb.items() if not k.startswith("val/")}
+    assert {k: v for k, v in run_tb.items() if k.startswith("val/")} == {
+        k: v[:1] + v for k, v in ref_tb.items() if k.startswith("val/")}

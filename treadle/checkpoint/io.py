@@ -69,6 +69,7 @@ from .manifest import (  # sharded.py, weights.py, dcp_safe.py and tests import 
     _not_a_checkpoint_reason,
     _verify_file,
     _verify_legacy_file,
+    link_note,
     read_manifest,
     verify_checkpoint,
 )
@@ -415,7 +416,19 @@ def _load_weights_only(fpath: Path, map_location: Any, verified: bool) -> Any:
     except Exception as e:
         if verified:  # bytes match the manifest: not disk corruption (e.g. bad map_location)
             raise CheckpointError(f"{fpath}: torch.load failed: {e}") from e
-        raise CorruptCheckpointError(f"{fpath}: truncated or unreadable ({type(e).__name__}: {e})") from e
+        # No manifest vouches for the file: it may be cut short, or something else altogether
+        # (a text file, an empty one, behind a symbolic link named state.pt).
+        what = "an empty file" if _size(fpath) == 0 else "truncated or unreadable"
+        raise CorruptCheckpointError(
+            f"{fpath}{link_note(fpath)}: {what} (torch.load: {type(e).__name__}: {e}); expected a checkpoint "
+            f"directory (with {MANIFEST_NAME}) or a file written by torch.save") from e
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def load_checkpoint(

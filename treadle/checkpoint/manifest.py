@@ -156,16 +156,29 @@ def _verify_file(directory: Path, name: str, entry: Mapping[str, Any]) -> None:
     try:
         size = fpath.stat().st_size
     except FileNotFoundError:
-        raise CorruptCheckpointError(f"{fpath}: listed in the manifest but missing") from None
+        raise CorruptCheckpointError(f"{fpath}{link_note(fpath)}: listed in the manifest but missing") from None
+    if not fpath.is_file():
+        raise CorruptCheckpointError(f"{fpath}{link_note(fpath)}: not a file; the manifest lists a file of "
+                                     f"{entry['size']} bytes")
     if size != entry["size"]:
         raise CorruptCheckpointError(
-            f"{fpath}: size is {size} bytes but the manifest says {entry['size']} (truncated or overwritten)"
+            f"{fpath}{link_note(fpath)}: size is {size} bytes but the manifest says {entry['size']} "
+            "(truncated or overwritten)"
         )
     digest = _sha256_file(fpath)
     if digest != entry["sha256"]:
         raise CorruptCheckpointError(
             f"{fpath}: sha256 mismatch (bytes changed on disk): expected {entry['sha256']}, got {digest}"
         )
+
+
+def link_note(path: Path) -> str:
+    """`` (a symbolic link to <target>)`` when ``path`` is one, for an error message
+    (treadle never writes one inside a checkpoint); else ``""``."""
+    try:
+        return f" (a symbolic link to {os.readlink(path)})" if path.is_symlink() else ""
+    except OSError:
+        return ""
 
 
 def verify_checkpoint(path: str | os.PathLike[str]) -> None:
@@ -202,5 +215,5 @@ def _verify_legacy_file(path: Path) -> None:
 __all__ = [
     "is_deepspeed_checkpoint",
     "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "STATE_FILE", "LEGACY_SUFFIXES", "FOREIGN_FILE_NAMES",
-    "CheckpointError", "CorruptCheckpointError", "CheckpointWarning", "read_manifest", "verify_checkpoint",
+    "CheckpointError", "CorruptCheckpointError", "CheckpointWarning", "link_note", "read_manifest", "verify_checkpoint",
 ]

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from treadle.logging.crc32c import MaskedCrc32c
-from treadle.logging.events import file_version_event, scalars_event
+from treadle.logging.event_files import ShownEvent, event_file_names, shown_events
+from treadle.logging.events import file_version_event, scalars_event, session_start_event
 from treadle.logging.writers import (BatchedWriter, _step, aside_path, move_whole_aside, replace_atomically,
                                      written_after)
 
@@ -230,6 +231,14 @@ class TensorBoardWriter(BatchedWriter):
     encoded in one go, framed (CRC-32C: google-crc32c's C code once the first few KB
     are framed, :mod:`treadle.logging.crc32c`) and written with one system call. A crash loses
     at most the last ``flush_secs`` of events (log.jsonl, at most the last second).
+
+    One event per record, also for a record without numbers (an empty summary, which
+    TensorBoard passes over), so that records and events count alike (:meth:`drop_after`).
+
+    A resumed run: event files are never rewritten. :meth:`drop_after` hides the events
+    the interrupted run wrote after its checkpoint the way TensorBoard itself provides,
+    a ``SessionLog.START`` event (what ``SummaryWriter(purge_step=)`` writes), so that
+    TensorBoard shows the uninterrupted run's events, record for record.
     """
 
     def __init__(self, log_dir: str | Path, filename_suffix: str = "", flush_secs: float = 10.0) -> None:
@@ -254,17 +263,73 @@ class TensorBoardWriter(BatchedWriter):
     def _write_batch(self, kept: list[tuple[float, dict[str, Any]]]) -> None:
         frames = []
         for wall_time, record in kept:
-            values = scalars(record)
-            if values:
-                frames.append(self._frame(scalars_event(wall_time, _step(record), values.items())))
+            frames.append(self._frame(scalars_event(wall_time, _step(record), scalars(record).items())))
         if frames:
             self._file.write(b"".join(frames))  # one system call
             self._file.flush()
+
+    def drop_after(self, iteration: int, val_due: bool = False, keep_last: int = 0) -> int:
+        """Resuming from a checkpoint taken at ``iteration`` (``val_due``: a validation was
+        still due there): hide from TensorBoard the events written after that position
+        (see :func:`treadle.logging.writers.written_after`), which the resumed run writes
+        again, but the last ``keep_last`` (this run's own, e.g. of a ``validate()`` before
+        ``fit()``). Returns how many were hidden.
+
+        How: this writer's file, renamed if need be to sort after every other event file
+        of ``log_dir`` (TensorBoard reads them in name order), gets a ``SessionLog.START``
+        at step ``s``, the checkpoint's iteration + 1, or its iteration when a validation
+        was due there; TensorBoard's reader then drops every event read before with a
+        step ``>= s``. The events at steps ``>= s`` that belong before the position (the
+        train record at the checkpoint's iteration when a validation was due there, and
+        the ``keep_last``) follow it, their bytes unchanged. Nothing is written when no
+        event shown lies after the position. A later resume reads the files the same way,
+        earlier purges included (:mod:`treadle.logging.event_files`).
+        """
+        self.flush()
+        self._file.flush()
+        self._sort_last()  # what it writes next is read after the interrupted run's events, purge or not
+        start = iteration if val_due else iteration + 1
+        shown = shown_events(self.log_dir, self._crc)
+        older = max(len(shown) - max(keep_last, 0), 0)
+        later = [e for e in shown[:older] if e.step >= start]
+        after = [e for e in later if _event_after(e, iteration, val_due)]
+        if not after:
+            return 0
+        again = [e for e in later if not _event_after(e, iteration, val_due)]
+        again += [e for e in shown[older:] if e.step >= start]
+        frames = [self._frame(session_start_event(time.time(), start))] + [self._frame(e.data) for e in again]
+        self._file.write(b"".join(frames))
+        self._file.flush()
+        return len(after)
+
+    def _sort_last(self) -> None:
+        """Rename this writer's file, if need be, so that TensorBoard reads it after every
+        other event file of ``log_dir`` (an earlier one made in the same second)."""
+        names = event_file_names(self.log_dir)
+        if not names or names[-1] == self.path.name:
+            return
+        last = names[-1].split(".")
+        if len(last) > 3 and last[3].isdigit() and len(last[3]) == 10 and last[3] != "9" * 10:  # treadle's naming
+            ours = self.path.name.split(".")
+            name = ".".join([*ours[:3], f"{int(last[3]) + 1:010d}", *ours[4:]])
+        else:
+            name = f"{names[-1]}.{os.getpid()}"
+        self._file.close()
+        self.path = self.path.rename(self.log_dir / name)
+        self._file = open(self.path, "ab")
 
     def _frame(self, data: bytes) -> bytes:
         """TFRecord framing: length, masked CRC32C of the length, data, masked CRC32C of the data."""
         header = struct.pack("<Q", len(data))
         return header + struct.pack("<I", self._crc(header)) + data + struct.pack("<I", self._crc(data))
+
+
+def _event_after(event: ShownEvent, iteration: int, val_due: bool) -> bool:
+    """:func:`treadle.logging.writers.written_after` for an event: a validation's
+    events are the ones whose tags all start with ``val/`` (see :func:`scalars`)."""
+    if event.step != iteration:
+        return event.step > iteration
+    return val_due and bool(event.tags) and all(t.startswith("val/") for t in event.tags)
 
 
 def __getattr__(name: str) -> Any:
