@@ -24,7 +24,7 @@ def test_example_translates_to_treadle_keys():
     assert (cfg["max_epochs"], cfg["max_iters"], cfg["val_interval"]) == (6, None, 1)
     assert cfg["log_interval"] == 15
     assert cfg["checkpoint"] == {"interval": 1, "keep": 2, "best": "val/acc", "rule": "max"}
-    assert cfg["ema"] == {"momentum": 0.999}
+    assert cfg["ema"] == {"momentum": 0.999, "convention": "mmengine"}
     assert cfg["hooks"] == [{"type": "EarlyStoppingHook", "monitor": "val/acc", "rule": "greater", "patience": 3}]
     assert cfg["seed"] == 0 and cfg["deterministic"] is False
     assert cfg["train_dataloader"]["shuffle"] is True and "sampler" not in cfg["train_dataloader"]
@@ -37,8 +37,9 @@ def test_amp_accumulation_and_iteration_loop():
                      "train_cfg": {"type": "IterBasedTrainLoop", "max_iters": 100, "val_interval": 50},
                      "custom_hooks": [{"type": "EMAHook", "momentum": 0.0002, "begin_iter": 10, "priority": 49}],
                      "randomness": {"seed": 1, "diff_rank_seed": True}})
-    assert out == {"optimizer": {"type": "SGD", "lr": 0.1}, "accumulate": 4, "precision": "bf16", "max_iters": 100,
-                   "val_interval": 50, "ema": {"momentum": 0.9998, "start": 10}, "seed": 1, "seed_per_rank": True}
+    assert out == {"optimizer": {"type": "SGD", "lr": 0.1}, "accumulate": 4, "accumulate_across_epochs": True,
+                   "precision": "bf16", "max_iters": 100, "val_interval": 50,
+                   "ema": {"momentum": 0.9998, "start": 10, "convention": "mmengine"}, "seed": 1, "seed_per_rank": True}
 
 
 def test_disabled_and_implicit_default_hooks_are_dropped():
@@ -179,7 +180,7 @@ def test_ema_update_buffers():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = translate({"custom_hooks": [{"type": "EMAHook", "momentum": 0.001, "update_buffers": True}]})
-    assert out == {"ema": {"momentum": 0.999}}
+    assert out == {"ema": {"momentum": 0.999, "convention": "mmengine"}}
     with pytest.raises(ConfigError) as e:  # copying buffers is not something treadle's EMA can do
         translate({"custom_hooks": [{"type": "EMAHook", "update_buffers": False}]})
     assert str(e.value).startswith("custom_hooks[0].update_buffers: option has no treadle equivalent for this value "
@@ -187,7 +188,8 @@ def test_ema_update_buffers():
                                    "update_buffers. treadle's EMA averages the buffers")
     # MMEngine's default (False) differs from treadle's averaging: said, not dropped silently.
     with pytest.warns(UserWarning, match=r"custom_hooks\[0\]: EMAHook without update_buffers: MMEngine then copies"):
-        assert translate({"custom_hooks": [{"type": "EMAHook", "momentum": 0.001}]}) == {"ema": {"momentum": 0.999}}
+        assert translate({"custom_hooks": [{"type": "EMAHook", "momentum": 0.001}]}) == {
+            "ema": {"momentum": 0.999, "convention": "mmengine"}}
 
 
 def test_logger_hook_options_treadle_matches_are_dropped_and_the_others_refused():

@@ -71,7 +71,7 @@ def test_mmengine_style(tmp_path):
     work, cfg, records = train(tmp_path, "mmengine_style/digits_mmengine.yaml", "train_cfg.max_epochs=1")
     assert "optim_wrapper" not in cfg and cfg["optimizer"]["paramwise"] == {"norm_decay_mult": 0.0,
                                                                            "bias_decay_mult": 0.0}
-    assert cfg["ema"] == {"momentum": 0.999} and cfg["checkpoint"]["best"] == "val/acc"
+    assert cfg["ema"] == {"momentum": 0.999, "convention": "mmengine"} and cfg["checkpoint"]["best"] == "val/acc"
     assert any(r["mode"] == "val" for r in records)
     assert (work / "checkpoints" / "best").is_dir()  # save_best -> best
     # The saved config is treadle's own and runs as it is.

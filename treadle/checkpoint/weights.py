@@ -1,8 +1,9 @@
 """Weights-only loading into a model, and safetensors export.
 
 Works on treadle checkpoint dirs (payload ``state.pt``, entry ``"model"`` or
-``"ema"``), plain ``.pt``/``.pth`` files, ``.safetensors`` files and in-memory
-state dicts. Everything is read with ``weights_only=True`` (see :mod:`.io`).
+``"ema"``), plain ``.pt``/``.pth`` files (an MMEngine checkpoint's ``state_dict`` too,
+its other entries skipped: see :func:`_foreign_weights`), ``.safetensors`` files and
+in-memory state dicts. Everything is read with ``weights_only=True`` (see :mod:`.io`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .io import (
     STATE_FILE,
     CheckpointError,
     CorruptCheckpointError,
+    UnsafeCheckpointError,
     _scratch_name,
     load_checkpoint,
 )
@@ -130,7 +132,37 @@ def _read_source(source: Source, key: str | None) -> tuple[dict[str, Any], str]:
         return read_safetensors(path), str(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint")
-    return _pick_state_dict(load_checkpoint(path)[STATE_FILE], key, str(path)), str(path)
+    try:
+        state = load_checkpoint(path)[STATE_FILE]
+    except UnsafeCheckpointError as refused:
+        return _foreign_weights(path, key, refused), str(path)
+    return _pick_state_dict(state, key, str(path)), str(path)
+
+
+def _foreign_weights(path: Path, key: str | None, refused: UnsafeCheckpointError) -> dict[str, Any]:
+    """The weights of a file that ``weights_only`` refused for objects beside them (an
+    MMEngine ``.pth``: ``HistoryBuffer`` objects in its ``message_hub``): read again with
+    those classes as inert placeholders (treadle/checkpoint/foreign.py: nothing named in
+    the file is imported or run). Refused as before when a placeholder is inside the
+    weights themselves, or when the objects are not what made the first read fail."""
+    from treadle.checkpoint.foreign import entries_with_placeholders, holds_placeholder, load_with_placeholders
+
+    try:
+        obj, names = load_with_placeholders(path)
+    except Exception:
+        raise refused from None
+    if not names:
+        raise refused
+    try:
+        sd = _pick_state_dict(obj, key, str(path))
+    except CheckpointError:
+        raise refused from None
+    if holds_placeholder(sd):
+        raise refused
+    skipped = entries_with_placeholders(obj)
+    logger.info(f"{path}: took the weights; skipped {', '.join(skipped) or 'entries'} (they hold "
+                f"{', '.join(sorted(names))}, read as inert placeholders: nothing in the file was imported or run)")
+    return sd
 
 
 def compare_weights(expected: Mapping[str, Any], given: Mapping[str, Any]) -> LoadReport:

@@ -10,7 +10,8 @@ MMEngine                                               treadle
 ``optim_wrapper.optimizer``                            ``optimizer``
 ``optim_wrapper.paramwise_cfg``                        ``optimizer.paramwise``
 ``optim_wrapper.clip_grad``                            ``clip_grad``
-``optim_wrapper.accumulative_counts``                  ``accumulate``
+``optim_wrapper.accumulative_counts``                  ``accumulate``, and ``accumulate_across_epochs:
+                                                       true`` when over 1 (MMEngine's windows)
 ``optim_wrapper.type: AmpOptimWrapper`` (``dtype``)    ``precision: '16'`` (``bfloat16``: ``'bf16'``)
 ``param_scheduler``                                    ``schedulers`` (unchanged)
 ``train_cfg.max_epochs`` / ``max_iters``               ``max_epochs`` / ``max_iters``
@@ -33,7 +34,9 @@ MMEngine                                               treadle
 DistSamplerSeedHook, RuntimeInfoHook, or null          its schedulers, seeds samplers, logs lr
 ``custom_hooks`` EMAHook                               ``ema``: ``momentum`` -> ``1 - momentum``
                                                        (MMEngine weighs the new value), ``interval``,
-                                                       ``begin_iter`` -> ``start``;
+                                                       ``begin_iter`` -> ``start``, and
+                                                       ``convention: mmengine`` (its first update
+                                                       copies the weights, see EMAHook);
                                                        ``update_buffers: true`` (treadle averages
                                                        buffers), ``strict_load``, ``priority``:
                                                        dropped; no ``update_buffers``: a warning
@@ -155,6 +158,8 @@ def _optim_wrapper(spec: Any, out: _Out) -> None:
     for key in ("clip_grad", "accumulate"):
         if rest.get(key) is not None:
             out.set(key, rest[key], path)
+    if rest.get("accumulate") not in (None, 1):  # MMEngine counts windows over the run, not per epoch
+        out.set("accumulate_across_epochs", True, join_path(path, "accumulative_counts"))
     dtype = rest.get("dtype")
     if kind == "AmpOptimWrapper":
         precisions = {None: "16", "float16": "16", "bfloat16": "bf16"}
@@ -225,6 +230,7 @@ def _ema(spec: dict[str, Any], path: str, out: _Out) -> None:
         if isinstance(m, bool) or not isinstance(m, (int, float)):
             raise ConfigError(join_path(path, "momentum"), "not a number", value=m, expected="a number in [0, 1]")
         ema["momentum"] = round(1.0 - m, 12)  # MMEngine weighs the new weights by momentum
+    ema["convention"] = "mmengine"  # its first update copies the weights; every iteration counts
     out.set("ema", ema, path)
 
 

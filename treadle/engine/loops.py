@@ -120,7 +120,8 @@ class TrainLoop:
     def __init__(self, owner: Any, feed: DataFeed, workflow: Workflow, *, hooks: HookDispatcher,
                  state: TrainState, optim_wrappers: Mapping[str, OptimWrapper], step: Callable[[Any], Any],
                  val_loop: EvalLoop | None = None, agree: Callable[[], None] | None = None,
-                 resume_pos: dict[str, Any] | None = None, world_size: int = 1) -> None:
+                 resume_pos: dict[str, Any] | None = None, world_size: int = 1,
+                 accumulate_across_epochs: bool = False) -> None:
         self.owner = owner  # what the hooks receive (the Trainer)
         self.hooks, self.state, self.optim_wrappers, self.val_loop = hooks, state, optim_wrappers, val_loop
         self.step = step  # batch -> values to log (after_backward/before_optimizer_step fire inside)
@@ -128,6 +129,9 @@ class TrainLoop:
         self.feed = feed
         self.workflow = workflow
         self.world_size = world_size
+        # Epoch-based: accumulation windows close at each epoch's end (False) or run on to the
+        # end of training as in iteration-based training (True: MMEngine's rule).
+        self.windows_span_epochs = accumulate_across_epochs or not self.by_epoch
         # Where a resumed run goes on (load_state_dict sets it; the first epoch opened takes it).
         self.resume_pos = resume_pos
         self._epoch_open = False
@@ -149,9 +153,9 @@ class TrainLoop:
     def run(self) -> None:
         t, s = self.owner, self.state
         s.mode = "train"
-        if not self.by_epoch and not (self.resume_pos and s.iter):  # windows run on to max_iters
+        if self.windows_span_epochs and not (self.resume_pos and s.iter):  # windows run on to max_iters
             for ow in self.optim_wrappers.values():
-                ow.start_run(s.max_iters - s.iter)  # type: ignore[operator]  # by iteration: max_iters is set
+                ow.start_run(s.max_iters - s.iter if s.max_iters else None)
         self.hooks.call("before_train", t)
         if self.resume_pos and not self.resume_pos["open"]:
             self._restore_rng(self.resume_pos)  # resuming between epochs: the next batch is near
@@ -300,7 +304,7 @@ class TrainLoop:
         s.inner_iter = skip
         self.feed.start_epoch(s.epoch, skip=skip)
         self._epoch_open = True
-        if self.by_epoch and not skip:  # accumulation windows close at the end of each epoch
+        if not self.windows_span_epochs and not skip:  # accumulation windows close at the end of each epoch
             for ow in self.optim_wrappers.values():  # (a resumed window keeps its count)
                 ow.start_run(self.feed.length)
         self.hooks.call("before_train_epoch", self.owner)

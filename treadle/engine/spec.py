@@ -287,7 +287,8 @@ class TrainerArgs:
         objects=(Strategy,))] = "auto"
     seed: Annotated[int | None, Arg(
         "Seed of every RNG. A model and data given as specs (and the command line's) are built after seeding, so "
-        "initial weights repeat too.",
+        "initial weights repeat too. None: one is drawn (on rank 0, for every rank), used the same way and logged "
+        "(`seed: N` in the log and env.txt): passing it repeats the run.",
         (int, NoneType), "an int >= 0, or null", _min(0))] = None
     seed_per_rank: Annotated[bool, flag("Each process uses seed + rank.")] = False
     seed_per_sample: Annotated[bool, flag(
@@ -364,6 +365,11 @@ class TrainerArgs:
         "Validate on at most this many batches per pass.", (int, NoneType), "an int >= 1, or null", _min(1))] = None
     limit_test_batches: Annotated[int | None, Arg(
         "Test on at most this many batches.", (int, NoneType), "an int >= 1, or null", _min(1))] = None
+    accumulate_across_epochs: Annotated[bool, flag(
+        "Epoch-based training with `accumulate`: windows run on across epoch ends, so the optimizer steps at every "
+        "`accumulate`-th iteration of the run and only the last window, at the end of training, may be short "
+        "(MMEngine's rule; a translated MMEngine config turns it on). Off: each epoch's last window closes with "
+        "the epoch (treadle/optim/wrapper.py).")] = False
 
 
 def check_args(args: TrainerArgs) -> TrainerArgs:

@@ -38,6 +38,7 @@ from treadle.engine.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers,
 from treadle.engine.resume import latest_to_resume, note_other_runs, use_latest
 from treadle.engine.run_dir import RunDir
 from treadle.hooks.state import TrainState
+from treadle.engine.mmengine_model import is_mmengine_model, model_eval_step, model_train_step
 from treadle.engine.step import make_eval_step, make_train_step, tell_if_outside_autocast
 from treadle.strategies.build import resolve_strategy
 from treadle.hooks.phase_timer import PhaseTimer
@@ -87,17 +88,20 @@ class Trainer:
         self.preemption, self.verbose, self.resume = a.preemption, args.verbose, args.resume
         self.seed_per_sample = args.seed_per_sample  # the loaders' DataFeeds (treadle/data/worker_seed.py)
         self.move_batch = args.move_batch
+        self.accumulate_across_epochs = args.accumulate_across_epochs  # the train loop's (treadle/engine/loops.py)
         self._limits = {"train": args.limit_train_batches, "val": args.limit_val_batches,
                         "test": args.limit_test_batches}  # batches per epoch or pass (None: all)
         self.strategy = resolve_strategy(args.strategy)
         self.train_metrics = a.train_metrics  # None unless given (treadle/hooks/train_metrics.py)
 
         # -- process group, run id and seeds; then model and data ----------------------
-        seed = args.seed
-        self.strategy.setup_env(seed=seed, seed_per_rank=args.seed_per_rank, deterministic=args.deterministic,
-                                draw_seed=False)
+        # seed=None: rank 0 draws one and every rank seeds with it (MMEngine's rule); it is
+        # logged, and passing it as seed= repeats the run.
+        self.strategy.setup_env(seed=args.seed, seed_per_rank=args.seed_per_rank, deterministic=args.deterministic)
         self.strategy.check_trainer_options({"ema": a.ema, "compile": args.compile, "checkpoint": args.checkpoint})
-        self.run_timestamp, self.seed = self.strategy.timestamp, seed
+        self.run_timestamp = self.strategy.timestamp
+        self.seed = args.seed if args.seed is not None else self.strategy.seed
+        self._seed_drawn = args.seed is None  # said with the model's summary, at the first run
         self.run_files: dict[str, str] = {}  # written into work_dir once fit's resume checks pass (run_dir.py)
         model, loaders = build_model_and_data(a, self.strategy, safe=args.safe)
         self.train_dataloader, self.val_dataloader, self.test_dataloader = loaders
@@ -163,7 +167,12 @@ class Trainer:
     def _set_steps(self, a: Any) -> None:
         """The model's own ``train_step``/``val_step`` when it has them, and the default
         evaluation step (the training step is chosen once, with the train loop: _select_train_step)."""
-        self._custom_train_step = getattr(self.module, "train_step", None)
+        self._custom_train_step = model_train_step(self.module)  # treadle's or MMEngine's signature
+        if is_mmengine_model(self.module) and self.strategy.distributed:
+            raise ValueError(f"{type(self.module).__name__} is an MMEngine model (train_step(data, optim_wrapper)), "
+                             "whose train_step calls the unwrapped model: under several processes DDP would not "
+                             "all-reduce its gradients. Train it in one process, or write "
+                             "model.train_step(batch, trainer) that calls trainer.model")
         self._default_step = (type(self).train_step is Trainer.train_step and self._custom_train_step is None
                               and bool(self.optim_wrappers))
         if len(self.optim_wrappers) > 1 and self._custom_train_step is None and type(self).train_step is Trainer.train_step:
@@ -215,7 +224,7 @@ class Trainer:
         loop_cls = EpochLoop if s.by_epoch else IterLoop
         return loop_cls(self, feed, workflow, hooks=self._dispatch, state=s, optim_wrappers=self.optim_wrappers,
                         step=self._select_train_step(), val_loop=self.val_loop, agree=self._agree_stop,
-                        world_size=self.strategy.world_size)
+                        world_size=self.strategy.world_size, accumulate_across_epochs=self.accumulate_across_epochs)
 
     def _eval_loop(self, loader: Any, mode: str) -> EvalLoop:
         strategy = self.strategy
@@ -236,7 +245,7 @@ class Trainer:
             if getattr(type(self), name) is not getattr(Trainer, name):  # overridden in a subclass
                 own = getattr(self, name)
                 return lambda batch: own(move(batch)) or {}
-            model_step = getattr(self.module, name, None)
+            model_step = model_eval_step(self.module, name)  # treadle's or MMEngine's signature
             if model_step is not None:
                 return lambda batch: model_step(move(batch), self) or {}
         return None
@@ -540,6 +549,8 @@ class Trainer:
         table = model_summary(self.module, max_depth=2)
         totals = table.splitlines()[-1]
         logger = get_logger()
+        if self._seed_drawn:
+            logger.info(f"seed: {self.seed} (drawn, as seed=None asks; seed={self.seed} repeats this run)")
         if self.verbose or "\n" not in table:
             logger.info(f"model:\n{table}" if "\n" in table else f"model: {totals}")
             return

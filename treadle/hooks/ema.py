@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 from treadle.hooks.base import Hook, Priority
 from treadle.optim.ema import ExponentialMovingAverage, momentum_from_alpha
 
+#: ``EMAHook(convention=...)``: whose rule the average follows (see the class docstring).
+CONVENTIONS = ("timm", "mmengine")
+
 if TYPE_CHECKING:
     from treadle.hooks.view import RunView
 
@@ -23,12 +26,21 @@ class EMAHook(Hook):
     size, ``max_epochs`` and ``interval``, see :func:`momentum_from_alpha`).
     Validation and test swap the averaged weights in and back out, unless
     ``use_for_val=False``. The average is part of the checkpoint (hook state).
+
+    ``convention``: "timm" (the above; the average starts from the initial weights, so
+    the first update averages with them) or "mmengine", MMEngine's ``EMAHook`` with
+    ``update_buffers=True`` (what a translated MMEngine config gets): every iteration
+    counts, whether the optimizer stepped or not; before iteration ``start - 1`` (0-based;
+    MMEngine's ``begin_iter``) the average copies the model; the first update from there
+    copies it too, then every ``interval``-th update after it averages
+    (``avg.lerp_(weights, 1 - momentum)``, floating-point tensors only: integer buffers
+    keep the copied values).
     """
 
     priority = Priority.NORMAL
 
     def __init__(self, momentum: float = 0.9998, interval: int = 1, start: int = 0, alpha: float | None = None,
-                 use_for_val: bool = True) -> None:
+                 use_for_val: bool = True, convention: str = "timm") -> None:
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"ema interval must be an int >= 1, got {interval!r}")
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
@@ -44,6 +56,13 @@ class EMAHook(Hook):
         if not isinstance(use_for_val, bool):
             raise TypeError(f"ema use_for_val={use_for_val!r}; expected True (validate and test with the average) "
                             "or False")
+        if convention not in CONVENTIONS:
+            raise ValueError(f"ema convention={convention!r}; expected 'timm' (average from the initial weights, "
+                             "on optimizer steps) or 'mmengine' (MMEngine's EMAHook: the first update copies)")
+        if convention == "mmengine" and alpha is not None:
+            raise ValueError("ema alpha= is pycls's rule; with convention='mmengine' give momentum=")
+        self.convention = convention
+        self._updates = 0  # mmengine: updates since the average started (MMEngine's ``steps``)
         self.momentum = momentum
         self.interval = interval
         self.start = start
@@ -78,6 +97,9 @@ class EMAHook(Hook):
         self._last_steps = sum(ow.step_count for ow in trainer.optim_wrappers.values())
 
     def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
+        if self.convention == "mmengine":
+            self._mmengine_update(trainer)
+            return
         steps = sum(ow.step_count for ow in trainer.optim_wrappers.values())
         if steps == self._last_steps:  # no optimizer step on this iteration
             return
@@ -90,6 +112,18 @@ class EMAHook(Hook):
             ema.copy_from(trainer.module)
         else:
             ema.update(trainer.module)
+
+    def _mmengine_update(self, trainer: "RunView") -> None:
+        """MMEngine's rule (the class docstring), on every iteration."""
+        ema = self.ema or self._ensure(trainer)
+        if trainer.state.iter + 1 < self.start:
+            ema.copy_from(trainer.module)
+            return
+        if self._updates == 0:
+            ema.copy_from(trainer.module)
+        elif self._updates % self.interval == 0:
+            ema.lerp(trainer.module, 1.0 - self.momentum)
+        self._updates += 1
 
     def _swap_in(self, trainer: "RunView") -> None:
         if self.use_for_val and not self._swapped:
@@ -109,10 +143,11 @@ class EMAHook(Hook):
 
     def state_dict(self) -> dict[str, Any]:
         state = self.ema.state_dict() if self.ema is not None else (self._pending_state or {})
-        return {"ema": state, "momentum": self.momentum}
+        return {"ema": state, "momentum": self.momentum, "updates": self._updates}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.momentum = float(state.get("momentum", self.momentum))
+        self._updates = int(state.get("updates", 0))
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
         else:

@@ -74,6 +74,16 @@ class ExponentialMovingAverage:
         self.num_updates += 1
 
     @torch.no_grad()
+    def lerp(self, module: nn.Module, weight: float) -> None:
+        """MMEngine's averaging step: each floating-point tensor moves ``weight`` of the way
+        towards ``module``'s (``avg.lerp_(src, weight)``); integer buffers are left as they
+        are (MMEngine's ``update_buffers=True`` averages floats only)."""
+        ema, src, _ = self._pairs(module)
+        if ema:
+            torch._foreach_lerp_(ema, src, weight)
+        self.num_updates += 1
+
+    @torch.no_grad()
     def swap(self, module: nn.Module) -> None:
         """Exchange the weights of ``module`` and the average (for evaluation)."""
         for e, s in zip(self._tensors(self.module), self._tensors(module)):

@@ -99,7 +99,7 @@ class StrategyAPI:
         """Once: the process group, the run's time stamp and id (rank 0's, on every rank),
         and the seeds. ``seed=None`` with ``draw_seed`` draws one on rank 0 (as MMEngine
         does) and seeds python, numpy and torch with it on every rank (``seed_per_rank``:
-        plus the rank); without ``draw_seed`` (the Trainer) the global RNGs are left as
+        plus the rank); without ``draw_seed`` the global RNGs are left as
         they are. ``data_seed`` (the data order's) is the seed, or the drawn one."""
         if self._env_ready:
             return
