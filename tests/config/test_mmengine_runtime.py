@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from treadle.config import ConfigError, build_trainer, load_config, resolve_config, translate
+from treadle.config.mmengine_runtime import MMENGINE_MEAN_PATTERN
 from treadle.hooks.runtime_env import RuntimeEnvHook
 from treadle.logging.writers import LOGGER_NAME
 
@@ -164,8 +165,10 @@ def test_detection_runtime_translation():
     out = translate(path_cfg)
     assert out["log_writers"] == ["jsonl", "csv", "tensorboard"]
     assert out["strategy"] == {"type": "ddp", "timeout_s": 3600}  # dist_cfg.timeout; backend nccl: treadle's on CUDA
-    assert out["hooks"] == [{"type": "RuntimeEnvHook", "mp_start_method": "fork", "opencv_num_threads": 0}]
-    assert out["log_interval"] == 50  # log_processor.window_size == interval: treadle's mean over the interval
+    assert out["hooks"] == [{"type": "RuntimeEnvHook", "mp_start_method": "fork", "opencv_num_threads": 0},
+                            {"type": "LoggerHook", "interval": 50, "window": 50, "by_epoch": True,
+                             "mean_keys": MMENGINE_MEAN_PATTERN, "writers": ["jsonl", "csv", "tensorboard"]}]
+    assert out["log_interval"] == 50  # log_processor.window_size == interval: MMEngine's last 50 values
     for key in ("visualizer", "vis_backends", "log_processor", "launcher", "log_level", "env_cfg", "backend_args"):
         assert key not in out
 
@@ -185,13 +188,15 @@ def test_segmentation_runtime_runs_unchanged(tmp_path):
     assert cfg["hooks"] == [
         {"type": "RuntimeEnvHook", "cudnn_benchmark": True, "mp_start_method": "fork", "opencv_num_threads": 0},
         # log_processor without window_size: MMEngine's 10 iterations, less than the interval
-        {"type": "LoggerHook", "interval": 50, "window": 10, "writers": ["jsonl", "csv"]}]
+        {"type": "LoggerHook", "interval": 50, "window": 10, "by_epoch": False, "mean_keys": MMENGINE_MEAN_PATTERN,
+         "writers": ["jsonl", "csv"]}]
     assert "tta_model" not in cfg and cfg["checkpoint"] == {"interval": 2000, "by_epoch": False, "keep": None}
     # run it short: 12 iterations, a record every 6 (the mean of the last 2 iterations)
     short = ["train_cfg.max_iters=12", "train_cfg.val_interval=6", "default_hooks.logger.interval=6",
              "log_processor.window_size=2", "default_hooks.checkpoint.interval=6", "param_scheduler.0.end=12"]
     cfg = load_config(path, short, mode="train", work_dir=str(tmp_path / "run"))
-    assert cfg["hooks"][1] == {"type": "LoggerHook", "interval": 6, "window": 2, "writers": ["jsonl", "csv"]}
+    assert cfg["hooks"][1] == {"type": "LoggerHook", "interval": 6, "window": 2, "by_epoch": False,
+                               "mean_keys": MMENGINE_MEAN_PATTERN, "writers": ["jsonl", "csv"]}
     benchmark = torch.backends.cudnn.benchmark
     build_trainer(cfg).fit()
     assert torch.backends.cudnn.benchmark == benchmark  # set for the run, put back after it
@@ -219,8 +224,8 @@ def test_segmentation_window_is_the_mean_of_the_last_iterations(tmp_path):
     t.fit()
     train = [r for r in records(tmp_path) if r["mode"] == "train"]
     assert [r["loss"] for r in train] == pytest.approx([sum(losses[4:6]) / 2, sum(losses[10:12]) / 2], rel=1e-6)
-    with pytest.raises(ValueError, match=r"window must be null or an int in \[1, interval=6\]"):
-        treadle.hooks.LoggerHook(interval=6, window=7)
+    with pytest.raises(ValueError, match=r"LoggerHook window=0; expected an int >= 1"):
+        treadle.hooks.LoggerHook(interval=6, window=0)
 
 
 @pytest.mark.parametrize("backend, writers", [
@@ -269,12 +274,12 @@ def test_mlflow_backend_runs_into_the_run_directory(tmp_path, monkeypatch):
     ({"visualizer": {"type": "Visualizer", "save_dir": "vis"}}, "visualizer.save_dir: option has no treadle"),
     ({"visualizer": {"type": "DetLocalDrawer"}}, "visualizer.type: not a visualizer"),
     ({"launcher": "ray"}, "launcher: unsupported launcher (got 'ray'); expected one of none, pytorch, slurm, mpi"),
-    ({"log_processor": {"window_size": "global"}}, "log_processor.window_size: not a window treadle keeps"),
-    ({"default_hooks": {"logger": {"type": "LoggerHook", "interval": 5}}, "log_processor": {"window_size": 10}},
-     "log_processor.window_size: not a window treadle keeps (got 10); expected an int from 1 to the log interval (5)"),
-    ({"log_processor": {"custom_cfg": [{"data_src": "loss", "method_name": "max"}]}},
-     "log_processor.custom_cfg: option has no treadle equivalent"),
-    ({"log_processor": {"mean_pattern": "loss"}}, "log_processor.mean_pattern: option has no treadle equivalent"),
+    ({"log_processor": {"window_size": "last"}},
+     "log_processor.window_size: not a window (got 'last'); expected an int >= 1 (the last that many values), "
+     "'epoch' or 'global'"),
+    ({"log_processor": {"custom_cfg": [{"data_src": "loss", "method_name": "median"}]}},
+     "log_processor.custom_cfg[0].method_name: no such statistic in treadle (got 'median')"),
+    ({"log_processor": {"mean_pattern": 3}}, "log_processor.mean_pattern: not a regular expression"),
     ({"log_processor": {"log_with_hierarchy": True}}, "log_processor.log_with_hierarchy: option has no treadle"),
 ])
 def test_runtime_values_treadle_cannot_honour_name_the_users_key(cfg, message):

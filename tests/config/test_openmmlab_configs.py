@@ -55,10 +55,9 @@ def test_reference_covers_every_config():
     assert len({name.split("/")[0] for name in found}) >= 5
 
 
-@pytest.mark.xfail(reason="#36 item 3: log_processor.window_size larger than the logging interval (the "
-                          "released files' window_size=50 with --set default_hooks.logger.interval=1) is "
-                          "refused until log_processor is translated as MMEngine means it", strict=False)
 def test_logger_interval_override_logs_every_iteration(tmp_path, capsys):
+    """The released files' log_processor window_size=50 with --set default_hooks.logger.interval=1:
+    a record every iteration, smoothed over the last 50 values (MMEngine's LogProcessor)."""
     name = "mmdet/detector_1x"
     records = [r for r in train(name, tmp_path / "run", capsys, "default_hooks.logger.interval=1",
                                 "train_cfg.max_epochs=2") if r["mode"] == "train"]

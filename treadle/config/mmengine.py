@@ -332,7 +332,7 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None) -> di
         out.cfg["strategy"] = _strategy_with(out.cfg.get("strategy"), rt.strategy, rt.strategy_source)
     hooks = rt.hooks + hooks
     logger = {**({"ignore_last": False} if logs_leftovers else {}),
-              **({"window": rt.logger_window} if rt.logger_window is not None else {})}
+              **rt.logger}
     if logger:  # options of the LoggerHook: it replaces the default one, so it takes the writers too
         hooks.append({"type": "LoggerHook", "interval": log_interval, **logger,
                       "writers": out.cfg.get("log_writers", defaults["log_writers"])})

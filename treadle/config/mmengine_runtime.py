@@ -24,10 +24,16 @@ MMEngine                           treadle
                                    images, see the visualization hooks)
 ``launcher``                       none, pytorch, slurm, mpi: dropped (treadle finds how it
                                    was started: torchrun, SLURM, MPI or one process)
-``log_processor``                  ``window_size`` (at most the log interval): a LoggerHook
-                                   with ``window`` (equal to the interval: treadle's
-                                   default); ``by_epoch``, ``num_digits``: dropped (they
-                                   change how a console line reads)
+``log_processor``                  a LoggerHook with MMEngine's smoothing: ``window_size``
+                                   (default 10; an int, ``epoch`` or ``global``) ->
+                                   ``window``, ``by_epoch`` -> ``by_epoch`` (the console
+                                   line's head), ``custom_cfg`` -> ``statistics``
+                                   (``data_src`` -> ``key``, ``time`` as ``step_time``;
+                                   ``log_name`` -> ``name``, ``method_name`` -> ``method``:
+                                   mean, max, min, current; ``window_size`` -> ``window``),
+                                   ``mean_pattern`` (default MMEngine's) -> ``mean_keys``;
+                                   ``num_digits``: dropped (treadle prints 4 significant
+                                   digits); ``log_with_hierarchy: true``: refused
 ``tta_model``, ``tta_pipeline``    dropped: read only by MMEngine's test-time augmentation
                                    (``tools/test.py --tta``), which treadle does not have
 ``*VisualizationHook``             off (no ``enable: true`` nor ``draw: true``): dropped
@@ -66,7 +72,7 @@ class Runtime:
     hooks: list[dict[str, Any]] = field(default_factory=list)
     strategy: dict[str, Any] = field(default_factory=dict)  # options for a ddp/fsdp strategy
     strategy_source: str = ""
-    logger_window: int | None = None  # LoggerHook(window=...)
+    logger: dict[str, Any] = field(default_factory=dict)  # LoggerHook options (window, statistics, ...)
 
 
 def _mapping(spec: Any, path: str, example: str) -> dict[str, Any]:
@@ -177,22 +183,72 @@ def _launcher(value: Any) -> None:
                           expected=f"one of {', '.join(LAUNCHERS)} (treadle finds how it was started itself)")
 
 
-def _log_processor(spec: Any, log_interval: int) -> int | None:
-    """The LoggerHook's ``window`` (None: the whole interval, treadle's default)."""
+#: MMEngine's LogProcessor defaults: the keys it smooths, its window.
+MMENGINE_MEAN_PATTERN = r".*(loss|time|data_time|grad_norm).*"
+MMENGINE_WINDOW = 10
+#: MMEngine's names of values treadle logs under another name.
+_KEY_NAMES = {"time": "step_time"}
+_METHODS = ("mean", "max", "min", "current")
+
+
+def _window(value: Any, path: str) -> int | str | None:
+    if value is None or value in ("epoch", "global"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(path, "not a window", value=value,
+                          expected="an int >= 1 (the last that many values), 'epoch' or 'global'")
+    return value
+
+
+def _custom_cfg(spec: Any, path: str) -> list[dict[str, Any]]:
+    """``custom_cfg`` entries as the LoggerHook's ``statistics``."""
+    if not isinstance(spec, (list, tuple)):
+        raise ConfigError(path, "must be a list", value=spec,
+                          expected="[{data_src: loss, method_name: mean, window_size: global, log_name: ...}]")
+    out = []
+    for i, entry in enumerate(spec):
+        where = join_path(path, i)
+        entry = take(_mapping(entry, where, "{data_src: loss, method_name: mean, window_size: 100}"), where,
+                     {"data_src": "key", "log_name": "name", "method_name": "method", "window_size": "window"}, {})
+        if not isinstance(entry.get("key"), str):
+            raise ConfigError(join_path(where, "data_src"), "missing or not a name", value=entry.get("key"),
+                              expected="the logged value's name, e.g. loss")
+        if entry.get("method", "mean") not in _METHODS:
+            raise ConfigError(join_path(where, "method_name"), "no such statistic in treadle", value=entry["method"],
+                              expected=", ".join(_METHODS) + " (a method registered with HistoryBuffer is not "
+                                                             "available)")
+        entry["window"] = _window(entry.get("window"), join_path(where, "window_size"))
+        key = entry["key"]
+        entry["key"] = _KEY_NAMES.get(key, key)
+        entry.setdefault("name", _KEY_NAMES.get(key, key))
+        out.append({k: v for k, v in entry.items() if v is not None})
+    names = [e["name"] for e in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(path, "logs a name twice", value=twice, expected="each log_name (or data_src) once")
+    return out
+
+
+def _log_processor(spec: Any) -> dict[str, Any]:
+    """The LoggerHook's options for MMEngine's smoothing (see the module's table)."""
     path = "log_processor"
-    spec = _mapping(spec, path, "{window_size: <the logger interval>, by_epoch: true}")
-    opts = take(spec, path, {"window_size": "window_size"},
-                {"type": "LogProcessor", "by_epoch": None, "num_digits": None, "custom_cfg": None,
-                 "log_with_hierarchy": False})
-    if spec.get("custom_cfg"):  # None or [] only
-        raise ConfigError(join_path(path, "custom_cfg"), "option has no treadle equivalent", value=spec["custom_cfg"],
-                          expected="no custom_cfg: treadle logs each value's mean over the log interval")
-    window = opts.get("window_size", 10)  # MMEngine's default
-    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= log_interval:
-        raise ConfigError(join_path(path, "window_size"), "not a window treadle keeps", value=window,
-                          expected=f"an int from 1 to the log interval ({log_interval}): treadle keeps no value "
-                                   "from before the previous record")
-    return None if window == log_interval else window
+    spec = _mapping(spec, path, "{window_size: 10, by_epoch: true}")
+    opts = take(spec, path, {"window_size": "window", "by_epoch": "by_epoch", "custom_cfg": "statistics",
+                             "mean_pattern": "mean_keys"},
+                {"type": "LogProcessor", "num_digits": None, "log_with_hierarchy": False})
+    window = _window(opts.get("window", MMENGINE_WINDOW), join_path(path, "window_size"))
+    out: dict[str, Any] = {"window": "global" if window is None else window}  # None: MMEngine's mean of all kept
+    by_epoch = opts.get("by_epoch", True)
+    if not isinstance(by_epoch, bool):
+        raise ConfigError(join_path(path, "by_epoch"), "not a bool", value=by_epoch, expected="true or false")
+    out["by_epoch"] = by_epoch
+    if opts.get("statistics"):
+        out["statistics"] = _custom_cfg(opts["statistics"], join_path(path, "custom_cfg"))
+    pattern = opts.get("mean_keys", MMENGINE_MEAN_PATTERN)
+    if not isinstance(pattern, str):
+        raise ConfigError(join_path(path, "mean_pattern"), "not a regular expression", value=pattern)
+    out["mean_keys"] = pattern
+    return out
 
 
 def visualization_hook(spec: dict[str, Any], path: str) -> bool:
@@ -222,7 +278,7 @@ def translate_runtime(cfg: dict[str, Any], *, deterministic: bool, log_interval:
     if "launcher" in cfg:
         _launcher(cfg["launcher"])
     if cfg.get("log_processor") is not None:
-        rt.logger_window = _log_processor(cfg["log_processor"], log_interval)
+        rt.logger = _log_processor(cfg["log_processor"])
     return rt
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from treadle.hooks.base import Hook, Priority
+from treadle.logging.history import LogHistory
 from treadle.logging.specs import build_writer, check_writers
 from treadle.logging.writers import LOGGER_NAME, TEXT_LOG_NAME, add_file_handler, get_logger, remove_handler
 
@@ -28,8 +29,26 @@ class LoggerHook(Hook):
     interval longer than an epoch still gives one record per epoch) or when
     ``ignore_last`` is false; iteration-based, every ``interval`` iterations of the run.
     Both also write one at the run's last iteration. A record's values are the means
-    over the iterations since the previous record, or over the last ``window`` of them
-    (MMEngine's ``LogProcessor(window_size=...)``, at most ``interval``).
+    over the iterations since the previous record.
+
+    MMEngine's ``LogProcessor`` (a translated config sets these; treadle/logging/history.py
+    keeps the values on the host, read in the same one transfer per record, and checkpoints
+    them per rank):
+
+    * ``window``: each value is instead the mean of its last ``window`` values (an int, of
+      any size: values from before the previous record count), since the epoch began
+      (``"epoch"``), or since the run began (``"global"``).
+    * ``statistics``: more values, or replacements, e.g. ``{key: loss, method: max,
+      window: 100, name: loss_max}`` (methods mean, max, min, current; windows as above,
+      None: ``"global"``; no ``name``: it replaces ``key``'s value).
+    * ``mean_keys``: a regular expression; keys it does not match are logged with their
+      last value instead of smoothed (MMEngine's ``mean_pattern``).
+    * ``by_epoch``: the console line's head: true ``epoch 2/3  batch 10/100`` (the
+      batch inside the epoch), false ``iter 110/300``; None (default) ``epoch 2/3  iter
+      110/300``. The JSONL records are the same either way.
+
+    With several processes each rank keeps its own values and the records' statistics are
+    averaged over the ranks (times: the slowest rank's), as the means are.
 
     JSONL fields: ``mode``, ``epoch`` (1-based running epoch), ``iter`` (iterations
     done), ``timestamp`` (unix seconds), ``lr`` (and ``lr/<optimizer>``, ``.../pg<i>``
@@ -66,13 +85,22 @@ class LoggerHook(Hook):
     priority = Priority.BELOW_NORMAL
 
     def __init__(self, interval: int = 50, writers: tuple[Any, ...] = ("jsonl", "csv", "tensorboard"),
-                 text_log: bool = True, ignore_last: bool = True, window: int | None = None) -> None:
+                 text_log: bool = True, ignore_last: bool = True, window: int | str | None = None,
+                 statistics: list[dict[str, Any]] | tuple[()] = (), mean_keys: str | None = None,
+                 by_epoch: bool | None = None) -> None:
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"log interval must be an int >= 1, got {interval!r}")
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= interval):
-            raise ValueError(f"LoggerHook window must be null or an int in [1, interval={interval}] (values before the "
-                             f"previous record are not kept), got {window!r}")
+        if not isinstance(statistics, (list, tuple)):
+            raise TypeError(f"LoggerHook statistics={statistics!r}; expected a list of mappings")
+        if mean_keys is not None and not isinstance(mean_keys, str):
+            raise TypeError(f"LoggerHook mean_keys={mean_keys!r}; expected a regular expression (str) or None")
+        if by_epoch is not None and not isinstance(by_epoch, bool):
+            raise TypeError(f"LoggerHook by_epoch={by_epoch!r}; expected true, false or null")
         self.window = window
+        self.by_epoch = by_epoch
+        # Values kept beyond one record, only when a window or statistic needs them.
+        self.history = (LogHistory(window, list(statistics), mean_keys)
+                        if window is not None or statistics or mean_keys is not None else None)
         if not isinstance(ignore_last, bool):
             raise TypeError(f"LoggerHook ignore_last must be true or false, got {ignore_last!r}")
         check_writers("LoggerHook writers", writers)
@@ -128,6 +156,9 @@ class LoggerHook(Hook):
 
     def before_run(self, trainer: "RunView") -> None:
         self._batch_size = getattr(trainer.train_dataloader, "batch_size", None)
+        if self.history is not None:
+            self.history.by_epoch = trainer.state.by_epoch
+            trainer.store.attach_history(self.history)
         if trainer.work_dir is None or not trainer.is_main:
             return
         work_dir = Path(trainer.work_dir)
@@ -197,6 +228,10 @@ class LoggerHook(Hook):
                 self._failed.add(id(w))
                 raise
 
+    def before_train_epoch(self, trainer: "RunView") -> None:
+        if self.history is not None and trainer.state.inner_iter == 0:  # not a resumed open epoch
+            self.history.start_epoch()
+
     def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         trainer.store.put_dict(outputs)
         state = trainer.state
@@ -221,9 +256,7 @@ class LoggerHook(Hook):
                                   "timestamp": round(time.time(), 3)}
         record.update(trainer.learning_rates)
         record.update(self._optim_values(trainer))
-        if self.window is not None:
-            trainer.store.keep_last(self.window)
-        values = trainer.store.flush()  # after the grad norms joined the store: one transfer
+        values = self._flush(trainer.store, state.inner_iter + 1)  # after the grad norms joined: one transfer
         values = trainer.strategy.reduce_log_values(values)  # several ranks: mean, max for times
         record.update(values)
         for source in self._sources:
@@ -240,9 +273,21 @@ class LoggerHook(Hook):
         self._write(record)
         logger = self._logger
         if trainer.is_main and logger.isEnabledFor(logging.INFO):
-            logger.info(_format_train_line(record, state))
+            logger.info(_format_train_line(record, state, self.by_epoch))
         for fn in self._listeners:
             fn(trainer, values)
+
+    def _flush(self, store: Any, epoch_iters: int) -> dict[str, float]:
+        """This record's values from the store: the interval's means, or the history's
+        statistics (the store's ``latest`` then holds those, as the progress bar reads it)."""
+        if self.history is None:
+            return store.flush()
+        raw = store.flush_values()
+        fresh = {k: float(sum(v)) / len(v) for k, v in raw.items()}
+        self.history.add(raw, epoch_iters)
+        values = self.history.values(fresh, list(raw))
+        store.latest.update(values)
+        return values
 
     @staticmethod
     def _optim_values(trainer: "RunView") -> dict[str, Any]:
@@ -314,13 +359,14 @@ def _four_digits(v: float) -> str:
     return text if len(text.lstrip("-").replace(".", "").lstrip("0")) <= 4 else f"{float(text):.{max(0, 2 - magnitude)}f}"
 
 
-def _format_train_line(record: dict[str, Any], state: Any) -> str:
-    head = f"epoch {record['epoch']}"
-    if state.max_epochs:
-        head += f"/{state.max_epochs}"
-    head += f"  iter {record['iter']}"
-    if state.max_iters:
-        head += f"/{state.max_iters}"
+def _format_train_line(record: dict[str, Any], state: Any, by_epoch: bool | None = None) -> str:
+    head = ""
+    if by_epoch is not False:
+        head = f"epoch {record['epoch']}" + (f"/{state.max_epochs}" if state.max_epochs else "") + "  "
+    if by_epoch:  # the batch inside the epoch (MMEngine's ``[epoch][batch/length]``)
+        head += f"batch {state.inner_iter + 1}" + (f"/{state.iters_per_epoch}" if state.iters_per_epoch else "")
+    else:
+        head += f"iter {record['iter']}" + (f"/{state.max_iters}" if state.max_iters else "")
     skip = {"mode", "epoch", "iter", "eta_s", "timestamp"}
     parts = [f"{k} {format_value(k, v)}" for k, v in record.items() if k not in skip]
     if "eta_s" in record:

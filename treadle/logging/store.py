@@ -20,6 +20,18 @@ class MetricStore:
     def __init__(self) -> None:
         self._pending: defaultdict[str, list[Any]] = defaultdict(list)
         self.latest: dict[str, float] = {}
+        # Values kept beyond one flush (a LoggerHook's windows, treadle/logging/history.py),
+        # checkpointed with the windows, per rank; a saved one waits here until attached.
+        self.history: Any = None
+        self._history_state: dict[str, Any] | None = None
+
+    def attach_history(self, history: Any) -> None:
+        """Keep ``history`` (a LogHistory) in this store's checkpointed state; a state loaded
+        before it was attached (a resume before the run starts) is given to it now."""
+        self.history = history
+        if self._history_state is not None:
+            history.load_state_dict(self._history_state)
+            self._history_state = None
 
     def put(self, name: str, value: Tensor | float) -> None:
         """Record one value (no host sync: tensors are kept as they are)."""
@@ -45,7 +57,13 @@ class MetricStore:
             del values[:-n]
 
     def flush(self) -> dict[str, float]:
-        """Mean of each window as floats; clears the windows.
+        """Mean of each window as floats; clears the windows (read as :meth:`flush_values`)."""
+        out = {key: float(sum(values)) / len(values) for key, values in self.flush_values().items()}
+        self.latest.update(out)
+        return out
+
+    def flush_values(self) -> dict[str, list[float]]:
+        """Each window's values as floats, in order; clears the windows.
 
         Every tensor value of every window is read in one go: one ``stack`` of all of
         them and one host transfer per flush (not one per value, not one per window),
@@ -54,7 +72,7 @@ class MetricStore:
         already in host memory are read with ``item()`` each instead: there is no
         transfer to save, and that is cheaper than a cold ``stack``.
         """
-        out: dict[str, float] = {}
+        out: dict[str, list[float]] = {}
         tensor_keys: list[str] = []
         lengths: list[int] = []
         flat: list[Tensor] = []
@@ -66,35 +84,37 @@ class MetricStore:
                 lengths.append(len(values))
                 flat.extend(values)
             else:
-                out[key] = float(sum(values)) / len(values)
+                out[key] = [float(v) for v in values]
         if flat:
             host = _read_all(flat)
             i = 0
             for key, n in zip(tensor_keys, lengths):
-                out[key] = float(sum(host[i:i + n])) / n
+                out[key] = host[i:i + n]
                 i += n
         self._pending.clear()
-        self.latest.update(out)
         return out
 
 
-    def state_dict(self) -> dict[str, dict[str, list[float]]]:
+    def state_dict(self) -> dict[str, Any]:
         """The windows not flushed yet, as numbers (one host read for all the tensors,
         at checkpoints only), so that a resumed run logs the same means as an
-        uninterrupted one. ``{"tensors": {name: [...]}, "numbers": {name: [...]}}``."""
+        uninterrupted one. ``{"tensors": {name: [...]}, "numbers": {name: [...]}}``, and
+        ``"history"``: the attached history's state, if any."""
         windows = {k: values for k, values in self._pending.items() if values}
         tensors = {k: values for k, values in windows.items() if isinstance(values[0], Tensor)}
         flat = [v for values in tensors.values() for v in values]
         host = _read_all(flat) if flat else []
-        out: dict[str, dict[str, list[float]]] = {"tensors": {}, "numbers": {}}
+        out: dict[str, Any] = {"tensors": {}, "numbers": {}}
         i = 0
         for k, values in tensors.items():
             out["tensors"][k] = host[i:i + len(values)]
             i += len(values)
         out["numbers"] = {k: list(values) for k, values in windows.items() if k not in tensors}
+        if self.history is not None:
+            out["history"] = self.history.state_dict()
         return out
 
-    def load_state_dict(self, state: dict[str, dict[str, list[float]]]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`; a tensor window's values come back as float64
         CPU scalars, which ``flush`` reads to the same numbers."""
         self._pending.clear()
@@ -102,6 +122,11 @@ class MetricStore:
             self._pending[k].extend(torch.tensor(v, dtype=torch.float64) for v in values)
         for k, values in state.get("numbers", {}).items():
             self._pending[k].extend(values)
+        if "history" in state:
+            if self.history is not None:
+                self.history.load_state_dict(state["history"])
+            else:
+                self._history_state = state["history"]
 
 
 def _read_all(values: list[Tensor]) -> list[float]:
