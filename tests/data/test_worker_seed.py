@@ -20,7 +20,8 @@ import treadle
 from support import ON_CPU, TinyNet, make_data
 from treadle.data import DataFeed
 from treadle.data.resumable import ResumableLoader
-from treadle.data.worker_seed import SeededDataset
+from treadle.data import worker_seed
+from treadle.data.worker_seed import WATCHED, SeededDataset, epoch_seed, sample_seed
 
 N, BATCH = 20, 3  # 7 batches an epoch, the last one short
 
@@ -153,6 +154,152 @@ def test_an_iterable_dataset_is_left_alone():
     assert torch.equal(on, epoch(loader, seed_per_sample=False))
 
 
+# -- watching whether the dataset draws -------------------------------------------------------
+class Quiet(Dataset):
+    """Draws nothing: sample ``i`` is ``(i, torch.initial_seed())``, the seed torch's generator
+    had when it was fetched (the sample's own seed while it is seeded)."""
+
+    def __len__(self) -> int:
+        return 3 * WATCHED
+
+    def __getitem__(self, i):
+        return i, torch.initial_seed()
+
+
+def was_seeded(samples, seed=7, epoch=0) -> list[bool]:
+    return [initial == sample_seed((epoch_seed(seed, epoch), i, 0)) for i, initial in samples]
+
+
+def counting_seeds(monkeypatch) -> list:
+    keys: list = []
+    seed = worker_seed._seed
+
+    def counted(key):
+        keys.append(key)
+        seed(key)
+    monkeypatch.setattr(worker_seed, "_seed", counted)
+    return keys
+
+
+def test_a_dataset_that_draws_nothing_stops_being_seeded(monkeypatch):
+    loader = DataLoader(Quiet(), batch_size=4, shuffle=True, collate_fn=list)
+    feed = DataFeed(loader, seed=7)
+    feed.start_epoch(0)
+    seeded = was_seeded(s for b in feed for s in b)
+    assert seeded == [True] * WATCHED + [False] * (len(seeded) - WATCHED)
+    feed.start_epoch(1)  # decided for the process: the next epoch is not watched again
+    assert not any(was_seeded((s for b in feed for s in b), epoch=1))
+
+
+def test_the_data_of_a_dataset_that_draws_nothing_are_the_same(monkeypatch):
+    """Seeded, watched then not seeded, or never seeded: the same batches in every epoch
+    (from the second on, the main process reads the user's loader itself), and after a skip."""
+    keys = counting_seeds(monkeypatch)
+    loader = DataLoader(Plain(), batch_size=5, shuffle=True)
+    runs = {}
+    for mode, seeds in ((True, WATCHED), ("always", 4 * len(Plain()) - 4 * 5), (False, 0)):
+        keys.clear()
+        feed = DataFeed(loader, seed=7, seed_per_sample=mode)
+        runs[mode] = []
+        for e in range(3):
+            feed.start_epoch(e)
+            runs[mode] += list(feed)
+        feed.start_epoch(1, skip=4)
+        runs[mode] += list(feed)
+        assert len(keys) == seeds, mode
+    assert len(runs[True]) == 3 * 26 + 22
+    for mode in ("always", False):
+        for (x, y), (rx, ry) in zip(runs[mode], runs[True], strict=True):
+            assert torch.equal(x, rx) and torch.equal(y, ry), mode
+
+
+@pytest.mark.parametrize("rng", ["torch", "numpy", "random", "numpy gauss"])
+def test_a_dataset_that_draws_from_any_one_rng_stays_seeded(rng, monkeypatch):
+    draw = {"torch": lambda: float(torch.rand(())), "numpy": lambda: float(np.random.rand()),
+            "random": random.random, "numpy gauss": lambda: float(np.random.standard_normal())}[rng]
+
+    class One(Dataset):
+        def __len__(self):
+            return 2 * WATCHED
+
+        def __getitem__(self, i):
+            return torch.tensor([float(i), draw()], dtype=torch.float64)
+
+    keys = counting_seeds(monkeypatch)
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    before = global_states()
+    shuffled_rows = epoch(DataLoader(One(), batch_size=BATCH, shuffle=True))
+    assert len(keys) == 2 * WATCHED  # every sample, long after the watch
+    assert same_states(global_states(), before)  # the main process's streams untouched
+    assert by_index([shuffled_rows]) == by_index([epoch(DataLoader(One(), batch_size=5))])
+    resumed = epoch(DataLoader(One(), batch_size=BATCH, shuffle=True), skip=30)
+    assert torch.equal(resumed, shuffled_rows[30 * BATCH:])
+
+
+class Late(Dataset):
+    """Draws nothing for its first ``WATCHED`` samples, then from torch."""
+
+    def __len__(self):
+        return 2 * WATCHED
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i), float(torch.rand(())) if i >= WATCHED else 0.0])
+
+
+def test_always_seeds_a_dataset_that_draws_only_after_the_watch(monkeypatch):
+    loader = DataLoader(Late(), batch_size=4)  # in order: the draws start after the watched samples
+    keys = counting_seeds(monkeypatch)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    epoch(loader)  # the rule: its later draws are not seen, so they come from the main process's stream
+    assert len(keys) == WATCHED and not torch.equal(torch.get_rng_state(), before)
+    keys.clear()
+    torch.manual_seed(0)
+    whole = epoch(loader, seed_per_sample="always")
+    assert len(keys) == 2 * WATCHED and torch.equal(torch.get_rng_state(), before)
+    assert by_index([whole]) == by_index([epoch(DataLoader(Late(), batch_size=4, shuffle=True),
+                                                seed_per_sample="always")])
+
+
+def test_a_batched_fetch_is_watched_per_batch(monkeypatch):
+    class Batched(Dataset):
+        def __len__(self):
+            return 2 * WATCHED
+
+        def __getitems__(self, indices):
+            return [torch.tensor([float(i)]) for i in indices]
+
+    keys = counting_seeds(monkeypatch)
+    rows = epoch(DataLoader(Batched(), batch_size=1, shuffle=True))
+    assert len(keys) == WATCHED  # seeded once per batch while watched
+    assert sorted(rows[:, 0].tolist()) == list(range(2 * WATCHED))
+
+
+def test_the_trainer_takes_always(monkeypatch):
+    keys = counting_seeds(monkeypatch)
+    for mode, seeds in ((True, WATCHED), ("always", 2 * len(Plain()))):  # 2 epochs
+        keys.clear()
+        torch.manual_seed(0)
+        t = treadle.Trainer(TinyNet(), train_dataloader=DataLoader(Plain(), batch_size=4, shuffle=True),
+                            loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), max_epochs=2, seed=0,
+                            log_writers=(), progress=False, strategy=ON_CPU, seed_per_sample=mode)
+        t.fit()
+        assert len(keys) == seeds, mode
+
+
+class Plain(Dataset):
+    """make_data's samples, through a Dataset class of its own: draws nothing."""
+
+    def __init__(self) -> None:
+        self.base = make_data(2 * WATCHED)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i):
+        return self.base[i]
+
+
 # -- samplers, batching, sharding ----------------------------------------------------------
 def test_shards_of_a_distributed_sampler_draw_what_one_process_draws():
     """Seeds come from the global index: 1 or 3 ranks give each sample the same draws."""
@@ -237,8 +384,11 @@ def test_the_users_loader_and_dataset_stay_as_they_were():
 
 
 def test_a_bad_switch_is_refused():
-    with pytest.raises(TypeError, match="seed_per_sample must be True or False"):
+    with pytest.raises(TypeError, match="seed_per_sample must be True, False or 'always', got 'yes'"):
         DataFeed(shuffled(), seed_per_sample="yes")
+    with pytest.raises(ValueError, match="seed_per_sample: not a supported value.*'always'"):
+        treadle.Trainer(TinyNet(), train_dataloader=shuffled(), optimizer=dict(type="SGD", lr=0.1), max_epochs=1,
+                        seed_per_sample="sometimes", log_writers=())
     with pytest.raises(TypeError, match="seed_per_sample: wrong type int"):
         treadle.Trainer(TinyNet(), train_dataloader=shuffled(), optimizer=dict(type="SGD", lr=0.1), max_epochs=1,
                         seed_per_sample=1, log_writers=())
@@ -274,6 +424,22 @@ def test_any_number_of_workers_draws_the_same(persistent):
         feed.close()
         off = epoch(loader(workers), epoch=1, seed_per_sample=False)
         assert not torch.equal(off, ref[1])  # without: each worker's own stream
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("persistent", [False, True])
+def test_each_worker_watches_for_itself(persistent):
+    """Worker w loads batches w, w + 2, ...: the first WATCHED samples of each are seeded;
+    workers that start again (not persistent) watch again."""
+    loader = DataLoader(Quiet(), batch_size=4, shuffle=True, num_workers=2, collate_fn=list,
+                        persistent_workers=persistent)
+    feed = DataFeed(loader, seed=7)
+    for e in (0, 1):
+        feed.start_epoch(e)
+        seeded = [was_seeded(batch, epoch=e) for batch in feed]
+        watched = e == 0 or not persistent
+        assert seeded == [[watched and b // 2 < WATCHED // 4] * 4 for b in range(len(seeded))], e
+    feed.close()
 
 
 # -- resume through the Trainer and the Strategy API ---------------------------------------

@@ -24,8 +24,10 @@ an epoch: resuming in one warns.
 The randomness a map-style dataset draws in ``__getitem__`` is seeded per sample, from
 ``(seed, epoch, index)`` (treadle/data/worker_seed.py): the feed iterates a copy of the
 DataLoader that seeds torch, numpy and ``random`` before each sample, so augmentation is
-the same for any ``num_workers`` and after a resume inside an epoch. ``seed_per_sample=
-False`` turns that off (the workers' streams then run per worker, as torch's do).
+the same for any ``num_workers`` and after a resume inside an epoch. Each process stops
+seeding once the first samples it loads drew nothing (seeded or not, they are the same);
+``seed_per_sample="always"`` seeds every sample, ``seed_per_sample=False`` none (the
+workers' streams then run per worker, as torch's do).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, R
                               SubsetRandomSampler, WeightedRandomSampler)
 
 from treadle.logging.writers import get_logger
-from treadle.data.worker_seed import SeededCopy, may_draw, seedable
+from treadle.data.worker_seed import SeededCopy, check_seed_per_sample, may_draw, seedable
 from treadle.seeding import derive_seed
 
 # torch's samplers that draw their order from ``self.generator`` (a user's one is replaced).
@@ -63,16 +65,17 @@ class DataFeed:
 
     ``seed``: the order's seed (one for all ranks); ``rank`` salts the workers' seeds;
     ``seed_per_sample``: read a DataLoader over a map-style dataset through a copy that
-    seeds each sample's randomness from ``(seed, epoch, index)`` (treadle/data/worker_seed.py);
-    the attribute of that name says whether this feed does. ``limit``: an epoch ends
+    seeds each sample's randomness from ``(seed, epoch, index)`` (treadle/data/worker_seed.py):
+    True, while the dataset is seen to draw (each process stops once the first samples it
+    loads drew nothing); ``"always"``: every sample; False: none. The attribute of that
+    name says what this feed does (False for a loader it cannot seed). ``limit``: an epoch ends
     after this many batches (``limit_train_batches`` and friends); the order of the ones
     taken is the same as without it.
     """
 
     def __init__(self, loader: Iterable[Any], *, seed: int | None = None, rank: int = 0,
-                 seed_per_sample: bool = True, limit: int | None = None) -> None:
-        if not isinstance(seed_per_sample, bool):
-            raise TypeError(f"seed_per_sample must be True or False, got {seed_per_sample!r}")
+                 seed_per_sample: bool | str = True, limit: int | None = None) -> None:
+        check_seed_per_sample(seed_per_sample)
         self.loader = loader
         self.limit = limit  # at most this many batches per epoch (None: all of them)
         # Without a seed the order is still recorded (and so reproducible on resume).
@@ -84,7 +87,7 @@ class DataFeed:
         self._it: Iterator[Any] | None = None
         self._started = False  # the first start_epoch of a resumed run starts past (0, 0)
         # A DataLoader over a map-style dataset is read through a seeded copy (made at the first epoch).
-        self.seed_per_sample = seed_per_sample and seedable(loader)
+        self.seed_per_sample = seed_per_sample if seedable(loader) else False
         self._seeded: SeededCopy | None = None
 
     @property
@@ -116,9 +119,11 @@ class DataFeed:
         self.batch_idx = skip
         gen = self._seed_epoch(epoch)
         loader = self.loader
-        if self.seed_per_sample:
+        # Seen to draw nothing in this process: the user's loader gives the same batches.
+        quiet = self._seeded is not None and self._seeded.quiet and (not skip or loader.batch_sampler is not None)
+        if self.seed_per_sample and not quiet:
             if self._seeded is None:
-                self._seeded = SeededCopy(loader)  # type: ignore[arg-type]  # seed_per_sample: seedable() found a DataLoader
+                self._seeded = SeededCopy(loader, always=self.seed_per_sample == "always")  # type: ignore[arg-type]  # seedable() found a DataLoader
             self._it = self._seeded.epoch(self.seed, epoch, skip, gen)
         elif skip and isinstance(loader, DataLoader) and loader.batch_sampler is not None \
                 and not isinstance(loader.dataset, IterableDataset):

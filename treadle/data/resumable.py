@@ -29,10 +29,11 @@ class ResumableLoader:
         seed: the order's seed, the same on every rank.
         rank: salts the loader workers' seeds (the order is shared by the ranks).
         seed_per_sample: seed the randomness of each sample of a map-style dataset from
-            ``(seed, epoch, index)``, whichever worker loads it (treadle/data/worker_seed.py).
+            ``(seed, epoch, index)``, whichever worker loads it (treadle/data/worker_seed.py):
+            True, False or ``"always"``.
     """
 
-    def __init__(self, loader: Iterable[Any], *, seed: int, rank: int = 0, seed_per_sample: bool = True) -> None:
+    def __init__(self, loader: Iterable[Any], *, seed: int, rank: int = 0, seed_per_sample: bool | str = True) -> None:
         self.loader = loader
         self._feed = DataFeed(loader, seed=seed, rank=rank, seed_per_sample=seed_per_sample)
         self._seed_per_sample = seed_per_sample

@@ -22,6 +22,7 @@ from torch import nn
 
 from treadle.config.errors import ConfigError, did_you_mean, join_path
 from treadle.config.keys import SPEC, Check, Key, NoneType, _min, check_keys
+from treadle.data.worker_seed import WATCHED
 from treadle.engine.argspec import ANY_OBJECT, Arg, check_args as _check_args, config_keys, flag
 from treadle.engine.preemption import PreemptionConfig
 from treadle.hooks.base import Hook
@@ -115,6 +116,11 @@ def _log_writers(value: Any, path: str) -> None:
         check_writers(path, value)
     except (TypeError, ValueError) as e:
         raise ConfigError("", str(e)) from None
+
+
+def _seed_per_sample(value: Any, path: str) -> None:
+    if isinstance(value, str):
+        _choice("always")(value, path)
 
 
 def _progress(value: Any, path: str) -> None:
@@ -291,9 +297,11 @@ class TrainerArgs:
         "(`seed: N` in the log and env.txt): passing it repeats the run.",
         (int, NoneType), "an int >= 0, or null", _min(0))] = None
     seed_per_rank: Annotated[bool, flag("Each process uses seed + rank.")] = False
-    seed_per_sample: Annotated[bool, flag(
+    seed_per_sample: Annotated[bool | str, Arg(
         "Seed the randomness a map-style dataset draws for each sample from `(seed, epoch, index)`: the same for "
-        "any `num_workers` and on resume.")] = True
+        f"any `num_workers` and on resume. True: each process stops seeding once the first {WATCHED} samples it "
+        "loads drew nothing; `always`: every sample (a dataset that draws only for some samples or epochs); False: never.",
+        (bool, str), "true, false or 'always'", _seed_per_sample)] = True
     deterministic: Annotated[bool, flag("Deterministic algorithms (slower, repeatable).")] = False
     resume: Annotated[bool | str | Path, Arg(
         "Continue a run: False, True (the newest verified checkpoint in `work_dir`) or a checkpoint path.",

@@ -210,12 +210,14 @@ class StrategyAPI:
         self._prepared = True
         return items[0] if len(items) == 1 else tuple(items)
 
-    def prepare_dataloader(self, loader: Any, *, train: bool = True, seed_per_sample: bool = True) -> Any:
+    def prepare_dataloader(self, loader: Any, *, train: bool = True, seed_per_sample: bool | str = True) -> Any:
         """``loader`` (a DataLoader or a config dict) for this process: sharded across
         ranks and, for training, a :class:`ResumableLoader` whose place each checkpoint
         holds. ``train=False``: sharded for evaluation (every sample once), not tracked.
         ``seed_per_sample``: seed each sample's randomness in a map-style dataset from
-        ``(seed, epoch, index)``, the same for any ``num_workers`` and on resume (training only)."""
+        ``(seed, epoch, index)``, the same for any ``num_workers`` and on resume (training only);
+        ``"always"`` also for a dataset that drew nothing in the first samples a process loaded
+        (treadle/data/worker_seed.py)."""
         self.setup_env()
         if isinstance(loader, Mapping):
             from treadle.config.build import build_dataloader  # the config layer: only for a config dict
