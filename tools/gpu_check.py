@@ -16,6 +16,10 @@ Steps, each in a fresh process with a time limit, each a row of the table printe
    (``--tiny`` on the CPU).
 5. ``overhead``: benchmarks/overhead.py on the device, a launch-bound MLP: treadle's per-step
    cost over a hand loop.
+6. ``host-time``: benchmarks/host_time.py, the default Trainer fed by a custom map-style
+   Dataset against the same hand loop (``host-time-batches``: whole batches made ahead).
+7. ``peers``: benchmarks/peers.py --quick, treadle beside Lightning, Accelerate and MMEngine
+   (those installed), its table in peers.log.
 
 Each step's whole output goes to ``--out`` (default ``$OUT`` when set, else
 ``runs/gpu_check``). Exits 1 when a step failed. treadle need not be installed: the
@@ -95,6 +99,17 @@ def steps(args: argparse.Namespace) -> list[tuple[str, list[str], float, Callabl
             return False, "no ratio"
         return True, f"{m.group(1)}x, {m.group(2)} us/step on {hand.group(1) if hand else '?'} us"
 
+    def host_time_result(text: str, code: int) -> tuple[bool, str]:
+        m = re.search(r"host_time ratio ([\d.]+) \(IQR ([\d.]+-[\d.]+)\) hand ([\d.]+) us/step .*\(([+-][\d.]+) us/step\)",
+                      text)
+        if code != 0 or not m:
+            return False, "no ratio"
+        return True, f"{m.group(1)}x (IQR {m.group(2)}), {m.group(4)} us/step on {m.group(3)} us"
+
+    def peers_result(text: str, code: int) -> tuple[bool, str]:
+        rows = [ln for ln in text.splitlines() if ln.startswith("| ") and "---" not in ln]
+        return code == 0 and len(rows) > 1, f"table in peers.log ({max(len(rows) - 1, 0)} rows)"
+
     resume = [py, "tools/gpu_resume.py", "--device", args.device]
     out = [
         ("fast-tier", [py, "-m", "pytest", "-m", "not slow", "-q", "-p", "no:cacheprovider"], 900, pytest_result),
@@ -110,6 +125,15 @@ def steps(args: argparse.Namespace) -> list[tuple[str, list[str], float, Callabl
         ("gpt2", [py, "benchmarks/gpt2.py", *([] if cuda else ["--tiny", "--device", "cpu"])], 600, gpt2_result),
         ("overhead", [py, "benchmarks/overhead.py", "--device", args.device, "--runs", "2", "--reps", "4",
                       "--steps", "1000" if cuda else "300"], 600, overhead_result),
+        # The default Trainer fed by a custom map-style Dataset against a hand loop (issue #33):
+        # samples collated by the loader, and whole batches made ahead (batch_size=None).
+        ("host-time", [py, "benchmarks/host_time.py", "--device", args.device,
+                       *([] if cuda else ["--runs", "2", "--reps", "2", "--epochs", "3"])], 300, host_time_result),
+        ("host-time-batches", [py, "benchmarks/host_time.py", "--device", args.device, "--batch-size", "None",
+                               *([] if cuda else ["--runs", "2", "--reps", "2", "--epochs", "3"])], 300,
+         host_time_result),
+        # treadle beside Lightning and Accelerate (MMEngine where installed): one table.
+        ("peers", [py, "benchmarks/peers.py", "--quick", "--device", args.device], 300, peers_result),
     ]
     return [s for s in out if s[0] not in args.skip]
 
