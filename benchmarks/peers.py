@@ -7,6 +7,8 @@ repetition), so a slow drift of the machine falls on all of them. Figures of eac
 
 * steady state: ms per step from the start of step ``--warmup`` to the end of the last
   step, the clock read after a device synchronization at both marks on CUDA (none between);
+  wall time, or with ``--clock process`` (CPU only) the CPU time of the run's process, all
+  its threads: on a machine shared with other work, the steadier measure of the work done;
 * whole fit: seconds from the process's start to the end of its fit (interpreter start,
   imports, CUDA context, building the data and the model, the framework's setup and its
   fit, device synchronized), process exit left out;
@@ -78,6 +80,8 @@ def run_once(runner: str, workload: str, warmup: int, steps: int, args: argparse
            "--warmup", str(warmup), "--steps", str(steps), "--threads", str(args.threads)]
     if args.per_sample:
         cmd.append("--per-sample")
+    if args.clock != "wall":
+        cmd += ["--clock", args.clock]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
     if args.device == "cpu":
         env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
@@ -190,6 +194,9 @@ def main() -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     p.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
     p.add_argument("--per-sample", action="store_true", help="items are samples collated by the loader")
+    p.add_argument("--clock", choices=("wall", "process"), default="wall",
+                   help="steady state in wall time, or in the CPU time of the run's process (CPU only: steadier "
+                        "on a machine shared with other work)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per run (default 600; 60 with --quick)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds after which no run is started (default none; 120 with --quick)")
@@ -204,6 +211,8 @@ def main() -> None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.clock == "process" and args.device != "cpu":
+        p.error("--clock process: CPU only (on CUDA the process's CPU time leaves out the device's work)")
     reps = args.reps or (2 if args.quick else 3)
     args.timeout = args.timeout or (60 if args.quick else 600)
     if args.budget is None and args.quick:
@@ -241,7 +250,7 @@ def main() -> None:
     print(f"\n{done} runs ({len(workloads)} workloads, {len(runners)} runners, {reps} reps) in "
           f"{time.perf_counter() - begun:.0f} s{cut}\n")
     print(f"{machine(results, args)}; data: {'samples collated by the loader' if args.per_sample else 'whole batches'}"
-          f"; median (min-max) of {reps} runs\n")
+          f"; steady state in {args.clock} time; median (min-max) of {reps} runs\n")
     print("\n".join(table(results, args, plan)))
     for line in settings_differ(results):
         print(f"note: {line}")

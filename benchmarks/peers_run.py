@@ -187,12 +187,16 @@ def make_workload(name: str, device: torch.device, per_sample: bool, steps: int)
 
 
 # -- the clocks ---------------------------------------------------------------------------
+CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
+
+
 class Marks:
     """Steady state: from the start of step ``warmup`` to the end of the last step, each mark
-    read after a device synchronization. Keeps the last step's loss (read at the end)."""
+    read after a device synchronization. Keeps the last step's loss (read at the end).
+    ``clock``: wall time, or the CPU time of the whole process (every thread of it)."""
 
-    def __init__(self, device: torch.device, warmup: int, total: int) -> None:
-        self.device, self.warmup, self.total = device, warmup, total
+    def __init__(self, device: torch.device, warmup: int, total: int, clock: str = "wall") -> None:
+        self.device, self.warmup, self.total, self.clock = device, warmup, total, CLOCKS[clock]
         self.start = self.end = float("nan")
         self.loss: Any = None
 
@@ -204,14 +208,14 @@ class Marks:
         """Called before step ``i`` (0-based)."""
         if i == self.warmup:
             self.sync()
-            self.start = time.perf_counter()
+            self.start = self.clock()
 
     def after(self, i: int, loss: Any) -> None:
         """Called after step ``i`` with its loss (a tensor, left on the device until the end)."""
         if i == self.total - 1:
             self.loss = loss
             self.sync()
-            self.end = time.perf_counter()
+            self.end = self.clock()
 
 
 # -- the runners: each trains w.model for marks.total steps ---------------------------------
@@ -352,6 +356,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
     p.add_argument("--per-sample", action="store_true")
+    p.add_argument("--clock", choices=tuple(CLOCKS), default="wall", help="of the steady state")
     args = p.parse_args()
 
     package, version = PACKAGES[args.runner], torch.__version__
@@ -369,7 +374,7 @@ def main() -> None:
         torch.backends.cudnn.benchmark = True
     else:
         torch.set_num_threads(args.threads)
-    marks = Marks(device, args.warmup, args.warmup + args.steps)
+    marks = Marks(device, args.warmup, args.warmup + args.steps, args.clock)
     w = make_workload(args.workload, device, args.per_sample, marks.total)
     with tempfile.TemporaryDirectory(prefix=f"peers-{args.runner}-") as work_dir:
         start = time.perf_counter()
