@@ -70,7 +70,7 @@ NAMES = {"hand": "hand loop", "treadle": "treadle", "lightning": "Lightning", "a
          "mmengine": "MMEngine"}
 # (warmup, timed steps) by workload and device type; --quick's are the second pair.
 STEPS = {"cuda": {"mlp": ((50, 500), (30, 200)), "cnn": ((20, 100), (10, 40)), "gpt2": ((5, 30), (3, 10))},
-         "cpu": {"mlp": ((30, 300), (10, 60)), "cnn": ((3, 20), (2, 6)), "gpt2": ((10, 100), (5, 30))}}
+         "cpu": {"mlp": ((50, 1000), (10, 60)), "cnn": ((3, 30), (2, 6)), "gpt2": ((10, 200), (5, 30))}}
 LOSS_TOLERANCE = {"cpu": 1e-3, "cuda": 3e-2}  # relative to the hand loop's last loss; bf16 on CUDA
 
 
