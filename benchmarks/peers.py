@@ -101,7 +101,9 @@ def run_once(runner: str, workload: str, warmup: int, steps: int, args: argparse
 
 
 def spread(values: list[float], fmt: str) -> str:
-    """Median, and the range when there is more than one value."""
+    """Median, and the range when there is more than one value; "" for none."""
+    if not values:
+        return ""
     med = format(statistics.median(values), fmt)
     if len(values) < 2:
         return med
@@ -125,12 +127,11 @@ def table(results: dict, args: argparse.Namespace, plan: dict) -> list[str]:
         for runner, runs in by_runner.items():
             name = NAMES[runner]
             ok = [r for r in runs if "error" not in r and "missing" not in r]
-            if any("missing" in r for r in runs):
-                rows.append(f"| {what} | {name} | not installed | | | | | |")
-                continue
-            if not ok:
-                err = runs[0]["error"] if runs else "not run"
-                rows.append(f"| {what} | {name} | failed: {err.replace('|', '/')} | | | | | |")
+            if any("missing" in r for r in runs) or not ok:
+                why = ("not installed" if any("missing" in r for r in runs) else
+                       f"failed: {runs[0]['error']}".replace("|", "/") if runs else "not run (the time budget ran out)")
+                rows.append(f"| {what} | {name} | {why} | | | | | |")
+                what = ""
                 continue
             name += "" if runner == "hand" else f" {ok[0]['version']}"
             if len(ok) < len(runs):
@@ -140,7 +141,7 @@ def table(results: dict, args: argparse.Namespace, plan: dict) -> list[str]:
             loss = statistics.median(r["loss"] for r in ok)
             cells = [spread(ms, ".3f"), "", spread(whole, ".2f"), "", f"{loss:.6g}", ""]
             if hand_ok and runner != "hand":
-                cells[1] = spread(ratios(runs, hand, "steady_s"), ".3f")
+                cells[1] = spread(ratios(runs, hand, "steady_s"), ".3f")  # "" when no repetition has both
                 cells[3] = spread(ratios(runs, hand, "whole_s"), ".2f")
                 hand_loss = statistics.median(h["loss"] for h in hand_ok)
                 rel = abs(loss - hand_loss) / max(abs(hand_loss), 1e-12)

@@ -41,8 +41,9 @@ def test_table_ratios_per_repetition_missing_runners_and_a_loss_that_differs(pee
         "mmengine": [{"missing": "mmengine"}],
         "accelerate": [{"error": "exit 1: RuntimeError: boom"}, {"error": "exit 1: RuntimeError: boom"}],
     }}
+    results["gpt2"] = {"hand": [_run(0.010, 5.0)], "treadle": []}  # the time budget ran out before treadle
     args = argparse.Namespace(device="cpu")
-    rows = peers.table(results, args, {"mlp": (5, 10)})
+    rows = peers.table(results, args, {"mlp": (5, 10), "gpt2": (1, 2)})
     by_runner = {row.split(" | ")[1]: row for row in rows if row.startswith("| ") and " | " in row[2:]}
     treadle = by_runner["treadle 9.9"].split(" | ")
     assert treadle[2] == "1.750 (1.100-2.400)"        # steady ms/step: median (min-max) of 1.1 and 2.4 ms
@@ -53,6 +54,7 @@ def test_table_ratios_per_repetition_missing_runners_and_a_loss_that_differs(pee
     assert "not installed" in by_runner["MMEngine"]
     assert "failed: exit 1: RuntimeError: boom" in by_runner["Accelerate"]
     assert any("mlp/lightning: loss 1.7" in row for row in rows)
+    assert rows[-3].startswith("|  | treadle | not run (the time budget ran out) |"), rows
     assert not any("treadle" in row and "loss" in row for row in rows[-1:])
 
 
