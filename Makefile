@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo lint test test-fast docs test-torch test-gpu bench clean
+.PHONY: demo lint test test-fast docs test-torch test-gpu bench peers-venv peers clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -67,5 +67,26 @@ docs: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 
+# benchmarks/peers.py's peers (Lightning, Accelerate, MMEngine) in a venv of their own, never treadle's
+# dependencies: torch as in .venv, treadle editable, the pins of benchmarks/peers-requirements.txt,
+# all with constraints.txt, so torch stays the pinned CPU build.
+#   make peers-venv && .venv-peers/bin/python benchmarks/peers.py --quick
+PVENV := .venv-peers
+PPY := $(PVENV)/bin/python
+PSTAMP := $(PVENV)/.installed-stamp
+
+$(PSTAMP): pyproject.toml constraints.txt benchmarks/peers-requirements.txt
+	test -x $(PPY) || $(PYTHON) -m venv $(PVENV)
+	$(PPY) -m pip install --quiet --disable-pip-version-check -c constraints.txt torch==2.13.0
+	$(PPY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e .
+	$(PPY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -r benchmarks/peers-requirements.txt
+	$(PPY) -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '2.13.0' else 'torch changed: ' + torch.__version__)"
+	touch $(PSTAMP)
+
+peers-venv: $(PSTAMP)
+
+peers: $(PSTAMP)
+	$(PPY) benchmarks/peers.py
+
 clean:
-	rm -rf $(VENV) .venv-torch-* runs site
+	rm -rf $(VENV) $(PVENV) .venv-torch-* runs site
