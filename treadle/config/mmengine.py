@@ -37,6 +37,8 @@ DistSamplerSeedHook, RuntimeInfoHook, or null          its schedulers, seeds sam
                                                        ``begin_iter`` -> ``start``, and
                                                        ``convention: mmengine`` (its first update
                                                        copies the weights, see EMAHook);
+                                                       ``ema_type: ExpMomentumEMA`` (mmdet's):
+                                                       ``gamma`` (default 2000) as well;
                                                        ``update_buffers: true`` (treadle averages
                                                        buffers), ``strict_load``, ``priority``:
                                                        dropped; no ``update_buffers``: a warning
@@ -210,11 +212,20 @@ def _checkpoint(spec: dict[str, Any], path: str, out: _Out) -> None:
     out.set("checkpoint", ck, path)
 
 
+#: MMEngine ``EMAHook(ema_type=...)`` averages treadle follows (a registry scope such as
+#: ``mmdet.`` may prefix the name), and whether each ramps its momentum up (``gamma``).
+_EMA_TYPES = {"ExponentialMovingAverage": False, "ExpMomentumEMA": True}
+
+
 def _ema(spec: dict[str, Any], path: str, out: _Out) -> None:
-    if spec.get("ema_type", "ExponentialMovingAverage") != "ExponentialMovingAverage":
-        raise ConfigError(join_path(path, "ema_type"), "unsupported average", value=spec["ema_type"],
-                          expected="ExponentialMovingAverage")
-    ema = take(spec, path, {"momentum": "momentum", "interval": "interval", "begin_iter": "start"},
+    ema_type = spec.get("ema_type", "ExponentialMovingAverage")
+    name = ema_type.rpartition(".")[2] if isinstance(ema_type, str) else ema_type
+    if name not in _EMA_TYPES:
+        raise ConfigError(join_path(path, "ema_type"), "unsupported average", value=ema_type,
+                          expected="ExponentialMovingAverage or ExpMomentumEMA (mmdet's)")
+    ramps = _EMA_TYPES[name]
+    ema = take(spec, path, {"momentum": "momentum", "interval": "interval", "begin_iter": "start",
+                            **({"gamma": "gamma"} if ramps else {})},
                 {"type": None, "ema_type": None, "update_buffers": True, "strict_load": None, "priority": None,
                  "begin_epoch": 0},
                 {"update_buffers": "treadle's EMA averages the buffers (BatchNorm statistics) as it averages the "
@@ -230,6 +241,8 @@ def _ema(spec: dict[str, Any], path: str, out: _Out) -> None:
         if isinstance(m, bool) or not isinstance(m, (int, float)):
             raise ConfigError(join_path(path, "momentum"), "not a number", value=m, expected="a number in [0, 1]")
         ema["momentum"] = round(1.0 - m, 12)  # MMEngine weighs the new weights by momentum
+    if ramps:
+        ema.setdefault("gamma", 2000)  # mmdet's ExpMomentumEMA default
     ema["convention"] = "mmengine"  # its first update copies the weights; every iteration counts
     out.set("ema", ema, path)
 
