@@ -13,6 +13,7 @@ MMEngine                                               treadle
 ``optim_wrapper.accumulative_counts``                  ``accumulate``, and ``accumulate_across_epochs:
                                                        true`` when over 1 (MMEngine's windows)
 ``optim_wrapper.type: AmpOptimWrapper`` (``dtype``)    ``precision: '16'`` (``bfloat16``: ``'bf16'``)
+``optim_wrapper.loss_scale`` (AmpOptimWrapper)         ``loss_scale`` (``'dynamic'``: dropped)
 ``param_scheduler``                                    ``schedulers`` (unchanged)
 ``train_cfg.max_epochs`` / ``max_iters``               ``max_epochs`` / ``max_iters``
 ``train_cfg.val_interval``                             ``val_interval``
@@ -143,20 +144,19 @@ def _optim_wrapper(spec: Any, out: _Out) -> None:
     if kind not in ("OptimWrapper", "AmpOptimWrapper", "DeepSpeedOptimWrapper"):  # DeepSpeed's: the strategy's
         raise ConfigError(join_path(path, "type"), "unsupported optimizer wrapper", value=kind,
                           expected="OptimWrapper, AmpOptimWrapper or DeepSpeedOptimWrapper")
-    if kind == "AmpOptimWrapper" and spec.get("loss_scale", "dynamic") != "dynamic":
-        raise ConfigError(join_path(path, "loss_scale"), "option has no treadle equivalent for this value",
-                          value=spec["loss_scale"], expected="loss_scale: 'dynamic' (what treadle does: torch's "
-                          "GradScaler with its defaults), or no loss_scale")
+    amp = kind == "AmpOptimWrapper"
     rest = take(spec, path, {"optimizer": "optimizer", "paramwise_cfg": "paramwise", "clip_grad": "clip_grad",
-                              "accumulative_counts": "accumulate", "dtype": "dtype"},
-                {"type": None, "constructor": "DefaultOptimWrapperConstructor",
-                 **({"loss_scale": "dynamic"} if kind == "AmpOptimWrapper" else {})})
+                              "accumulative_counts": "accumulate", "dtype": "dtype",
+                              **({"loss_scale": "loss_scale"} if amp else {})},
+                {"type": None, "constructor": "DefaultOptimWrapperConstructor"})
     optimizer = rest.pop("optimizer")
     if not isinstance(optimizer, dict):
         raise ConfigError(join_path(path, "optimizer"), "must be a mapping", value=optimizer, expected="{type: AdamW, lr: ...}")
     if "paramwise" in rest:
         optimizer = {**optimizer, "paramwise": rest.pop("paramwise")}
     out.set("optimizer", optimizer, join_path(path, "optimizer"))
+    if rest.get("loss_scale", "dynamic") != "dynamic":  # a fixed scale or GradScaler's options
+        out.set("loss_scale", rest["loss_scale"], join_path(path, "loss_scale"))
     for key in ("clip_grad", "accumulate"):
         if rest.get(key) is not None:
             out.set(key, rest[key], path)
