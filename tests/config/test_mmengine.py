@@ -59,8 +59,6 @@ def test_disabled_and_implicit_default_hooks_are_dropped():
     ({"train_cfg": {"max_iters": 30, "val_begin": 20, "val_interval": 10}},
      "train_cfg.val_begin: has no treadle equivalent in an iteration-based loop (got 20)"),
     ({"val_cfg": {"type": "ValLoop", "fp16": True}}, "val_cfg: options have no treadle equivalent"),
-    ({"optim_wrapper": {"type": "AmpOptimWrapper", "optimizer": {"type": "SGD"}, "loss_scale": 512.0}},
-     "optim_wrapper.loss_scale: option has no treadle equivalent for this value (got 512.0)"),
     ({"default_hooks": {"checkpoint": {"type": "CheckpointHook", "out_dir": "s3://x"}}},
      "default_hooks.checkpoint.out_dir: option has no treadle equivalent"),
     ({"custom_hooks": [{"type": "EMAHook", "ema_type": "StochasticWeightAverage"}]},

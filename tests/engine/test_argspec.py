@@ -42,7 +42,7 @@ PUBLIC = [
     ("log_writers", ("jsonl", "csv", "tensorboard")), ("progress", "auto"), ("timer_breakdown", False),
     ("move_batch", True), ("safe", False), ("verbose", False), ("init_weights", False), ("fast_dev_run", False),
     ("limit_train_batches", None), ("limit_val_batches", None), ("limit_test_batches", None),
-    ("accumulate_across_epochs", False),
+    ("accumulate_across_epochs", False), ("loss_scale", "dynamic"),
 ]
 
 

@@ -149,7 +149,7 @@ def test_alpha_sets_momentum_from_the_run():
     (dict(interval=0), r"interval must be an int >= 1"),
     (dict(decay=0.9),
      r'ema\.decay: unknown key for ema \(got 0\.9\); expected one of momentum, interval, start, alpha, use_for_val, '
-     r'convention, start_iter'),
+     r'convention, gamma, start_iter'),
     (dict(momentum=0.9, alpha=1e-5), r"momentum or alpha, not both"),
     (dict(momentum="0.9"), r"ema momentum='0.9' is not a number; expected a float in \[0, 1\]"),
     (dict(momentum=None), r"ema momentum=None is not a number"),

@@ -100,6 +100,7 @@ def test_one_process_with_accumulation_equals_a_hand_written_loop(one_process_gr
     (dict(clip_grad=dict(value=1.0)), "clip_grad={'value': 1.0}: DeepSpeed clips by norm only"),
     (dict(strategy=dict(ON_CPU_DS, config={"bf16": {"enabled": True}})),
      "config['bf16']['enabled']=True contradicts precision='32'"),
+    (dict(precision="16", loss_scale=512.0), "loss_scale=512.0 under strategy='deepspeed': DeepSpeed scales fp16"),
 ])
 def test_what_deepspeed_cannot_honour_is_refused_before_training(one_process_group, kw, message):
     with pytest.raises(ValueError) as e:

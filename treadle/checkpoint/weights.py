@@ -110,6 +110,8 @@ def _pick_state_dict(obj: Any, key: str | None, where: str) -> dict[str, Any]:
         obj = inner
     if not isinstance(obj, Mapping) or not all(isinstance(k, str) for k in obj):
         raise CheckpointError(f"{where}: does not contain a state dict (got {type(obj).__name__})")
+    if not obj:
+        raise CheckpointError(f"{where}: holds no weights (an empty mapping); expected a model's state dict of tensors")
     return dict(obj)
 
 
@@ -254,8 +256,17 @@ def load_weights(
     return report
 
 
-def _exportable(sd: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Contiguous CPU tensors with no shared storage (safetensors refuses aliasing)."""
+def _exportable(sd: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:
+    """Contiguous CPU tensors with no shared storage (safetensors refuses aliasing).
+    A module's ``_extra_state`` (any object) is skipped; any other entry that is not a
+    tensor means ``sd`` is not weights (an RNG file: ``python``, ``numpy``...)."""
+    if not sd:
+        raise CheckpointError(f"{where}: holds no weights (an empty mapping); expected a model's state dict of tensors")
+    foreign = [k for k, v in sd.items() if not isinstance(v, torch.Tensor) and not k.endswith("_extra_state")]
+    if foreign:
+        shown = ", ".join(map(repr, foreign[:5])) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise CheckpointError(f"{where}: not a model's weights ({shown} not tensors); expected a state dict of "
+                              "tensors: a treadle checkpoint, or a .pt/.pth/.safetensors file of a model's state_dict()")
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     skipped = []
@@ -290,7 +301,7 @@ def export_safetensors(
     # A dir's state.pt always has a "model" entry; a file or mapping may already be a
     # bare state dict, and _pick_state_dict finds a "model"/"state_dict" wrapper by itself.
     raw, where = _read_source(checkpoint, key if is_dir or key != "model" else None)
-    tensors = _exportable(_revise(raw, DEFAULT_REVISE_KEYS))
+    tensors = _exportable(_revise(raw, DEFAULT_REVISE_KEYS), where)
     metadata = {"format": "pt", "treadle_format": f"{FORMAT}-v{FORMAT_VERSION}", "source": where, "key": key}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

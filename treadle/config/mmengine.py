@@ -13,6 +13,7 @@ MMEngine                                               treadle
 ``optim_wrapper.accumulative_counts``                  ``accumulate``, and ``accumulate_across_epochs:
                                                        true`` when over 1 (MMEngine's windows)
 ``optim_wrapper.type: AmpOptimWrapper`` (``dtype``)    ``precision: '16'`` (``bfloat16``: ``'bf16'``)
+``optim_wrapper.loss_scale`` (AmpOptimWrapper)         ``loss_scale`` (``'dynamic'``: dropped)
 ``param_scheduler``                                    ``schedulers`` (unchanged)
 ``train_cfg.max_epochs`` / ``max_iters``               ``max_epochs`` / ``max_iters``
 ``train_cfg.val_interval``                             ``val_interval``
@@ -37,6 +38,8 @@ DistSamplerSeedHook, RuntimeInfoHook, or null          its schedulers, seeds sam
                                                        ``begin_iter`` -> ``start``, and
                                                        ``convention: mmengine`` (its first update
                                                        copies the weights, see EMAHook);
+                                                       ``ema_type: ExpMomentumEMA`` (mmdet's):
+                                                       ``gamma`` (default 2000) as well;
                                                        ``update_buffers: true`` (treadle averages
                                                        buffers), ``strict_load``, ``priority``:
                                                        dropped; no ``update_buffers``: a warning
@@ -141,20 +144,19 @@ def _optim_wrapper(spec: Any, out: _Out) -> None:
     if kind not in ("OptimWrapper", "AmpOptimWrapper", "DeepSpeedOptimWrapper"):  # DeepSpeed's: the strategy's
         raise ConfigError(join_path(path, "type"), "unsupported optimizer wrapper", value=kind,
                           expected="OptimWrapper, AmpOptimWrapper or DeepSpeedOptimWrapper")
-    if kind == "AmpOptimWrapper" and spec.get("loss_scale", "dynamic") != "dynamic":
-        raise ConfigError(join_path(path, "loss_scale"), "option has no treadle equivalent for this value",
-                          value=spec["loss_scale"], expected="loss_scale: 'dynamic' (what treadle does: torch's "
-                          "GradScaler with its defaults), or no loss_scale")
+    amp = kind == "AmpOptimWrapper"
     rest = take(spec, path, {"optimizer": "optimizer", "paramwise_cfg": "paramwise", "clip_grad": "clip_grad",
-                              "accumulative_counts": "accumulate", "dtype": "dtype"},
-                {"type": None, "constructor": "DefaultOptimWrapperConstructor",
-                 **({"loss_scale": "dynamic"} if kind == "AmpOptimWrapper" else {})})
+                              "accumulative_counts": "accumulate", "dtype": "dtype",
+                              **({"loss_scale": "loss_scale"} if amp else {})},
+                {"type": None, "constructor": "DefaultOptimWrapperConstructor"})
     optimizer = rest.pop("optimizer")
     if not isinstance(optimizer, dict):
         raise ConfigError(join_path(path, "optimizer"), "must be a mapping", value=optimizer, expected="{type: AdamW, lr: ...}")
     if "paramwise" in rest:
         optimizer = {**optimizer, "paramwise": rest.pop("paramwise")}
     out.set("optimizer", optimizer, join_path(path, "optimizer"))
+    if rest.get("loss_scale", "dynamic") != "dynamic":  # a fixed scale or GradScaler's options
+        out.set("loss_scale", rest["loss_scale"], join_path(path, "loss_scale"))
     for key in ("clip_grad", "accumulate"):
         if rest.get(key) is not None:
             out.set(key, rest[key], path)
@@ -210,11 +212,20 @@ def _checkpoint(spec: dict[str, Any], path: str, out: _Out) -> None:
     out.set("checkpoint", ck, path)
 
 
+#: MMEngine ``EMAHook(ema_type=...)`` averages treadle follows (a registry scope such as
+#: ``mmdet.`` may prefix the name), and whether each ramps its momentum up (``gamma``).
+_EMA_TYPES = {"ExponentialMovingAverage": False, "ExpMomentumEMA": True}
+
+
 def _ema(spec: dict[str, Any], path: str, out: _Out) -> None:
-    if spec.get("ema_type", "ExponentialMovingAverage") != "ExponentialMovingAverage":
-        raise ConfigError(join_path(path, "ema_type"), "unsupported average", value=spec["ema_type"],
-                          expected="ExponentialMovingAverage")
-    ema = take(spec, path, {"momentum": "momentum", "interval": "interval", "begin_iter": "start"},
+    ema_type = spec.get("ema_type", "ExponentialMovingAverage")
+    name = ema_type.rpartition(".")[2] if isinstance(ema_type, str) else ema_type
+    if name not in _EMA_TYPES:
+        raise ConfigError(join_path(path, "ema_type"), "unsupported average", value=ema_type,
+                          expected="ExponentialMovingAverage or ExpMomentumEMA (mmdet's)")
+    ramps = _EMA_TYPES[name]
+    ema = take(spec, path, {"momentum": "momentum", "interval": "interval", "begin_iter": "start",
+                            **({"gamma": "gamma"} if ramps else {})},
                 {"type": None, "ema_type": None, "update_buffers": True, "strict_load": None, "priority": None,
                  "begin_epoch": 0},
                 {"update_buffers": "treadle's EMA averages the buffers (BatchNorm statistics) as it averages the "
@@ -230,6 +241,8 @@ def _ema(spec: dict[str, Any], path: str, out: _Out) -> None:
         if isinstance(m, bool) or not isinstance(m, (int, float)):
             raise ConfigError(join_path(path, "momentum"), "not a number", value=m, expected="a number in [0, 1]")
         ema["momentum"] = round(1.0 - m, 12)  # MMEngine weighs the new weights by momentum
+    if ramps:
+        ema.setdefault("gamma", 2000)  # mmdet's ExpMomentumEMA default
     ema["convention"] = "mmengine"  # its first update copies the weights; every iteration counts
     out.set("ema", ema, path)
 

@@ -260,26 +260,31 @@ def build_args(given: TrainerArgs) -> Args:
         raise FileNotFoundError(f"load_from={str(v.load_from)!r}: no such file or checkpoint")
     checkpoint = v.checkpoint
     precision, clip_grad = check_precision(v.precision), check_clip_grad(v.clip_grad)
+    if v.loss_scale != "dynamic" and precision != "16":
+        raise ValueError(f"loss_scale={v.loss_scale!r} needs precision='16' (fp16 with a GradScaler); "
+                         f"precision={precision!r} scales no loss")
     return Args(
         args=v, loss_fn=loss_fn, metrics=check_metrics(metrics), hooks=hooks, workflow=workflow,
         train_metrics=TrainMetrics(train_metrics, v.train_metrics_reset) if train_metrics else None,
         preemption=PreemptionConfig.build(v.preemption), precision=precision, clip_grad=clip_grad,
-        optim_wrapper=trainer_optim_wrapper(v.optimizer, precision, v.accumulate, clip_grad, safe),
+        optim_wrapper=trainer_optim_wrapper(v.optimizer, precision, v.accumulate, clip_grad, safe, v.loss_scale),
         guard=nan_guard_hook(v.nan_guard, v.log_interval),
         ema=ema_hook(v.ema) if v.ema is not None else None,
         checkpoint_hook=checkpoint_hook(checkpoint) if checkpoint is not None and checkpoint is not False else None)
 
 
 def trainer_optim_wrapper(optimizer: Any, precision: str, accumulate: int, clip_grad: dict[str, Any] | None,
-                          safe: bool = False) -> Any:
+                          safe: bool = False, loss_scale: Any = "dynamic") -> Any:
     """The Trainer's ``optimizer`` (an Optimizer, a config dict, or a dict of those by
-    name) with its ``precision``, ``accumulate`` and ``clip_grad``, as the ``optim_wrapper``
-    that ``Strategy.prepare`` takes (``safe``: see :func:`check_optimizer_type`)."""
+    name) with its ``precision``, ``accumulate``, ``clip_grad`` and ``loss_scale``, as the
+    ``optim_wrapper`` that ``Strategy.prepare`` takes (``safe``: see :func:`check_optimizer_type`)."""
     if optimizer is None:
         return None
     extra: dict[str, Any] = {"accumulative_counts": accumulate, "clip_grad": clip_grad}
     if precision != "32":
         extra["dtype"] = "bfloat16" if precision == "bf16" else "float16"
+    if loss_scale != "dynamic":
+        extra["loss_scale"] = loss_scale
     if isinstance(optimizer, Mapping) and by_name(optimizer):
         for name, cfg in optimizer.items():
             if safe:

@@ -30,6 +30,7 @@ from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.ema import EMAHook
 from treadle.logging.specs import WRITERS as _WRITERS
 from treadle.hooks.logger import check_writers
+from treadle.optim.loss_scale import check_loss_scale
 from treadle.optim.wrapper import check_clip_grad, check_precision
 from treadle.strategies.base import Strategy
 from treadle.strategies.build import STRATEGY_NAMES, resolve_strategy
@@ -378,6 +379,12 @@ class TrainerArgs:
         "`accumulate`-th iteration of the run and only the last window, at the end of training, may be short "
         "(MMEngine's rule; a translated MMEngine config turns it on). Off: each epoch's last window closes with "
         "the epoch (treadle/optim/wrapper.py).")] = False
+    loss_scale: Annotated[str | float | dict[str, Any], Arg(
+        "`precision: '16'`'s loss scale: `dynamic` (torch's GradScaler with its defaults), a fixed scale such as "
+        "`512.0` (MMEngine's AmpOptimWrapper: steps with inf/NaN gradients are still skipped, the scale never "
+        "changes) or GradScaler options `{init_scale: 512, growth_interval: 100}` (treadle/optim/loss_scale.py).",
+        (str, int, float, dict), "'dynamic', a number > 0, or a mapping of GradScaler options",
+        _wrap(check_loss_scale))] = "dynamic"
 
 
 def check_args(args: TrainerArgs) -> TrainerArgs:

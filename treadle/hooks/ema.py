@@ -35,12 +35,20 @@ class EMAHook(Hook):
     copies it too, then every ``interval``-th update after it averages
     (``avg.lerp_(weights, 1 - momentum)``, floating-point tensors only: integer buffers
     keep the copied values).
+
+    ``gamma``: a momentum that ramps up from 0 (YOLOX, mmdet's ``ExpMomentumEMA``), so
+    the average follows the fast-moving early weights closely. The weight on the average
+    is ``momentum * (1 - exp(-n / gamma))`` instead of ``momentum``, where n is the
+    number of the update: with "timm", 1 for the first averaging update; with
+    "mmengine", one more than MMEngine's ``steps`` (the copy is step 0, so the first
+    averaging update has n = 2), which is mmdet's weight on the new value
+    ``(1 - m) * exp(-(1 + steps) / gamma) + m`` with ``m = 1 - momentum``.
     """
 
     priority = Priority.NORMAL
 
     def __init__(self, momentum: float = 0.9998, interval: int = 1, start: int = 0, alpha: float | None = None,
-                 use_for_val: bool = True, convention: str = "timm") -> None:
+                 use_for_val: bool = True, convention: str = "timm", gamma: float | None = None) -> None:
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"ema interval must be an int >= 1, got {interval!r}")
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
@@ -59,6 +67,11 @@ class EMAHook(Hook):
         if convention not in CONVENTIONS:
             raise ValueError(f"ema convention={convention!r}; expected 'timm' (average from the initial weights, "
                              "on optimizer steps) or 'mmengine' (MMEngine's EMAHook: the first update copies)")
+        if gamma is not None and not _is_number(gamma):
+            raise TypeError(f"ema gamma={gamma!r} is not a number; expected a finite number > 0 such as 2000, or None")
+        if gamma is not None and not 0.0 < gamma < math.inf:  # NaN too
+            raise ValueError(f"ema gamma={gamma!r}; expected a finite number > 0 (updates over which the momentum "
+                             "ramps up, e.g. 2000), or None for a constant momentum")
         if convention == "mmengine" and alpha is not None:
             raise ValueError("ema alpha= is pycls's rule; with convention='mmengine' give momentum=")
         self.convention = convention
@@ -68,6 +81,7 @@ class EMAHook(Hook):
         self.start = start
         self.alpha = alpha
         self.use_for_val = use_for_val
+        self.gamma = gamma
         self.ema: ExponentialMovingAverage | None = None
         self._pending_state: dict[str, Any] | None = None
         self._last_steps = 0
@@ -111,7 +125,7 @@ class EMAHook(Hook):
         if it < self.start:
             ema.copy_from(trainer.module)
         else:
-            ema.update(trainer.module)
+            ema.update(trainer.module, self._ramped(ema.num_updates + 1))
 
     def _mmengine_update(self, trainer: "RunView") -> None:
         """MMEngine's rule (the class docstring), on every iteration."""
@@ -122,8 +136,14 @@ class EMAHook(Hook):
         if self._updates == 0:
             ema.copy_from(trainer.module)
         elif self._updates % self.interval == 0:
-            ema.lerp(trainer.module, 1.0 - self.momentum)
+            ema.lerp(trainer.module, 1.0 - self._ramped(self._updates + 1))
         self._updates += 1
+
+    def _ramped(self, n: int) -> float:
+        """The weight on the average at the ``n``-th update (``gamma``: see the class docstring)."""
+        if self.gamma is None:
+            return self.momentum
+        return self.momentum * -math.expm1(-n / self.gamma)
 
     def _swap_in(self, trainer: "RunView") -> None:
         if self.use_for_val and not self._swapped:

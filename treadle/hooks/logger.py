@@ -66,14 +66,17 @@ class LoggerHook(Hook):
     While a ``ProgressBarHook`` is live, the console lines are printed above the bar by
     rich (see ``treadle/hooks/progress.py``); ``log.txt`` and the writers are unchanged.
 
-    Log files across runs (writers with ``drop_after``/``move_aside``: the JSONL and CSV
-    writers), done at ``before_train``, so only ``fit()`` does it:
+    Log files across runs (writers with ``drop_after``: the JSONL, CSV and TensorBoard
+    writers; with ``move_aside``: the JSONL and CSV ones), done at ``before_train``, so
+    only ``fit()`` does it:
 
     * a run resumed from a checkpoint (``after_load_checkpoint`` notes its position)
       first drops, from ``log.jsonl`` and ``log.csv``, the records the interrupted run
       wrote after that position (rewriting each file atomically), since the resumed run
       writes them again: the files then equal the uninterrupted run's, record for record
-      (timestamps and timings aside). ``log.txt`` keeps every line of both processes;
+      (timestamps and timings aside). TensorBoard's events after it are hidden from its
+      reader instead (``TensorBoardWriter.drop_after``: a ``SessionLog.START``).
+      ``log.txt`` keeps every line of both processes;
       records this trainer wrote itself (a ``validate()`` before ``fit()``) stay.
     * a fresh ``fit()`` (not resumed, iteration 0) in a ``work_dir`` whose log files hold
       an earlier run's records moves those to ``log.<time>.jsonl`` / ``log.<time>.csv``

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from treadle.optim.builder import build_optimizer
+from treadle.optim.loss_scale import build_scaler, check_loss_scale, fixed_scale
 
 PRECISIONS = ("32", "bf16", "16")
 
@@ -96,10 +97,13 @@ class OptimWrapper:
         device_type: device type for autocast ("cpu", "cuda", ...).
         accumulate: optimizer steps once every ``accumulate`` calls of :meth:`update`.
         clip_grad: ``dict(max_norm=..., norm_type=2)`` or ``dict(value=...)``.
+        loss_scale: fp16's GradScaler: ``"dynamic"``, a fixed scale (a number) or a dict
+            of GradScaler options (treadle/optim/loss_scale.py); precision "16" only.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, precision: str = "32", device_type: str = "cpu",
-                 accumulate: int = 1, clip_grad: dict[str, Any] | None = None) -> None:
+                 accumulate: int = 1, clip_grad: dict[str, Any] | None = None,
+                 loss_scale: str | float | dict[str, Any] = "dynamic") -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"OptimWrapper needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
@@ -109,7 +113,11 @@ class OptimWrapper:
         self.device_type = device_type
         self.accumulate = accumulate
         self.clip_grad = check_clip_grad(clip_grad)
-        self.scaler = torch.amp.GradScaler(device_type) if self.precision == "16" else None
+        self.loss_scale = check_loss_scale(loss_scale)
+        if self.loss_scale != "dynamic" and self.precision != "16":
+            raise ValueError(f"loss_scale={loss_scale!r} needs precision='16' (fp16 with a GradScaler); "
+                             f"precision={self.precision!r} scales no loss")
+        self.scaler = build_scaler(self.loss_scale, device_type) if self.precision == "16" else None
         # ``with wrapper.autocast():`` around the forward pass (a no-op for fp32).
         self.autocast = make_autocast(self.precision, device_type)
         self.micro_step = 0  # update() calls since the last optimizer step
@@ -147,7 +155,11 @@ class OptimWrapper:
             before = scaler.get_scale()
             scaler.step(self.optimizer)
             scaler.update()
-            if scaler.get_scale() < before:
+            skipped = scaler.get_scale() < before
+            fixed = fixed_scale(self.loss_scale)
+            if fixed is not None:  # MMEngine's fixed scale: back to it (the dynamic update told the skip)
+                scaler.update(fixed)
+            if skipped:
                 self.skipped_steps += 1
                 return
         else:
@@ -310,7 +322,7 @@ class OptimWrapper:
 
 
 #: MMEngine's ``optim_wrapper`` keys that treadle's OptimWrapper honours.
-WRAPPER_KEYS = ("type", "optimizer", "paramwise_cfg", "accumulative_counts", "clip_grad", "dtype")
+WRAPPER_KEYS = ("type", "optimizer", "paramwise_cfg", "accumulative_counts", "clip_grad", "dtype", "loss_scale")
 _AMP_DTYPES = {None: "16", "float16": "16", "fp16": "16", "bfloat16": "bf16", "bf16": "bf16"}
 
 
@@ -323,7 +335,7 @@ def build_optim_wrapper(cfg: Any, module: torch.nn.Module, *, device_type: str =
              paramwise_cfg=dict(norm_decay_mult=0.0))
 
     ``type`` is "OptimWrapper" (fp32 unless ``dtype`` is given) or "AmpOptimWrapper"
-    (fp16 unless ``dtype="bfloat16"``)."""
+    (fp16 unless ``dtype="bfloat16"``; ``loss_scale``: see :class:`OptimWrapper`)."""
     if isinstance(cfg, OptimWrapper):
         return cfg
     if isinstance(cfg, torch.optim.Optimizer):
@@ -350,4 +362,5 @@ def build_optim_wrapper(cfg: Any, module: torch.nn.Module, *, device_type: str =
         opt_cfg = {**opt_cfg, "paramwise": cfg["paramwise_cfg"]}
     optimizer = build_optimizer(opt_cfg, module, where="optim_wrapper.optimizer")
     return OptimWrapper(optimizer, precision=precision, device_type=device_type,
-                        accumulate=cfg.get("accumulative_counts", 1), clip_grad=cfg.get("clip_grad"))
+                        accumulate=cfg.get("accumulative_counts", 1), clip_grad=cfg.get("clip_grad"),
+                        loss_scale=cfg.get("loss_scale", "dynamic"))

@@ -131,6 +131,9 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         if len(wrappers) > 1:
             raise ValueError(f"strategy='deepspeed' trains one optimizer; got {sorted(wrappers)}")
         built = next(iter(wrappers.values()), None)
+        if built is not None and built.loss_scale != "dynamic":
+            raise ValueError(f"loss_scale={built.loss_scale!r} under strategy='deepspeed': DeepSpeed scales fp16 "
+                             "losses itself; set fp16.loss_scale (and initial_scale_power) in its config instead")
         self.config = build_config(
             self.user_config, zero_stage=self.zero_stage, offload_optimizer=self.offload_optimizer,
             offload_param=self.offload_param, micro_batch=micro_batch,
