@@ -84,7 +84,7 @@ def test_a_keyword_model_trains_as_a_hand_loop_calling_model_of_star_star_batch(
     train = [r for r in records if r["mode"] == "train"]
     assert len(train) == 2
     logged = {k for r in train for k in r} - {"mode", "epoch", "iter", "timestamp", "lr", "data_time", "step_time",
-                                             "samples_per_s", "eta_s"}
+                                             "samples_per_s", "eta_s", "max_memory_mb"}  # the last: on CUDA
     assert logged == ({"loss", "aux"} if as_dict else {"loss"})  # no logits, no cache object
 
 

@@ -49,7 +49,10 @@ def test_training_equals_a_hand_loop_calling_the_detector_with_images_and_target
         sum(losses.values()).backward()
         opt.step()
     for a, b in zip(t.module.parameters(), reference.parameters()):
-        assert torch.equal(a, b)
+        if DEVICE.type == "cuda":  # cuDNN's convolution weight gradients are not bit-reproducible (atomics)
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        else:
+            assert torch.equal(a, b)
 
 
 def test_evaluation_gives_the_metric_the_predictions_and_the_targets():
