@@ -109,3 +109,32 @@ def test_overrides_and_values_are_checked_too():
     assert error(overrides=["max_epochs=0"]).startswith("max_epochs: out of range (got 0)")
     cfg = resolve_config(BASE, ["optimizer.lr=0.5"], mode="train", seed=7, work_dir=None)
     assert cfg["seed"] == 7 and cfg["optimizer"]["lr"] == 0.5 and cfg["work_dir"] is None
+
+
+def test_training_only_and_required_keys_come_from_the_argument_definitions():
+    """Both lists are read off the Trainer's argument definitions (Arg.training_only,
+    Arg.required_by), not written a second time: the keys as they were listed by hand."""
+    from treadle.config.schema import TRAINING_ONLY, required_keys
+
+    assert set(TRAINING_ONLY) == {"train_dataloader", "optimizer", "schedulers", "ema", "checkpoint", "auto_scale_lr",
+                                  "workflow", "resume", "max_epochs", "max_iters", "train_metrics"}
+    assert [k for k, _ in required_keys("train")] == ["model", "train_dataloader", "optimizer"]
+    assert [k for k, _ in required_keys("validate")] == ["model", "val_dataloader"]
+    assert [k for k, _ in required_keys("test")] == ["model", "test_dataloader"]
+    assert all(expected and not expected.endswith("null") for m in ("train", "test") for _, expected in required_keys(m))
+
+
+@pytest.mark.parametrize("mode, missing", [("train", "optimizer"), ("validate", "val_dataloader"),
+                                           ("test", "test_dataloader")])
+def test_each_command_asks_for_its_own_keys(mode, missing):
+    from treadle.config.resolve import validate_config
+
+    loader = {"dataset": {"type": "Foo"}, "batch_size": 2}
+    cfg = {"model": {"type": "Foo"}, "train_dataloader": loader, "optimizer": {"type": "SGD", "lr": 0.1},
+           "val_dataloader": loader, "test_dataloader": loader, "max_iters": 2}
+    validate_config(cfg, mode)
+    without = {k: v for k, v in cfg.items() if k != missing}
+    with pytest.raises(ConfigError, match=rf"{missing}: missing required key for `treadle {mode}`"):
+        validate_config(without, mode)
+    if mode != "train":  # an evaluation needs no optimizer
+        validate_config({k: v for k, v in without.items() if k != "optimizer"} | {missing: loader}, mode)

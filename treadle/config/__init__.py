@@ -34,7 +34,7 @@ from typing import Any
 # uses) does not import the rest, which builds Trainers.
 _WHERE = {
     "build_trainer": "assemble", "build_component": "build", "build_dataloader": "build", "build_hook": "build",
-    "trainer_kwargs": "build", "ConfigError": "errors", "apply_overrides": "loader", "load_file": "loader",
+    "trainer_kwargs": "assemble", "ConfigError": "errors", "apply_overrides": "loader", "load_file": "loader",
     "merge": "loader", "parse_override": "loader", "is_mmengine_style": "mmengine", "translate": "mmengine",
     "DATASETS": "registry", "HOOKS": "registry", "LOSSES": "registry", "METRICS": "registry", "MODELS": "registry",
     "OPTIMIZERS": "registry", "REGISTRIES": "registry", "SCHEDULERS": "registry", "import_object": "registry",

@@ -1,7 +1,8 @@
-"""Building the Trainer from a resolved config: :mod:`treadle.config.build` builds its
-arguments, this module the ``treadle.Trainer``. It is apart from build.py, which the
-Trainer (and the strategies) use to build the config dicts they are given, so that
-build.py never imports the Trainer.
+"""Building the Trainer from a resolved config: :func:`trainer_kwargs` builds its
+arguments with :mod:`treadle.config.build`'s builders, :func:`build_trainer` the
+``treadle.Trainer``. It is apart from build.py, which the Trainer (and the strategies) use
+to build the config dicts they are given, so that build.py needs neither the Trainer nor
+its argument definitions.
 """
 
 from __future__ import annotations
@@ -10,10 +11,50 @@ import re
 from typing import Any
 
 from treadle.checkpoint.manifest import CheckpointError
-from treadle.config.build import trainer_kwargs
-from treadle.config.errors import ConfigError
-from treadle.config.schema import SCHEMA
+from treadle.config.build import (build_component, build_dataloader, build_hook, build_model, check_optimizer, check_safe,
+                                  check_schedulers)
+from treadle.config.errors import ConfigError, join_path
+from treadle.config.schema import SCHEMA, TRAINING_ONLY
 from treadle.engine.trainer import Trainer
+
+
+def trainer_kwargs(cfg: dict[str, Any], mode: str = "train", *, safe: bool = False) -> dict[str, Any]:
+    """The Trainer's arguments with every component built. ``cfg`` is resolved (see
+    :func:`treadle.config.resolve.load_config`). For ``mode`` "validate"/"test" the
+    training-only keys are left at their defaults and only the needed loader is built.
+
+    With a ``seed``, the RNGs are seeded first, so the model's initial weights repeat.
+    ``safe``: see :mod:`treadle.config.safe`; every name is checked before anything is built.
+    """
+    from treadle.seeding import seed_everything
+
+    kw = dict(cfg)
+    if mode != "train":
+        kw.update({k: None for k in TRAINING_ONLY})
+        kw["resume"] = False
+        kw["workflow"] = None
+        keep = "val_dataloader" if mode == "validate" else "test_dataloader"
+        for key in ("val_dataloader", "test_dataloader"):
+            if key != keep:
+                kw[key] = None
+    if safe:
+        check_safe(kw)
+    optimizer_names = check_optimizer(kw.get("optimizer"), safe=safe)
+    check_schedulers(kw.get("schedulers"), optimizer_names, safe=safe)
+    if kw.get("seed") is not None:
+        seed_everything(kw["seed"], per_rank=bool(kw.get("seed_per_rank")))
+    kw["model"] = build_model(kw["model"], safe=safe)
+    for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
+        if kw.get(key) is not None:
+            kw[key] = build_dataloader(kw[key], key, safe=safe)
+    if kw.get("loss_fn") is not None:
+        kw["loss_fn"] = build_component(kw["loss_fn"], "loss", "loss_fn", safe=safe)
+    for key in ("metrics", "train_metrics"):
+        if kw.get(key) is not None:
+            kw[key] = {name: build_component(spec, "metric", join_path(key, name), safe=safe)
+                       for name, spec in kw[key].items()}
+    kw["hooks"] = [build_hook(spec, join_path("hooks", i), safe=safe) for i, spec in enumerate(kw.get("hooks") or [])]
+    return kw
 
 
 def _explain(err: Exception, cfg: dict[str, Any]) -> ConfigError:
@@ -46,4 +87,4 @@ def build_trainer(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fals
         raise _explain(e, cfg) from e
 
 
-__all__ = ["build_trainer"]
+__all__ = ["build_trainer", "trainer_kwargs"]

@@ -33,9 +33,6 @@ from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.optim.scheduler_builder import SCHEDULERS
 from treadle.optim.schedulers import init_arg_names
 
-# Keys that only training uses; `treadle validate|test` leaves them out.
-TRAINING_ONLY = ("train_dataloader", "optimizer", "schedulers", "ema", "checkpoint", "auto_scale_lr", "workflow",
-                 "resume", "max_epochs", "max_iters", "train_metrics")
 
 
 def check_args(fn: Callable[..., Any], kwargs: dict[str, Any], path: str, skip: tuple[str, ...] = ()) -> None:
@@ -312,45 +309,5 @@ def check_safe(cfg: Mapping[str, Any]) -> None:
             check_name(kind, name, path)
 
 
-# -- the Trainer ------------------------------------------------------------------------
-def trainer_kwargs(cfg: dict[str, Any], mode: str = "train", *, safe: bool = False) -> dict[str, Any]:
-    """The Trainer's arguments with every component built. ``cfg`` is resolved (see
-    :func:`treadle.config.resolve.load_config`). For ``mode`` "validate"/"test" the
-    training-only keys are left at their defaults and only the needed loader is built.
-
-    With a ``seed``, the RNGs are seeded first, so the model's initial weights repeat.
-    ``safe``: see :mod:`treadle.config.safe`; every name is checked before anything is built.
-    """
-    from treadle.seeding import seed_everything
-
-    kw = dict(cfg)
-    if mode != "train":
-        kw.update({k: None for k in TRAINING_ONLY})
-        kw["resume"] = False
-        kw["workflow"] = None
-        keep = "val_dataloader" if mode == "validate" else "test_dataloader"
-        for key in ("val_dataloader", "test_dataloader"):
-            if key != keep:
-                kw[key] = None
-    if safe:
-        check_safe(kw)
-    optimizer_names = check_optimizer(kw.get("optimizer"), safe=safe)
-    check_schedulers(kw.get("schedulers"), optimizer_names, safe=safe)
-    if kw.get("seed") is not None:
-        seed_everything(kw["seed"], per_rank=bool(kw.get("seed_per_rank")))
-    kw["model"] = build_model(kw["model"], safe=safe)
-    for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
-        if kw.get(key) is not None:
-            kw[key] = build_dataloader(kw[key], key, safe=safe)
-    if kw.get("loss_fn") is not None:
-        kw["loss_fn"] = build_component(kw["loss_fn"], "loss", "loss_fn", safe=safe)
-    for key in ("metrics", "train_metrics"):
-        if kw.get(key) is not None:
-            kw[key] = {name: build_component(spec, "metric", join_path(key, name), safe=safe)
-                       for name, spec in kw[key].items()}
-    kw["hooks"] = [build_hook(spec, join_path("hooks", i), safe=safe) for i, spec in enumerate(kw.get("hooks") or [])]
-    return kw
-
-
-__all__ = ["TRAINING_ONLY", "build_component", "build_dataloader", "build_hook", "build_model", "call", "check_args",
-           "check_optimizer", "check_safe", "check_schedulers", "named_types", "trainer_kwargs"]
+__all__ = ["build_component", "build_dataloader", "build_hook", "build_model", "call", "check_args",
+           "check_optimizer", "check_safe", "check_schedulers", "named_types"]

@@ -18,7 +18,7 @@ from treadle.config.errors import ConfigError, did_you_mean, join_path
 from treadle.config.loader import apply_overrides, load_file
 from treadle.config.mmengine import NOT_TRANSLATED, is_mmengine_style, translate
 from treadle.config.registry import name_of
-from treadle.config.schema import SCHEMA, check_value, trainer_defaults
+from treadle.config.schema import SCHEMA, check_value, required_keys, trainer_defaults
 from treadle.config.unused import check_overrides, log_unused, split_unused
 
 MODES = ("train", "validate", "test")
@@ -50,18 +50,6 @@ def to_plain(value: Any, path: str = "") -> Any:
                       expected="plain data (numbers, strings, lists, mappings) or a {type: Name, ...} spec")
 
 
-def _required(mode: str) -> list[tuple[str, str]]:
-    need = [("model", "a component spec such as {type: DigitsCNN}")]
-    if mode == "train":
-        need += [("train_dataloader", "a dataloader spec {dataset: {type: ...}, batch_size: N}"),
-                 ("optimizer", "e.g. {type: AdamW, lr: 0.001}")]
-    elif mode == "validate":
-        need += [("val_dataloader", "a dataloader spec {dataset: {type: ...}, batch_size: N}")]
-    elif mode == "test":
-        need += [("test_dataloader", "a dataloader spec {dataset: {type: ...}, batch_size: N}")]
-    return need
-
-
 def validate_config(cfg: dict[str, Any], mode: str | None = None) -> None:
     """Check keys, types, ranges, exclusive and required keys; raise the first problem.
 
@@ -88,7 +76,7 @@ def validate_config(cfg: dict[str, Any], mode: str | None = None) -> None:
         return
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    for key, expected in _required(mode):
+    for key, expected in required_keys(mode):
         if cfg.get(key) is None:
             raise ConfigError(key, f"missing required key for `treadle {mode}`", expected=expected)
     if mode == "train" and cfg.get("max_epochs") is None and cfg.get("max_iters") is None:

@@ -27,6 +27,17 @@ SCHEMA: dict[str, Key] = {k.name: k for k in TRAINER_KEYS}
 NOT_CONFIG_KEYS: tuple[str, ...] = tuple(p.name for p in params(TrainerArgs) if p.key is None)
 
 
+#: Keys only training reads (``Arg.training_only``): ``treadle validate|test`` leave them out.
+TRAINING_ONLY: tuple[str, ...] = tuple(p.name for p in params(TrainerArgs) if p.arg.training_only)
+
+
+def required_keys(command: str) -> list[tuple[str, str]]:
+    """``(key, what it should be)`` for each key a config must give for ``command``
+    ("train", "validate", "test"): the arguments whose ``Arg.required_by`` names it."""
+    return [(p.name, p.arg.expected.removesuffix(", or null")) for p in params(TrainerArgs)
+            if command in p.arg.required_by]
+
+
 def trainer_defaults() -> dict[str, Any]:
     """Each config key's default, from the argument definitions (tuples as lists, None
     for the required ``model``), in the signature's order."""
@@ -34,4 +45,4 @@ def trainer_defaults() -> dict[str, Any]:
 
 
 __all__ = ["DATALOADER_KEYS", "DATALOADER_SCHEMA", "Key", "LOG_WRITERS", "NOT_CONFIG_KEYS", "SCHEMA", "TRAINER_KEYS",
-           "check_keys", "check_table", "check_value", "trainer_defaults"]
+           "TRAINING_ONLY", "check_keys", "check_table", "check_value", "required_keys", "trainer_defaults"]

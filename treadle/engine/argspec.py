@@ -59,6 +59,11 @@ class Arg:
     #: ``(name, value) -> value``: checks (and may normalize) the value as given in
     #: Python, whatever its type; raises TypeError/ValueError naming the argument.
     convert: Callable[[str, Any], Any] | None = None
+    #: The commands (``train``, ``validate``, ``test``) for which a config file must give it
+    #: (treadle/config/resolve.py checks them).
+    required_by: tuple[str, ...] = ()
+    #: Only training reads it: ``treadle validate`` and ``test`` leave it at its default.
+    training_only: bool = False
 
 
 def flag(doc: str) -> Arg:

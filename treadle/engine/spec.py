@@ -189,8 +189,10 @@ def check_resume(resume: Any) -> bool | str | os.PathLike[str]:
     return resume
 
 
-def _loader(doc: str) -> Arg:
-    return Arg(doc, (dict, NoneType), "a dataloader spec, or null", objects=_ANY, convert=check_loader)
+def _loader(doc: str, command: str) -> Arg:
+    """An evaluation loader: a config must give it for ``command``."""
+    return Arg(doc, (dict, NoneType), "a dataloader spec, or null", objects=_ANY, convert=check_loader,
+               required_by=(command,))
 
 
 def _fast_dev_run(value: Any, path: str) -> None:
@@ -208,7 +210,8 @@ class TrainerArgs:
         "The model: an `nn.Module`, or a spec such as `{type: DigitsCNN, width: 32}` (a registered name or a dotted "
         "path), built after seeding. Without `loss_fn` it is called with the whole batch in training and returns a "
         "loss tensor or a dict of losses; it may define `train_step(batch, trainer)` / `val_step(batch, trainer)`.",
-        (dict, str), SPEC, objects=(nn.Module,), convert=check_model)]
+        (dict, str), SPEC, objects=(nn.Module,), convert=check_model,
+        required_by=("train", "validate", "test"))]
     work_dir: Annotated[str | Path | None, Arg(
         "Run directory: `log.txt`, `log.jsonl`, checkpoints, `config.yaml` (None: log to the console only). The "
         "command line defaults it to `runs/<config name>`.",
@@ -217,11 +220,11 @@ class TrainerArgs:
         "Training data: a `DataLoader` or another iterable of batches, or a dataloader spec "
         "`{dataset: {type: ...}, batch_size: N, ...}` (the dataloader keys of docs/config.md), built after seeding.",
         (dict, NoneType), "a dataloader spec {dataset: {...}, batch_size: N, ...}, or null", objects=_ANY,
-        convert=check_loader)] = None
+        convert=check_loader, required_by=("train",), training_only=True)] = None
     val_dataloader: Annotated[Iterable[Any] | Mapping[str, Any] | None, _loader(
-        "Validation data (as `train_dataloader`).")] = None
+        "Validation data (as `train_dataloader`).", "validate")] = None
     test_dataloader: Annotated[Iterable[Any] | Mapping[str, Any] | None, _loader(
-        "Test data (as `train_dataloader`).")] = None
+        "Test data (as `train_dataloader`).", "test")] = None
     loss_fn: Annotated[Callable[..., Any] | Mapping[str, Any] | None, Arg(
         "`(outputs, targets) -> loss` (a tensor or a dict of them), e.g. `nn.CrossEntropyLoss()`, "
         "`{type: CrossEntropyLoss}` or a dotted path to a function; batches are then `(inputs, targets)` or dicts "
@@ -232,25 +235,25 @@ class TrainerArgs:
         "per-parameter options), or a mapping of such by name, e.g. `{gen: {...}, disc: {...}}`, each for the "
         "model's submodule of that name. Built over the model once it is placed.",
         (dict, NoneType), "{type: AdamW, lr: ...}, a mapping of such by name, or null",
-        objects=(torch.optim.Optimizer,))] = None
+        objects=(torch.optim.Optimizer,), required_by=("train",), training_only=True)] = None
     schedulers: Annotated[Sequence[Any] | Mapping[str, Sequence[Any]] | None, Arg(
         "Parameter schedulers: MMEngine-style specs (`treadle.optim.scheduler_builder.SCHEDULERS`) or scheduler "
         "objects; a mapping of lists by optimizer name for several optimizers.",
         (list, dict, NoneType), "a list of scheduler specs, a mapping of lists by optimizer name, or null",
-        objects=_ANY)] = None
+        objects=_ANY, training_only=True)] = None
     max_epochs: Annotated[int | None, Arg(
         "Train this many epochs (epoch-based); give this or `max_iters`, not both.",
-        (int, NoneType), "an int >= 1, or null", _min(1))] = None
+        (int, NoneType), "an int >= 1, or null", _min(1), training_only=True)] = None
     max_iters: Annotated[int | None, Arg(
         "Train this many iterations (iteration-based); give this or `max_epochs`, not both.",
-        (int, NoneType), "an int >= 1, or null", _min(1))] = None
+        (int, NoneType), "an int >= 1, or null", _min(1), training_only=True)] = None
     val_interval: Annotated[int, Arg(
         "Validate every this many epochs (or iterations), and at the end.",
         (int,), "an int >= 1", _min(1))] = 1
     workflow: Annotated[list[tuple[str, int]] | None, Arg(
         "mmcv-style phases such as `[(\"train\", 2), (\"val\", 1)]` (`[[train, 2], [val, 1]]` in YAML); None: "
         "train `val_interval`, then validate.",
-        (list, NoneType), "a list of [mode, count] pairs, or null", _workflow)] = None
+        (list, NoneType), "a list of [mode, count] pairs, or null", _workflow, training_only=True)] = None
     metrics: Annotated[Mapping[str, Any] | None, Arg(
         "Validation and test metrics by name: objects with `update(outputs, targets)`, `compute()` and `reset()` "
         "(torchmetrics objects work as they are; metrics that are modules are moved to the run's device) or specs, "
@@ -261,7 +264,7 @@ class TrainerArgs:
         "ranks, checkpointed per rank and logged as `train/<name>` at the log interval "
         "(treadle/hooks/train_metrics.py). The default step needs `loss_fn`; a custom step calls "
         "`trainer.update_train_metrics(outputs, targets)`.",
-        (dict, NoneType), "a mapping {name: component spec}, or null", objects=_ANY)] = None
+        (dict, NoneType), "a mapping {name: component spec}, or null", objects=_ANY, training_only=True)] = None
     train_metrics_reset: Annotated[str, Arg(
         "When `train_metrics` start over: after each log record (`interval`: a record covers its window) or when an "
         "epoch starts (`epoch`: running values over the epoch).",
@@ -284,7 +287,7 @@ class TrainerArgs:
         "Exponential moving average of the weights: `{momentum: 0.9998, interval: 1, start: 0}` or `{alpha: ...}` "
         "(`treadle.hooks.ema.EMAHook`'s arguments; `start_iter` is another name for `start`), or an `EMAHook`.",
         (dict, NoneType), f"a mapping with keys among {', '.join(_EMA_KEYS)}, or null", _keys(_EMA_KEYS, "ema"),
-        objects=(EMAHook,))] = None
+        objects=(EMAHook,), training_only=True)] = None
     strategy: Annotated[str | dict[str, Any] | Strategy, Arg(
         "Device and distribution: `auto` (DDP under a multi-process launcher, else one device), `single`, `ddp`, "
         "`fsdp`, `deepspeed`, a mapping with options, e.g. `{type: ddp, find_unused_parameters: true}` (as in "
@@ -307,7 +310,7 @@ class TrainerArgs:
     resume: Annotated[bool | str | Path, Arg(
         "Continue a run: False, True (the newest verified checkpoint in `work_dir`) or a checkpoint path.",
         (bool, str), "true, false, or a checkpoint path", objects=(os.PathLike,),
-        convert=lambda _, resume: check_resume(resume))] = False
+        convert=lambda _, resume: check_resume(resume), training_only=True)] = False
     load_from: Annotated[str | Path | None, Arg(
         "Model weights only (strict), from a checkpoint, a run directory (its newest verified checkpoint), a `.pt` "
         "file or a `.safetensors` file.",
@@ -317,14 +320,14 @@ class TrainerArgs:
         "(`treadle.hooks.checkpoint.CheckpointHook`'s arguments), True (its defaults) or a `CheckpointHook`; "
         "None: save once at the end (with a `work_dir`); False: never.",
         (dict, bool, NoneType), f"a mapping with keys among {', '.join(_params(CheckpointHook))}, or null",
-        _keys(_params(CheckpointHook), "checkpoint"), objects=(CheckpointHook,))] = None
+        _keys(_params(CheckpointHook), "checkpoint"), objects=(CheckpointHook,), training_only=True)] = None
     log_interval: Annotated[int, Arg(
         "Iterations between log lines.", (int,), "an int >= 1", _min(1))] = 50
     compile: Annotated[bool, flag("`torch.compile` the model.")] = False
     auto_scale_lr: Annotated[dict[str, Any] | None, Arg(
         "`{base_batch_size: N}`: scale lr by world_size * batch_size / base_batch_size (`enable: false` turns it "
         "off).",
-        (dict, NoneType), "{base_batch_size: N[, enable: true]}, or null", _auto_scale_lr)] = None
+        (dict, NoneType), "{base_batch_size: N[, enable: true]}, or null", _auto_scale_lr, training_only=True)] = None
     preemption: Annotated[bool | dict[str, Any], Arg(
         "Save and exit on SIGTERM/SIGUSR1 (exit code 143; and requeue on SLURM): True, False, or "
         "`{signals: [...], exit_code: N, requeue: bool}`.",
