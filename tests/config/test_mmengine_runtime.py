@@ -310,7 +310,12 @@ def test_helper_variables_and_unused_names_are_dropped_but_misspelt_keys_stay_er
     with pytest.raises(ConfigError, match=r"^--set unknown_thing.a: no treadle key, and nothing in the config uses"):
         load_config(path, ["unknown_thing.a=2"], mode="train")
     with pytest.raises(ConfigError, match=r"^max_epoch: unknown key.*Did you mean 'max_epochs'"):  # misspelt: kept
-        load_config(write_config(tmp_path, CLS_RUNTIME, CLS_SCHEDULE, "max_epoch = 2\n"), mode="train")
+        load_config(write_config(tmp_path, CLS_RUNTIME, CLS_SCHEDULE, "max_epoch = 3\n"), mode="train")
+    # a helper named like the key it feeds, beside that key (mmdet's grounding_dino): a variable
+    helper = CLS_SCHEDULE.replace("max_epochs=2", "max_epochs=max_epoch") + (
+        "param_scheduler = dict(type='MultiStepLR', by_epoch=True, milestones=[1], end=max_epoch)\n")
+    cfg = load_config(write_config(tmp_path, CLS_RUNTIME, "max_epoch = 3\n" + helper), mode="train")
+    assert cfg["max_epochs"] == 3 and "max_epoch" not in cfg
     # evaluators stay refused with their hint, even when one reuses the other
     text = "val_evaluator = dict(type='Accuracy', topk=(1, 5))\ntest_evaluator = val_evaluator\n"
     with pytest.raises(ConfigError, match=r"^val_evaluator: unknown key.*evaluators are not translated"):
@@ -357,4 +362,7 @@ def test_a_helper_named_after_the_key_it_feeds_is_no_typo_but_a_near_miss_is():
     with pytest.raises(ConfigError, match=r"^interval: unknown key.*Did you mean"):
         resolve_config({**cfg, "interval": 3})  # used nowhere: read as a misspelt log_interval/val_interval
     with pytest.raises(ConfigError, match=r"^val_intervall: unknown key.*Did you mean 'val_interval'"):
-        resolve_config({**cfg, "val_intervall": 10})
+        resolve_config({**cfg, "val_intervall": 5})  # a value the run would not get
+    # the value val_interval has anyway: nothing is lost by leaving it out (max_epoch = 20 beside
+    # train_cfg = dict(max_epochs=max_epoch), mmdet's grounding_dino)
+    assert "val_intervall" not in resolve_config({**cfg, "val_intervall": 10})

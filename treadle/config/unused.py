@@ -10,7 +10,9 @@ Three kinds stay errors, because ignoring them would hide a mistake:
 * a name spelt close to a treadle key (``max_epoch``, ``log_intervl``): a typo, reported
   with its did-you-mean. A name whose value is used inside another key (a helper such
   as ``interval = 10`` then ``train_cfg = dict(val_interval=interval)``) must be closer
-  still, since helpers are often named after the keys they feed;
+  still, since helpers are often named after the keys they feed; and a name holding the
+  value that the config gives its near key (``max_epoch = 20`` beside ``train_cfg =
+  dict(max_epochs=max_epoch)``) is a variable: leaving it out changes nothing;
 * a name MMEngine's runner takes that treadle does not translate (``val_evaluator``,
   ``custom_imports``: :data:`treadle.config.mmengine.NOT_TRANSLATED`), with its hint;
 * a name that a config may not choose (``safe``).
@@ -52,10 +54,15 @@ def _contains(where: Any, value: Any) -> bool:
 
 def misspelt(name: str, known: Iterable[str], cfg: dict[str, Any]) -> bool:
     """Whether ``name`` reads as a misspelling of one of ``known``."""
-    cutoff = _TYPO_OF_HELPER if name in cfg and _used_elsewhere(name, cfg) else _TYPO
+    helper = name in cfg and _used_elsewhere(name, cfg)
     known = list(known)
-    return any(k.lower() == name.lower() for k in known) or bool(
-        difflib.get_close_matches(name, known, n=1, cutoff=cutoff))
+    if any(k.lower() == name.lower() for k in known):
+        return True
+    close = difflib.get_close_matches(name, known, n=1, cutoff=_TYPO_OF_HELPER if helper else _TYPO)
+    # A name holding the very value the config gives its near key loses nothing when left
+    # out: ``max_epoch = 20`` feeding ``train_cfg = dict(max_epochs=max_epoch)`` (mmdet's
+    # grounding_dino) is a variable; ``max_epoch = 30`` beside it would be a typo.
+    return bool(close) and not (close[0] in cfg and cfg[close[0]] == cfg.get(name))
 
 
 def split_unused(cfg: dict[str, Any], known: Iterable[str], refused: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
