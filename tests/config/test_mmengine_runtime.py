@@ -316,6 +316,9 @@ def test_helper_variables_and_unused_names_are_dropped_but_misspelt_keys_stay_er
         "param_scheduler = dict(type='MultiStepLR', by_epoch=True, milestones=[1], end=max_epoch)\n")
     cfg = load_config(write_config(tmp_path, CLS_RUNTIME, "max_epoch = 3\n" + helper), mode="train")
     assert cfg["max_epochs"] == 3 and "max_epoch" not in cfg
+    cfg = load_config(write_config(tmp_path, CLS_RUNTIME, "max_epoch = 3\n" + helper), ["train_cfg.max_epochs=1"],
+                      mode="train")  # the scheduler's end still uses it
+    assert cfg["max_epochs"] == 1 and "max_epoch" not in cfg
     # evaluators stay refused with their hint, even when one reuses the other
     text = "val_evaluator = dict(type='Accuracy', topk=(1, 5))\ntest_evaluator = val_evaluator\n"
     with pytest.raises(ConfigError, match=r"^val_evaluator: unknown key.*evaluators are not translated"):

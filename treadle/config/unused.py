@@ -10,9 +10,10 @@ Three kinds stay errors, because ignoring them would hide a mistake:
 * a name spelt close to a treadle key (``max_epoch``, ``log_intervl``): a typo, reported
   with its did-you-mean. A name whose value is used inside another key (a helper such
   as ``interval = 10`` then ``train_cfg = dict(val_interval=interval)``) must be closer
-  still, since helpers are often named after the keys they feed; and a name holding the
-  value that the config gives its near key (``max_epoch = 20`` beside ``train_cfg =
-  dict(max_epochs=max_epoch)``) is a variable: leaving it out changes nothing;
+  still, since helpers are often named after the keys they feed. Beside the key it is
+  near, which the config gives as well, a name is a variable when it holds that key's
+  value or another key uses its value (``max_epoch = 20`` feeding ``train_cfg =
+  dict(max_epochs=max_epoch)`` and a scheduler's ``end``);
 * a name MMEngine's runner takes that treadle does not translate (``val_evaluator``,
   ``custom_imports``: :data:`treadle.config.mmengine.NOT_TRANSLATED`), with its hint;
 * a name that a config may not choose (``safe``).
@@ -36,10 +37,10 @@ _TYPO = 0.8  # difflib ratio from which a name reads as a misspelt key
 _TYPO_OF_HELPER = 0.9  # the same for a name whose value another key uses
 
 
-def _used_elsewhere(name: str, cfg: dict[str, Any]) -> bool:
+def _used_elsewhere(name: str, cfg: dict[str, Any], besides: tuple[str, ...] = ()) -> bool:
     value = cfg[name]
     return value not in (None, "", [], {}) and not isinstance(value, bool) and any(
-        _contains(other, value) for key, other in cfg.items() if key != name)
+        _contains(other, value) for key, other in cfg.items() if key != name and key not in besides)
 
 
 def _contains(where: Any, value: Any) -> bool:
@@ -59,10 +60,14 @@ def misspelt(name: str, known: Iterable[str], cfg: dict[str, Any]) -> bool:
     if any(k.lower() == name.lower() for k in known):
         return True
     close = difflib.get_close_matches(name, known, n=1, cutoff=_TYPO_OF_HELPER if helper else _TYPO)
-    # A name holding the very value the config gives its near key loses nothing when left
-    # out: ``max_epoch = 20`` feeding ``train_cfg = dict(max_epochs=max_epoch)`` (mmdet's
-    # grounding_dino) is a variable; ``max_epoch = 30`` beside it would be a typo.
-    return bool(close) and not (close[0] in cfg and cfg[close[0]] == cfg.get(name))
+    if not close or close[0] not in cfg:
+        return bool(close)
+    # The config gives the near key too. The name is a variable when leaving it out loses
+    # nothing (it holds that key's value) or when another key uses its value: ``max_epoch =
+    # 20`` feeding ``train_cfg = dict(max_epochs=max_epoch)`` and a scheduler's ``end``
+    # (mmdet's grounding_dino), after ``--set train_cfg.max_epochs=1`` too. ``max_epoch =
+    # 30`` beside ``max_epochs = 20``, used nowhere, stays a typo.
+    return not (cfg[close[0]] == cfg.get(name) or _used_elsewhere(name, cfg, besides=(close[0],)))
 
 
 def split_unused(cfg: dict[str, Any], known: Iterable[str], refused: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
