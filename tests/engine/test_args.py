@@ -133,3 +133,15 @@ def test_a_work_dir_that_is_a_file_is_refused_by_the_constructor(tmp_path):
     with pytest.raises(ValueError, match=r"^work_dir='.*notes.txt' is a file; expected a directory"):
         treadle.Trainer(TinyNet(), work_dir=path)
     assert path.read_text() == "mine"  # nothing on disk is touched
+
+
+@pytest.mark.parametrize("load_from, says", [
+    ("https://download.openmmlab.com/x/model.pth", "a URL; treadle reads local files only"),
+    ("no/such/file.pth", "no such file or checkpoint")])
+def test_load_from_that_is_not_a_local_file_is_one_line_before_anything_runs(tmp_path, load_from, says):
+    """MMEngine configs name released weights by URL: treadle downloads nothing during a run
+    and says so, with the way to fetch it."""
+    with pytest.raises(FileNotFoundError, match=re.escape(says)) as e:
+        treadle.Trainer(nn.Linear(2, 2), load_from=load_from, work_dir=tmp_path / "run")
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "run").exists()

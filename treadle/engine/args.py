@@ -257,6 +257,10 @@ def build_args(given: TrainerArgs) -> Args:
             raise FileNotFoundError(f"resume={str(resume)!r}: no such checkpoint")
         check_resume_dir(Path(resume))
     if v.load_from is not None and not Path(v.load_from).exists():
+        if "://" in str(v.load_from):  # MMEngine configs name released weights by URL
+            raise FileNotFoundError(f"load_from={str(v.load_from)!r}: a URL; treadle reads local files only (nothing "
+                                    "is downloaded during a run): download it first, e.g. with "
+                                    "torch.hub.download_url_to_file(url, path), and give the path")
         raise FileNotFoundError(f"load_from={str(v.load_from)!r}: no such file or checkpoint")
     checkpoint = v.checkpoint
     precision, clip_grad = check_precision(v.precision), check_clip_grad(v.clip_grad)
