@@ -39,9 +39,11 @@ class Placeholder:
 
 def _placeholder(name: str) -> type[Placeholder]:
     module, _, qualname = name.rpartition(".")
-    # torch looks an allowed global up by "{__module__}.{__qualname__}": the class claims the
-    # file's name, and is nothing but a Placeholder.
-    return type("Placeholder", (Placeholder,), {"__module__": module, "__qualname__": qualname, "replaces": name})
+    # torch looks an allowed global up by "{__module__}.{__qualname__}" (2.7 and later) or
+    # "{__module__}.{__name__}" (2.6): the class claims the file's name both ways, and is
+    # nothing but a Placeholder.
+    return type(qualname.rpartition(".")[2], (Placeholder,),
+                {"__module__": module, "__qualname__": qualname, "replaces": name})
 
 
 def unsafe_names(path: Path) -> list[str]:
