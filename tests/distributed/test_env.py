@@ -68,3 +68,16 @@ def test_a_lost_peer_is_only_recognised_in_a_job_of_several_processes():
     from treadle.distributed import comm
 
     assert not comm.peer_lost(RuntimeError("[gloo] Connection closed by peer"))
+    assert not comm.peer_lost(RuntimeError("DataLoader worker (pid 22765) is killed by signal: Terminated. "))
+
+
+def test_in_a_job_a_loader_worker_terminated_by_the_launcher_reads_as_a_lost_peer(monkeypatch):
+    """When another rank fails, the launcher terminates this rank's processes; its loader
+    workers can go first, and torch's DataLoader then raises here: one line, not a traceback
+    (test_fail_fast.py's SIGKILL of rank 1 met it under load)."""
+    from treadle.distributed import comm
+
+    monkeypatch.setattr(comm, "is_distributed", lambda: True)
+    assert comm.peer_lost(RuntimeError("DataLoader worker (pid 22765) is killed by signal: Terminated. "))
+    assert comm.peer_lost(RuntimeError("[gloo] Connection closed by peer"))
+    assert not comm.peer_lost(RuntimeError("DataLoader worker (pid 1) is killed by signal: Segmentation fault. "))

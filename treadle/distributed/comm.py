@@ -163,9 +163,12 @@ def mark_failed() -> None:
     _failed = True
 
 
-# What a collective raises when a peer process has gone (gloo, NCCL).
+# What a collective raises when a peer process has gone (gloo, NCCL); and what torch's
+# DataLoader raises when the launcher, stopping the job after another rank failed,
+# terminated this rank's loader workers first (seen under load: SIGKILL to rank 1, rank 0
+# in a step).
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited",
-              "NCCL communicator was aborted", "has been aborted", "peer exited")
+              "NCCL communicator was aborted", "has been aborted", "peer exited", "is killed by signal: Terminated")
 
 
 def peer_lost(error: BaseException) -> bool:
