@@ -137,7 +137,7 @@ def test_phase_timer_drops_unfinished_iterations():
 
 
 def test_timed_and_untimed_steps_are_one_function_with_marks_attached():
-    """One step function (no timed copy); without a timer its marks are the no-op and no
+    """One step function (no timed copy); without a timer it holds no marks and no
     phase is recorded; with one, the same code computes bit-identical weights."""
     torch.manual_seed(0)
     reference = TinyNet()

@@ -13,7 +13,7 @@
     return logged                                # detached: goes to the logger
 
 ``Trainer(timer_breakdown=True)`` gives it a timer whose marks it calls between the
-phases (``treadle/hooks/phase_timer.py``); without one the marks are no-ops.
+phases (``treadle/hooks/phase_timer.py``); without one there are no marks.
 
 With ``train_metrics`` (a ``feed``, see ``treadle/hooks/train_metrics.py``) the forward that
 is chosen also calls ``feed(outputs, targets)`` after the loss, outside autocast; without
@@ -41,6 +41,7 @@ from treadle.hooks.phase_timer import PhaseTimer
 Batch = Any
 StepFn = Callable[[Batch], dict[str, Tensor]]
 FeedFn = Callable[[Any, Any], None]  # (outputs, targets): the train metrics' update
+_PAIRS = (tuple, list)  # batch types the default step splits in place (unpack_batch's first rule)
 
 
 def whole_batch_caller(module: nn.Module) -> Callable[[Callable[..., Any], Batch], Any]:
@@ -159,19 +160,6 @@ def parse_losses(losses: Any) -> tuple[Tensor, dict[str, Tensor]]:
                     f"(a ModelOutput, a dataclass), got {type(losses).__name__}")
 
 
-def hinted_update(optim_wrapper: OptimWrapper) -> Callable[[Tensor], None]:
-    """``optim_wrapper.update``, whose errors (backward, the optimizer step) leave with a
-    line of context (treadle/hints.py); one place for every step variant."""
-    update = optim_wrapper.update
-
-    def hinted(total: Tensor) -> None:
-        try:
-            update(total)
-        except Exception as e:
-            raise backward_error(e, total)
-    return hinted
-
-
 def outside_autocast(feed: FeedFn, optim_wrapper: OptimWrapper) -> FeedFn:
     """``feed`` as it is in fp32; under bf16/fp16 run with autocast off, so the metrics
     compute in float32 as in evaluation (the step's forward runs inside autocast)."""
@@ -200,10 +188,6 @@ def outputs_and_loss(model: Callable[..., Any], loss_fn: Callable[..., Any], bat
         raise loss_error(e, outputs, targets, mode)
 
 
-def _nothing() -> None:
-    """The phase marks of an untimed step."""
-
-
 def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_wrapper: OptimWrapper,
                     move: Callable[[Batch], Batch] | None, timer: PhaseTimer | None = None,
                     feed: FeedFn | None = None, module: nn.Module | None = None) -> StepFn:
@@ -213,7 +197,7 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
     stay where the loader put them), autocast (a no-op in fp32), the accumulation
     context (DDP's ``no_sync`` when accumulating, so gradients are all-reduced once per
     window; else a no-op), and the phase marks of ``timer`` (``Trainer(timer_breakdown=True)``,
-    treadle/hooks/phase_timer.py; no-ops without one). The mark between backward and the
+    treadle/hooks/phase_timer.py; none without one). The mark between backward and the
     optimizer is the timer's too, called first among ``optim_wrapper.after_backward_callbacks``
     (the Trainer puts it there), so ``update()`` stays untouched.
     ``feed``: the train metrics' ``update(outputs, targets)``, called after the loss (it
@@ -226,43 +210,74 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
         if loss_fn is None:
             raise ValueError("train_metrics need the model's outputs, which the default step has only with a loss_fn")
         feed = outside_autocast(feed, optim_wrapper)
-    update = hinted_update(optim_wrapper)
+    update = optim_wrapper.update
     autocast = optim_wrapper.autocast if optim_wrapper.precision != "32" else contextlib.nullcontext
     if optim_wrapper.no_sync is not None and optim_wrapper.accumulate > 1:
         accumulation: Callable[[], Any] = optim_wrapper.accumulation_context
     else:
         accumulation = contextlib.nullcontext
-    begin, mark, end = (timer.begin, timer.mark, timer.end) if timer is not None else (_nothing, _nothing, _nothing)
+    # fp32 without an accumulation context: both contexts are no-ops, so none is entered.
+    plain = autocast is contextlib.nullcontext and accumulation is contextlib.nullcontext
+    timed = timer is not None  # untimed: a branch per mark, not a call
+    begin, mark, end = (timer.begin, timer.mark, timer.end) if timer is not None else (None, None, None)
+
+    def losses_of(batch: Batch) -> Any:
+        """Forward, and the loss of the outputs (inside autocast, when there is one)."""
+        if loss_fn is None:  # the model takes the whole batch and returns its loss(es)
+            try:
+                losses = call(model, batch)
+            except Exception as e:
+                raise model_error(e, batch, "train", whole_batch=True)
+            if timed:
+                mark()  # forward done; the loss phase is parse_losses only
+            return losses
+        if type(batch) in _PAIRS and len(batch) == 2:
+            inputs, targets = batch
+        else:
+            inputs, targets = unpack_batch(batch)
+        try:
+            outputs = model(inputs)
+        except Exception as e:
+            raise model_error(e, inputs, "train")
+        if timed:
+            mark()
+        try:
+            losses = loss_fn(outputs, targets)
+        except Exception as e:
+            raise loss_error(e, outputs, targets, "train")
+        if feed is not None:
+            feed(outputs, targets)
+        return losses
+
+    def backward_and_step(losses: Any) -> dict[str, Tensor]:
+        """The total loss's backward and (when the window closes) the optimizer; the
+        detached values to log."""
+        if isinstance(losses, Tensor):
+            total, logged = losses, {"loss": losses.detach()}
+        else:
+            total, logged = parse_losses(losses)
+        if timed:
+            mark()
+        try:
+            update(total)  # backward, then (when the window closes) clip, step, zero_grad
+        except Exception as e:  # backward or the optimizer: a line of context (treadle/hints.py)
+            raise backward_error(e, total)
+        return logged
 
     def step(batch: Batch) -> dict[str, Tensor]:
-        begin()
+        if timed:
+            begin()
         if move is not None:
             batch = move(batch)
-        with accumulation():
-            with autocast():
-                if loss_fn is None:  # the model takes the whole batch and returns its loss(es)
-                    try:
-                        losses = call(model, batch)
-                    except Exception as e:
-                        raise model_error(e, batch, "train", whole_batch=True)
-                    mark()  # forward done; the loss phase is parse_losses only
-                else:
-                    inputs, targets = unpack_batch(batch)
-                    try:
-                        outputs = model(inputs)
-                    except Exception as e:
-                        raise model_error(e, inputs, "train")
-                    mark()
-                    try:
-                        losses = loss_fn(outputs, targets)
-                    except Exception as e:
-                        raise loss_error(e, outputs, targets, "train")
-                    if feed is not None:
-                        feed(outputs, targets)
-            total, logged = parse_losses(losses)
-            mark()
-            update(total)  # backward, then (when the window closes) clip, step, zero_grad
-        end()
+        if plain:
+            logged = backward_and_step(losses_of(batch))
+        else:
+            with accumulation():
+                with autocast():
+                    losses = losses_of(batch)
+                logged = backward_and_step(losses)
+        if timed:
+            end()
         return logged
     return step
 
