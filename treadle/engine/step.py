@@ -41,7 +41,6 @@ from treadle.hooks.phase_timer import PhaseTimer
 Batch = Any
 StepFn = Callable[[Batch], dict[str, Tensor]]
 FeedFn = Callable[[Any, Any], None]  # (outputs, targets): the train metrics' update
-_PAIRS = (tuple, list)  # batch types the default step splits in place (unpack_batch's first rule)
 
 
 def whole_batch_caller(module: nn.Module) -> Callable[[Callable[..., Any], Batch], Any]:
@@ -231,10 +230,7 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
             if timed:
                 mark()  # forward done; the loss phase is parse_losses only
             return losses
-        if type(batch) in _PAIRS and len(batch) == 2:
-            inputs, targets = batch
-        else:
-            inputs, targets = unpack_batch(batch)
+        inputs, targets = unpack_batch(batch)
         try:
             outputs = model(inputs)
         except Exception as e:
@@ -252,10 +248,7 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
     def backward_and_step(losses: Any) -> dict[str, Tensor]:
         """The total loss's backward and (when the window closes) the optimizer; the
         detached values to log."""
-        if isinstance(losses, Tensor):
-            total, logged = losses, {"loss": losses.detach()}
-        else:
-            total, logged = parse_losses(losses)
+        total, logged = parse_losses(losses)
         if timed:
             mark()
         try:
