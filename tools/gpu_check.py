@@ -132,6 +132,12 @@ def steps(args: argparse.Namespace) -> list[tuple[str, list[str], float, Callabl
         ("host-time-batches", [py, "benchmarks/host_time.py", "--device", args.device, "--batch-size", "None",
                                *([] if cuda else ["--runs", "2", "--reps", "2", "--epochs", "3"])], 300,
          host_time_result),
+        # The same, on the training thread's CPU clock: the host's work without the device's
+        # waits, to tell host cost from how the wall clock overlaps with the GPU.
+        ("host-time-batches-thread", [py, "benchmarks/host_time.py", "--device", args.device, "--batch-size", "None",
+                                      "--clock", "thread", "--stat", "min",
+                                      *([] if cuda else ["--runs", "2", "--reps", "2", "--epochs", "3"])], 300,
+         host_time_result),
         # treadle beside Lightning and Accelerate (MMEngine where installed): one table.
         ("peers", [py, "benchmarks/peers.py", "--quick", "--device", args.device], 300, peers_result),
     ]
