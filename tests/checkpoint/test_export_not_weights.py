@@ -51,8 +51,13 @@ def test_checkpoint_with_an_empty_model_entry(tmp_path, capsys):
 
 
 def test_rng_file(ckpt, tmp_path, capsys):
+    # The RNG file's entries that are not tensors: 'python', 'numpy', 'rank_state', and 'cuda' on a GPU machine.
+    entries = torch.load(ckpt / "rng_rank0.pt", weights_only=True)
+    foreign = [k for k, v in entries.items() if not isinstance(v, torch.Tensor)]
+    assert {"python", "numpy", "rank_state"} <= set(foreign), foreign
+    named = ", ".join(map(repr, foreign))
     _export_fails(capsys, ckpt / "rng_rank0.pt", tmp_path / "x.safetensors",
-                  "not a model's weights ('python', 'numpy', 'rank_state' not tensors); expected a state dict of tensors")
+                  f"not a model's weights ({named} not tensors); expected a state dict of tensors")
     shutil.copy(ckpt / "rng_rank0.pt", tmp_path / "state.pt")
     _export_fails(capsys, tmp_path / "state.pt", tmp_path / "x.safetensors", "not a model's weights")
 
