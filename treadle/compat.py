@@ -136,3 +136,25 @@ def staged_for_async_save(state: Any) -> Any:
     from torch.utils._pytree import tree_map_only
 
     return tree_map_only(torch.Tensor, lambda t: t.detach().clone() if t.device.type == "cpu" else t, state)
+
+
+# ----------------------------------------------------------------------------- weights_only globals
+
+
+def class_allowed_as(full_name: str, base: type, attrs: dict[str, Any]) -> type:
+    """A subclass of ``base`` that ``torch.serialization.safe_globals`` allows under the
+    global name ``full_name`` (``module.Qual.Name``) of a pickle.
+
+    torch 2.7 and newer look an allowed class up by ``{__module__}.{__qualname__}``; 2.6 by
+    ``{__module__}.{__name__}``: the class claims the name both ways.
+    """
+    module, _, qualname = full_name.rpartition(".")
+    return type(qualname.rpartition(".")[2], (base,), {**attrs, "__module__": module, "__qualname__": qualname})
+
+
+def unsafe_globals_in(path: str) -> list[str]:
+    """The globals of the checkpoint at ``path`` that ``weights_only`` does not allow, read
+    from the pickle's opcodes (nothing run). ``get_unsafe_globals_in_checkpoint`` came with
+    torch 2.6, the floor; a build without it lists none."""
+    lister = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    return list(lister(path)) if lister is not None else []

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from treadle.compat import class_allowed_as, unsafe_globals_in
+
 
 class Placeholder:
     """Stands in for a class or function a checkpoint names: built from anything, keeps nothing."""
@@ -38,19 +40,13 @@ class Placeholder:
 
 
 def _placeholder(name: str) -> type[Placeholder]:
-    module, _, qualname = name.rpartition(".")
-    # torch looks an allowed global up by "{__module__}.{__qualname__}" (2.7 and later) or
-    # "{__module__}.{__name__}" (2.6): the class claims the file's name both ways, and is
-    # nothing but a Placeholder.
-    return type(qualname.rpartition(".")[2], (Placeholder,),
-                {"__module__": module, "__qualname__": qualname, "replaces": name})
+    return class_allowed_as(name, Placeholder, {"replaces": name})
 
 
 def unsafe_names(path: Path) -> list[str]:
     """The globals in ``path`` that ``weights_only`` does not allow (read from the pickle's
-    opcodes, nothing run); empty when torch cannot list them (releases before 2.6)."""
-    lister = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
-    return list(lister(str(path))) if lister is not None else []
+    opcodes, nothing run)."""
+    return unsafe_globals_in(str(path))
 
 
 def load_with_placeholders(path: Path, map_location: Any = "cpu") -> tuple[Any, list[str]]:
