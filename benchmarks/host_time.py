@@ -34,8 +34,13 @@ prints, last, one line: ``host_time ratio X (IQR a-b) hand H us/step treadle T u
 (+D us/step) ...``.
 
 ``--instructions``: instead, instructions per step counted by ``valgrind --tool=callgrind``
-(free of timing noise; a few minutes): each loop run for 1 and ``1 + --epochs`` epochs after
-a warm-up fit in the same process, the difference divided by the steps between.
+(free of timing noise; ``--epochs 4`` takes about 10 minutes on 2 cores). Each loop runs in
+its own process under callgrind, a warm-up fit and then the measured one, whose marks call
+``os.getppid()``: callgrind (``--dump-before=getppid``) writes the count since the previous
+mark there, so each timed epoch (50 steps, its end and the next one's start, one log
+interval) is counted on its own, in steady state, setup and final checkpoint excluded.
+The figure is the median over epochs of treadle's count over the hand loop's for the same
+epoch, with the range over epochs.
 """
 
 from __future__ import annotations
@@ -196,7 +201,9 @@ def child(args: argparse.Namespace) -> None:
     if args.count:  # under callgrind: one loop, a warm-up fit, then the counted one
         run = loops[args.count]
         run(WARM_EPOCHS + 1)
-        run(args.epochs)
+        # Each mark of the counted fit calls getppid, where callgrind dumps its count.
+        bench.clock = lambda: float(os.getppid())
+        run(args.epochs + WARM_EPOCHS + 1)
         return
     for run in loops.values():
         run(WARM_EPOCHS + 1)  # warm-up: imports, allocator, caches
@@ -223,29 +230,46 @@ def measure(args: argparse.Namespace, offset: int) -> dict[str, list[list[float]
     return json.loads(next(line[7:] for line in out.stdout.splitlines() if line.startswith("RESULT ")))
 
 
-def count(args: argparse.Namespace, loop: str, epochs: int) -> int:
-    """Instructions of one child process (its warm-up fit and a fit of ``epochs``)."""
+def count(args: argparse.Namespace, loop: str) -> list[int]:
+    """Instructions of each timed epoch of one loop, from its own process under callgrind."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={Path(tmp) / 'cg.out'}",
-               *_child_cmd(args, "--count", loop, "--epochs", str(epochs))]
+        out_file = Path(tmp) / "cg.out"
+        cmd = ["valgrind", "--tool=callgrind", "--dump-before=getppid", f"--callgrind-out-file={out_file}",
+               *_child_cmd(args, "--count", loop, "--epochs", str(args.epochs))]
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent.parent, env=_ENV)
-    match = re.search(r"Collected\s*:\s*(\d+)", out.stderr)
-    if out.returncode or match is None:
-        sys.exit(f"no instruction count from valgrind:\n{out.stderr[-3000:]}")
-    return int(match.group(1))
+        if out.returncode:
+            sys.exit(f"the callgrind run of the {loop} loop failed:\n{out.stderr[-3000:]}")
+        # cg.out.1 holds everything up to the first mark; cg.out.2 ... one timed epoch each.
+        dumps = sorted(Path(tmp).glob("cg.out.*"), key=lambda f: int(f.suffix[1:]))
+        counts = []
+        for f in dumps[1:]:
+            match = re.search(r"^summary:\s*(\d+)", f.read_text(), re.M)
+            if match is None:
+                sys.exit(f"no instruction count in callgrind's {f.name}")
+            counts.append(int(match.group(1)))
+    if len(counts) != args.epochs:
+        sys.exit(f"expected {args.epochs} timed epochs from callgrind, got {len(counts)}: does something else in the "
+                 f"{loop} loop call getppid()?")
+    return counts
 
 
 def instructions(args: argparse.Namespace) -> None:
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (apt install valgrind)")
-    jobs = [(loop, n) for loop in ("hand", "treadle") for n in (1, 1 + args.epochs)]
+    start = time.perf_counter()
     with ThreadPoolExecutor(2) as pool:
-        counts = dict(zip(jobs, pool.map(lambda j: count(args, *j), jobs)))
-    steps = args.epochs * STEPS_PER_EPOCH
-    per = {loop: (counts[(loop, 1 + args.epochs)] - counts[(loop, 1)]) / steps for loop in ("hand", "treadle")}
-    print(f"instructions per step ({steps} steps between a 1- and a {1 + args.epochs}-epoch fit): "
-          f"hand {per['hand'] / 1e6:.4f} M, treadle {per['treadle'] / 1e6:.4f} M, ratio "
-          f"{per['treadle'] / per['hand']:.4f} ({(per['treadle'] - per['hand']) / 1e3:+.1f} k per step)")
+        hand, tread = pool.map(lambda loop: count(args, loop), ("hand", "treadle"))
+    ratios = sorted(t / h for h, t in zip(hand, tread))
+    per_hand, per_tread = (statistics.median(c) / STEPS_PER_EPOCH for c in (hand, tread))
+    data = "pre-made batches (batch_size=None)" if args.batch_size is None else f"batch {args.batch_size}"
+    print(f"MLP {DIM}-{HIDDEN}-{HIDDEN}-{CLASSES}, SGD, {data} from a custom map-style Dataset, CPU, 1 thread; "
+          f"instructions (callgrind) of {args.epochs} timed epochs x {STEPS_PER_EPOCH} steps per loop; "
+          f"{time.perf_counter() - start:.0f} s")
+    print("per-epoch k instructions/step: hand " + " ".join(f"{c / STEPS_PER_EPOCH / 1e3:.1f}" for c in hand)
+          + "; treadle " + " ".join(f"{c / STEPS_PER_EPOCH / 1e3:.1f}" for c in tread))
+    print(f"instructions ratio {statistics.median(ratios):.4f} (range {ratios[0]:.4f}-{ratios[-1]:.4f}) hand "
+          f"{per_hand / 1e3:.1f} k/step treadle {per_tread / 1e3:.1f} k/step ({(per_tread - per_hand) / 1e3:+.1f} "
+          f"k/step) median of {len(ratios)} epochs")
 
 
 def batch_size(text: str) -> int | None:
