@@ -334,7 +334,7 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None) -> di
             out.cfg[key] = translate_dataloader(out.cfg[key], key)
     defaults = trainer_defaults()  # the Trainer's: log_interval, log_writers
     log_interval = out.cfg.get("log_interval", defaults["log_interval"])
-    rt = translate_runtime(cfg, deterministic=out.cfg.get("deterministic") is True, log_interval=log_interval)
+    rt = translate_runtime(cfg, deterministic=out.cfg.get("deterministic") is True)
     for key, value, source in rt.settings:
         out.set(key, value, source)
     if is_mmengine_strategy(out.cfg.get("strategy")):

@@ -263,7 +263,7 @@ def visualization_hook(spec: dict[str, Any], path: str) -> bool:
     return True
 
 
-def translate_runtime(cfg: dict[str, Any], *, deterministic: bool, log_interval: int) -> Runtime:
+def translate_runtime(cfg: dict[str, Any], *, deterministic: bool) -> Runtime:
     """The runtime keys of ``cfg`` (see the module's table)."""
     rt = Runtime()
     hook: dict[str, Any] = {}
