@@ -209,3 +209,57 @@ def test_a_validate_before_the_resumed_fit_keeps_its_record(tmp_path):
         k: v for k, v in ref_tb.items() if not k.startswith("val/")}
     assert {k: v for k, v in run_tb.items() if k.startswith("val/")} == {
         k: v[:1] + v for k, v in ref_tb.items() if k.startswith("val/")}
+
+
+def _tensorboard_at(log_dir):
+    """{tag: [(step, value), ...]} as TensorBoard shows the event files of ``log_dir`` itself."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(log_dir))
+    ea.Reload()
+    return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]
+            if tag.split("/", 1)[1] not in PER_RUN}
+
+
+def test_a_fresh_run_moves_an_earlier_runs_event_files_aside(tmp_path):
+    """TensorBoard reads a directory's event files as one run: a fresh run's events must not
+    land among an earlier run's, which then show under their own run (a subdirectory)."""
+    pytest.importorskip("tensorboard")
+    one, ref = tmp_path / "one", tmp_path / "ref"
+    _trainer(ref, **FRESH, **ALL_WRITERS).fit()
+    _trainer(one, optimizer=dict(type="SGD", lr=0.5), **FRESH, **ALL_WRITERS).fit()  # an earlier, different run
+    earlier = _tensorboard(one)
+    assert earlier != _tensorboard(ref)  # else the test could not tell the runs apart
+    _trainer(one, **FRESH, **ALL_WRITERS).fit()  # a new run, not resumed
+
+    assert _tensorboard(one) == _tensorboard(ref)  # this run's events alone
+    (aside,) = [p for p in (one / "tensorboard").iterdir() if p.is_dir()]
+    (old_jsonl,) = one.glob("log.*.jsonl")
+    assert aside.name == old_jsonl.name[len("log."):-len(".jsonl")]  # one time stamp for all of the earlier run
+    assert _tensorboard_at(aside) == earlier
+
+    _trainer(one, **FRESH, **ALL_WRITERS).fit()  # a third run: the second one's go aside too, under another name
+    assert len([p for p in (one / "tensorboard").iterdir() if p.is_dir()]) == 2
+    assert _tensorboard(one) == _tensorboard(ref)
+
+
+def test_event_files_of_a_validate_before_fit_stay_with_their_run(tmp_path):
+    pytest.importorskip("tensorboard")
+    _trainer(tmp_path, **FRESH, **ALL_WRITERS).fit()  # an earlier run
+    t = _trainer(tmp_path, **FRESH, **ALL_WRITERS)
+    t.validate()  # this trainer's first record, at iteration 0
+    t.fit()
+    shown = _tensorboard(tmp_path)
+    assert [step for step, _ in shown["val/loss"]] == [0, 3, 6]
+    assert [step for step, _ in shown["train/loss"]] == [2, 4, 6]
+    (aside,) = [p for p in (tmp_path / "tensorboard").iterdir() if p.is_dir()]
+    assert [step for step, _ in _tensorboard_at(aside)["val/loss"]] == [3, 6]
+
+
+def test_validate_alone_adds_its_events_to_the_run(tmp_path):
+    pytest.importorskip("tensorboard")
+    _trainer(tmp_path, **FRESH, **ALL_WRITERS).fit()
+    _trainer(tmp_path, **FRESH, **ALL_WRITERS).validate()  # an evaluation of the finished run
+    assert not [p for p in (tmp_path / "tensorboard").iterdir() if p.is_dir()]
+    # The evaluation's event at step 0 is read after the run's (a later file); TensorBoard plots by step.
+    assert [step for step, _ in _tensorboard(tmp_path)["val/loss"]] == [3, 6, 0]

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from treadle.hooks.base import Hook, Priority
 from treadle.logging.history import LogHistory
 from treadle.logging.specs import build_writer, check_writers
-from treadle.logging.writers import LOGGER_NAME, TEXT_LOG_NAME, add_file_handler, get_logger, remove_handler
+from treadle.logging.writers import (LOGGER_NAME, TEXT_LOG_NAME, add_file_handler, get_logger, move_into_aside_dir,
+                                     remove_handler)
 
 if TYPE_CHECKING:
     from treadle.hooks.view import RunView
@@ -67,8 +68,8 @@ class LoggerHook(Hook):
     rich (see ``treadle/hooks/progress.py``); ``log.txt`` and the writers are unchanged.
 
     Log files across runs (writers with ``drop_after``: the JSONL, CSV and TensorBoard
-    writers; with ``move_aside``: the JSONL and CSV ones), done at ``before_train``, so
-    only ``fit()`` does it:
+    writers; with ``move_aside``: the JSONL and CSV ones; with ``earlier_files``: the
+    TensorBoard one), done at ``before_train``, so only ``fit()`` does it:
 
     * a run resumed from a checkpoint (``after_load_checkpoint`` notes its position)
       first drops, from ``log.jsonl`` and ``log.csv``, the records the interrupted run
@@ -82,6 +83,8 @@ class LoggerHook(Hook):
       an earlier run's records moves those to ``log.<time>.jsonl`` / ``log.<time>.csv``
       (``<time>``: when that run last wrote, ``%Y%m%d_%H%M%S``), so ``log.jsonl`` holds
       one run; records this trainer wrote before (a ``validate()`` before ``fit()``) stay.
+      The earlier run's TensorBoard event files move to ``tensorboard/<time>/``, which
+      TensorBoard shows as a run of its own.
     * ``validate()``/``test()`` alone append (e.g. an evaluation of a finished run).
     """
 
@@ -128,6 +131,7 @@ class LoggerHook(Hook):
         self._resume_at: tuple[int, bool] | None = None
         self._records = 0
         self._earlier_mtime: float | None = None
+        self._earlier_events: list[Path] = []  # an earlier run's TensorBoard event files
         self._opened = False
         self._fit_started = False
 
@@ -170,8 +174,10 @@ class LoggerHook(Hook):
         self._writers = [build_writer(w, work_dir) for w in self.writer_specs]
         if not self._opened:  # before this trainer wrote anything there: an earlier run's files
             self._opened = True
-            mtimes = [p.stat().st_mtime for p in self._log_files() if p.is_file() and p.stat().st_size > 0]
-            self._earlier_mtime = max(mtimes, default=None)
+            self._earlier_events = [p for w in self._writers if callable(getattr(w, "earlier_files", None))
+                                    for p in w.earlier_files()]
+            files = [p for p in self._log_files() if p.is_file() and p.stat().st_size > 0] + self._earlier_events
+            self._earlier_mtime = max((p.stat().st_mtime for p in files), default=None)
 
     def _log_files(self) -> list[Path]:
         return [Path(w.path) for w in self._writers
@@ -181,6 +187,7 @@ class LoggerHook(Hook):
         resume, self._resume_at = self._resume_at, None
         fresh = resume is None and not self._fit_started and trainer.state.iter == 0
         self._fit_started = True
+        earlier_events, self._earlier_events = self._earlier_events, []
         if not self._writers:
             return
         logger = get_logger()
@@ -201,6 +208,13 @@ class LoggerHook(Hook):
                     dest = move(stamp, keep_last=self._records)
                     if dest is not None:
                         logger.info(f"{_file_name(w)}: an earlier run's records moved to {dest.name}")
+            # Event files are never rewritten: an earlier run's go to a subdirectory, which
+            # TensorBoard shows as a run of its own. This trainer's own (a validate() before
+            # fit()) were made after the list was taken, and stay.
+            moved = move_into_aside_dir(earlier_events, stamp)
+            if moved is not None:
+                logger.info(f"{moved.parent.name}/: an earlier run's event files moved to "
+                            f"{moved.parent.name}/{moved.name}/")
 
     def after_run(self, trainer: "RunView") -> None:
         writers, self._writers = self._writers, []

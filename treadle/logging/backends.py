@@ -302,6 +302,12 @@ class TensorBoardWriter(BatchedWriter):
         self._file.flush()
         return len(after)
 
+    def earlier_files(self) -> list[Path]:
+        """The event files of ``log_dir`` that are not this writer's: earlier runs' (or
+        this run's earlier writers'), which TensorBoard would show as one run with this
+        one's. A fresh run moves an earlier run's aside (``LoggerHook``)."""
+        return [self.log_dir / name for name in event_file_names(self.log_dir) if name != self.path.name]
+
     def _sort_last(self) -> None:
         """Rename this writer's file, if need be, so that TensorBoard reads it after every
         other event file of ``log_dir`` (an earlier one made in the same second)."""

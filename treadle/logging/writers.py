@@ -229,6 +229,25 @@ def move_whole_aside(path: Path, stamp: str) -> Path | None:
     return dest
 
 
+def move_into_aside_dir(files: list[Path], stamp: str) -> Path | None:
+    """Move ``files`` (of one directory) into its new subdirectory ``<stamp>`` (``<stamp>-2``,
+    ... if taken), where TensorBoard shows them as a run of their own. Returns the
+    subdirectory, or None when none of the files is there any more."""
+    present = [f for f in files if f.is_file()]
+    if not present:
+        return None
+    parent = present[0].parent
+    dest, n = parent / stamp, 2
+    while dest.exists():
+        dest, n = parent / f"{stamp}-{n}", n + 1
+    dest.mkdir()
+    for f in present:
+        os.replace(f, dest / f.name)
+    fsync_dir(dest, best_effort=True)
+    fsync_dir(parent, best_effort=True)
+    return dest
+
+
 class BatchedWriter:
     """Base of the file writers that keep records and write them in batches.
 
