@@ -243,23 +243,75 @@ def test_a_fresh_run_moves_an_earlier_runs_event_files_aside(tmp_path):
     assert _tensorboard(one) == _tensorboard(ref)
 
 
-def test_event_files_of_a_validate_before_fit_stay_with_their_run(tmp_path):
+def test_a_validate_before_fit_keeps_its_events_apart_from_an_earlier_runs(tmp_path):
     pytest.importorskip("tensorboard")
     _trainer(tmp_path, **FRESH, **ALL_WRITERS).fit()  # an earlier run
     t = _trainer(tmp_path, **FRESH, **ALL_WRITERS)
     t.validate()  # this trainer's first record, at iteration 0
     t.fit()
     shown = _tensorboard(tmp_path)
-    assert [step for step, _ in shown["val/loss"]] == [0, 3, 6]
+    assert [step for step, _ in shown["val/loss"]] == [3, 6]
     assert [step for step, _ in shown["train/loss"]] == [2, 4, 6]
-    (aside,) = [p for p in (tmp_path / "tensorboard").iterdir() if p.is_dir()]
-    assert [step for step, _ in _tensorboard_at(aside)["val/loss"]] == [3, 6]
+    dirs = sorted(p.name for p in (tmp_path / "tensorboard").iterdir() if p.is_dir())
+    assert len(dirs) == 2 and dirs[1] == "val"  # the earlier run's (a time stamp), and the validate's
+    assert [step for step, _ in _tensorboard_at(tmp_path / "tensorboard" / dirs[0])["val/loss"]] == [3, 6]
+    assert [step for step, _ in _tensorboard_at(tmp_path / "tensorboard" / "val")["val/loss"]] == [0]
 
 
-def test_validate_alone_adds_its_events_to_the_run(tmp_path):
+def test_validate_alone_keeps_its_events_apart_from_the_runs(tmp_path):
+    """An evaluation of a finished run lies at step 0 (no training state loaded): among the
+    run's events, TensorBoard's Rust reader would let it preempt the run's val/ curve."""
     pytest.importorskip("tensorboard")
     _trainer(tmp_path, **FRESH, **ALL_WRITERS).fit()
-    _trainer(tmp_path, **FRESH, **ALL_WRITERS).validate()  # an evaluation of the finished run
+    run = _tensorboard(tmp_path)
+    _trainer(tmp_path, **FRESH, **ALL_WRITERS).validate()
+    _trainer(tmp_path, **FRESH, **ALL_WRITERS).validate()  # a second one joins the first
+    assert _tensorboard(tmp_path) == run
+    assert [step for step, _ in _tensorboard_at(tmp_path / "tensorboard" / "val")["val/loss"]] == [0, 0]
+    assert [r["mode"] for r in read_jsonl(tmp_path / "log.jsonl")][-2:] == ["val", "val"]  # log.jsonl appends
+
+
+def test_a_validate_before_fit_in_a_new_work_dir_stays_with_the_run(tmp_path):
+    pytest.importorskip("tensorboard")
+    t = _trainer(tmp_path, **FRESH, **ALL_WRITERS)
+    t.validate()
+    t.fit()
+    assert [step for step, _ in _tensorboard(tmp_path)["val/loss"]] == [0, 3, 6]
     assert not [p for p in (tmp_path / "tensorboard").iterdir() if p.is_dir()]
-    # The evaluation's event at step 0 is read after the run's (a later file); TensorBoard plots by step.
-    assert [step for step, _ in _tensorboard(tmp_path)["val/loss"]] == [3, 6, 0]
+
+
+def _rust(log_dir, run="."):
+    """{tag: [(step, value), ...]} of one run as TensorBoard's Rust data server shows it."""
+    from tb_rust import rust_scalars
+
+    return {tag: series for tag, series in rust_scalars(log_dir).get(run, {}).items()
+            if tag.split("/", 1)[1] not in PER_RUN}
+
+
+@pytest.mark.slow  # starts TensorBoard's data server
+def test_tensorboards_rust_reader_shows_the_same(tmp_path):
+    """TensorBoard's default reader drops events by its own rule (a lower step preempts
+    the same tag's later ones; it ignores the SessionLog.START a resume writes): after a
+    crash and resume, a fresh run over an earlier one, and an evaluation of a finished
+    run, it shows the uninterrupted run as EventAccumulator does."""
+    pytest.importorskip("tensorboard")
+    kw, _ = RUNS["iters"]
+    kw = dict(kw, **ALL_WRITERS)
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    _trainer(ref, **kw).fit()
+    expected = _rust(ref / "tensorboard")
+    assert expected == _tensorboard(ref) and expected["val/loss"]
+
+    with pytest.raises(Crash):
+        _trainer(run, hooks=[CrashAt(8)], **kw).fit()
+    _trainer(run, resume=True, **kw).fit()
+    assert _rust(run / "tensorboard") == expected
+
+    _trainer(run, **kw).validate()  # weights alone, iteration 0
+    assert _rust(run / "tensorboard") == expected
+    assert [step for step, _ in _rust(run / "tensorboard", "val")["val/loss"]] == [0]
+
+    _trainer(run, optimizer=dict(type="SGD", lr=0.5), **kw).fit()  # a fresh, different run over it
+    again = _trainer(run, **kw)
+    again.fit()
+    assert _rust(run / "tensorboard") == expected

@@ -85,7 +85,10 @@ class LoggerHook(Hook):
       one run; records this trainer wrote before (a ``validate()`` before ``fit()``) stay.
       The earlier run's TensorBoard event files move to ``tensorboard/<time>/``, which
       TensorBoard shows as a run of its own.
-    * ``validate()``/``test()`` alone append (e.g. an evaluation of a finished run).
+    * ``validate()``/``test()`` alone append (e.g. an evaluation of a finished run). Of
+      weights alone (no training state loaded: iteration 0), their TensorBoard events go
+      to ``tensorboard/val/`` or ``tensorboard/test/`` when the directory already holds
+      event files (``TensorBoardWriter.keep_apart``).
     """
 
     priority = Priority.BELOW_NORMAL
@@ -330,6 +333,13 @@ class LoggerHook(Hook):
     def _log_eval(self, trainer: "RunView", mode: str, metrics: dict[str, Any]) -> None:
         state = trainer.state
         record = {"mode": mode, "epoch": state.epoch, "iter": state.iter, "timestamp": round(time.time(), 3), **metrics}
+        if not self._fit_started and state.iter == 0:  # of weights alone: see TensorBoardWriter.keep_apart
+            for w in self._writers:
+                apart = getattr(w, "keep_apart", None)
+                moved = apart(mode) if callable(apart) else None
+                if moved is not None:
+                    get_logger().info(f"{moved.parent.name}/: this {mode} run's events go to "
+                                      f"{moved.parent.name}/{moved.name}/, apart from the training run's")
         self._write(record)
         if trainer.is_main:
             shown = "  ".join(f"{k} {format_value(k, v)}" for k, v in metrics.items())

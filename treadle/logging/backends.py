@@ -308,6 +308,26 @@ class TensorBoardWriter(BatchedWriter):
         one's. A fresh run moves an earlier run's aside (``LoggerHook``)."""
         return [self.log_dir / name for name in event_file_names(self.log_dir) if name != self.path.name]
 
+    def keep_apart(self, name: str) -> Path | None:
+        """Write into ``log_dir/name/`` (a run of its own in TensorBoard) from now on, when
+        ``log_dir`` holds other event files; returns that directory, or None.
+
+        For a ``validate()`` or ``test()`` of weights alone, outside ``fit()``
+        (``LoggerHook``): its record lies at iteration 0, below a finished run's steps.
+        TensorBoard's default reader, its Rust data server, lets an event at step ``s``
+        preempt the same tag's events at steps ``>= s`` read before it (the preempted-job
+        rule), so the run's ``val/`` curves would show that one point."""
+        if not self.earlier_files() or self.path.parent.name == name:
+            return None
+        self.flush()
+        self._file.close()
+        dest = self.log_dir / name
+        dest.mkdir(exist_ok=True)
+        self.path = self.path.rename(dest / self.path.name)
+        self.log_dir = dest
+        self._file = open(self.path, "ab")
+        return dest
+
     def _sort_last(self) -> None:
         """Rename this writer's file, if need be, so that TensorBoard reads it after every
         other event file of ``log_dir`` (an earlier one made in the same second)."""
