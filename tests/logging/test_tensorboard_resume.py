@@ -157,3 +157,18 @@ def test_the_resumed_runs_file_is_renamed_to_be_read_last(tmp_path, whole, extra
     assert sorted(p.name for p in tmp_path.glob("events.out.tfevents.*"))[-1] == w.path.name
     w.close()
     assert _shown(tmp_path) == whole
+
+
+def test_a_processs_event_files_sort_in_the_order_they_were_made(tmp_path, monkeypatch):
+    """TensorBoard reads a directory's files in name order: a process's 10th writer of a
+    second must sort after its 9th (the counter in the name is zero-padded)."""
+    import itertools
+
+    from treadle.logging import backends
+    from treadle.logging.event_files import event_file_names
+
+    monkeypatch.setattr(backends, "_file_counter", itertools.count(9))
+    made = [TensorBoardWriter(tmp_path, flush_secs=0) for _ in range(3)]  # counters 9, 10, 11
+    for w in made:
+        w.close()
+    assert event_file_names(tmp_path) == [w.path.name for w in made]

@@ -248,9 +248,11 @@ class TensorBoardWriter(BatchedWriter):
         self._crc = MaskedCrc32c()  # C code once a few KB were framed (crc32c.py)
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        # TensorBoard's naming; the counter keeps two writers of one process apart.
+        # TensorBoard's naming; the counter keeps two writers of one process apart, and is
+        # zero-padded so that name order (TensorBoard's reading order) is creation order:
+        # unpadded, a process's tenth file of a second sorted before its ninth.
         name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
-                f"{next(_file_counter)}{filename_suffix}")
+                f"{next(_file_counter):06d}{filename_suffix}")
         self.path = self.log_dir / name
         self._file = open(self.path, "wb")
         self._file.write(self._frame(file_version_event(time.time())))
