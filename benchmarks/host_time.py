@@ -34,7 +34,7 @@ prints, last, one line: ``host_time ratio X (IQR a-b) hand H us/step treadle T u
 (+D us/step) ...``.
 
 ``--instructions``: instead, instructions per step counted by ``valgrind --tool=callgrind``
-(free of timing noise; ``--epochs 4`` takes about 10 minutes on 2 cores). Each loop runs in
+(free of timing noise; ``--epochs 2`` takes about 8.5 minutes on 2 cores). Each loop runs in
 its own process under callgrind, a warm-up fit and then the measured one, whose marks call
 ``os.getppid()``: callgrind (``--dump-before=getppid``) writes the count since the previous
 mark there, so each timed epoch (50 steps, its end and the next one's start, one log

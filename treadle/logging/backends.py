@@ -322,12 +322,10 @@ class TensorBoardWriter(BatchedWriter):
         if not self.earlier_files() or self.path.parent.name == name:
             return None
         self.flush()
-        self._file.close()
         dest = self.log_dir / name
         dest.mkdir(exist_ok=True)
-        self.path = self.path.rename(dest / self.path.name)
+        self._move_file(dest / self.path.name)
         self.log_dir = dest
-        self._file = open(self.path, "ab")
         return dest
 
     def _sort_last(self) -> None:
@@ -342,8 +340,12 @@ class TensorBoardWriter(BatchedWriter):
             name = ".".join([*ours[:3], f"{int(last[3]) + 1:010d}", *ours[4:]])
         else:
             name = f"{names[-1]}.{os.getpid()}"
+        self._move_file(self.log_dir / name)
+
+    def _move_file(self, dest: Path) -> None:
+        """Go on writing this writer's file under the path ``dest``."""
         self._file.close()
-        self.path = self.path.rename(self.log_dir / name)
+        self.path = self.path.rename(dest)
         self._file = open(self.path, "ab")
 
     def _frame(self, data: bytes) -> bytes:

@@ -208,14 +208,17 @@ def _unlink(path: Path) -> None:
         pass
 
 
+def _first_free(named: Callable[[str], Path], stamp: str) -> Path:
+    """``named(stamp)``, or ``named(stamp + "-2")``, ...: the first path not taken."""
+    candidate, n = named(stamp), 2
+    while candidate.exists():
+        candidate, n = named(f"{stamp}-{n}"), n + 1
+    return candidate
+
+
 def aside_path(path: Path, stamp: str) -> Path:
     """``log.<stamp>.jsonl`` beside ``log.jsonl`` (``log.<stamp>-2.jsonl``, ... if taken)."""
-    candidate = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
-    n = 2
-    while candidate.exists():
-        candidate = path.with_name(f"{path.stem}.{stamp}-{n}{path.suffix}")
-        n += 1
-    return candidate
+    return _first_free(lambda s: path.with_name(f"{path.stem}.{s}{path.suffix}"), stamp)
 
 
 def move_whole_aside(path: Path, stamp: str) -> Path | None:
@@ -237,9 +240,7 @@ def move_into_aside_dir(files: list[Path], stamp: str) -> Path | None:
     if not present:
         return None
     parent = present[0].parent
-    dest, n = parent / stamp, 2
-    while dest.exists():
-        dest, n = parent / f"{stamp}-{n}", n + 1
+    dest = _first_free(lambda s: parent / s, stamp)
     dest.mkdir()
     for f in present:
         os.replace(f, dest / f.name)
