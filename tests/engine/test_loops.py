@@ -179,3 +179,64 @@ def test_empty_training_loader_is_an_error():
                         optimizer=dict(type="SGD", lr=0.1), max_epochs=1)
     with pytest.raises(RuntimeError, match="no batches"):
         t.fit()
+
+
+class EveryThird(treadle.Hook):
+    """A hook that names its iterations: 2, 5, 8, ... (every third)."""
+
+    priority = 40
+
+    def __init__(self, log):
+        self.log = log
+
+    def next_train_iter(self, state):
+        return state.iter + (-(state.iter + 1)) % 3
+
+    def after_train_iter(self, trainer, batch, outputs):
+        # called at its iterations, and at any other hook's (the logger's): it checks
+        self.log.append(("third", trainer.state.iter))
+
+
+class EveryIter(treadle.Hook):
+    def __init__(self, log, priority):
+        self.log, self.priority = log, priority
+
+    def after_train_iter(self, trainer, batch, outputs):
+        self.log.append((f"every{self.priority}", trainer.state.iter))
+
+
+def test_a_hook_that_names_its_iterations_is_called_only_there_and_in_order():
+    log = []
+    t = trainer_for([EveryIter(log, 30), EveryThird(log), EveryIter(log, 50)],
+                    train_dataloader=DataLoader(make_data(40), batch_size=8), max_epochs=2)  # 5 batches an epoch
+    t.fit()
+    thirds = [i for name, i in log if name == "third"]
+    # its own iterations (asked again when the second epoch opens: it counts the run's), and
+    # the default logger's (each epoch's last, 4 and 9: the interval is longer than an epoch)
+    assert thirds == [2, 4, 5, 8, 9]
+    assert [i for name, i in log if name == "every30"] == list(range(10))
+    assert [i for name, i in log if name == "every50"] == list(range(10))
+    # where it is called, it runs at its priority between the others
+    at_5 = [name for name, i in log if i == 5]
+    assert at_5 == ["every30", "third", "every50"]
+
+
+def test_the_default_hooks_are_not_called_between_their_iterations(monkeypatch):
+    from treadle.hooks.logger import LoggerHook
+    from treadle.hooks.nan_guard import NaNGuardHook
+
+    calls = []
+    for cls in (LoggerHook, NaNGuardHook):
+        orig = cls.after_train_iter
+        monkeypatch.setattr(cls, "after_train_iter",
+                            lambda self, t, b, o, orig=orig, cls=cls: (calls.append((cls.__name__, t.state.iter)),
+                                                                        orig(self, t, b, o))[1])
+    t = trainer_for(train_dataloader=DataLoader(make_data(80), batch_size=8), max_epochs=2, log_interval=4)
+    t.fit()
+    # 10 batches an epoch, interval 4: records at the 4th and 8th iteration of each epoch
+    # (the 2 left at its end join the next epoch's first: MMEngine's ignore_last) and at the
+    # run's last; the guard (the logger's interval: it checks the means the logger reads)
+    # is called there only
+    due = [3, 7, 13, 17, 19]
+    assert [i for name, i in calls if name == "LoggerHook"] == due
+    assert [i for name, i in calls if name == "NaNGuardHook"] == due

@@ -101,9 +101,12 @@ def test_a_hook_runs_against_any_object_that_offers_the_view(tmp_path):
     hook.add_source(lambda t: {"extra": 7})
     hook.before_run(run)
     hook.before_train(run)
+    record_step, _ = run.store.recorders()  # as the loop does: it records each step's outputs
     for i, loss in enumerate((1.0, 3.0)):
         run.state.iter = i
-        hook.after_train_iter(run, None, {"loss": torch.tensor(loss)})
+        outputs = {"loss": torch.tensor(loss)}
+        record_step((i, 0, outputs))
+        hook.after_train_iter(run, None, outputs)
     hook.after_run(run)
     record = (tmp_path / "log.jsonl").read_text().splitlines()
     assert len(record) == 1 and '"loss": 2.0' in record[0] and '"extra": 7' in record[0]

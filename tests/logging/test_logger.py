@@ -249,3 +249,113 @@ def test_wandb_spec_with_options_is_built_in_the_run_directory(tmp_path):
 
     wandb = build_writer({"type": "wandb", "project": "p", "entity": "team"}, tmp_path)
     assert isinstance(wandb, WandbWriter) and wandb.project == "p" and wandb.init_kwargs["entity"] == "team"
+
+
+def _mmengine_due(state, interval, ignore_last):
+    """MMEngine's LoggerHook rule, written out: is the running iteration's record due?"""
+    per_epoch = state.iters_per_epoch
+    if state.max_iters and state.iter + 1 == state.max_iters:
+        return True
+    if not state.by_epoch or not per_epoch:
+        return (state.iter + 1) % interval == 0
+    k = state.inner_iter + 1
+    return k % interval == 0 or (k == per_epoch and (not ignore_last or per_epoch <= interval))
+
+
+@pytest.mark.parametrize("by_epoch", [True, False])
+@pytest.mark.parametrize("ignore_last", [True, False])
+def test_next_train_iter_names_the_iterations_the_mmengine_rule_logs(by_epoch, ignore_last):
+    from treadle.hooks.state import TrainState
+
+    for interval in (1, 2, 3, 5, 7):
+        for per_epoch in (1, 3, 5, 6, None):
+            hook = treadle.hooks.LoggerHook(interval=interval, writers=(), ignore_last=ignore_last)
+            epochs = 4
+            max_iters = epochs * per_epoch if per_epoch else 17
+            for start in range(max_iters):  # the loop may ask at any iteration of an epoch
+                s = TrainState(by_epoch=by_epoch, max_iters=max_iters, iters_per_epoch=per_epoch, iter=start,
+                               inner_iter=start % per_epoch if per_epoch else start)
+                answer = hook.next_train_iter(s)
+                # the first due iteration from `start`, inside the running epoch (epoch-based)
+                epoch_end = (start // per_epoch + 1) * per_epoch if by_epoch and per_epoch else max_iters
+                expected = None
+                for i in range(start, epoch_end):
+                    s.iter, s.inner_iter = i, (i % per_epoch if per_epoch else i)
+                    if _mmengine_due(s, interval, ignore_last):
+                        expected = i
+                        break
+                if expected is None:  # none left in this epoch: any answer past its end
+                    assert answer >= epoch_end, (interval, per_epoch, start, answer)
+                else:
+                    assert answer == expected, (interval, per_epoch, start, answer, expected)
+
+
+class _Sleepy(torch.utils.data.Dataset):
+    """Takes 4 ms per batch of 4 samples to load."""
+
+    def __init__(self):
+        self.data = make_data(16)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        if i % 4 == 0:
+            import time
+            time.sleep(0.004)
+        return self.data[i]
+
+
+class _SlowHook(treadle.Hook):
+    """An after_train_iter hook that takes 6 ms, which step_time must include."""
+
+    priority = "LOWEST"
+
+    def after_train_iter(self, trainer, batch, outputs):
+        import time
+        time.sleep(0.006)
+
+
+def test_times_are_the_loops_iterations_hooks_included(tmp_path):
+    t = treadle.Trainer(TinyNet(), work_dir=tmp_path, train_dataloader=DataLoader(_Sleepy(), batch_size=4),
+                        loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.05), max_epochs=3,
+                        log_interval=2, log_writers=("jsonl",), hooks=[_SlowHook()], progress=False)
+    t.fit()
+    train = [r for r in read_jsonl(tmp_path / "log.jsonl") if r["mode"] == "train"]
+    assert len(train) == 6
+    for r in train:
+        assert r["data_time"] >= 0.004, r  # the batch's loading
+        # the iteration's hooks, a later one's included (it ends after its record is written)
+        assert r["step_time"] >= 0.006, r
+
+
+def test_store_joins_the_loops_step_and_time_records():
+    store = MetricStore()
+    assert store.recorders() == (None, None)  # nobody reads them: the loop records nothing
+    store.record_outputs = store.record_times = True
+    record_step, record_time = store.recorders()
+    record_step((0, 0, {"loss": torch.tensor(1.0), "acc": 0.5}))
+    store.put("extra", 3.0)
+    record_step((1, 0, {"loss": torch.tensor(3.0), "acc": 0.7}))
+    record_time((0.25, 1.0))
+    record_time((0.75, 2.0))
+    assert [r[0] for r in store.pending_steps()] == [0, 1]
+    assert store.window("loss") == [torch.tensor(1.0), torch.tensor(3.0)]
+    state = store.state_dict()  # a checkpoint holds the steps' values too
+    assert state["tensors"] == {"loss": [1.0, 3.0]} and state["numbers"]["step_time"] == [1.0, 2.0]
+    record_step((2, 1, {"loss": torch.tensor(5.0), "acc": 0.9}))  # after a read: joined once, in order
+    assert store.flush() == {"loss": 3.0, "acc": pytest.approx(0.7), "extra": 3.0, "data_time": 0.5,
+                             "step_time": 1.5}
+    assert [r[0] for r in store.flushed_steps] == [0, 1, 2] and store.pending_steps() == []
+    record_step((3, 1, {"loss": torch.tensor(7.0)}))  # the same appends go on after a flush
+    assert store.flush() == {"loss": 7.0}
+
+
+def test_store_joins_steps_whose_keys_differ_in_order():
+    store = MetricStore()
+    store.record_outputs = True
+    record_step, _ = store.recorders()
+    record_step((0, 0, {"loss": 1.0}))
+    record_step((1, 0, {"loss": 2.0, "aux": 5.0}))  # a key the first step did not return
+    record_step((2, 0, {"aux": 7.0}))  # and one without the first's key
+    assert store.window("loss") == [1.0, 2.0] and store.window("aux") == [5.0, 7.0]

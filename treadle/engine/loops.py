@@ -56,6 +56,7 @@ from treadle.logging.writers import get_logger
 if TYPE_CHECKING:
     from treadle.optim.wrapper import OptimWrapper
     from treadle.hooks.state import TrainState
+    from treadle.logging.store import MetricStore
 
 Workflow = list[tuple[str, "int | None"]]
 
@@ -119,12 +120,13 @@ class TrainLoop:
 
     def __init__(self, owner: Any, feed: DataFeed, workflow: Workflow, *, hooks: HookDispatcher,
                  state: TrainState, optim_wrappers: Mapping[str, OptimWrapper], step: Callable[[Any], Any],
-                 val_loop: EvalLoop | None = None, agree: Callable[[], None] | None = None,
+                 store: MetricStore, val_loop: EvalLoop | None = None, agree: Callable[[], None] | None = None,
                  resume_pos: dict[str, Any] | None = None, world_size: int = 1,
                  accumulate_across_epochs: bool = False) -> None:
         self.owner = owner  # what the hooks receive (the Trainer)
         self.hooks, self.state, self.optim_wrappers, self.val_loop = hooks, state, optim_wrappers, val_loop
         self.step = step  # batch -> values to log (after_backward/before_optimizer_step fire inside)
+        self.store = store  # records each step's outputs and times for the hooks that read them
         self.agree = agree  # None in one process; several: the ranks agree on stopping each iteration
         self.feed = feed
         self.workflow = workflow
@@ -328,29 +330,49 @@ class TrainLoop:
 
     def _run_batches(self, limit: int | None) -> bool:
         """Train on the open epoch's batches, at most ``limit`` of them. Returns True
-        when the epoch is exhausted. Everything here runs once per iteration."""
+        when the epoch is exhausted. Everything here runs once per iteration.
+
+        The store records each step's outputs and each iteration's times when its
+        readers asked for them (the logger, the timer: ``MetricStore.recorders``): one
+        list append each. Hooks that name the iterations they need
+        (``Hook.next_train_iter``, e.g. the logger) are called only at those; the others
+        at every iteration."""
         t, s = self.owner, self.state
         step, agree = self.step, self.agree
         before, after = self.hooks.table["before_train_iter"], self.hooks.table["after_train_iter"]
+        every, due = self.hooks.after_train_iter_plan(s)
+        next_due = self.hooks.next_due
+        record, record_time = self.store.recorders()
         end = s.iter + limit if limit is not None else -1
         clock = perf_counter
         tic = clock()
         for batch in self.feed:
             toc = clock()
-            s.data_time = toc - tic
+            s.data_time = data_time = toc - tic
             s.iter_start_time = toc
             for fn in before:
                 fn(t, batch)
             outputs = step(batch)
-            for fn in after:
-                fn(t, batch, outputs)
-            s.iter += 1
-            s.inner_iter += 1
+            if record is not None:
+                record((s.iter, s.epoch, outputs))
+            if s.iter == due:
+                for fn in after:
+                    fn(t, batch, outputs)
+                s.iter += 1
+                s.inner_iter += 1
+                due = next_due(s)
+            else:
+                for fn in every:
+                    fn(t, batch, outputs)
+                s.iter += 1
+                s.inner_iter += 1
             if agree is not None:
                 agree()
+            tic = clock()
+            if record_time is not None:  # the whole iteration, its hooks included
+                record_time((data_time, tic - toc))
             if s.iter == end or s.should_stop:
                 return self.feed.batch_idx == self.feed.length
-            tic = clock()
         return True
 
 

@@ -223,7 +223,8 @@ class Trainer:
         workflow = self.workflow or default_workflow(s.by_epoch, self.val_interval, self.val_loop is not None, total)  # type: ignore[arg-type]  # max_epochs or max_iters: args.py requires one
         loop_cls = EpochLoop if s.by_epoch else IterLoop
         return loop_cls(self, feed, workflow, hooks=self._dispatch, state=s, optim_wrappers=self.optim_wrappers,
-                        step=self._select_train_step(), val_loop=self.val_loop, agree=self._agree_stop,
+                        step=self._select_train_step(), store=self.store, val_loop=self.val_loop,
+                        agree=self._agree_stop,
                         world_size=self.strategy.world_size, accumulate_across_epochs=self.accumulate_across_epochs)
 
     def _eval_loop(self, loader: Any, mode: str) -> EvalLoop:

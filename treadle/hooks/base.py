@@ -95,6 +95,12 @@ class Hook:
     ``validate()`` and ``test()`` run ``before_run``, the matching val/test points,
     and ``after_run``. ``outputs`` is the dict the step returned (detached losses).
 
+    A hook whose ``after_train_iter`` acts only at some iterations (a log interval)
+    can say which with :meth:`next_train_iter`; the loop then calls it at those
+    iterations only (with every other hook of the point, in order), and per iteration
+    it costs nothing. It reads the values of the iterations in between from
+    ``trainer.store``, where the loop records each step's outputs and times.
+
     Attributes:
         priority: int in 0..100 or a :class:`Priority` name; lower runs first, ties
             keep registration order.
@@ -108,6 +114,19 @@ class Hook:
     def state_dict(self) -> dict[str, Any]:
         """State to put in checkpoints (plain data and tensors only)."""
         return {}
+
+    def next_train_iter(self, state: Any) -> int | None:
+        """Override to have ``after_train_iter`` called only at the iterations this
+        returns (a hook that does not override it is called at every iteration).
+
+        Returns the first iteration (0-based, ``state.iter`` counting) from
+        ``state.iter`` on whose ``after_train_iter`` this hook needs (``state.iter``:
+        this one), or None: none in this run of batches. The loop asks when a run of
+        batches starts (an epoch opens, training goes on after a validation or a
+        resume) and right after each call it made; an answer past the running epoch's
+        end is asked again when the next one opens. ``after_train_iter`` may also be
+        called at other iterations (when another hook is due): it must check for itself."""
+        return None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
@@ -194,10 +213,17 @@ def describe_order(hooks: Iterable[Hook]) -> str:
     ordered = sort_hooks(hooks)
     lines = []
     for point in HOOK_POINTS:
-        names = [f"{type(h).__name__}({get_priority(h.priority)})" for h in ordered if implements(h, point)]
+        names = [f"{type(h).__name__}({get_priority(h.priority)}"
+                 + (", when due)" if point == "after_train_iter" and schedules(h) else ")")
+                 for h in ordered if implements(h, point)]
         if names:
             lines.append(f"  {point:<24} " + " -> ".join(names))
     return "hook order:\n" + ("\n".join(lines) if lines else "  (no hooks)")
+
+
+def schedules(hook: Hook) -> bool:
+    """True when ``hook``'s class names the iterations it needs (:meth:`Hook.next_train_iter`)."""
+    return getattr(type(hook), "next_train_iter") is not Hook.next_train_iter
 
 
 class HookDispatcher:
@@ -210,11 +236,36 @@ class HookDispatcher:
 
     def __init__(self, hooks: Iterable[Hook] = ()) -> None:
         self.table: dict[str, tuple[Callable[..., Any], ...]] = {}
+        self._scheduled: list[Hook] = []  # after_train_iter hooks that name their iterations
         self.rebuild(hooks)
 
     def rebuild(self, hooks: Iterable[Hook]) -> None:
+        hooks = list(hooks)
         self.table.clear()
         self.table.update(build_dispatch(hooks))
+        self._scheduled[:] = [h for h in sort_hooks(hooks) if implements(h, "after_train_iter") and schedules(h)]
+
+    def after_train_iter_plan(self, state: Any) -> tuple[tuple[Callable[..., Any], ...], int]:
+        """``(every, due)`` for a run of batches starting at ``state.iter``: the
+        ``after_train_iter`` methods to call at each iteration, and the first iteration
+        at which a scheduled hook is due (then the loop calls the whole
+        ``table["after_train_iter"]``); -1: none is, in this run of batches."""
+        scheduled = {id(h) for h in self._scheduled}
+        every = tuple(fn for fn in self.table["after_train_iter"] if id(getattr(fn, "__self__", None)) not in scheduled)
+        return every, self.next_due(state)
+
+    def next_due(self, state: Any) -> int:
+        """The first iteration from ``state.iter`` at which a scheduled ``after_train_iter``
+        hook is due; -1 when none names one (each answer is at least ``state.iter``)."""
+        due = -1
+        for h in self._scheduled:
+            i = h.next_train_iter(state)
+            if i is None:  # none in this run of batches
+                continue
+            i = max(int(i), state.iter)
+            if due < 0 or i < due:
+                due = i
+        return due
 
     def call(self, point: str, trainer: Any, *args: Any) -> None:
         for fn in self.table[point]:

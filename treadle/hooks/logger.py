@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 class LoggerHook(Hook):
     """At the log interval, reduce the metric store's windows (one host transfer) and
     write a console line and a ``log.jsonl`` record; also write one record per
-    validation and test. Per iteration it only appends the step's outputs.
+    validation and test. Per iteration it costs nothing: the loop records each step's
+    outputs in the store and calls this hook only at the iterations
+    :meth:`next_train_iter` names.
 
     When a train record is written (MMEngine's LoggerHook rule, see :meth:`due`):
     epoch-based, every ``interval`` iterations counted inside the epoch, and at an
@@ -187,6 +189,7 @@ class LoggerHook(Hook):
                 if callable(getattr(w, "move_aside", None)) and getattr(w, "path", None) is not None]
 
     def before_train(self, trainer: "RunView") -> None:
+        trainer.store.record_outputs = True  # the loop puts each step's outputs in the store
         resume, self._resume_at = self._resume_at, None
         fresh = resume is None and not self._fit_started and trainer.state.iter == 0
         self._fit_started = True
@@ -253,22 +256,33 @@ class LoggerHook(Hook):
             self.history.start_epoch()
 
     def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
-        trainer.store.put_dict(outputs)
+        # The loop calls this only at the iterations next_train_iter names (or another
+        # hook's); it has put the step's outputs into the store already.
         state = trainer.state
-        done = state.iter + 1
-        if self.due(state) or done == state.max_iters:
-            self._log_train(trainer, done)
+        if self.due(state):
+            self._log_train(trainer, state.iter + 1)
 
-    def due(self, state: Any) -> bool:
-        """Whether the running iteration's train record is due (the class docstring's
-        rule; the run's last iteration aside)."""
+    def next_train_iter(self, state: Any) -> int:
+        """The first iteration from ``state.iter`` whose train record is due: the class
+        docstring's rule, or the run's last iteration. Epoch-based, an answer past the
+        running epoch's end (its last iteration not due) is asked again in the next epoch."""
+        i, n = state.iter, self.interval
         per_epoch = state.iters_per_epoch
         if not state.by_epoch or not per_epoch:
-            return (state.iter + 1) % self.interval == 0
-        k = state.inner_iter + 1
-        if k % self.interval == 0:
-            return True
-        return k == per_epoch and (not self.ignore_last or per_epoch <= self.interval)
+            due = i + (-(i + 1)) % n  # (due + 1) % n == 0
+        else:
+            k = state.inner_iter + 1  # iteration i is the k-th of its epoch
+            due = i + (-k) % n  # the next k that is a multiple of n
+            last = i + per_epoch - k  # the epoch's last iteration
+            if i <= last < due and (not self.ignore_last or per_epoch <= n):
+                due = last
+        if state.max_iters:
+            due = min(due, state.max_iters - 1)
+        return due
+
+    def due(self, state: Any) -> bool:
+        """Whether the running iteration's train record is due (:meth:`next_train_iter`)."""
+        return self.next_train_iter(state) == state.iter
 
     def _log_train(self, trainer: "RunView", done: int) -> None:
         state = trainer.state

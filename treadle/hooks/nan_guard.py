@@ -21,7 +21,9 @@ validation and at the end of training:
   costs no host transfer of its own: the guard checks the window means the logger
   has just read (already reduced over ranks, so every rank raises together), right
   after that record is written. Only when one of them is non-finite does it read its
-  kept window to name the first bad iteration.
+  kept window to name the first bad iteration. That window is the step records the
+  loop keeps in the metric store for the logger (``MetricStore.pending_steps``), so the
+  hook is not called per iteration at all (``next_train_iter``: None).
 
 ``mode="skip"``: before each optimizer step, the gradients of ``trainer.module``'s
 parameters are checked on the device (one inf-norm per tensor with
@@ -79,7 +81,8 @@ class NaNGuardHook(Hook):
         self._params: list[torch.nn.Parameter] = []
         self._defer_to_scaler = False
         self._log_interval = 50
-        self._limit = check_interval  # window length that triggers a check of our own
+        self._shared = False  # raise mode checks the logger's reads (see before_train)
+        self._checked = -1
         if mode == "raise":  # nothing to do before optimizer steps: not even a call
             self.disabled_points = frozenset({"before_optimizer_step"})
 
@@ -93,41 +96,53 @@ class NaNGuardHook(Hook):
         logger = next((h for h in trainer.hooks if isinstance(h, LoggerHook)), None)
         # nan_skipped must be in the store when the logger flushes it.
         self._log_interval = logger.interval if logger is not None else trainer.log_interval
-        self._limit = self.check_interval
+        self._shared = False
         if (self.mode == "raise" and logger is not None and logger.interval == self.check_interval > 1
                 and get_priority(self.priority) < get_priority(logger.priority)):
-            # Share the logger's read (we run first, so its flush covers our window). It
-            # empties the window every `interval` iterations; a check of our own only if
-            # that ever stops happening.
+            # Share the logger's read: the window is the store's step records (the loop
+            # records them), checked with the means each flush reads; nothing per iteration.
             logger.add_listener(self._on_log)
-            self._limit = 2 * self.check_interval + 1
+            trainer.store.record_outputs = True
+            self._shared = True
+            self._checked = trainer.state.iter - 1  # the last iteration checked
+
+    def next_train_iter(self, state: Any) -> int | None:
+        """Shared raise mode: none (the logger's flush checks); skip mode: the log
+        iterations (``nan_skipped``); raise mode of its own: every iteration."""
+        if self.mode == "skip":
+            i, n = state.iter, self._log_interval
+            due = i + (-(i + 1)) % n
+            return min(due, state.max_iters - 1) if state.max_iters else due
+        return None if self._shared else state.iter
 
     def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         state = trainer.state
         if self.mode == "raise":
+            if self._shared:  # called because another hook is due: the logger's flush checks
+                return
             window = self._window
             window.append((state.iter, state.epoch, outputs))
-            if len(window) >= self._limit:
-                self._check()
+            if len(window) >= self.check_interval:
+                self._check(trainer)
             return
         done = state.iter + 1
         if done % self._log_interval == 0 or done == state.max_iters:
             trainer.store.put("nan_skipped", float(self.skipped))
 
     def after_train_epoch(self, trainer: "RunView") -> None:
-        self._check()
+        self._check(trainer)
 
     def before_val(self, trainer: "RunView") -> None:
-        self._check()
+        self._check(trainer)
 
     def after_train(self, trainer: "RunView") -> None:
-        self._check()
+        self._check(trainer)
 
     def before_save_checkpoint(self, trainer: "RunView", checkpoint: dict[str, Any]) -> None:
         # A checkpoint must not keep weights a non-finite loss already spoiled: check the
         # window now (a save reads the state to the host anyway), and fail before writing.
         if self.mode == "raise":
-            self._check()
+            self._check(trainer)
 
     def _on_log(self, trainer: "RunView", values: dict[str, Any]) -> None:
         """The logger's listener: check the window means it read (no transfer of ours).
@@ -135,7 +150,7 @@ class NaNGuardHook(Hook):
         The window holds the iterations since the last log or check, all of which the
         logger's flush covered (this hook runs before the logger in each iteration).
         """
-        window, self._window = self._window, []
+        window = self._unchecked(trainer.store.flushed_steps)
         isfinite = math.isfinite
         if not window or all(isfinite(v) for v in values.values() if type(v) is float):
             return  # the usual case: a few floats looked at, nothing else
@@ -153,11 +168,24 @@ class NaNGuardHook(Hook):
                                  f"{window[-1][0] + 1} (epoch {window[-1][1] + 1}): the logged means {shown} are non-finite "
                                  "although every value of this process is finite (another process's values, or an overflow)")
 
-    def _check(self) -> None:
+    def _unchecked(self, steps: list[tuple[int, int, dict[str, Any]]]) -> list[tuple[int, int, dict[str, Any]]]:
+        """Shared mode: the store's step records after the last one checked (marked checked)."""
+        checked = self._checked
+        window = steps if not steps or steps[0][0] > checked else [r for r in steps if r[0] > checked]
+        if window:
+            self._checked = window[-1][0]
+        return window
+
+    def _check(self, trainer: "RunView") -> None:
         """Raise for the first non-finite iteration in the window (one host transfer)."""
-        if not self._window:
+        if self.mode != "raise":
             return
-        window, self._window = self._window, []
+        if self._shared:
+            window = self._unchecked(trainer.store.pending_steps())
+        else:
+            window, self._window = self._window, []
+        if not window:
+            return
         bad = _first_nonfinite(window)
         if bad is not None:
             self._raise(window, bad)

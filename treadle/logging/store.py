@@ -3,12 +3,20 @@
 ``put`` appends the value as it is (a device tensor stays on the device); ``flush``
 reduces every pending window with a single host transfer for all tensor values (CPU
 tensors, which need no transfer, are read one by one).
+
+The train loop records each step's outputs and each iteration's times here, when a
+reader asked for them (``record_outputs``: the logger; ``record_times``: the timer),
+as one list append per iteration: a step record ``(iter, epoch, outputs)``, a time
+record ``(data_time, step_time)``. They join the named windows (``outputs``' keys,
+``data_time``, ``step_time``) when the store is next read, so the per-iteration cost is
+the append, not a hook call and a loop over the keys.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from operator import attrgetter
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -20,6 +28,15 @@ class MetricStore:
     def __init__(self) -> None:
         self._pending: defaultdict[str, list[Any]] = defaultdict(list)
         self.latest: dict[str, float] = {}
+        # Set by the hooks that read them (LoggerHook, IterTimerHook): the loop records then.
+        self.record_outputs = False
+        self.record_times = False
+        # Step records since the last flush, the first `_joined` of them already in the
+        # windows; time records not yet joined. Cleared in place: the loop holds their appends.
+        self._steps: list[tuple[int, int, Mapping[str, Any]]] = []
+        self._joined = 0
+        self._times: list[tuple[float, float]] = []
+        self.flushed_steps: list[tuple[int, int, Mapping[str, Any]]] = []  # the step records the last flush read
         # Values kept beyond one flush (a LoggerHook's windows, treadle/logging/history.py),
         # checkpointed with the windows, per rank; a saved one waits here until attached.
         self.history: Any = None
@@ -32,6 +49,45 @@ class MetricStore:
         if self._history_state is not None:
             history.load_state_dict(self._history_state)
             self._history_state = None
+
+    def recorders(self) -> tuple[Callable[[tuple[int, int, Mapping[str, Any]]], None] | None,
+                                 Callable[[tuple[float, float]], None] | None]:
+        """The train loop's ``(record_step, record_time)``: appends of a step record
+        ``(iter, epoch, outputs)`` and a time record ``(data_time, step_time)``, each None
+        when no reader asked for it (``record_outputs``, ``record_times``)."""
+        return (self._steps.append if self.record_outputs else None,
+                self._times.append if self.record_times else None)
+
+    def pending_steps(self) -> list[tuple[int, int, Mapping[str, Any]]]:
+        """The step records ``(iter, epoch, outputs)`` since the last flush (a copy)."""
+        return list(self._steps)
+
+    def _join(self) -> None:
+        """Put the step and time records not joined yet into the named windows."""
+        steps = self._steps
+        if len(steps) > self._joined:
+            pending = self._pending
+            outs = [r[2] for r in steps[self._joined:]]
+            first = outs[0]
+            try:  # the usual case: every step returned the same keys; one column per key
+                columns = [(k, [o[k] for o in outs]) for k in first]
+                same = sum(map(len, outs)) == len(first) * len(outs)  # no step has more keys
+            except (KeyError, TypeError):
+                same = False
+            if same:
+                for k, column in columns:
+                    pending[k].extend(column)
+            else:
+                for o in outs:
+                    for k, v in o.items():
+                        pending[k].append(v)
+            self._joined = len(steps)
+        times = self._times
+        if times:
+            data, step = zip(*times)
+            self._pending["data_time"].extend(data)
+            self._pending["step_time"].extend(step)
+            times.clear()
 
     def put(self, name: str, value: Tensor | float) -> None:
         """Record one value (no host sync: tensors are kept as they are)."""
@@ -49,10 +105,12 @@ class MetricStore:
 
     def window(self, name: str) -> list[Tensor | float]:
         """A copy of the values of ``name`` recorded since the last flush (empty if none)."""
+        self._join()
         return list(self._pending.get(name, ()))
 
     def keep_last(self, n: int) -> None:
         """Keep only the last ``n`` values of every window (MMEngine's ``window_size``)."""
+        self._join()
         for values in self._pending.values():
             del values[:-n]
 
@@ -72,6 +130,11 @@ class MetricStore:
         already in host memory are read with ``item()`` each instead: there is no
         transfer to save, and that is cheaper than a cold ``stack``.
         """
+        self._join()
+        steps = self._steps
+        self.flushed_steps = steps.copy()
+        steps.clear()
+        self._joined = 0
         out: dict[str, list[float]] = {}
         tensor_keys: list[str] = []
         lengths: list[int] = []
@@ -84,7 +147,7 @@ class MetricStore:
                 lengths.append(len(values))
                 flat.extend(values)
             else:
-                out[key] = [float(v) for v in values]
+                out[key] = list(map(float, values))
         if flat:
             host = _read_all(flat)
             i = 0
@@ -100,6 +163,7 @@ class MetricStore:
         at checkpoints only), so that a resumed run logs the same means as an
         uninterrupted one. ``{"tensors": {name: [...]}, "numbers": {name: [...]}}``, and
         ``"history"``: the attached history's state, if any."""
+        self._join()
         windows = {k: values for k, values in self._pending.items() if values}
         tensors = {k: values for k, values in windows.items() if isinstance(values[0], Tensor)}
         flat = [v for values in tensors.values() for v in values]
@@ -137,7 +201,7 @@ def _read_all(values: list[Tensor]) -> list[float]:
         # tensor) runs cold at each flush and slows the steps after it (10 to 36 us per
         # interval in interval_cost.py --compare-stack-read, see benchmarks/README.md).
         try:
-            return [v.item() for v in values]
+            return list(map(Tensor.item, values))
         except RuntimeError:  # a value with several elements: counts by its mean below
             pass
     try:  # the common case: scalars of one device (dtypes are promoted), one op
@@ -154,4 +218,7 @@ def _read_all(values: list[Tensor]) -> list[float]:
 
 def _on_host(values: list[Tensor]) -> bool:
     """Whether every value is in host memory (reading one there is not a transfer)."""
-    return all(v.is_cpu for v in values)
+    return all(map(_IS_CPU, values))
+
+
+_IS_CPU = attrgetter("is_cpu")
