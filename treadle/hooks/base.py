@@ -223,7 +223,7 @@ def describe_order(hooks: Iterable[Hook]) -> str:
 
 def schedules(hook: Hook) -> bool:
     """True when ``hook``'s class names the iterations it needs (:meth:`Hook.next_train_iter`)."""
-    return getattr(type(hook), "next_train_iter") is not Hook.next_train_iter
+    return type(hook).next_train_iter is not Hook.next_train_iter
 
 
 class HookDispatcher:
