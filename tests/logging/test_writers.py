@@ -117,3 +117,73 @@ def test_a_text_log_on_a_full_disk_is_said_once_in_one_line(capsys):
     assert len(lines) == 1 and "No space left on device" in lines[0] and "the text log stops here" in lines[0]
     assert "Traceback" not in err and "Logging error" not in err
     assert isinstance(handler, logging.FileHandler)
+
+
+def _own_logger(monkeypatch):
+    """The treadle logger as a run without any other logging setup has it (pytest's root
+    handlers set aside): its console handler on the stdout of the test (call it there)."""
+    import logging
+
+    monkeypatch.setattr(logging.root, "handlers", [])
+    monkeypatch.setattr(logging.getLogger(writers.LOGGER_NAME), "handlers", [])
+    return writers.get_logger()
+
+
+def _lines(text):
+    import re
+
+    out = []
+    for line in text.splitlines():
+        m = re.fullmatch(r"(\d{4}-\d\d-\d\d )?(\d\d:\d\d:\d\d) INFO (.*)", line)
+        assert m is not None, line
+        out.append((m.group(1) is not None, m.group(3)))
+    return out
+
+
+def test_info_line_writes_what_logging_writes(tmp_path, capsys, monkeypatch):
+    import logging
+
+    own_logger = _own_logger(monkeypatch)
+    handler = writers.add_file_handler(tmp_path / "log.txt")
+    records = []
+    make = logging.Logger.makeRecord
+    monkeypatch.setattr(logging.Logger, "makeRecord", lambda self, *a, **k: records.append(a) or make(self, *a, **k))
+    try:
+        writers.info_line(own_logger, "epoch 1/3  iter 50/150  loss 1.234  50% done")  # no %-formatting
+        assert records == []  # written straight to the streams, not through logging
+        own_logger.info("epoch 1/3  iter 50/150  loss 1.234  50% done")
+        logging.getLogger("elsewhere").info("not ours")
+    finally:
+        writers.remove_handler(handler)
+    console = _lines(capsys.readouterr().out)
+    text_log = _lines((tmp_path / "log.txt").read_text())
+    assert console == [(False, "epoch 1/3  iter 50/150  loss 1.234  50% done")] * 2
+    assert text_log == [(True, "epoch 1/3  iter 50/150  loss 1.234  50% done")] * 2
+
+
+
+def test_info_line_goes_through_logging_for_any_other_setup(monkeypatch):
+    import logging
+
+    own_logger = _own_logger(monkeypatch)
+    seen = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    # a handler of the application's, on the treadle logger or on the root logger; a filter
+    for setup in ("handler", "root", "filter"):
+        catch = Catch()
+        if setup == "handler":
+            own_logger.addHandler(catch)
+        elif setup == "root":
+            monkeypatch.setattr(logging.root, "handlers", [catch])
+        else:
+            own_logger.handlers[0].addFilter(lambda r: seen.append("filtered " + r.getMessage()) or True)
+        writers.info_line(own_logger, setup)
+        if setup == "handler":
+            own_logger.removeHandler(catch)
+        elif setup == "root":
+            monkeypatch.setattr(logging.root, "handlers", [])
+    assert seen == ["handler", "root", "filtered filter"]

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from treadle.hooks.base import Hook, Priority
 from treadle.logging.history import LogHistory
 from treadle.logging.specs import build_writer, check_writers
-from treadle.logging.writers import (LOGGER_NAME, TEXT_LOG_NAME, add_file_handler, get_logger, move_into_aside_dir,
-                                     remove_handler)
+from treadle.logging.writers import (LOGGER_NAME, TEXT_LOG_NAME, add_file_handler, get_logger, info_line,
+                                     move_into_aside_dir, remove_handler)
 
 if TYPE_CHECKING:
     from treadle.hooks.view import RunView
@@ -307,7 +307,7 @@ class LoggerHook(Hook):
         self._write(record)
         logger = self._logger
         if trainer.is_main and logger.isEnabledFor(logging.INFO):
-            logger.info(_format_train_line(record, state, self.by_epoch))
+            info_line(logger, _format_train_line(record, state, self.by_epoch))
         for fn in self._listeners:
             fn(trainer, values)
 
