@@ -359,3 +359,13 @@ def test_store_joins_steps_whose_keys_differ_in_order():
     record_step((1, 0, {"loss": 2.0, "aux": 5.0}))  # a key the first step did not return
     record_step((2, 0, {"aux": 7.0}))  # and one without the first's key
     assert store.window("loss") == [1.0, 2.0] and store.window("aux") == [5.0, 7.0]
+
+
+def test_store_names_a_step_that_returned_no_dict():
+    store = MetricStore()
+    store.record_outputs = True
+    record_step, _ = store.recorders()
+    record_step((0, 0, {"loss": 1.0}))
+    record_step((1, 0, torch.tensor([1.0, 2.0])))  # a custom step's raw tensor
+    with pytest.raises(TypeError, match="train step of iteration 2 returned a Tensor; expected a dict"):
+        store.flush()

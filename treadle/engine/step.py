@@ -3,21 +3,23 @@
 ``make_train_step`` returns the default step, one function::
 
     batch = move(batch)                          # to the strategy's device
-    with accumulation context:                   # DDP no_sync (forward too) when
-                                                 # accumulating and not stepping
-        with autocast:                           # a no-op for fp32
-            if loss_fn: losses = loss_fn(model(inputs), targets)
-            else:       losses = model(batch)    # tensor or dict of losses
-        total, logged = parse_losses(losses)     # keys containing "loss" are summed
-        optim_wrapper.update(total)              # backward, and step when the window closes
+    if loss_fn: losses = loss_fn(model(inputs), targets)
+    else:       losses = model(batch)            # tensor or dict of losses
+    total, logged = parse_losses(losses)         # keys containing "loss" are summed
+    optim_wrapper.update(total)                  # backward, and step when the window closes
     return logged                                # detached: goes to the logger
+
+Under bf16/fp16 the calls of the model and of ``loss_fn`` each run inside autocast (the
+loss sum and backward outside it, as torch advises); fp32 enters no context. When DDP
+accumulates gradients, the whole step runs inside its ``no_sync`` on the iterations that
+do not step (DDP decides in the forward, so forward and backward must both be inside).
 
 ``Trainer(timer_breakdown=True)`` gives it a timer whose marks it calls between the
 phases (``treadle/hooks/phase_timer.py``); without one there are no marks.
 
-With ``train_metrics`` (a ``feed``, see ``treadle/hooks/train_metrics.py``) the forward that
-is chosen also calls ``feed(outputs, targets)`` after the loss, outside autocast; without
-them the step has no such call.
+With ``train_metrics`` (a ``feed``, see ``treadle/hooks/train_metrics.py``) the step also
+calls ``feed(outputs, targets)`` after the loss, outside autocast (the metrics compute in
+float32, as in evaluation); without them the step has no such call.
 
 An exception from the model, the loss or backward leaves with one line of context
 added (``treadle/hints.py``), from ``except`` clauses only: nothing is checked per step.
@@ -25,7 +27,6 @@ added (``treadle/hints.py``), from ``except`` clauses only: nothing is checked p
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 from collections.abc import Mapping
@@ -159,17 +160,12 @@ def parse_losses(losses: Any) -> tuple[Tensor, dict[str, Tensor]]:
                     f"(a ModelOutput, a dataclass), got {type(losses).__name__}")
 
 
-def outside_autocast(feed: FeedFn, optim_wrapper: OptimWrapper) -> FeedFn:
-    """``feed`` as it is in fp32; under bf16/fp16 run with autocast off, so the metrics
-    compute in float32 as in evaluation (the step's forward runs inside autocast)."""
-    if optim_wrapper.precision == "32":
-        return feed
-    device_type = optim_wrapper.device_type
-
-    def fed(outputs: Any, targets: Any) -> None:
-        with torch.autocast(device_type, enabled=False):
-            feed(outputs, targets)
-    return fed
+def autocasting(fn: Callable[..., Any], autocast: Callable[[], Any]) -> Callable[..., Any]:
+    """``fn`` run inside ``autocast()`` (a fresh context per call)."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with autocast():
+            return fn(*args, **kwargs)
+    return run
 
 
 def outputs_and_loss(model: Callable[..., Any], loss_fn: Callable[..., Any], batch: Batch,
@@ -205,49 +201,44 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
     decides from ``module`` (the unwrapped model; default ``model``).
     """
     call = whole_batch_caller(module if module is not None else model)
-    if feed is not None:
-        if loss_fn is None:
-            raise ValueError("train_metrics need the model's outputs, which the default step has only with a loss_fn")
-        feed = outside_autocast(feed, optim_wrapper)
+    if feed is not None and loss_fn is None:
+        raise ValueError("train_metrics need the model's outputs, which the default step has only with a loss_fn")
     update = optim_wrapper.update
-    autocast = optim_wrapper.autocast if optim_wrapper.precision != "32" else contextlib.nullcontext
-    if optim_wrapper.no_sync is not None and optim_wrapper.accumulate > 1:
-        accumulation: Callable[[], Any] = optim_wrapper.accumulation_context
-    else:
-        accumulation = contextlib.nullcontext
-    # fp32 without an accumulation context: both contexts are no-ops, so none is entered.
-    plain = autocast is contextlib.nullcontext and accumulation is contextlib.nullcontext
+    # Under bf16/fp16 the model and the loss run inside autocast, each call in its own
+    # context; the metrics' feed, the loss sum and backward outside it. fp32: no context.
+    forward, compute_loss = model, loss_fn
+    if optim_wrapper.precision != "32":
+        forward = autocasting(model, optim_wrapper.autocast)
+        compute_loss = autocasting(loss_fn, optim_wrapper.autocast) if loss_fn is not None else None
     timed = timer is not None  # untimed: a branch per mark, not a call
     begin, mark, end = (timer.begin, timer.mark, timer.end) if timer is not None else (None, None, None)
 
-    def losses_of(batch: Batch) -> Any:
-        """Forward, and the loss of the outputs (inside autocast, when there is one)."""
-        if loss_fn is None:  # the model takes the whole batch and returns its loss(es)
+    def step(batch: Batch) -> dict[str, Tensor]:
+        if timed:
+            begin()
+        if move is not None:
+            batch = move(batch)
+        if compute_loss is None:  # the model takes the whole batch and returns its loss(es)
             try:
-                losses = call(model, batch)
+                losses = call(forward, batch)
             except Exception as e:
                 raise model_error(e, batch, "train", whole_batch=True)
             if timed:
                 mark()  # forward done; the loss phase is parse_losses only
-            return losses
-        inputs, targets = unpack_batch(batch)
-        try:
-            outputs = model(inputs)
-        except Exception as e:
-            raise model_error(e, inputs, "train")
-        if timed:
-            mark()
-        try:
-            losses = loss_fn(outputs, targets)
-        except Exception as e:
-            raise loss_error(e, outputs, targets, "train")
-        if feed is not None:
-            feed(outputs, targets)
-        return losses
-
-    def backward_and_step(losses: Any) -> dict[str, Tensor]:
-        """The total loss's backward and (when the window closes) the optimizer; the
-        detached values to log."""
+        else:
+            inputs, targets = unpack_batch(batch)
+            try:
+                outputs = forward(inputs)
+            except Exception as e:
+                raise model_error(e, inputs, "train")
+            if timed:
+                mark()
+            try:
+                losses = compute_loss(outputs, targets)
+            except Exception as e:
+                raise loss_error(e, outputs, targets, "train")
+            if feed is not None:
+                feed(outputs, targets)
         total, logged = parse_losses(losses)
         if timed:
             mark()
@@ -255,23 +246,17 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
             update(total)  # backward, then (when the window closes) clip, step, zero_grad
         except Exception as e:  # backward or the optimizer: a line of context (treadle/hints.py)
             raise backward_error(e, total)
-        return logged
-
-    def step(batch: Batch) -> dict[str, Tensor]:
-        if timed:
-            begin()
-        if move is not None:
-            batch = move(batch)
-        if plain:
-            logged = backward_and_step(losses_of(batch))
-        else:
-            with accumulation():
-                with autocast():
-                    losses = losses_of(batch)
-                logged = backward_and_step(losses)
         if timed:
             end()
         return logged
+
+    if optim_wrapper.no_sync is not None and optim_wrapper.accumulate > 1:
+        accumulation = optim_wrapper.accumulation_context
+
+        def accumulating_step(batch: Batch) -> dict[str, Tensor]:  # inside DDP's no_sync when not stepping
+            with accumulation():
+                return step(batch)
+        return accumulating_step
     return step
 
 

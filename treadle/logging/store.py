@@ -67,18 +67,24 @@ class MetricStore:
         steps = self._steps
         if len(steps) > self._joined:
             pending = self._pending
-            outs = [r[2] for r in steps[self._joined:]]
+            new = steps[self._joined:]
+            outs = [r[2] for r in new]
             first = outs[0]
-            try:  # the usual case: every step returned the same keys; one column per key
-                columns = [(k, [o[k] for o in outs]) for k in first]
-                same = sum(map(len, outs)) == len(first) * len(outs)  # no step has more keys
-            except (KeyError, TypeError):
-                same = False
+            same = False
+            if set(map(type, outs)) == {dict}:  # the usual case: dicts with the same keys, a column per key
+                try:
+                    columns = [(k, [o[k] for o in outs]) for k in first]
+                    same = sum(map(len, outs)) == len(first) * len(outs)  # no step has more keys
+                except KeyError:
+                    pass
             if same:
                 for k, column in columns:
                     pending[k].extend(column)
             else:
-                for o in outs:
+                for (it, _, o) in new:
+                    if not isinstance(o, Mapping):
+                        raise TypeError(f"the train step of iteration {it + 1} returned a {type(o).__name__}; expected "
+                                        "a dict of values to log (name -> number or one-element tensor)")
                     for k, v in o.items():
                         pending[k].append(v)
             self._joined = len(steps)
