@@ -181,3 +181,16 @@ def test_cuda_events_time_the_device(tmp_path):
     train = [r for r in read_jsonl(tmp_path / "log.jsonl") if r["mode"] == "train"]
     assert len(train) == 2 and all(r[k] >= 0 for r in train for k in KEYS)
     assert all(r["time/forward"] > r["time/loss"] for r in train)
+
+
+def test_drain_can_keep_the_running_iteration_for_the_next_one():
+    timer = PhaseTimer("cpu")
+    for _ in range(3):
+        timer.begin()
+        for _ in PHASES[1:]:
+            timer.mark()
+        timer.end()
+    first = timer.drain(keep_last=1)
+    assert all(len(v) == 2 for v in first.values())
+    assert all(len(v) == 1 for v in timer.drain().values())  # the kept one, once
+    assert timer.drain() == {p: [] for p in PHASES}

@@ -12,7 +12,8 @@ the current stream, so the marks time the device's work and nothing waits for it
 logger is about to flush (one sync on CUDA, at the log interval only) and puts them
 in the metric store as ``time/forward``, ``time/loss``, ``time/backward``,
 ``time/optimizer`` and ``time/hooks``: the rest of ``step_time`` (before_train_iter
-hooks, after_train_iter hooks that run before IterTimerHook, step bookkeeping). So
+and after_train_iter hooks, the loop's bookkeeping), over the same iterations (those
+completed since the previous record). So
 ``data_time + step_time == data_time + sum of time/*`` over a window (on CUDA the
 phases are device times and ``step_time`` is the host's, so ``time/hooks`` is
 clamped at 0).
@@ -75,13 +76,17 @@ class PhaseTimer:
         elif self.cuda:
             self._free.extend(marks)
 
-    def drain(self) -> dict[str, list[float]]:
-        """Seconds of each phase for every iteration since the last drain.
+    def drain(self, keep_last: int = 0) -> dict[str, list[float]]:
+        """Seconds of each phase for every iteration since the last drain, but the last
+        ``keep_last`` (they go to the next drain).
 
-        On CUDA this waits for the last recorded event: call it at the log interval.
+        On CUDA this waits for the last event it reads: call it at the log interval.
         """
         rows = list(self._rows)
         self._rows.clear()
+        if keep_last:
+            self._rows.extend(rows[-keep_last:])
+            rows = rows[:-keep_last]
         out: dict[str, list[float]] = {p: [] for p in PHASES}
         if not rows:
             return out
@@ -129,7 +134,9 @@ class PhaseTimerHook(Hook):
         state = trainer.state
         done = state.iter + 1
         if done % self.interval == 0 or done == state.max_iters:
-            if not put_phase_times(self.timer.drain(), trainer.store) and not self._warned:
+            # The running iteration's phases wait for the next record, as its step_time
+            # does (the loop records an iteration's times when it ends): the windows match.
+            if not put_phase_times(self.timer.drain(keep_last=1), trainer.store) and not self._warned:
                 self._warned = True
                 get_logger().warning("timer_breakdown: the train step took no phase marks; only the default "
                                      "step is timed (not model.train_step or a Trainer.train_step override)")
