@@ -221,6 +221,13 @@ def describe_order(hooks: Iterable[Hook]) -> str:
     return "hook order:\n" + ("\n".join(lines) if lines else "  (no hooks)")
 
 
+def every_nth_iter(state: Any, n: int) -> int:
+    """For :meth:`Hook.next_train_iter`: the first iteration from ``state.iter`` after which
+    a multiple of ``n`` iterations are done, or the run's last one if it comes first."""
+    due = state.iter + (-(state.iter + 1)) % n
+    return min(due, state.max_iters - 1) if state.max_iters else due
+
+
 def schedules(hook: Hook) -> bool:
     """True when ``hook``'s class names the iterations it needs (:meth:`Hook.next_train_iter`)."""
     return type(hook).next_train_iter is not Hook.next_train_iter

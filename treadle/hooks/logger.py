@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from treadle.hooks.base import Hook, Priority
+from treadle.hooks.base import Hook, Priority, every_nth_iter
 from treadle.logging.history import LogHistory
 from treadle.logging.specs import build_writer, check_writers
 from treadle.logging.writers import (LOGGER_NAME, TEXT_LOG_NAME, add_file_handler, get_logger, info_line,
@@ -269,16 +269,13 @@ class LoggerHook(Hook):
         i, n = state.iter, self.interval
         per_epoch = state.iters_per_epoch
         if not state.by_epoch or not per_epoch:
-            due = i + (-(i + 1)) % n  # (due + 1) % n == 0
-        else:
-            k = state.inner_iter + 1  # iteration i is the k-th of its epoch
-            due = i + (-k) % n  # the next k that is a multiple of n
-            last = i + per_epoch - k  # the epoch's last iteration
-            if i <= last < due and (not self.ignore_last or per_epoch <= n):
-                due = last
-        if state.max_iters:
-            due = min(due, state.max_iters - 1)
-        return due
+            return every_nth_iter(state, n)
+        k = state.inner_iter + 1  # iteration i is the k-th of its epoch
+        due = i + (-k) % n  # the next k that is a multiple of n
+        last = i + per_epoch - k  # the epoch's last iteration
+        if i <= last < due and (not self.ignore_last or per_epoch <= n):
+            due = last
+        return min(due, state.max_iters - 1) if state.max_iters else due
 
     def due(self, state: Any) -> bool:
         """Whether the running iteration's train record is due (:meth:`next_train_iter`)."""

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from treadle.hooks.base import Hook, Priority, get_priority
+from treadle.hooks.base import Hook, Priority, every_nth_iter, get_priority
 from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
@@ -110,9 +110,7 @@ class NaNGuardHook(Hook):
         """Shared raise mode: none (the logger's flush checks); skip mode: the log
         iterations (``nan_skipped``); raise mode of its own: every iteration."""
         if self.mode == "skip":
-            i, n = state.iter, self._log_interval
-            due = i + (-(i + 1)) % n
-            return min(due, state.max_iters - 1) if state.max_iters else due
+            return every_nth_iter(state, self._log_interval)
         return None if self._shared else state.iter
 
     def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
