@@ -62,6 +62,79 @@ class TinyNet(nn.Module):
         return self.fc2(self.drop(torch.relu(self.fc1(x))))
 
 
+class TinyAttention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.head_dim = dim // heads
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.o_proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds a share of them.
+        q, k, v = (p(x).view(b, t, -1, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = TinyAttention(dim, heads)
+        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
+
+
+class TinyLM(nn.Module):
+    """A decoder-only transformer of ``layers`` blocks: token ids (B, T) -> logits (B, T, vocab)."""
+
+    def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList([Block(dim, heads) for _ in range(layers)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.layers:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+#: TinyLM's tensor-parallel plan: attention and MLP split Megatron-style, the embedding on
+#: the vocabulary (``head``'s style is the caller's: "colwise_rep", or "loss_parallel").
+TINY_LM_PLAN = {"embed": "embedding_rowwise", "layers.*.attn.q_proj": "colwise", "layers.*.attn.k_proj": "colwise",
+                "layers.*.attn.v_proj": "colwise", "layers.*.attn.o_proj": "rowwise", "layers.*.up": "colwise",
+                "layers.*.down": "rowwise"}
+
+
+def tiny_llama() -> nn.Module:
+    """A 2-layer Llama from transformers (no download), with grouped-query attention."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                         tie_word_embeddings=False)
+    return LlamaForCausalLM(config)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy of (B, T, V) logits against (B, T) ids."""
+    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def make_tokens(n: int = 32, length: int = 8, vocab: int = 64, seed: int = 0) -> TensorDataset:
+    """``n`` sequences as (ids, next ids) pairs."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (n, length + 1), generator=g)
+    return TensorDataset(ids[:, :-1], ids[:, 1:])
+
+
 def count_host_reads(monkeypatch) -> dict[str, int]:
     """Count ``Tensor.item`` and ``Tensor.tolist`` calls (the ways code reads device values)."""
     calls = {"item": 0, "tolist": 0}

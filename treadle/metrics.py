@@ -11,10 +11,11 @@ float32: a metric never loses precision to the autocast dtype (:func:`update_met
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from treadle.hints import metric_error
 
@@ -147,15 +148,31 @@ def update_metrics(metrics: dict[str, Any], outputs: Any, targets: Any, mode: st
 
 
 def sum_over_ranks(*values: float) -> list[float]:
-    """Each value summed over every process (as given, in one process). For metrics
-    whose state is counts: call it in ``compute()`` so results cover the whole
-    dataset; torchmetrics objects do the same by themselves."""
+    """Each value summed over the processes that saw different data (as given, in one
+    process; under tensor parallelism the ranks of one tensor-parallel group see the
+    same batches and count once). For metrics whose state is counts: call it in
+    ``compute()`` so results cover the whole dataset; torchmetrics objects do the same by
+    themselves (over the group :func:`sync_over` gives them)."""
     from treadle.distributed.comm import all_gather_object, is_distributed
 
     if not is_distributed():
         return list(values)
-    per_rank = all_gather_object(values)
+    per_rank = all_gather_object(values, data_parallel=True)
     return [sum(r[i] for r in per_rank) for i in range(len(values))]
+
+
+def sync_over(metric: Any, group: Any) -> None:
+    """Have a torchmetrics object (and those inside it, e.g. a MetricCollection's)
+    reduce over the process group ``group`` instead of every process: its public
+    ``process_group``, which torchmetrics takes as a constructor argument. Other metrics
+    are left as they are (treadle's reduce through :func:`sum_over_ranks`)."""
+    torchmetrics = sys.modules.get("torchmetrics")  # a torchmetrics object: the package is loaded
+    if torchmetrics is None:
+        return
+    modules = metric.modules() if isinstance(metric, nn.Module) else [metric]
+    for m in modules:
+        if isinstance(m, torchmetrics.Metric):
+            m.process_group = group
 
 
 def to_python(value: Any) -> Any:
@@ -176,5 +193,5 @@ def flatten_results(key: str, value: Any) -> dict[str, Any]:
     return {key: to_python(value)}
 
 
-__all__ = ["Accuracy", "as_float32", "flatten_results", "higher_is_better", "sum_over_ranks", "to_python",
-           "update_metrics"]
+__all__ = ["Accuracy", "as_float32", "flatten_results", "higher_is_better", "sum_over_ranks", "sync_over",
+           "to_python", "update_metrics"]

@@ -156,12 +156,13 @@ def _most_batches(length: int | None) -> int:
 
 
 def _sum_over_ranks(totals: dict[str, float], count: int) -> tuple[dict[str, float], int]:
-    """Per-rank sums and sample counts made global (a rank may have no batches)."""
+    """Per-rank sums and sample counts made global (a rank may have no batches), over the
+    ranks that read different data (tensor parallelism: each group's batches count once)."""
     from treadle.distributed.comm import all_gather_object
 
     summed: dict[str, float] = {}
     n = 0
-    for rank_totals, rank_count in all_gather_object((totals, count)):
+    for rank_totals, rank_count in all_gather_object((totals, count), data_parallel=True):
         for k, v in rank_totals.items():
             summed[k] = summed.get(k, 0.0) + v
         n += rank_count

@@ -68,7 +68,10 @@ class LoopPosition:
     ``epoch``/``iter``: epochs and iterations done; ``inner_iter``/``batch_idx``: batches
     taken in the open epoch (``open``), whose shuffle ``seed`` and per-process
     ``batch_size`` a resume on another world size needs; ``phase``: the workflow phase
-    and the units done in it; ``val_due``: a validation of this cycle has not run yet."""
+    and the units done in it; ``val_due``: a validation of this cycle has not run yet.
+    ``world_size``: the processes that saved it, ``data_world`` the data shards they read
+    (0: one per process, as in checkpoints before tensor parallelism) and ``tp`` the
+    tensor-parallel ranks that shared each shard."""
 
     epoch: int
     iter: int
@@ -80,6 +83,8 @@ class LoopPosition:
     phase: list[int]
     val_due: bool
     world_size: int = 1
+    data_world: int = 0
+    tp: int = 1
 
 
 class LoopCounters:
@@ -99,6 +104,12 @@ class LoopCounters:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state.epoch, self.state.iter = int(state["epoch"]), int(state["iter"])
+
+
+def _layout(pos: dict[str, Any]) -> tuple[int, int, int]:
+    """``(processes, data shards, tp ranks per shard)`` of a saved position."""
+    world = int(pos.get("world_size") or 1)
+    return world, int(pos.get("data_world") or world), int(pos.get("tp") or 1)
 
 
 def check_position(state: Any) -> None:
@@ -121,8 +132,8 @@ class TrainLoop:
     def __init__(self, owner: Any, feed: DataFeed, workflow: Workflow, *, hooks: HookDispatcher,
                  state: TrainState, optim_wrappers: Mapping[str, OptimWrapper], step: Callable[[Any], Any],
                  store: MetricStore, val_loop: EvalLoop | None = None, agree: Callable[[], None] | None = None,
-                 resume_pos: dict[str, Any] | None = None, world_size: int = 1,
-                 accumulate_across_epochs: bool = False) -> None:
+                 resume_pos: dict[str, Any] | None = None, world_size: int = 1, data_world: int | None = None,
+                 tp: int = 1, accumulate_across_epochs: bool = False) -> None:
         self.owner = owner  # what the hooks receive (the Trainer)
         self.hooks, self.state, self.optim_wrappers, self.val_loop = hooks, state, optim_wrappers, val_loop
         self.step = step  # batch -> values to log (after_backward/before_optimizer_step fire inside)
@@ -130,7 +141,9 @@ class TrainLoop:
         self.agree = agree  # None in one process; several: the ranks agree on stopping each iteration
         self.feed = feed
         self.workflow = workflow
-        self.world_size = world_size
+        # The processes, the data shards they read and the tensor-parallel ranks per shard:
+        # a resume from another layout keeps the samples taken, not the per-rank streams.
+        self.world_size, self.data_world, self.tp = world_size, data_world or world_size, tp
         # Epoch-based: accumulation windows close at each epoch's end (False) or run on to the
         # end of training as in iteration-based training (True: MMEngine's rule).
         self.windows_span_epochs = accumulate_across_epochs or not self.by_epoch
@@ -236,7 +249,8 @@ class TrainLoop:
         phase, val_due = self.phase_position(epoch if self.by_epoch else it)
         return LoopPosition(epoch=epoch, iter=it, inner_iter=inner, batch_idx=inner, open=opened, seed=feed.seed,
                             batch_size=getattr(feed.loader, "batch_size", None) if opened else None,
-                            phase=phase, val_due=val_due, world_size=self.world_size)
+                            phase=phase, val_due=val_due, world_size=self.world_size, data_world=self.data_world,
+                            tp=self.tp)
 
     # -- Stateful: what a checkpoint holds of the loop ---------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -254,18 +268,23 @@ class TrainLoop:
         pos = dict(state)
         s = self.state
         s.epoch, s.iter, s.inner_iter = int(pos["epoch"]), int(pos["iter"]), int(pos["inner_iter"])
-        saved_world = int(pos.get("world_size") or 1)
+        saved_world, saved_data, saved_tp = _layout(pos)
         if saved_world != self.world_size:
             # The sampler splits the data differently: keep the number of samples taken.
             get_logger().warning(f"resuming a run saved by {saved_world} process(es) on {self.world_size}: "
                                  "weights, optimizer and counters are exact; the rest of the open epoch's "
                                  "order and the per-rank RNG streams cannot be, so they restart from the "
                                  "same number of samples with fresh streams")
-        if saved_world != self.world_size and pos.get("open"):
+        elif (saved_data, saved_tp) != (self.data_world, self.tp):
+            get_logger().warning(f"resuming a run saved with {saved_data} data shard(s) x tp {saved_tp} on "
+                                 f"{self.data_world} x tp {self.tp}: weights, optimizer and counters are exact; the "
+                                 "rest of the open epoch's order and the per-rank RNG streams cannot be, so they "
+                                 "restart from the same number of samples with fresh streams")
+        if saved_data != self.data_world and pos.get("open"):
             saved_batch, batch = pos.get("batch_size"), getattr(self.feed.loader, "batch_size", None)
             if not (isinstance(saved_batch, int) and isinstance(batch, int) and saved_batch > 0 and batch > 0):
                 saved_batch = batch = 1  # unknown (older checkpoints): the per-process batch is assumed unchanged
-            pos["batch_idx"] = int(pos["batch_idx"]) * saved_world * saved_batch // (self.world_size * batch)
+            pos["batch_idx"] = int(pos["batch_idx"]) * saved_data * saved_batch // (self.data_world * batch)
         if pos.get("seed") is not None:
             self.feed.seed = int(pos["seed"])
         pos["rng"] = None
@@ -276,8 +295,9 @@ class TrainLoop:
         next batch; None: fresh streams. Not restored from a run of fewer processes than
         this one (there are ranks without a saved stream)."""
         if self.resume_pos is not None:
-            saved_world = int(self.resume_pos.get("world_size") or 1)
-            self.resume_pos["rng"] = rng if self.world_size <= saved_world else None
+            saved_world, saved_data, saved_tp = _layout(self.resume_pos)
+            same_split = saved_world != self.world_size or (saved_data, saved_tp) == (self.data_world, self.tp)
+            self.resume_pos["rng"] = rng if self.world_size <= saved_world and same_split else None
 
     def phase_position(self, units: int) -> tuple[list[int], bool]:
         """The workflow position a checkpoint taken now records (``units``: epochs or

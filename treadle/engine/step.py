@@ -23,6 +23,10 @@ float32, as in evaluation); without them the step has no such call.
 
 An exception from the model, the loss or backward leaves with one line of context
 added (``treadle/hints.py``), from ``except`` clauses only: nothing is checked per step.
+
+Under tensor parallelism with the loss on class shards (``loss_parallel``: the plan keeps
+the output layer's classes split), each step runs inside torch's ``loss_parallel()``,
+and what leaves it (logged values, the outputs metrics see) is made whole first.
 """
 
 from __future__ import annotations
@@ -183,9 +187,32 @@ def outputs_and_loss(model: Callable[..., Any], loss_fn: Callable[..., Any], bat
         raise loss_error(e, outputs, targets, mode)
 
 
+def _whole(value: Any) -> Any:
+    """A DTensor made a plain tensor holding all of it (others as they are)."""
+    full = getattr(value, "full_tensor", None)
+    return full() if full is not None else value
+
+
+def on_class_shards(step: Callable[[Batch], Any], eval_step: bool = False) -> Callable[[Batch], Any]:
+    """``step`` inside torch's ``loss_parallel()`` (the model's output split on the
+    classes: cross-entropy computed on the shards, backward too); the logged values (and
+    an eval step's outputs) come out whole."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    def run(batch: Batch) -> Any:
+        with loss_parallel():
+            result = step(batch)
+        if eval_step:
+            outputs, targets, logged = result
+            return _whole(outputs), targets, {k: _whole(v) for k, v in logged.items()}
+        return {k: _whole(v) for k, v in result.items()}
+    return run
+
+
 def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_wrapper: OptimWrapper,
                     move: Callable[[Batch], Batch] | None, timer: PhaseTimer | None = None,
-                    feed: FeedFn | None = None, module: nn.Module | None = None) -> StepFn:
+                    feed: FeedFn | None = None, module: nn.Module | None = None,
+                    loss_parallel: bool = False) -> StepFn:
     """The default training step: ``step(batch) -> logged``, read top to bottom below.
 
     What varies with the configuration is chosen here, once: ``move`` (None: batches
@@ -199,10 +226,14 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
     needs a ``loss_fn``: without one the model returns losses, not outputs).
     Without a ``loss_fn`` the model gets the whole batch, as :func:`whole_batch_caller`
     decides from ``module`` (the unwrapped model; default ``model``).
+    ``loss_parallel``: the step runs as :func:`on_class_shards` says.
     """
     call = whole_batch_caller(module if module is not None else model)
     if feed is not None and loss_fn is None:
         raise ValueError("train_metrics need the model's outputs, which the default step has only with a loss_fn")
+    if feed is not None and loss_parallel:
+        sharded_feed = feed
+        feed = lambda outputs, targets: sharded_feed(_whole(outputs), targets)  # noqa: E731  # metrics see all classes
     update = optim_wrapper.update
     # Under bf16/fp16 the model and the loss run inside autocast, each call in its own
     # context; the metrics' feed, the loss sum and backward outside it. fp32: no context.
@@ -252,12 +283,12 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
 
     if optim_wrapper.no_sync is not None and optim_wrapper.accumulate > 1:
         accumulation = optim_wrapper.accumulation_context
+        plain_step = step
 
-        def accumulating_step(batch: Batch) -> dict[str, Tensor]:  # inside DDP's no_sync when not stepping
+        def step(batch: Batch) -> dict[str, Tensor]:  # inside DDP's no_sync when not stepping
             with accumulation():
-                return step(batch)
-        return accumulating_step
-    return step
+                return plain_step(batch)
+    return on_class_shards(step) if loss_parallel else step
 
 
 def tell_if_outside_autocast(module: nn.Module, precision: str, device_type: str,
@@ -299,14 +330,15 @@ def batch_size_of(targets: Any) -> int:
 
 
 def make_eval_step(model: nn.Module, loss_fn: Callable[..., Any] | None, autocast: Callable[[], Any],
-                   move: Callable[[Batch], Batch] | None,
-                   module: nn.Module | None = None) -> Callable[[Batch], tuple[Any, Any, dict[str, Tensor]]]:
+                   move: Callable[[Batch], Batch] | None, module: nn.Module | None = None,
+                   loss_parallel: bool = False) -> Callable[[Batch], tuple[Any, Any, dict[str, Tensor]]]:
     """The default validation/test step: ``batch -> (outputs, targets, losses)``.
 
     With ``loss_fn``: ``outputs = model(inputs)`` and the losses are computed. Without
     it, the model gets the whole batch (:func:`whole_batch_caller`); a mapping output's
     "loss" entries are reported, and metrics get :func:`metric_inputs` (a Hugging Face
-    output's ``logits`` and the batch's ``labels``).
+    output's ``logits`` and the batch's ``labels``). ``loss_parallel``: as
+    :func:`on_class_shards` says.
     """
     call = whole_batch_caller(module if module is not None else model)
 
@@ -327,4 +359,4 @@ def make_eval_step(model: nn.Module, loss_fn: Callable[..., Any] | None, autocas
         if named is not None and any("loss" in k and named[k] is not None for k in named):
             _, logged = parse_losses({k: v for k, v in named.items() if "loss" in k and v is not None})
         return (*metric_inputs(outputs, batch), logged)
-    return step
+    return on_class_shards(step, eval_step=True) if loss_parallel else step

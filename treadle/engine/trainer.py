@@ -32,7 +32,7 @@ from treadle.logging.store import MetricStore
 from treadle.logging.writers import CONSOLE_ONLY, FILE_ONLY, get_logger, log_details, log_failure
 from treadle.engine.eval_loop import EvalComm, EvalLoop
 from treadle.engine.loops import EpochLoop, IterLoop, TrainLoop, default_workflow
-from treadle.metrics import update_metrics
+from treadle.metrics import sync_over, update_metrics
 from treadle.optim.wrapper import OptimWrapper, make_autocast
 from treadle.engine.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, agree_on_stop, requeue_slurm_job
 from treadle.engine.resume import latest_to_resume, note_other_runs, use_latest
@@ -161,6 +161,11 @@ class Trainer:
         for m in (self.metrics or {}).values():  # and the evaluation's: they are fed the model's outputs there
             if isinstance(m, nn.Module):
                 m.to(strategy.device)
+        group = strategy.data_parallel_group()
+        if group is not None:  # tensor parallelism: torchmetrics reduce over the data shards, each counted once
+            train = self.train_metrics.metrics if self.train_metrics is not None else {}
+            for m in [*(self.metrics or {}).values(), *train.values()]:
+                sync_over(m, group)
         if strategy.device.type == "cuda" and self.is_main:
             warn_if_unpinned(self.train_dataloader)
 
@@ -179,7 +184,8 @@ class Trainer:
             raise ValueError(f"several optimizers {sorted(self.optim_wrappers)} need a custom step: define "
                              "model.train_step(batch, trainer) that uses trainer.optim_wrappers[name]")
         autocast = make_autocast(self.precision, self.strategy.device.type)
-        self._eval_step = make_eval_step(self.strategy.eval_module, a.loss_fn, autocast, self._move, module=self.module)
+        self._eval_step = make_eval_step(self.strategy.eval_module, a.loss_fn, autocast, self._move, module=self.module,
+                                         loss_parallel=self.strategy.loss_parallel)
 
     def _set_hooks(self, defaults: list[Hook], extra: Iterable[Hook]) -> None:
         """Defaults plus the user's hooks (a hook of a default's class replaces it)."""
@@ -216,7 +222,7 @@ class Trainer:
 
     def _train_loop(self) -> TrainLoop:
         s = self.state
-        feed = DataFeed(self.train_dataloader, seed=self.strategy.data_seed, rank=self.strategy.rank,
+        feed = DataFeed(self.train_dataloader, seed=self.strategy.data_seed, rank=self.strategy.dp_rank,
                         limit=self._limits["train"],
                         seed_per_sample=self.seed_per_sample)
         total = s.max_epochs if s.by_epoch else s.max_iters
@@ -225,7 +231,8 @@ class Trainer:
         return loop_cls(self, feed, workflow, hooks=self._dispatch, state=s, optim_wrappers=self.optim_wrappers,
                         step=self._select_train_step(), store=self.store, val_loop=self.val_loop,
                         agree=self._agree_stop,
-                        world_size=self.strategy.world_size, accumulate_across_epochs=self.accumulate_across_epochs)
+                        world_size=self.strategy.world_size, data_world=self.strategy.dp_size,
+                        tp=self.strategy.tp_size, accumulate_across_epochs=self.accumulate_across_epochs)
 
     def _eval_loop(self, loader: Any, mode: str) -> EvalLoop:
         strategy = self.strategy
@@ -289,7 +296,7 @@ class Trainer:
                              "(without one the model returns its losses): give loss_fn=, or define "
                              "model.train_step(batch, trainer) and call trainer.update_train_metrics(outputs, targets)")
         return make_train_step(self.model, self.loss_fn, self.optim_wrapper, self._move, timer=self._phase_timer,
-                               feed=feed, module=self.module)
+                               feed=feed, module=self.module, loss_parallel=self.strategy.loss_parallel)
 
     def call_hook(self, point: str, *args: Any) -> None:
         """Call every hook's ``point`` method (e.g. "before_save_checkpoint"), in priority order."""

@@ -105,7 +105,7 @@ class EMAHook(Hook):
                 raise ValueError("ema alpha= needs a DataLoader with a batch_size and a known number of epochs; "
                                  "give momentum= instead")
             accumulate = trainer.optim_wrapper.accumulate if len(trainer.optim_wrappers) == 1 else 1
-            total = batch * trainer.strategy.world_size * max(1, accumulate)
+            total = batch * trainer.strategy.dp_size * max(1, accumulate)
             self.momentum = momentum_from_alpha(self.alpha, total, trainer.state.max_epochs, self.interval)
             self._ensure(trainer).momentum = self.momentum
         self._last_steps = sum(ow.step_count for ow in trainer.optim_wrappers.values())

@@ -294,7 +294,7 @@ class LoggerHook(Hook):
             record.update(source(trainer))
         per_iter = values.get("data_time", 0.0) + values.get("step_time", 0.0)
         if per_iter and self._batch_size:
-            record["samples_per_s"] = round(self._batch_size * trainer.strategy.world_size / per_iter, 2)
+            record["samples_per_s"] = round(self._batch_size * trainer.strategy.dp_size / per_iter, 2)
         if state.max_iters and per_iter:
             record["eta_s"] = round(per_iter * (state.max_iters - done), 1)
         if trainer.strategy.device.type == "cuda":  # a host-side counter: no device sync

@@ -45,6 +45,8 @@ class StrategyView(Protocol):
     name: str
     device: torch.device
     world_size: int
+    #: The data shards the processes read (the world size without tensor parallelism).
+    dp_size: int
     async_saves: bool
 
     def reduce_log_values(self, values: dict[str, float]) -> dict[str, float]:

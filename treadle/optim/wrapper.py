@@ -132,6 +132,9 @@ class OptimWrapper:
         self.before_step_callbacks: tuple[Callable[[], Any], ...] = ()
         # Context for micro-batches that do not step (DDP's no_sync), set by a strategy.
         self.no_sync: Callable[[], ContextManager[Any]] | None = None
+        # Clipping by norm; a strategy whose gradients span several device meshes (FSDP x
+        # tensor parallel) sets one that computes the global norm across them (optim/clip.py).
+        self.clip_grad_norm: Callable[..., Tensor] = torch.nn.utils.clip_grad_norm_
 
     # -- the pieces a custom step may call ------------------------------------------
     def backward(self, loss: Tensor, **kwargs: Any) -> None:
@@ -242,7 +245,7 @@ class OptimWrapper:
         assert cfg is not None  # step() calls _clip only with clip_grad set
         if "max_norm" in cfg:
             # Returns a device tensor: no host sync here (unless error_if_nonfinite).
-            self.grad_norms.append(torch.nn.utils.clip_grad_norm_(params, **cfg))
+            self.grad_norms.append(self.clip_grad_norm(params, **cfg))
         else:
             torch.nn.utils.clip_grad_value_(params, clip_value=cfg["value"], foreach=cfg.get("foreach"))
 

@@ -79,6 +79,8 @@ class StrategyAPI:
     name: str
     rank: int
     world_size: int
+    dp_rank: int
+    dp_size: int
     device: torch.device
     shard_data: bool
     #: Set by :meth:`setup_env` (``treadle.build_strategy`` calls it).
@@ -118,7 +120,8 @@ class StrategyAPI:
         self.data_seed = seed if seed is not None else drawn
         self.seed = seed if seed is not None or not draw_seed else drawn
         if self.seed is not None:
-            seed_everything(self.seed, rank=self.rank, per_rank=seed_per_rank)
+            # Per rank: per data shard, as the ranks of one tensor-parallel group must draw alike.
+            seed_everything(self.seed, rank=self.dp_rank, per_rank=seed_per_rank)
         self.seed_per_rank = seed_per_rank
         self.deterministic = bool(deterministic)
         if deterministic:
@@ -227,20 +230,21 @@ class StrategyAPI:
         if not train:
             return loader
         prepared = ResumableLoader(loader, seed=derive_seed(self.data_seed, len(self._places.loaders)),
-                                   rank=self.rank, seed_per_sample=seed_per_sample)
+                                   rank=self.dp_rank, seed_per_sample=seed_per_sample)
         self.track_loader(prepared)
         return prepared
 
     def shard_dataloader(self, loader: Any, *, train: bool = True) -> Any:
         """``loader`` over this process's share of the data (the one place loaders are
-        sharded: :meth:`prepare_dataloader` and the Trainer call it). Training: a
+        sharded: :meth:`prepare_dataloader` and the Trainer call it): shard ``dp_rank`` of
+        ``dp_size`` (under tensor parallelism, the ranks of one group read the same). Training: a
         DistributedSampler, padded so every rank takes as many steps; ``train=False``:
-        every sample once across ranks. Unchanged on one process, or with
+        every sample once across data shards. Unchanged on one process, or with
         ``shard_data=False`` (treadle/data/distributed.py)."""
         if loader is None or not (self.distributed and self.shard_data):  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
             return loader
         shard = shard_train_loader if train else shard_eval_loader
-        return shard(loader, self.rank, self.world_size)
+        return shard(loader, self.dp_rank, self.dp_size)
 
     def track_loader(self, loader: Any) -> None:
         """Record ``loader``'s place (its ``state_dict()``) in every checkpoint's ``data``
@@ -405,6 +409,10 @@ class StrategyAPI:
             get_logger().warning(f"resuming a checkpoint saved by {info.get('world_size')} process(es) on "
                                  f"{self.world_size}: weights, optimizer and positions are restored, the RNG "
                                  "streams are not (they cannot be split differently)")
+        elif int(info.get("tp", 1)) != self.tp_size:  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
+            get_logger().warning(f"resuming a checkpoint saved with tp {info.get('tp', 1)} on tp {self.tp_size}: "  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
+                                 "weights, optimizer and positions are restored, the RNG streams are not (the "
+                                 "ranks share the data differently)")
         else:
             set_rng_state(own)  # last: the next draw is the uninterrupted run's
         if not parts:  # a caller with parts of its own says where it goes on (the Trainer does)

@@ -81,10 +81,40 @@ class Strategy(StrategyAPI):
     #: DeepSpeed's live in ZeRO's buffers: not saved, the window restarts on resume).
     saves_window_grads: bool = True
 
+    #: The loss is computed on class shards (a tensor-parallel plan's ``loss_parallel``
+    #: style): the default steps run inside torch's ``loss_parallel()``.
+    loss_parallel: bool = False
+
     @property
     def is_main(self) -> bool:
         """True on the process that writes logs and checkpoints."""
         return self.rank == 0
+
+    # -- the data-parallel view of the processes (FSDP's mesh may split them further) --
+    @property
+    def dp_rank(self) -> int:
+        """The shard of the data this process reads: its rank, unless tensor parallelism
+        gives the ranks of one group the same batches."""
+        return self.rank
+
+    @property
+    def dp_size(self) -> int:
+        """How many shards the data is split into (the world size without tensor parallelism)."""
+        return self.world_size
+
+    @property
+    def tp_size(self) -> int:
+        """Tensor-parallel ranks per data shard (1: none)."""
+        return 1
+
+    def data_parallel_group(self) -> Any:
+        """The process group of the ranks that read different data, for reductions of
+        tensors (SyncBatchNorm, torchmetrics); None: every process."""
+        return None
+
+    def data_leaders(self) -> list[int]:
+        """One rank per data shard, in shard order (the results of the others repeat theirs)."""
+        return list(range(self.world_size))
 
     @property
     def distributed(self) -> bool:
@@ -197,16 +227,17 @@ class Strategy(StrategyAPI):
     # -- reductions ------------------------------------------------------------------
     def reduce_log_values(self, values: dict[str, float]) -> dict[str, float]:
         """Logged scalars from every rank made one: times as the slowest rank's (max),
-        the rest averaged. Runs at the log interval only, on host values."""
+        the rest averaged over the data shards. Runs at the log interval only, on host values."""
         if not self.distributed:
             return values
         per_rank = comm.all_gather_object(values)
+        leaders = [per_rank[r] for r in self.data_leaders()]  # tensor parallelism: a shard's values once
         out: dict[str, float] = {}
         for key in values:
-            seen = [v[key] for v in per_rank if key in v]
             if key.endswith("_time") or key.startswith("time/"):
-                out[key] = max(seen)
+                out[key] = max(v[key] for v in per_rank if key in v)
             else:
+                seen = [v[key] for v in leaders if key in v]
                 out[key] = sum(seen) / len(seen)
         return out
 

@@ -1,15 +1,26 @@
-"""FSDPStrategy: parameters, gradients and optimizer state sharded over the processes (FSDP2).
+"""FSDPStrategy: parameters, gradients and optimizer state sharded over the processes
+(FSDP2), on a device mesh of replicas x shards x tensor parallel.
 
     strategy = FSDPStrategy(wrap=("TransformerBlock",),
                             mixed_precision=dict(param_dtype="bfloat16", reduce_dtype="float32"),
-                            reshard_after_forward=True, cpu_offload=False)
+                            reshard_after_forward=True, cpu_offload=False,
+                            dp_replicate=1, dp_shard=-1, tp=1, tp_plan=None)
 
-``setup()`` initialises the process group as DDPStrategy does. ``setup_model`` calls
-``torch.distributed.fsdp.fully_shard`` bottom-up: on every submodule the ``wrap``
-policy selects (each becomes one all-gather/reduce-scatter group, e.g. a transformer
-block), then on the root, and returns the same module object (FSDP2 swaps its class
-and turns its parameters into DTensors sharded on dim 0). With one process the model
-is only placed on the device, as DDPStrategy does.
+``setup()`` initialises the process group as DDPStrategy does, then the device mesh
+(treadle/strategies/mesh.py): ``dp_replicate x dp_shard x tp`` processes, ``dp_shard=-1``
+taking what the others leave. ``setup_model`` first splits the layers of ``tp_plan``
+over the ``tp`` dimension (treadle/strategies/tensor_parallel.py), then calls
+``torch.distributed.fsdp.fully_shard`` bottom-up over the data-parallel dimensions: on
+every submodule the ``wrap`` policy selects (each becomes one all-gather/reduce-scatter
+group, e.g. a transformer block), then on the root, and returns the same module object
+(FSDP2 swaps its class and turns its parameters into DTensors sharded on dim 0).
+``dp_replicate > 1`` is HSDP: each of the replicas holds the whole model sharded over
+its ``dp_shard`` ranks, gradients are reduced within a replica and then across them.
+With one process the model is only placed on the device, as DDPStrategy does.
+
+The ranks of one tensor-parallel group read the same batches: the data is split over
+``dp_replicate x dp_shard`` shards (``dp_rank``/``dp_size``), and losses, logged values
+and metrics are reduced over those shards, each counted once.
 
 The optimizer must be built *after* ``setup_model``: one built before holds the
 replaced parameters and would update nothing (:meth:`FSDPStrategy.check_optimizer`
@@ -22,6 +33,7 @@ best checkpoints).
 from __future__ import annotations
 
 import contextlib
+import logging
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -41,6 +53,8 @@ from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 from treadle.compat import fsdp_cpu_problem
 from treadle.strategies.base import ProcessGroupStrategy, move_model
+from treadle.strategies.mesh import DeviceMesh, MeshShape, new_dp_groups
+from treadle.strategies.tensor_parallel import Plan, check_plan_type
 
 WrapPolicy = tuple[type | str, ...] | list[type | str] | Callable[[nn.Module], bool] | None
 
@@ -109,6 +123,15 @@ class FSDPStrategy(ProcessGroupStrategy):
         reshard_after_forward: free gathered parameters after forward (less memory,
             one more all-gather in backward).
         cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU.
+        dp_replicate: replicas of the sharded model (HSDP when > 1); -1: what
+            ``dp_shard x tp`` leave of the world size.
+        dp_shard: processes each replica is sharded over; -1: what ``dp_replicate x
+            tp`` leave of the world size; ``"node"``: the processes of one node (over tp).
+        tp: tensor-parallel ranks per data shard (1: none); needs ``tp_plan``.
+        tp_plan: which layers ``tp`` splits, and how: a dict of module-name patterns to
+            styles (``{"layers.*.attn.q_proj": "colwise", ...}``), ``"auto"`` (the
+            model's own plan: a Hugging Face model's), or a callable ``plan(model, tp_mesh)``
+            (treadle/strategies/tensor_parallel.py).
         backend, timeout_s, shard_data: as for DDPStrategy.
     """
 
@@ -119,6 +142,7 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     def __init__(self, wrap: WrapPolicy = None, mixed_precision: dict[str, Any] | None = None,
                  reshard_after_forward: bool = True, cpu_offload: bool = False,
+                 dp_replicate: int = 1, dp_shard: int | str = -1, tp: int = 1, tp_plan: Plan = None,
                  backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
         super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data)
         self._wrap_pred, self._wrap_items = _wrap_predicate(wrap)
@@ -126,7 +150,55 @@ class FSDPStrategy(ProcessGroupStrategy):
         self.mixed_precision = mixed_precision
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
-        self.mesh: Any = None
+        self.shape = MeshShape(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp)  # resolved by setup()
+        check_plan_type(tp_plan)
+        if tp > 1 and tp_plan is None:
+            raise ValueError(f"tp={tp} needs tp_plan=: a dict of module-name patterns to styles, such as "
+                             "{'layers.*.attn.q_proj': 'colwise', 'layers.*.attn.o_proj': 'rowwise'}, 'auto' (a "
+                             "Hugging Face model's own plan) or a callable plan(model, tp_mesh)")
+        self.tp_plan = tp_plan
+        self.device_mesh: DeviceMesh | None = None  # built by setup() over several processes
+        self.mesh: Any = None  # the mesh fully_shard takes (torch's DeviceMesh)
+        self._dp_groups: dict[str, Any] = {}
+
+    # -- the mesh ----------------------------------------------------------------------
+    def setup(self) -> None:
+        """The process group, then the mesh over it (a collective): the shape checked
+        against the world size first, in one line."""
+        super().setup()
+        from treadle.distributed.env import detect_launcher
+
+        self.shape = self.shape.resolve(self.world_size, detect_launcher().local_world_size)
+        if self.shape.tp == 1 and self.tp_plan is not None and self.is_main:
+            get_logger().warning("strategy 'fsdp': tp_plan is given, but tp=1: no layer is split")
+        if not self.distributed:
+            return
+        self.device_mesh = DeviceMesh.build(self.device.type, self.shape)
+        if self.shape.tp > 1 or self.shape.dp_replicate > 1:
+            _quiet_sequential_collective_hints()
+            if self.is_main:
+                get_logger().info(f"device mesh: {self.shape.describe()}")
+        backends = ("gloo", dist_backend())
+        self._dp_groups = new_dp_groups(self.shape, self.rank, backends)
+        comm.set_data_group(self._dp_groups.get("gloo"))
+
+    @property
+    def dp_rank(self) -> int:
+        return self.shape.dp_rank(self.rank) if self.shape.resolved else self.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.shape.dp_size if self.shape.resolved else self.world_size
+
+    @property
+    def tp_size(self) -> int:
+        return self.shape.tp
+
+    def data_parallel_group(self) -> Any:
+        return self._dp_groups.get(dist_backend()) if self._dp_groups else None
+
+    def data_leaders(self) -> list[int]:
+        return self.shape.dp_groups()[0] if self.shape.resolved else list(range(self.world_size))
 
     def check_trainer_options(self, options: dict[str, Any]) -> None:
         if options.get("ema") is not None and self.distributed:
@@ -146,12 +218,16 @@ class FSDPStrategy(ProcessGroupStrategy):
             problem = fsdp_cpu_problem(mixed)
             if problem is not None:
                 raise RuntimeError(problem)
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         # Chosen before any fully_shard: it changes the classes (Block -> FSDPBlock).
         targets = [m for m in model.modules() if m is not model and self._wrap_pred(m)]
-        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        assert self.device_mesh is not None  # setup() built it: several processes
+        if self.device_mesh.tp is not None:  # tensor parallel first, then FSDP over the data dimensions
+            from treadle.strategies.tensor_parallel import apply_plan
+
+            self.loss_parallel = apply_plan(model, self.device_mesh.tp, self.tp_plan, self.shape.tp)
+        self.mesh = self.device_mesh.fsdp
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.cpu_offload else OffloadPolicy()
         kwargs = dict(mesh=self.mesh, mp_policy=self.mp_policy, offload_policy=offload)
         # Bottom-up: reversed pre-order puts every descendant before its ancestors.
@@ -190,12 +266,17 @@ class FSDPStrategy(ProcessGroupStrategy):
                 "Optimizer object.")
 
     def setup_optim_wrapper(self, optim_wrapper: Any, model: nn.Module) -> None:
-        """Accumulation: micro-batches that do not step skip the reduce-scatter."""
+        """Accumulation: micro-batches that do not step skip the reduce-scatter; with
+        tensor parallelism, clipping by the norm over both meshes (treadle/optim/clip.py)."""
         from torch.distributed.fsdp import FSDPModule
 
         self.check_optimizer(optim_wrapper.optimizer, model)
         if isinstance(model, FSDPModule):
             optim_wrapper.no_sync = lambda: _no_gradient_sync(model)
+        if self.shape.tp > 1:  # gradients on two meshes, (dp, tp) and dp: the global norm across both
+            from treadle.optim.clip import clip_grad_norm_meshes
+
+            optim_wrapper.clip_grad_norm = clip_grad_norm_meshes
 
     # -- state dicts (collectives: every rank calls them) --------------------------------
     def get_model_state(self, module: nn.Module) -> dict[str, Any]:
@@ -317,6 +398,28 @@ class FSDPStrategy(ProcessGroupStrategy):
         from treadle.checkpoint.sharded import load_sharded
 
         return load_sharded(path, template)
+
+
+class _SequentialCollectiveHint(logging.Filter):
+    """Drops DTensor's hint that reducing over two mesh dimensions takes two collectives:
+    treadle's reductions over both (the gradient norm, a scalar; full state dicts for
+    checkpoints and exports, gathered rarely) cost nothing worth a line on every rank."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("While redistributing from")
+
+
+def _quiet_sequential_collective_hints() -> None:
+    hinting = logging.getLogger("torch.distributed.tensor._redistribute")
+    if not any(isinstance(f, _SequentialCollectiveHint) for f in hinting.filters):
+        hinting.addFilter(_SequentialCollectiveHint())
+
+
+def dist_backend() -> str:
+    """The default process group's backend (gloo on the CPU, nccl on CUDA)."""
+    import torch.distributed as dist
+
+    return str(dist.get_backend())
 
 
 def _find_dtensor(obj: Any, where: str = "payloads") -> str | None:

@@ -41,6 +41,7 @@ class StrategyOfStates(Protocol):
 
     name: str
     world_size: int
+    tp_size: int
     run_id: str
     shards_state: bool
     saves_window_grads: bool
@@ -217,13 +218,17 @@ class LoaderPlaces:
 
 class RunState:
     """The run's identity: its id (a resume carries it on), the number of processes that
-    saved, the treadle version."""
+    saved (and ``tp``, their tensor-parallel ranks per data shard, when more than one),
+    the treadle version."""
 
     def __init__(self, strategy: "StrategyOfStates") -> None:
         self.strategy = strategy
 
     def state_dict(self) -> dict[str, Any]:
-        return {"run": self.strategy.run_id, "world_size": self.strategy.world_size, "treadle": treadle.__version__}
+        state = {"run": self.strategy.run_id, "world_size": self.strategy.world_size, "treadle": treadle.__version__}
+        if self.strategy.tp_size > 1:  # tensor parallelism: the ranks of a group share a data shard
+            state["tp"] = self.strategy.tp_size
+        return state
 
     def check_state_dict(self, state: Any) -> None:
         if not isinstance(state, dict):

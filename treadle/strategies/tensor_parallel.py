@@ -1,0 +1,218 @@
+"""Tensor parallelism: a plan of module-name patterns and styles, applied with torch's
+``parallelize_module`` over the mesh's ``tp`` dimension.
+
+    plan = {"layers.*.attn.q_proj": "colwise", "layers.*.attn.o_proj": "rowwise",
+            "layers.*.mlp.up": "colwise", "layers.*.mlp.down": "rowwise"}
+    resolved = resolve_plan(model, plan, tp=2)      # {fqn: ParallelStyle}; checked, nothing changed
+    apply_plan(model, tp_mesh, resolved)
+
+A pattern is a module name whose ``*`` stands for one name segment (``layers.*.attn``
+matches ``layers.0.attn``, not ``layers.0.x.attn``). A style is a name of
+:data:`STYLES` or a torch ``ParallelStyle`` (for layouts the names do not cover, such as
+sequence parallelism's neighbours). ``"auto"`` is the model's own plan (a Hugging Face
+model's ``tp_plan``, or its config's ``base_model_tp_plan``); a callable
+``plan(model, tp_mesh)`` parallelizes the model itself, or returns a plan to apply.
+
+The names are Hugging Face's, so a model's own plan reads as it is written:
+
+==========================  ========================================================
+``colwise``                 Linear/Embedding split on the output features; the output
+                            stays split (a local tensor), for a ``rowwise`` layer next
+``rowwise``                 split on the input features; the output summed (replicated)
+``colwise_rep``             ``colwise`` with the output gathered (alias
+                            ``colwise_gather_output``): a model's last layer
+``rowwise_rep``             ``rowwise`` taking a replicated input (alias ``rowwise_split_input``)
+``embedding_rowwise``       an Embedding split on the vocabulary, the output replicated
+``sequence_parallel``       a norm or dropout run on a sequence-split input (``SequenceParallel``)
+``loss_parallel``           the output layer split on the classes and kept so: the loss
+                            is computed on the shards (torch's ``loss_parallel``)
+``replicate``, ``local``    left as it is: the same weights on every tp rank
+==========================  ========================================================
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any, Callable
+
+from torch import nn
+
+Plan = dict[str, Any] | str | Callable[..., Any] | None
+
+#: Styles by name: (maker, what the style splits: "out", "in", "vocab" or None).
+STYLES: dict[str, tuple[Callable[[], Any] | None, str | None]] = {}
+
+
+def _styles() -> dict[str, tuple[Callable[[], Any] | None, str | None]]:
+    """The table, built at first use (torch.distributed.tensor is slow to import)."""
+    if STYLES:
+        return STYLES
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    STYLES.update({
+        "colwise": (ColwiseParallel, "out"),
+        "rowwise": (RowwiseParallel, "in"),
+        "colwise_rep": (lambda: ColwiseParallel(output_layouts=Replicate()), "out"),
+        "colwise_gather_output": (lambda: ColwiseParallel(output_layouts=Replicate()), "out"),
+        "rowwise_rep": (lambda: RowwiseParallel(input_layouts=Replicate()), "in"),
+        "rowwise_split_input": (lambda: RowwiseParallel(input_layouts=Replicate()), "in"),
+        "embedding_rowwise": (lambda: RowwiseParallel(input_layouts=Replicate()), "vocab"),
+        "sequence_parallel": (SequenceParallel, None),
+        "loss_parallel": (lambda: ColwiseParallel(output_layouts=Shard(-1), use_local_output=False), "out"),
+        "replicate": (None, None),
+        "local": (None, None),
+    })
+    return STYLES
+
+
+def _pattern(pattern: str) -> re.Pattern[str]:
+    return re.compile(r"[^.]+".join(re.escape(part) for part in pattern.split("*")))
+
+
+def _generic(name: str) -> str:
+    """``layers.3.attn`` -> ``layers.*.attn``: how plans name repeated modules."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", name)
+
+
+def model_plan(model: nn.Module) -> dict[str, Any]:
+    """``tp_plan="auto"``: the model's own plan. A Hugging Face model's ``tp_plan``
+    (the base model's plan under its prefix, and the head's), else its config's
+    ``base_model_tp_plan`` under the model's ``base_model_prefix``."""
+    plan = getattr(model, "tp_plan", None)
+    if isinstance(plan, dict) and plan:
+        return dict(plan)
+    config = getattr(model, "config", None)
+    base = getattr(config, "base_model_tp_plan", None)
+    if isinstance(base, dict) and base:
+        prefix = getattr(model, "base_model_prefix", "")
+        inner = prefix and isinstance(getattr(model, prefix, None), nn.Module)
+        return {f"{prefix}.{k}" if inner else k: v for k, v in base.items()}
+    raise ValueError(f"tp_plan='auto': {type(model).__name__} has no tensor-parallel plan of its own (a Hugging Face "
+                     "model's tp_plan or config.base_model_tp_plan); expected tp_plan= a dict of module-name "
+                     "patterns to styles, such as {'layers.*.attn.q_proj': 'colwise', 'layers.*.attn.o_proj': "
+                     "'rowwise'}, or a callable plan(model, tp_mesh)")
+
+
+def check_plan_type(plan: Any) -> None:
+    """Refuse, before any process starts, a ``tp_plan`` of the wrong kind."""
+    if plan is None or plan == "auto" or (callable(plan) and not isinstance(plan, (str, dict))):
+        return
+    if not isinstance(plan, dict):
+        raise TypeError(f"tp_plan={plan!r}; expected a dict of module-name patterns to styles, 'auto' (the model's "
+                        "own plan) or a callable plan(model, tp_mesh)")
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    for pattern, style in plan.items():
+        if not isinstance(pattern, str) or not pattern:
+            raise TypeError(f"tp_plan key {pattern!r}: expected a module-name pattern such as 'layers.*.attn.q_proj'")
+        if not isinstance(style, (str, ParallelStyle)):
+            raise TypeError(f"tp_plan[{pattern!r}]={style!r}; expected a style name ({', '.join(_styles())}) or a "
+                            "torch ParallelStyle")
+        if isinstance(style, str) and style not in _styles():
+            near = difflib.get_close_matches(style, list(_styles()), n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ValueError(f"tp_plan[{pattern!r}]={style!r} is not a style treadle knows{hint}; expected one of "
+                             f"{', '.join(map(repr, _styles()))} or a torch ParallelStyle")
+
+
+def resolve_plan(model: nn.Module, plan: dict[str, Any], tp: int, *, source: str = "tp_plan") -> dict[str, Any]:
+    """``{module name: ParallelStyle}`` for ``plan`` on ``model``, checked before anything
+    changes: every pattern matches a module, no module matches two styles, ``tp`` divides
+    each dimension a style splits, no split module shares a weight with another module,
+    and a Hugging Face model's attention heads split evenly. One-line ValueErrors."""
+    check_plan_type(plan)
+    names = {name: m for name, m in model.named_modules() if name}
+    chosen: dict[str, tuple[str, Any]] = {}
+    for pattern, style in plan.items():
+        rx = _pattern(pattern)
+        hits = [n for n in names if rx.fullmatch(n)]
+        if not hits:
+            generic = sorted({_generic(n) for n in names})
+            near = difflib.get_close_matches(pattern, generic, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(map(repr, near))}?" if near else f"; its modules include {generic[:8]}"
+            raise ValueError(f"{source}: {pattern!r} matches no module of {type(model).__name__}{hint}")
+        for n in hits:
+            if n in chosen and chosen[n][1] != style:
+                raise ValueError(f"{source}: module {n!r} matches {chosen[n][0]!r} and {pattern!r}, with different "
+                                 "styles; expected one style per module")
+            chosen[n] = (pattern, style)
+    resolved: dict[str, Any] = {}
+    for n, (_, style) in chosen.items():
+        if isinstance(style, str):
+            make, splits = _styles()[style]
+            if make is None:  # replicated: left as it is
+                continue
+            _check_divides(n, names[n], style, splits, tp, source)
+            resolved[n] = make()
+        else:
+            resolved[n] = style
+    _check_ties(model, set(resolved), source)
+    _check_heads(model, tp, source)
+    return resolved
+
+
+def _check_divides(name: str, module: nn.Module, style: str, splits: str | None, tp: int, source: str) -> None:
+    if splits is None:
+        return
+    if isinstance(module, nn.Linear):
+        dim = {"out": ("out_features", module.out_features), "in": ("in_features", module.in_features),
+               "vocab": ("out_features", module.out_features)}[splits]
+    elif isinstance(module, nn.Embedding):
+        dim = {"out": ("embedding_dim", module.embedding_dim), "in": ("num_embeddings", module.num_embeddings),
+               "vocab": ("num_embeddings", module.num_embeddings)}[splits]
+    else:
+        raise ValueError(f"{source}[{name!r}]={style!r}: the module is a {type(module).__name__}; the style splits an "
+                         "nn.Linear or nn.Embedding (pass a torch ParallelStyle for other modules)")
+    if dim[1] % tp:
+        raise ValueError(f"{source}: tp={tp} does not divide {name}.{dim[0]}={dim[1]}, which {style!r} splits; "
+                         "expected a tp that divides it")
+
+
+def _check_ties(model: nn.Module, split: set[str], source: str) -> None:
+    """Refuse a split module whose weight another module shares (tied embeddings): the
+    split replaces the parameter, and the tie would break silently."""
+    owners: dict[int, list[str]] = {}
+    for name, m in model.named_modules(remove_duplicate=False):
+        for pname, p in m.named_parameters(recurse=False):
+            owners.setdefault(id(p), []).append(f"{name}.{pname}" if name else pname)
+    for names in owners.values():
+        mods = {n.rpartition(".")[0] for n in names}
+        if len(mods) > 1 and mods & split:
+            raise ValueError(f"{source}: {' and '.join(sorted(names))} are one tied parameter, and the plan splits "
+                             f"{sorted(mods & split)[0]!r}; untie them (e.g. a Hugging Face config's "
+                             "tie_word_embeddings=False) or leave the tied modules out of the plan")
+
+
+def _check_heads(model: nn.Module, tp: int, source: str) -> None:
+    config = getattr(model, "config", None)
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(config, key, None)
+        if isinstance(heads, int) and heads % tp:
+            raise ValueError(f"{source}: tp={tp} does not divide the model's {key}={heads}; each tp rank computes "
+                             "whole heads, so expected a tp that divides it")
+
+
+def apply_plan(model: nn.Module, tp_mesh: Any, plan: Plan, tp: int) -> bool:
+    """Parallelize ``model`` over ``tp_mesh`` by ``plan`` (a dict, "auto", or a callable);
+    returns whether the loss is computed on class shards (a ``loss_parallel`` style)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if plan == "auto":
+        plan = model_plan(model)
+        source = "tp_plan='auto'"
+    elif callable(plan) and not isinstance(plan, dict):
+        returned = plan(model, tp_mesh)
+        if returned is None:
+            return False
+        plan, source = returned, "the plan tp_plan() returned"
+    else:
+        source = "tp_plan"
+    assert isinstance(plan, dict)  # check_plan_type: a dict, "auto" or a callable
+    resolved = resolve_plan(model, plan, tp, source=source)
+    parallelize_module(model, tp_mesh, resolved)
+    return any(isinstance(v, str) and v == "loss_parallel" for v in plan.values())
+
+
+__all__ = ["STYLES", "apply_plan", "check_plan_type", "model_plan", "resolve_plan"]
