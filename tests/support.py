@@ -123,6 +123,17 @@ def tiny_llama() -> nn.Module:
     return LlamaForCausalLM(config)
 
 
+def tiny_qwen3() -> nn.Module:
+    """A 2-layer Qwen3 from transformers: Llama's layout plus per-head norms of q and k
+    (``q_norm``/``k_norm``), whose tensor-parallel style sums their gradients over the group."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=16,
+                         tie_word_embeddings=False)
+    return Qwen3ForCausalLM(config)
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy of (B, T, V) logits against (B, T) ids."""
     return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())

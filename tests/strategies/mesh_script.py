@@ -5,7 +5,7 @@ tests/strategies/test_mesh.py with torchrun's environment (or as one process).
         [--work-dir D] [--max-iters N] [--interval K] [--kill-at N] [--resume [PATH]] [--val]
 
 ``--head``: the TinyLM output layer's style in the plan ("loss_parallel", "colwise_rep",
-"replicate"); ``--hf``: a tiny Llama from transformers with ``tp_plan="auto"`` instead.
+"replicate"; ``--callable-plan``: given by a function); ``--hf``: a tiny Qwen3 from transformers with ``tp_plan="auto"`` instead.
 Writes OUT_DIR/final_rank0.pt (full weights, gathered), OUT_DIR/loaded_rank0.pt (full
 weights and optimizer state right after a resume loaded them) and
 OUT_DIR/result_rank<r>.pt (metrics, counters, this rank's place in the mesh).
@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support import TINY_LM_PLAN, TinyLM, lm_loss, make_tokens, tiny_llama
+from support import TINY_LM_PLAN, TinyLM, lm_loss, make_tokens, tiny_qwen3
 
 import treadle
 
@@ -98,6 +98,7 @@ def main():
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--head", default="loss_parallel")
     p.add_argument("--hf", action="store_true")
+    p.add_argument("--callable-plan", action="store_true")
     p.add_argument("--max-iters", type=int, default=12)
     p.add_argument("--interval", type=int)
     p.add_argument("--kill-at", type=int)
@@ -108,11 +109,13 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(0)
     if a.hf:
-        model, plan, wrap, loss_fn = tiny_llama(), "auto", ("LlamaDecoderLayer",), None
+        model, plan, wrap, loss_fn = tiny_qwen3(), "auto", ("Qwen3DecoderLayer",), None
         train, val = HFBatches(make_tokens(32)), HFBatches(make_tokens(12, seed=1))
     else:
         model, wrap, loss_fn = TinyLM(), ("Block",), lm_loss
         plan = {**TINY_LM_PLAN, "head": a.head}
+        if a.callable_plan:  # the plan from a function of the model and the tp mesh
+            static, plan = plan, lambda model, tp_mesh: static if tp_mesh.size() == a.tp else None
         train, val = make_tokens(32), make_tokens(12, seed=1)
     strategy = dict(type="fsdp", backend="gloo", dp_replicate=a.dp_replicate, dp_shard=a.dp_shard, tp=a.tp,
                     tp_plan=plan if a.tp > 1 else None, wrap=wrap)

@@ -2,7 +2,7 @@
 tensor parallel and HSDP train as one process does on the whole batch; a run SIGKILLed
 and resumed ends bit-equal to the uninterrupted one; its checkpoint loads onto another
 mesh and onto one process with weights and optimizer state equal; a Hugging Face
-decoder trains under its own plan (``tp_plan="auto"``)."""
+decoder (Qwen3) trains under its own plan (``tp_plan="auto"``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import treadle
 from treadle.checkpoint.weights import export_safetensors, read_safetensors
-from support import ON_CPU, TinyLM, fsdp_on_cpu, lm_loss, make_tokens, reshards, run_ranks, tiny_llama
+from support import ON_CPU, TinyLM, fsdp_on_cpu, lm_loss, make_tokens, reshards, run_ranks, tiny_qwen3
 from treadle.seeding import derive_seed
 
 pytestmark = [pytest.mark.slow, fsdp_on_cpu]  # 4 processes on gloo
@@ -143,8 +143,9 @@ def test_hsdp_trains_like_one_process(tmp_path):
 
 def test_tensor_parallel_alone_on_two_processes(tmp_path):
     """One data shard: the loader is not split, both tp ranks read its batches as one
-    process does (the same order), so the reference is the Trainer in one process."""
-    _run(tmp_path, "--dp-shard", "1", "--tp", "2", "--head", "colwise_rep", nproc=2)
+    process does (the same order), so the reference is the Trainer in one process. The
+    plan comes from a callable plan(model, tp_mesh)."""
+    _run(tmp_path, "--dp-shard", "1", "--tp", "2", "--head", "colwise_rep", "--callable-plan", nproc=2)
     model = _tiny()
     trainer = treadle.Trainer(model, train_dataloader=DataLoader(make_tokens(32), batch_size=4, shuffle=True),
                               loss_fn=lm_loss, optimizer=dict(type="SGD", lr=0.1, momentum=0.9),
@@ -153,8 +154,10 @@ def test_tensor_parallel_alone_on_two_processes(tmp_path):
     _close(_load(tmp_path / "final_rank0.pt"), model.state_dict())
 
 
-def test_hugging_face_llama_trains_under_its_own_plan(tmp_path):
+def test_hugging_face_decoder_trains_under_its_own_plan(tmp_path):
+    """Qwen3: Llama's plan (attention and MLP split, the embedding on the vocabulary, the
+    head gathered) and per-head q/k norms whose gradients are summed over the tp group."""
     pytest.importorskip("transformers")
     _run(tmp_path, "--dp-shard", "2", "--tp", "2", "--hf")
     torch.manual_seed(0)
-    _close(_load(tmp_path / "final_rank0.pt"), _reference(tiny_llama(), shards=2, hf=True))
+    _close(_load(tmp_path / "final_rank0.pt"), _reference(tiny_qwen3(), shards=2, hf=True))

@@ -128,6 +128,23 @@ def test_auto_is_a_hugging_face_models_own_plan():
         resolve_plan(model, plan, tp=4)
 
 
+def test_auto_with_a_style_treadle_does_not_apply_names_it():
+    model = TinyLM()
+    model.tp_plan = {"layers.*.up": "moe_tp_experts"}  # as a Hugging Face mixture-of-experts model's plan
+    with pytest.raises(ValueError, match=r"^tp_plan='auto': the model's plan gives 'layers.\*.up' the style "
+                                         r"'moe_tp_experts', which treadle does not apply"):
+        resolve_plan(model, model_plan(model), tp=2, source="tp_plan='auto'")
+
+
+def test_per_head_norms_of_qwen3_get_their_gradients_summed():
+    pytest.importorskip("transformers")
+    from support import tiny_qwen3
+
+    plan = model_plan(tiny_qwen3())
+    assert plan["model.layers.*.self_attn.q_norm"] == "replicated_with_grad_allreduce"
+    assert "model.layers.0.self_attn.k_norm" in resolve_plan(tiny_qwen3(), plan, tp=2)
+
+
 def test_auto_on_a_model_without_a_plan_says_what_to_pass():
     with pytest.raises(ValueError, match=r"^tp_plan='auto': TinyLM has no tensor-parallel plan of its own"):
         model_plan(TinyLM())

@@ -24,6 +24,10 @@ The names are Hugging Face's, so a model's own plan reads as it is written:
 ``rowwise_rep``             ``rowwise`` taking a replicated input (alias ``rowwise_split_input``)
 ``embedding_rowwise``       an Embedding split on the vocabulary, the output replicated
 ``sequence_parallel``       a norm or dropout run on a sequence-split input (``SequenceParallel``)
+``replicated_with_grad_allreduce``
+                            a module (a per-head norm: Qwen3's ``q_norm``) with the same
+                            weights on every rank, run on this rank's share of the heads:
+                            its weights' gradients are summed over the group
 ``loss_parallel``           the output layer split on the classes and kept so: the loss
                             is computed on the shards (torch's ``loss_parallel``)
 ``replicate``, ``local``    left as it is: the same weights on every tp rank
@@ -36,6 +40,7 @@ import difflib
 import re
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 Plan = dict[str, Any] | str | Callable[..., Any] | None
@@ -60,11 +65,36 @@ def _styles() -> dict[str, tuple[Callable[[], Any] | None, str | None]]:
         "rowwise_split_input": (lambda: RowwiseParallel(input_layouts=Replicate()), "in"),
         "embedding_rowwise": (lambda: RowwiseParallel(input_layouts=Replicate()), "vocab"),
         "sequence_parallel": (SequenceParallel, None),
+        "replicated_with_grad_allreduce": (_replicated_on_split_input, None),
         "loss_parallel": (lambda: ColwiseParallel(output_layouts=Shard(-1), use_local_output=False), "out"),
         "replicate": (None, None),
         "local": (None, None),
     })
     return STYLES
+
+
+def _replicated_on_split_input() -> Any:
+    """A style for a module whose weights are the same on every rank but whose input is
+    this rank's share (the heads a colwise projection left it): its weights become
+    replicated DTensors and its input a DTensor split on the dimension before the last
+    (the heads; the module computes along the last), so the weight's gradient comes out
+    partial and DTensor sums it over the group. The output goes on as a local tensor."""
+    from torch.distributed.tensor import DTensor, Shard, distribute_module
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    def split_inputs(module: nn.Module, inputs: tuple[Any, ...], mesh: Any) -> tuple[Any, ...]:
+        return tuple(DTensor.from_local(t, mesh, [Shard(max(t.dim() - 2, 0))], run_check=False)
+                     if isinstance(t, torch.Tensor) and not isinstance(t, DTensor) else t for t in inputs)
+
+    def local_output(module: nn.Module, output: Any, mesh: Any) -> Any:
+        return output.to_local() if isinstance(output, DTensor) else output
+
+    class ReplicatedOnSplitInput(ParallelStyle):
+        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+            # No partition function: distribute_module replicates the module's parameters.
+            return distribute_module(module, device_mesh, input_fn=split_inputs, output_fn=local_output)
+
+    return ReplicatedOnSplitInput()
 
 
 def _pattern(pattern: str) -> re.Pattern[str]:
@@ -95,8 +125,9 @@ def model_plan(model: nn.Module) -> dict[str, Any]:
                      "'rowwise'}, or a callable plan(model, tp_mesh)")
 
 
-def check_plan_type(plan: Any) -> None:
-    """Refuse, before any process starts, a ``tp_plan`` of the wrong kind."""
+def check_plan_type(plan: Any, source: str = "tp_plan") -> None:
+    """Refuse, before any process starts, a ``tp_plan`` of the wrong kind (``source``:
+    how the message names the plan)."""
     if plan is None or plan == "auto" or (callable(plan) and not isinstance(plan, (str, dict))):
         return
     if not isinstance(plan, dict):
@@ -111,6 +142,11 @@ def check_plan_type(plan: Any) -> None:
             raise TypeError(f"tp_plan[{pattern!r}]={style!r}; expected a style name ({', '.join(_styles())}) or a "
                             "torch ParallelStyle")
         if isinstance(style, str) and style not in _styles():
+            if source != "tp_plan":  # the model's own plan
+                raise ValueError(f"{source}: the model's plan gives {pattern!r} the style {style!r}, which treadle "
+                                 "does not apply (mixture-of-experts layers and fused projections are not split "
+                                 "yet); expected tp_plan= a dict of the styles treadle knows "
+                                 f"({', '.join(_styles())}), or a callable")
             near = difflib.get_close_matches(style, list(_styles()), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise ValueError(f"tp_plan[{pattern!r}]={style!r} is not a style treadle knows{hint}; expected one of "
@@ -122,7 +158,7 @@ def resolve_plan(model: nn.Module, plan: dict[str, Any], tp: int, *, source: str
     changes: every pattern matches a module, no module matches two styles, ``tp`` divides
     each dimension a style splits, no split module shares a weight with another module,
     and a Hugging Face model's attention heads split evenly. One-line ValueErrors."""
-    check_plan_type(plan)
+    check_plan_type(plan, source)
     names = {name: m for name, m in model.named_modules() if name}
     chosen: dict[str, tuple[str, Any]] = {}
     for pattern, style in plan.items():
