@@ -358,3 +358,25 @@ def test_compiled_model_trains_as_the_compiled_one_without_it() -> None:
             torch.testing.assert_close(b[1][name], a[1][name], rtol=1e-5, atol=1e-6)
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_train_bitwise_as_without_it(strategy) -> None:
+    """2 gloo processes, each its half of the batch, dropout on: 3 AdamW steps with
+    activation_checkpointing "full" and "selective" give the losses and the final
+    (gathered) weights of the same run without it, bit for bit; the state dict keys too."""
+    import memory_ranks
+
+    results = memory_ranks.results()
+    if strategy == "fsdp" and results[0].get("fsdp_skipped"):
+        pytest.skip(results[0]["fsdp_skipped"])
+    for rank in (0, 1):
+        runs = results[rank][strategy]
+        assert runs["full"]["checkpointed"] == runs["selective"]["checkpointed"] == ["blocks.0", "blocks.1"]
+        for mode in ("full", "selective"):
+            assert runs[mode]["losses"] == runs["none"]["losses"], (rank, mode)
+    for mode in ("full", "selective"):
+        got, want = results[0][strategy][mode]["weights"], results[0][strategy]["none"]["weights"]
+        assert list(got) == list(want) and want
+        assert all(torch.equal(got[k], want[k]) for k in want), mode

@@ -109,6 +109,8 @@ class FSDPStrategy(ProcessGroupStrategy):
         reshard_after_forward: free gathered parameters after forward (less memory,
             one more all-gather in backward).
         cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU.
+        sync_bn: BatchNorm statistics over all data-parallel processes (each BatchNorm layer
+            made a SyncBatchNorm before sharding, treadle/strategies/sync_batchnorm.py).
         backend, timeout_s, shard_data: as for DDPStrategy.
     """
 
@@ -118,9 +120,9 @@ class FSDPStrategy(ProcessGroupStrategy):
     saves_window_grads = False  # sharded gradients under no_sync have no stable layout
 
     def __init__(self, wrap: WrapPolicy = None, mixed_precision: dict[str, Any] | None = None,
-                 reshard_after_forward: bool = True, cpu_offload: bool = False,
+                 reshard_after_forward: bool = True, cpu_offload: bool = False, sync_bn: bool = False,
                  backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
-        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data)
+        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn)
         self._wrap_pred, self._wrap_items = _wrap_predicate(wrap)
         self.mp_policy = mixed_precision_policy(mixed_precision)  # validated now: errors before any process starts
         self.mixed_precision = mixed_precision
@@ -139,6 +141,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         self._check_wrap_matched(model)  # on one process too: a typo should not wait for a cluster
         if not self.cpu_offload:
             model = move_model(model, self.device)
+        model = self.convert_batchnorm(model)  # sync_bn: before fully_shard
         if not self.distributed:  # one process: nothing to shard
             return model
         if self.device.type == "cpu":
