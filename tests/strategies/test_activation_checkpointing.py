@@ -283,7 +283,43 @@ def test_less_is_saved_for_backward(mode) -> None:
     assert ac["peak"] < 0.8 * none["peak"]
     if mode == "full":  # selective keeps its matmul outputs where these hooks do not see them
         assert ac["saved"] < 0.3 * none["saved"]
-        assert ac["peak"] < memory.get("selective", none)["peak"]
+
+
+def test_selective_recomputes_no_matmul_and_full_recomputes_everything() -> None:
+    """Ops run by one forward and backward, counted per op: ``selective`` runs the
+    normalizations, activations and dropout of each block again, but none of its matrix
+    multiplications or attention; ``full`` runs those again too."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: Counter = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    layers = 2
+    copies = bench.models(vocab=64, width=16, layers=layers, heads=2, seq=9, dropout=0.1)
+    tokens = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(0))
+    counts = {}
+    for mode, model in copies.items():
+        with Count() as c:
+            model(tokens).backward()
+        counts[mode] = c.ops
+    matmuls = ("mm", "addmm", "bmm")
+    attention = [op for op in counts["none"] if op.startswith("_scaled_dot_product")]
+    assert attention and counts["none"]["addmm"] >= 4 * layers
+    for op in (*matmuls, *attention):
+        assert counts["selective"][op] == counts["none"][op], op
+    assert counts["full"]["addmm"] == counts["none"]["addmm"] + 4 * layers  # qkv, proj, fc, out once more
+    assert counts["full"][attention[0]] == counts["none"][attention[0]] + layers
+    for op in ("native_layer_norm", "gelu", "bernoulli_"):  # 2 layer norms, 1 gelu, 2 dropouts per block
+        again = {"native_layer_norm": 2, "gelu": 1, "bernoulli_": 2}[op] * layers
+        assert counts["selective"][op] == counts["full"][op] == counts["none"][op] + again, op
 
 
 def test_full_saves_more_than_selective() -> None:
