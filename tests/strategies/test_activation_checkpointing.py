@@ -352,6 +352,36 @@ def test_the_trainer_and_the_strategy_api_apply_it_before_wrapping() -> None:
     assert all(is_checkpointed(b) for b in model.blocks) and not is_checkpointed(model.head)
 
 
+@pytest.mark.parametrize("saved_with, resumed_with", [("full", None), (None, "selective")])
+def test_a_checkpoint_resumes_with_or_without_it(tmp_path, saved_with, resumed_with) -> None:
+    """A run saved with activation checkpointing resumes without it (and the other way
+    round) and ends on the weights of the uninterrupted run, bit for bit."""
+    def trainer(work_dir, ac, **kw):
+        data = make_data(n=24)
+        data.tensors = (data.tensors[0].view(24, 1, 6).expand(24, 5, 6).contiguous(), data.tensors[1])
+        return treadle.Trainer(make_stack(), work_dir=work_dir, train_dataloader=DataLoader(data, batch_size=8,
+                               shuffle=True), loss_fn=lambda out, y: F.cross_entropy(out.mean(1), y), max_epochs=2,
+                               optimizer=dict(type="AdamW", lr=1e-2), seed=0, strategy=ON_CPU, progress=False,
+                               log_writers=(), checkpoint=dict(interval=1), activation_checkpointing=ac, **kw)
+
+    class Count(treadle.Hook):
+        iters = 0
+
+        def after_train_iter(self, trainer, batch, outputs):
+            self.iters += 1
+
+    whole = trainer(tmp_path / "whole", saved_with)
+    whole.fit()
+    count = Count()
+    resumed = trainer(tmp_path / "resumed", resumed_with, resume=tmp_path / "whole" / "checkpoints" / "epoch_0001",
+                      hooks=[count])
+    resumed.fit()
+    assert count.iters == 3  # the second epoch only: it went on from the checkpoint
+    assert bool(checkpointed_modules(resumed.module)) == (resumed_with is not None)
+    final, want = resumed.module.state_dict(), whole.module.state_dict()
+    assert list(final) == list(want) and all(torch.equal(final[k], want[k]) for k in want)
+
+
 def test_config_key_and_set(tmp_path) -> None:
     from cli_support import TINY
 
