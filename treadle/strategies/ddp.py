@@ -1,7 +1,7 @@
 """DDPStrategy: one model replica per process, gradients all-reduced by DDP.
 
     strategy = DDPStrategy(find_unused_parameters=False, static_graph=False,
-                           gradient_as_bucket_view=True, sync_buffers=True, sync_bn=False, timeout_s=1800)
+                           gradient_as_bucket_view=True, sync_buffers=True, timeout_s=1800, sync_bn=False)
 
 ``setup()`` initialises the process group from the launcher's environment (torchrun,
 SLURM, MPI; see treadle/distributed/env.py): gloo on CPU, nccl on CUDA with one GPU per
@@ -30,8 +30,9 @@ class DDPStrategy(ProcessGroupStrategy):
     name = "ddp"
 
     def __init__(self, find_unused_parameters: bool = False, static_graph: bool = False,
-                 gradient_as_bucket_view: bool = True, sync_buffers: bool = True, sync_bn: bool = False,
-                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
+                 gradient_as_bucket_view: bool = True, sync_buffers: bool = True,
+                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
+                 sync_bn: bool = False) -> None:
         super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn)
         self.find_unused_parameters = find_unused_parameters
         self.static_graph = static_graph

@@ -109,9 +109,9 @@ class FSDPStrategy(ProcessGroupStrategy):
         reshard_after_forward: free gathered parameters after forward (less memory,
             one more all-gather in backward).
         cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU.
+        backend, timeout_s, shard_data: as for DDPStrategy.
         sync_bn: BatchNorm statistics over all data-parallel processes (each BatchNorm layer
             made a SyncBatchNorm before sharding, treadle/strategies/sync_batchnorm.py).
-        backend, timeout_s, shard_data: as for DDPStrategy.
     """
 
     name = "fsdp"
@@ -120,8 +120,9 @@ class FSDPStrategy(ProcessGroupStrategy):
     saves_window_grads = False  # sharded gradients under no_sync have no stable layout
 
     def __init__(self, wrap: WrapPolicy = None, mixed_precision: dict[str, Any] | None = None,
-                 reshard_after_forward: bool = True, cpu_offload: bool = False, sync_bn: bool = False,
-                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
+                 reshard_after_forward: bool = True, cpu_offload: bool = False,
+                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
+                 sync_bn: bool = False) -> None:
         super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn)
         self._wrap_pred, self._wrap_items = _wrap_predicate(wrap)
         self.mp_policy = mixed_precision_policy(mixed_precision)  # validated now: errors before any process starts
