@@ -68,6 +68,12 @@ class ConvBN(nn.Module):
         return self.head(F.relu(self.bn1d(self.fc(x))))
 
 
+def is_linear(module: nn.Module, out_features: int | None = None) -> bool:
+    """A predicate for ``activation_checkpointing: {check_fn: memory_ranks.is_linear}`` in
+    the config tests (an importable function)."""
+    return isinstance(module, nn.Linear) and out_features in (None, module.out_features)
+
+
 def make(cls: type[nn.Module]) -> nn.Module:
     torch.manual_seed(0)
     return cls()
@@ -174,4 +180,4 @@ def results() -> list[dict[str, Any]]:
     return run_ranks(worker, world_size=2, timeout_s=240)
 
 
-__all__ = ["ConvBN", "Stack", "bn_batch", "bn_stats", "full_grads", "half", "make", "results", "worker"]
+__all__ = ["ConvBN", "Stack", "bn_batch", "bn_stats", "full_grads", "half", "is_linear", "make", "results", "worker"]

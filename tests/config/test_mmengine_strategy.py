@@ -147,8 +147,12 @@ def test_strategy_file_merges_dist_timeout_and_trains_on_one_process(tmp_path):
     ({"type": "FSDPStrategy", "state_dict_cfg": {"state_dict_type": "LOCAL_STATE_DICT", "state_dict_config": {}}},
      "strategy.state_dict_cfg.state_dict_config: option has no treadle equivalent"),
     ({"type": "FSDPStrategy", "activation_checkpointing": {"check_fn": "CustomCheckFn"}},
-     "strategy.activation_checkpointing.check_fn: not a function (got 'CustomCheckFn'); expected a predicate "
-     "fn(module) -> bool, or {type: fn, **kwargs}. treadle does not read MMEngine's FUNCTIONS registry"),
+     "strategy.activation_checkpointing.check_fn: a name in MMEngine's FUNCTIONS registry (got 'CustomCheckFn'); "
+     "expected the function, its dotted import path, or {type: path, **kwargs}. treadle does not read"),
+    ({"type": "FSDPStrategy", "activation_checkpointing": {"check_fn": {"type": "CustomCheckFn", "x": 1}}},
+     "strategy.activation_checkpointing.check_fn: a name in MMEngine's FUNCTIONS registry (got 'CustomCheckFn')"),
+    ({"type": "FSDPStrategy", "activation_checkpointing": {"check_fn": 3}},
+     "strategy.activation_checkpointing.check_fn: not a function (got 3)"),
     ({"type": "FSDPStrategy", "activation_checkpointing": {"check_fn": print, "checkpoint_wrapper_fn": print}},
      "strategy.activation_checkpointing.checkpoint_wrapper_fn: option has no treadle equivalent"),
     ({"type": "FSDPStrategy", "activation_checkpointing": ["Block"]},
@@ -227,9 +231,9 @@ def test_translated_strategies_train_on_two_processes_as_one_with_the_doubled_ba
         torch.testing.assert_close(two[k], one[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
-def is_block(module, kind=Block):
+def is_block(module):
     """An MMEngine check_fn: which modules to checkpoint."""
-    return isinstance(module, kind)
+    return isinstance(module, Block)
 
 
 def test_sync_bn_torch_becomes_the_strategys_sync_bn():
@@ -258,20 +262,35 @@ def test_fsdp_strategy_sync_bn_is_dropped_as_mmengine_ignores_it():
     assert out == {"type": "fsdp"}
 
 
-def test_fsdp_strategy_activation_checkpointing_becomes_the_trainers_setting():
-    import functools
+def test_fsdp_strategy_activation_checkpointing_becomes_the_trainers_setting(tmp_path):
+    """MMEngine's check_fn (a function, its dotted path, or {type: fn, **kwargs}) is the
+    Trainer's activation_checkpointing: {check_fn: ...}; a Python config's function is saved
+    in config.yaml by its dotted path, which builds the same run again."""
+    from treadle.config import save_config
+    from treadle.strategies.activation_checkpointing import checkpointed_modules
 
     out = translate({"strategy": {"type": "FSDPStrategy", "activation_checkpointing": {"check_fn": is_block}}})
-    assert out["activation_checkpointing"] is is_block and out["strategy"] == {"type": "fsdp"}
-    out = translate({"strategy": {"type": "FSDPStrategy",
-                                  "activation_checkpointing": {"check_fn": {"type": is_block, "kind": nn.Linear}}}})
-    fn = out["activation_checkpointing"]
-    assert isinstance(fn, functools.partial) and fn(nn.Linear(2, 2)) and not fn(Block())
-
-    from treadle.strategies.activation_checkpointing import apply_activation_checkpointing
-
-    model = nn.Sequential(nn.Linear(2, 2), Block())
-    assert apply_activation_checkpointing(model, out["activation_checkpointing"]) == ["0"]
+    assert out["activation_checkpointing"] == {"check_fn": is_block} and out["strategy"] == {"type": "fsdp"}
+    (tmp_path / "config.py").write_text(textwrap.dedent("""
+        from memory_ranks import is_linear
+        model = dict(type='support.TinyNet')
+        loss_fn = dict(type='CrossEntropyLoss')
+        train_dataloader = dict(batch_size=4, num_workers=0, dataset=dict(type='support.make_data', n=16))
+        optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.1))
+        train_cfg = dict(by_epoch=True, max_epochs=1)
+        strategy = dict(type='FSDPStrategy', activation_checkpointing=dict(check_fn=is_linear))
+        progress = False
+    """))
+    cfg = load_config(tmp_path / "config.py", mode="train")
+    assert checkpointed_modules(build_trainer(cfg).module) == ["fc1", "fc2"]
+    save_config(cfg, tmp_path / "saved.yaml")
+    assert "check_fn: memory_ranks.is_linear" in (tmp_path / "saved.yaml").read_text()
+    assert checkpointed_modules(build_trainer(load_config(tmp_path / "saved.yaml", mode="train")).module) == [
+        "fc1", "fc2"]
+    (tmp_path / "config.py").write_text((tmp_path / "config.py").read_text().replace(
+        "dict(check_fn=is_linear)", "dict(check_fn=dict(type='memory_ranks.is_linear', out_features=3))"))
+    trainer = build_trainer(load_config(tmp_path / "config.py", mode="train"))
+    assert checkpointed_modules(trainer.module) == ["fc2"]  # functools.partial(is_linear, out_features=3)
 
 
 def test_runner_activation_checkpointing_takes_module_paths(tmp_path):

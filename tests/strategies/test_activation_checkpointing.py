@@ -403,6 +403,36 @@ def test_config_key_and_set(tmp_path) -> None:
         build_trainer(load_config(path, ["activation_checkpointing=[Lineer]"], mode="train"))
 
 
+def test_a_predicate_by_its_dotted_path(tmp_path) -> None:
+    """``{check_fn: pkg.mod.fn}`` (MMEngine's FSDPStrategy's spelling): imported when the
+    Trainer is built, ``{type: path, **kwargs}`` binding arguments; refused in safe mode."""
+    from cli_support import TINY
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY + "activation_checkpointing: {check_fn: memory_ranks.is_linear}\n")
+    assert checkpointed_modules(build_trainer(load_config(path, mode="train")).module) == ["fc1", "fc2"]
+    cfg = load_config(path, ["activation_checkpointing={check_fn: {type: memory_ranks.is_linear, out_features: 3}, "
+                             "mode: selective}"], mode="train")
+    assert checkpointed_modules(build_trainer(cfg).module) == ["fc2"]
+    with pytest.raises(ConfigError, match=r"^activation_checkpointing.check_fn: safe mode allows only registered"):
+        treadle.Trainer(TinyNet(), activation_checkpointing={"check_fn": "memory_ranks.is_linear"}, safe=True)
+    for override, message in [
+        ("activation_checkpointing={check_fn: is_linear}", "activation_checkpointing.check_fn: not a dotted import "
+                                                          "path of a function (got 'is_linear')"),
+        ("activation_checkpointing={check_fn: memory_ranks.nothing}", "activation_checkpointing.check_fn: cannot "
+                                                                     "import it (AttributeError"),
+        ("activation_checkpointing={check_fn: memory_ranks.Stack}", "activation_checkpointing.check_fn: not a "
+                                                                   "function"),
+        ("activation_checkpointing={check_fn: {out_features: 3}}", "activation_checkpointing.check_fn.type: missing "
+                                                                  "required key"),
+        ("activation_checkpointing={check_fn: memory_ranks.is_linear, modules: [fc1]}",
+         "activation_checkpointing gives both modules and check_fn; expected one of them"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)) as e:
+            build_trainer(load_config(path, [override], mode="train"))
+        assert "\n" not in str(e.value)
+
+
 @pytest.mark.slow
 def test_compiled_model_trains_as_the_compiled_one_without_it() -> None:
     """torch.compile over checkpointed blocks: no error, no graph break, the same loss and

@@ -33,8 +33,9 @@ SHARD_GRAD_OP``
                                                        (its ``_wrap_model`` skips ``convert_model``);
                                                        ``{type: fsdp, sync_bn: true}`` synchronizes
 ``FSDPStrategy`` ``activation_checkpointing:           the Trainer's ``activation_checkpointing:
-{check_fn: fn}`` (or ``{type: fn, **kwargs}``)         fn`` (``functools.partial(fn, **kwargs)``), a
-                                                       predicate on modules as ``check_fn`` is
+{check_fn: fn}`` (or ``{type: fn, **kwargs}``)         {check_fn: ...}`` as it is (a predicate on
+                                                       modules; ``{type: fn, **kwargs}`` is
+                                                       ``functools.partial(fn, **kwargs)``)
 runner-level ``sync_bn: torch`` (``Runner``)           ``strategy: {type: ddp, sync_bn: true}``
                                                        (merged into a ddp/fsdp strategy the config
                                                        gives)
@@ -49,7 +50,6 @@ full``, a ``check_fn`` given by registry name, ``checkpoint_wrapper_fn``...) is 
 
 from __future__ import annotations
 
-import functools
 import warnings
 from typing import Any
 
@@ -195,21 +195,24 @@ _DS_SETTINGS = {"gradient_clipping": "clip_grad", "gradient_accumulation_steps":
 _DS_CONFIG = ("train_micro_batch_size_per_gpu", "activation_checkpointing", "aio", "amp")
 
 
-def _check_fn(spec: Any, path: str) -> Any:
-    """An ``FSDPStrategy``'s ``activation_checkpointing`` (``{check_fn: fn}``, ``fn`` a
-    predicate on modules or ``{type: fn, **kwargs}``) as treadle's ``activation_checkpointing``."""
+def _check_fn(spec: Any, path: str) -> dict[str, Any]:
+    """An ``FSDPStrategy``'s ``activation_checkpointing`` (``{check_fn: fn}``; ``fn`` a
+    predicate on modules, its dotted path, or ``{type: fn, **kwargs}``) as treadle's
+    ``activation_checkpointing: {check_fn: ...}`` (imported when the Trainer is built)."""
     if not isinstance(spec, dict):
         raise ConfigError(path, "must be a mapping", value=spec, expected="{check_fn: fn}")
     fn = take(spec, path, {"check_fn": "check_fn"}, {}).get("check_fn")
     where = join_path(path, "check_fn")
-    if isinstance(fn, dict):
-        kwargs = {k: v for k, v in fn.items() if k != "type"}
-        fn = functools.partial(fn["type"], **kwargs) if callable(fn.get("type")) else fn.get("type")
-    if not callable(fn) or isinstance(fn, type):
-        raise ConfigError(where, "not a function", value=fn, expected="a predicate fn(module) -> bool, or {type: fn, "
-                          "**kwargs}", hint="treadle does not read MMEngine's FUNCTIONS registry; give the function "
-                          "itself (a Python config), or the classes to checkpoint: activation_checkpointing: [Block]")
-    return fn
+    name = fn.get("type") if isinstance(fn, dict) else fn
+    if isinstance(name, str) and "." not in name:
+        raise ConfigError(where, "a name in MMEngine's FUNCTIONS registry", value=name,
+                          expected="the function, its dotted import path, or {type: path, **kwargs}",
+                          hint="treadle does not read MMEngine's registries; or name the classes to checkpoint: "
+                               "activation_checkpointing: [Block]")
+    if fn is None or not (callable(name) or isinstance(name, str)) or isinstance(name, type):
+        raise ConfigError(where, "not a function", value=fn,
+                          expected="a predicate fn(module) -> bool, its dotted import path, or {type: fn, **kwargs}")
+    return {"check_fn": fn}
 
 
 def strategy_settings(spec: Any, path: str = "strategy") -> list[tuple[str, Any, str]]:

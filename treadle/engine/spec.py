@@ -130,9 +130,24 @@ def _progress(value: Any, path: str) -> None:
         _choice("auto")(value, path)
 
 
+def _check_fn_named(value: Any) -> Any:
+    """``value`` with a ``check_fn`` that a config names (a dotted path, or ``{type: path,
+    **kwargs}``) stood in for by a function: its form is all that can be checked before the
+    config layer imports it (treadle/config/build.py's ``build_check_fn``, from
+    treadle/engine/args.py)."""
+    if isinstance(value, Mapping) and isinstance(value.get("check_fn"), (str, Mapping)):
+        return {**value, "check_fn": _named}
+    return value
+
+
+def _named(module: nn.Module) -> bool:
+    """Stands in for a ``check_fn`` a config names, while its form is checked."""
+    return False
+
+
 def _activation_checkpointing(value: Any, path: str) -> None:
     try:
-        plan_activation_checkpointing(value, path)
+        plan_activation_checkpointing(_check_fn_named(value), path)
     except (TypeError, ValueError) as e:  # the message starts with the key path
         raise ConfigError("", str(e)) from None
 
@@ -157,7 +172,7 @@ def check_bool(name: str, value: Any) -> bool:
 def check_activation_checkpointing(name: str, value: Any) -> Any:
     """``activation_checkpointing`` as given, once checked (its modules are matched when
     the model is prepared)."""
-    plan_activation_checkpointing(value, name)
+    plan_activation_checkpointing(_check_fn_named(value), name)
     return value
 
 
@@ -408,7 +423,8 @@ class TrainerArgs:
         "`full` (every block of the model's main stack: the children of its largest `nn.ModuleList`/`Sequential` "
         "of one class, e.g. GPT-2's `GPT2Block`), `selective` (those blocks, matmul and attention outputs kept, the "
         "rest recomputed), the module class names or submodule paths to checkpoint (`[Block]`, `[backbone.layer1]`), "
-        "or `{modules: [...], mode: full|selective}`; from Python also classes or a predicate `fn(module) -> bool`. "
+        "`{modules: [...], mode: full|selective}`, or a predicate `{check_fn: pkg.mod.fn}` (`fn(module) -> bool`; "
+        "`{type: pkg.mod.fn, **kwargs}` binds arguments); from Python also classes or the function itself. "
         "Applied before the model is wrapped (DDP, FSDP); state dict keys do not change; no cost in evaluation "
         "(treadle/strategies/activation_checkpointing.py, docs/optimization.md).",
         (str, list, dict, bool, NoneType), AC_EXPECTED, _activation_checkpointing, objects=_ANY,

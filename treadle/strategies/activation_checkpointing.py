@@ -5,6 +5,7 @@ tensors, and run their forward again in backward to get them back.
     apply_activation_checkpointing(model, "selective")       # the same blocks, matmul outputs kept
     apply_activation_checkpointing(model, ["GPT2Block"])     # classes (or class names, or submodule paths)
     apply_activation_checkpointing(model, {"modules": ["Block"], "mode": "selective"})
+    apply_activation_checkpointing(model, {"check_fn": lambda m: isinstance(m, Block)})  # a predicate
 
 ``Strategy.prepare(model, activation_checkpointing=...)`` calls it before the model is
 placed and wrapped (DDP, FSDP2's ``fully_shard``, DeepSpeed), the Trainer's
@@ -67,12 +68,11 @@ from treadle.logging.writers import get_logger
 
 #: The two modes (torchtitan's names); see the module docstring.
 MODES = ("full", "selective")
-#: The keys of the mapping form.
-KEYS = ("modules", "mode")
+#: The keys of the mapping form (``check_fn``: a predicate, MMEngine's FSDPStrategy's name).
+KEYS = ("modules", "mode", "check_fn")
 #: What ``activation_checkpointing`` may be, as error messages say it.
 EXPECTED = ("'full', 'selective', module classes, class names or submodule paths (e.g. ['Block']), "
-            "{modules: [...], mode: full|selective} (from Python also a predicate fn(module) -> bool), "
-            "or None/False for none")
+            "{modules: [...], mode: full|selective}, {check_fn: fn(module) -> bool}, or None/False for none")
 
 #: ``(namespace, op)`` whose outputs ``selective`` keeps; ops a torch release lacks are skipped.
 SAVED_OPS = (("aten", "mm"), ("aten", "addmm"), ("aten", "bmm"), ("aten", "baddbmm"), ("aten", "_scaled_mm"),
@@ -104,6 +104,14 @@ def plan_activation_checkpointing(value: Any, name: str = "activation_checkpoint
         mode = value.get("mode", "full")
         if mode not in MODES:
             raise ValueError(f"{name}.mode={mode!r}; expected one of {', '.join(map(repr, MODES))}")
+        if "check_fn" in value:
+            if "modules" in value:
+                raise ValueError(f"{name} gives both modules and check_fn; expected one of them")
+            fn = value["check_fn"]
+            if not callable(fn) or isinstance(fn, type):
+                raise TypeError(f"{name}.check_fn={fn!r}; expected a function fn(module) -> bool (a config gives its "
+                                "dotted path, or {type: path, **kwargs}, which the config layer imports)")
+            return CheckpointPlan(fn, mode)
         modules = value.get("modules", "auto")
         targets = None if modules == "auto" else _targets(modules, f"{name}.modules")
         return CheckpointPlan(targets, mode)

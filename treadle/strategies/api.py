@@ -144,8 +144,9 @@ class StrategyAPI:
         """Place and wrap ``model`` (a module or a config dict), build the optimizer over
         the wrapped parameters and the schedulers over that optimizer.
 
-        ``activation_checkpointing``: ``"full"``, ``"selective"``, module classes or class
-        names to checkpoint, a predicate, or ``{"modules": ..., "mode": ...}``
+        ``activation_checkpointing``: ``"full"``, ``"selective"``, module classes, class
+        names or submodule paths to checkpoint, a predicate (or ``{"check_fn": fn}``), or
+        ``{"modules": ..., "mode": ...}``
         (treadle/strategies/activation_checkpointing.py); applied to the model before it is
         placed and wrapped (DDP, FSDP2's ``fully_shard``), its state dict keys unchanged.
 
