@@ -230,6 +230,9 @@ def test_names_that_match_nothing_list_the_models_classes() -> None:
                                          r"or submodule path of Stack; its module classes are \['Block', 'Dropout', "
                                          r"'LayerNorm', 'Linear', 'ModuleList', 'Stack'\]$"):
         apply_activation_checkpointing(make_stack(), ["Block", "Blok", "blocks.7"])
+    with pytest.raises(ValueError, match=r"match no module class or submodule path of Stack; its module classes are "
+                                         r"\[.*\]; did you mean the mode 'selective'\?$"):
+        apply_activation_checkpointing(make_stack(), "selectiv")
     model = make_stack()
     with pytest.raises(ValueError, match="the predicate 'never' chose no module of Stack"):
         def never(m):
