@@ -129,7 +129,10 @@ def test_strategy_file_merges_dist_timeout_and_trains_on_one_process(tmp_path):
     ({"type": "DeepSpeedStrategy", "config": "/nonexistent/ds.json"},
      "strategy.config: cannot read the DeepSpeed JSON file"),
     ({"type": "ColossalAIStrategy"}, "strategy.type: ColossalAI is not supported"),
-    ({"type": "DDPStrategy", "sync_bn": "torch"}, "strategy.sync_bn: option has no treadle equivalent (got 'torch')"),
+    ({"type": "DDPStrategy", "sync_bn": "mmcv"}, "strategy.sync_bn: no such SyncBatchNorm implementation in treadle "
+     "(got 'mmcv'); expected 'torch' (torch's SyncBatchNorm; treadle's own on the CPU) or null. mmcv's"),
+    ({"type": "DDPStrategy", "sync_bn": True}, "strategy.sync_bn: no such SyncBatchNorm implementation in treadle "
+     "(got True)"),
     ({"type": "DDPStrategy", "env_kwargs": {}}, "strategy.env_kwargs: option has no treadle equivalent"),
     ({"type": "DDPStrategy", "model_wrapper": {"type": "MMSeparateDistributedDataParallel"}},
      "strategy.model_wrapper.type: unsupported model wrapper (got 'MMSeparateDistributedDataParallel')"),
@@ -143,8 +146,17 @@ def test_strategy_file_merges_dist_timeout_and_trains_on_one_process(tmp_path):
      "strategy.state_dict_cfg: option has no treadle equivalent"),
     ({"type": "FSDPStrategy", "state_dict_cfg": {"state_dict_type": "LOCAL_STATE_DICT", "state_dict_config": {}}},
      "strategy.state_dict_cfg.state_dict_config: option has no treadle equivalent"),
-    ({"type": "FSDPStrategy", "activation_checkpointing": {"check_fn": "x"}},
-     "strategy.activation_checkpointing: option has no treadle equivalent"),
+    ({"type": "FSDPStrategy", "activation_checkpointing": {"check_fn": "CustomCheckFn"}},
+     "strategy.activation_checkpointing.check_fn: a name in MMEngine's FUNCTIONS registry (got 'CustomCheckFn'); "
+     "expected the function, its dotted import path, or {type: path, **kwargs}. treadle does not read"),
+    ({"type": "FSDPStrategy", "activation_checkpointing": {"check_fn": {"type": "CustomCheckFn", "x": 1}}},
+     "strategy.activation_checkpointing.check_fn: a name in MMEngine's FUNCTIONS registry (got 'CustomCheckFn')"),
+    ({"type": "FSDPStrategy", "activation_checkpointing": {"check_fn": 3}},
+     "strategy.activation_checkpointing.check_fn: not a function (got 3)"),
+    ({"type": "FSDPStrategy", "activation_checkpointing": {"check_fn": print, "checkpoint_wrapper_fn": print}},
+     "strategy.activation_checkpointing.checkpoint_wrapper_fn: option has no treadle equivalent"),
+    ({"type": "FSDPStrategy", "activation_checkpointing": ["Block"]},
+     "strategy.activation_checkpointing: must be a mapping (got ['Block']); expected {check_fn: fn}"),
     ({"type": "FSDPStrategy", "model_wrapper": {"auto_wrap_policy": {
         "type": "torch.distributed.fsdp.wrap.size_based_auto_wrap_policy", "min_num_params": 10_000_000}}},
      "strategy.model_wrapper.auto_wrap_policy: wrap policy has no treadle equivalent "
@@ -217,3 +229,85 @@ def test_translated_strategies_train_on_two_processes_as_one_with_the_doubled_ba
     assert set(two) == set(one)
     for k in one:
         torch.testing.assert_close(two[k], one[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def is_block(module):
+    """An MMEngine check_fn: which modules to checkpoint."""
+    return isinstance(module, Block)
+
+
+def test_sync_bn_torch_becomes_the_strategys_sync_bn():
+    """DDPStrategy converts BatchNorm layers (MMEngine's convert_model); so does the
+    runner-level key when the runner wraps for several processes."""
+    out = strategy_of({"type": "DDPStrategy", "sync_bn": "torch"})
+    assert out == {"type": "ddp", "sync_buffers": False, "sync_bn": True}
+    assert resolve_strategy(out).sync_bn is True
+    out = strategy_of({"type": "DDPStrategy", "sync_bn": "torch", "model_wrapper": {"find_unused_parameters": True}})
+    assert out == {"type": "ddp", "find_unused_parameters": True, "sync_bn": True}
+    assert strategy_of({"type": "DDPStrategy", "sync_bn": None}) == {"type": "ddp", "sync_buffers": False}
+    optim = {"optimizer": {"type": "SGD", "lr": 0.1}}
+    assert translate({"optim_wrapper": optim, "sync_bn": "torch"})["strategy"] == {"type": "ddp", "sync_bn": True}
+    out = translate({"optim_wrapper": optim, "sync_bn": "torch", "env_cfg": {"dist_cfg": {"timeout": 600}},
+                     "strategy": {"type": "FSDPStrategy"}})
+    assert out["strategy"] == {"type": "fsdp", "timeout_s": 600, "sync_bn": True}
+    assert "sync_bn" not in translate({"optim_wrapper": optim, "sync_bn": None})
+    with pytest.raises(ConfigError, match=r"^sync_bn: no such SyncBatchNorm implementation in treadle \(got 'mmcv'\)"):
+        translate({"optim_wrapper": optim, "sync_bn": "mmcv"})
+
+
+def test_fsdp_strategy_sync_bn_is_dropped_as_mmengine_ignores_it():
+    with pytest.warns(UserWarning, match=r"strategy.sync_bn: MMEngine's FSDPStrategy takes sync_bn but never "
+                                         r"converts BatchNorm layers"):
+        out = strategy_of({"type": "FSDPStrategy", "sync_bn": "torch"})
+    assert out == {"type": "fsdp"}
+
+
+def test_fsdp_strategy_activation_checkpointing_becomes_the_trainers_setting(tmp_path):
+    """MMEngine's check_fn (a function, its dotted path, or {type: fn, **kwargs}) is the
+    Trainer's activation_checkpointing: {check_fn: ...}; a Python config's function is saved
+    in config.yaml by its dotted path, which builds the same run again."""
+    from treadle.config import save_config
+    from treadle.strategies.activation_checkpointing import checkpointed_modules
+
+    out = translate({"strategy": {"type": "FSDPStrategy", "activation_checkpointing": {"check_fn": is_block}}})
+    assert out["activation_checkpointing"] == {"check_fn": is_block} and out["strategy"] == {"type": "fsdp"}
+    (tmp_path / "config.py").write_text(textwrap.dedent("""
+        from memory_ranks import is_linear
+        model = dict(type='support.TinyNet')
+        loss_fn = dict(type='CrossEntropyLoss')
+        train_dataloader = dict(batch_size=4, num_workers=0, dataset=dict(type='support.make_data', n=16))
+        optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.1))
+        train_cfg = dict(by_epoch=True, max_epochs=1)
+        strategy = dict(type='FSDPStrategy', activation_checkpointing=dict(check_fn=is_linear))
+        progress = False
+    """))
+    cfg = load_config(tmp_path / "config.py", mode="train")
+    assert checkpointed_modules(build_trainer(cfg).module) == ["fc1", "fc2"]
+    save_config(cfg, tmp_path / "saved.yaml")
+    assert "check_fn: memory_ranks.is_linear" in (tmp_path / "saved.yaml").read_text()
+    assert checkpointed_modules(build_trainer(load_config(tmp_path / "saved.yaml", mode="train")).module) == [
+        "fc1", "fc2"]
+    (tmp_path / "config.py").write_text((tmp_path / "config.py").read_text().replace(
+        "dict(check_fn=is_linear)", "dict(check_fn=dict(type='memory_ranks.is_linear', out_features=3))"))
+    trainer = build_trainer(load_config(tmp_path / "config.py", mode="train"))
+    assert checkpointed_modules(trainer.module) == ["fc2"]  # functools.partial(is_linear, out_features=3)
+
+
+def test_runner_activation_checkpointing_takes_module_paths(tmp_path):
+    """MMEngine's runner-level activation_checkpointing (submodule paths) is treadle's key."""
+    from treadle.strategies.activation_checkpointing import checkpointed_modules
+
+    (tmp_path / "config.py").write_text(textwrap.dedent("""
+        model = dict(type='support.TinyNet')
+        loss_fn = dict(type='CrossEntropyLoss')
+        train_dataloader = dict(batch_size=4, num_workers=0, dataset=dict(type='support.make_data', n=16))
+        optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.1))
+        train_cfg = dict(by_epoch=True, max_epochs=1)
+        activation_checkpointing = ['fc1', 'fc2']
+        progress = False
+    """))
+    cfg = load_config(tmp_path / "config.py", mode="train")
+    assert cfg["activation_checkpointing"] == ["fc1", "fc2"]
+    trainer = build_trainer(cfg)
+    assert checkpointed_modules(trainer.module) == ["fc1", "fc2"]
+    trainer.fit()

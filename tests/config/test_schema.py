@@ -117,7 +117,8 @@ def test_training_only_and_required_keys_come_from_the_argument_definitions():
     from treadle.config.schema import TRAINING_ONLY, required_keys
 
     assert set(TRAINING_ONLY) == {"train_dataloader", "optimizer", "schedulers", "ema", "checkpoint", "auto_scale_lr",
-                                  "workflow", "resume", "max_epochs", "max_iters", "train_metrics"}
+                                  "workflow", "resume", "max_epochs", "max_iters", "train_metrics",
+                                  "activation_checkpointing"}
     assert [k for k, _ in required_keys("train")] == ["model", "train_dataloader", "optimizer"]
     assert [k for k, _ in required_keys("validate")] == ["model", "val_dataloader"]
     assert [k for k, _ in required_keys("test")] == ["model", "test_dataloader"]

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The public signature as it was written out in Trainer.__init__ before the arguments
 # were defined once: names, order and defaults must not change. New arguments go at the
 # end (a caller passing arguments by position keeps its meaning): init_weights, fast_dev_run,
-# limit_*_batches (#32).
+# limit_*_batches (#32), activation_checkpointing (#43).
 PUBLIC = [
     ("model", inspect.Parameter.empty), ("work_dir", None), ("train_dataloader", None), ("val_dataloader", None),
     ("test_dataloader", None), ("loss_fn", None), ("optimizer", None), ("schedulers", None), ("max_epochs", None),
@@ -42,7 +42,7 @@ PUBLIC = [
     ("log_writers", ("jsonl", "csv", "tensorboard")), ("progress", "auto"), ("timer_breakdown", False),
     ("move_batch", True), ("safe", False), ("verbose", False), ("init_weights", False), ("fast_dev_run", False),
     ("limit_train_batches", None), ("limit_val_batches", None), ("limit_test_batches", None),
-    ("accumulate_across_epochs", False), ("loss_scale", "dynamic"),
+    ("accumulate_across_epochs", False), ("loss_scale", "dynamic"), ("activation_checkpointing", None),
 ]
 
 

@@ -16,6 +16,7 @@ with it (``treadle/engine/args.py``); :mod:`treadle.config.assemble` builds the 
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable, Iterator, Mapping
 
@@ -63,6 +64,34 @@ def call(fn: Callable[..., Any], kwargs: dict[str, Any], path: str) -> Any:
     except Exception as e:
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         raise ConfigError(path, f"{getattr(fn, '__name__', fn)}({args}) failed: {type(e).__name__}: {e}") from e
+
+
+def build_check_fn(spec: Any, path: str, *, safe: bool = False) -> Callable[..., Any]:
+    """A predicate ``fn(module) -> bool`` (``activation_checkpointing.check_fn``): a function,
+    its dotted import path, or ``{type: fn or path, **kwargs}``, which gives
+    ``functools.partial(fn, **kwargs)`` as MMEngine's FSDPStrategy builds its ``check_fn``.
+    ``safe``: a dotted path is refused (it would import code the config names)."""
+    kwargs: dict[str, Any] = {}
+    fn = spec
+    if isinstance(spec, dict):
+        if "type" not in spec:
+            raise ConfigError(join_path(path, "type"), "missing required key", expected="the function's dotted path")
+        fn, kwargs = spec["type"], {k: v for k, v in spec.items() if k != "type"}
+        path = join_path(path, "type")
+    if isinstance(fn, str):
+        if "." not in fn:
+            raise ConfigError(path, "not a dotted import path of a function", value=fn, expected="e.g. my_pkg.ac.is_block",
+                              hint="treadle does not read MMEngine's FUNCTIONS registry")
+        if safe:
+            raise refused(path, fn, "a function given from Python, or module classes: activation_checkpointing: [Block]",
+                          hint="safe mode imports nothing a config names")
+        try:
+            fn = import_object(fn)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(path, f"cannot import it ({type(e).__name__}: {e})", value=fn) from None
+    if not callable(fn) or inspect.isclass(fn):
+        raise ConfigError(path, "not a function", value=fn, expected="a predicate fn(module) -> bool")
+    return functools.partial(fn, **kwargs) if kwargs else fn
 
 
 def build_component(spec: Any, kind: str, path: str, *, safe: bool = False) -> Any:
@@ -309,5 +338,5 @@ def check_safe(cfg: Mapping[str, Any]) -> None:
             check_name(kind, name, path)
 
 
-__all__ = ["build_component", "build_dataloader", "build_hook", "build_model", "call", "check_args",
+__all__ = ["build_check_fn", "build_component", "build_dataloader", "build_hook", "build_model", "call", "check_args",
            "check_optimizer", "check_safe", "check_schedulers", "named_types"]

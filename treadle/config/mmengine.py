@@ -57,6 +57,10 @@ shuffle: ...}``                                        dropped: treadle seeds sa
                                                        (MMEngine scales only with ``enable: true``)
 ``resume: true`` with ``load_from: PATH``              ``resume: PATH`` (full state), no
                                                        ``load_from``
+``sync_bn: torch`` (the runner's)                      ``strategy: {type: ddp, sync_bn: true}``
+                                                       (merged into a ddp/fsdp strategy the config
+                                                       gives); ``mmcv``: refused
+``activation_checkpointing: [paths]`` (the runner's)   the same key: treadle's takes submodule paths
 ``default_scope``                                      dropped
 runtime keys (``env_cfg``, ``visualizer``,             see :mod:`treadle.config.mmengine_runtime`
 ``log_level``, ``launcher``, ``log_processor``,
@@ -81,7 +85,8 @@ from treadle.config.mmengine_common import take
 from treadle.config.mmengine_data import translate_dataloader
 from treadle.config.mmengine_loop import val_schedule
 from treadle.config.mmengine_runtime import RUNTIME_KEYS, helper_names, translate_runtime, visualization_hook
-from treadle.config.mmengine_strategy import is_mmengine_strategy, strategy_settings, translate_strategy
+from treadle.config.mmengine_strategy import (is_mmengine_strategy, strategy_settings, sync_bn_option,
+                                              translate_strategy)
 from treadle.config.registry import REGISTRIES
 from treadle.config.schema import SCHEMA, trainer_defaults
 
@@ -343,6 +348,10 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None) -> di
         out.cfg["strategy"] = translate_strategy(out.cfg["strategy"])
     if rt.strategy:
         out.cfg["strategy"] = _strategy_with(out.cfg.get("strategy"), rt.strategy, rt.strategy_source)
+    if "sync_bn" in out.cfg:  # the runner's: BatchNorm layers converted when it wraps the model for several processes
+        sync = sync_bn_option(out.cfg.pop("sync_bn"), "sync_bn")
+        if sync:
+            out.cfg["strategy"] = _strategy_with(out.cfg.get("strategy"), sync, "sync_bn")
     hooks = rt.hooks + hooks
     logger = {**({"ignore_last": False} if logs_leftovers else {}),
               **rt.logger}

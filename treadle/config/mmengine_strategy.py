@@ -25,14 +25,32 @@ SHARD_GRAD_OP``
 ``DeepSpeedStrategy`` ``gradient_clipping``,           the Trainer's ``clip_grad: {max_norm: x}``,
 ``gradient_accumulation_steps``, ``bf16``/``fp16``     ``accumulate``, ``precision`` (treadle's settings
 ``.enabled`` (also inside ``config``)                  write DeepSpeed's config)
+``DDPStrategy`` ``sync_bn: torch``                     ``sync_bn: true`` (BatchNorm layers become
+                                                       SyncBatchNorm before wrapping, as MMEngine's
+                                                       ``convert_model`` does)
+``FSDPStrategy`` ``sync_bn: torch``                    dropped, with a warning: MMEngine's
+                                                       FSDPStrategy takes the key but never converts
+                                                       (its ``_wrap_model`` skips ``convert_model``);
+                                                       ``{type: fsdp, sync_bn: true}`` synchronizes
+``FSDPStrategy`` ``activation_checkpointing:           the Trainer's ``activation_checkpointing:
+{check_fn: fn}`` (or ``{type: fn, **kwargs}``)         {check_fn: ...}`` as it is (a predicate on
+                                                       modules; ``{type: fn, **kwargs}`` is
+                                                       ``functools.partial(fn, **kwargs)``)
+runner-level ``sync_bn: torch`` (``Runner``)           ``strategy: {type: ddp, sync_bn: true}``
+                                                       (merged into a ddp/fsdp strategy the config
+                                                       gives)
 =====================================================  ==============================================
 
-Anything else (``ColossalAIStrategy``, ``sync_bn``, size-based wrapping, ``state_dict_cfg:
-full``, activation checkpointing...) is a :class:`ConfigError` naming the key as written.
+The runner-level ``activation_checkpointing: [module paths]`` is treadle's key of the same
+name, which takes submodule paths (``backbone.layer1``) as MMEngine's runner does. Anything
+else (``ColossalAIStrategy``, ``sync_bn: mmcv``, size-based wrapping, ``state_dict_cfg:
+full``, a ``check_fn`` given by registry name, ``checkpoint_wrapper_fn``...) is a
+:class:`ConfigError` naming the key as written.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from treadle.config.errors import ConfigError, join_path
@@ -48,11 +66,7 @@ _FSDP_WRAPPERS = (None, "MMFullyShardedDataParallel", "FullyShardedDataParallel"
 _SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
 _LOCAL_STATE = ("local", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
 _WHY = {
-    "sync_bn": "treadle does not convert BatchNorm layers; call torch.nn.SyncBatchNorm.convert_sync_batchnorm on "
-               "the model in Python",
     "skip_init_weights": "treadle builds the model with its weights",
-    "activation_checkpointing": "treadle has no activation checkpointing option; apply torch's checkpoint_wrapper "
-                                "to the model in Python",
     "use_orig_params": "FSDP2 always keeps the original parameters",
     "limit_all_gathers": "FSDP2 limits all-gathers itself",
     "detect_anomalous_params": "treadle has no such check",
@@ -71,14 +85,6 @@ def _short(name: Any) -> Any:
     return name.rsplit(".", 1)[-1] if isinstance(name, str) else name
 
 
-def _only_null(spec: dict[str, Any], path: str, keys: tuple[str, ...]) -> None:
-    """Options treadle honours only when off (null)."""
-    for key in keys:
-        if spec.get(key) is not None:
-            raise ConfigError(join_path(path, key), "option has no treadle equivalent", value=spec[key],
-                              expected="null", hint=_WHY[key])
-
-
 def _wrapper(spec: Any, path: str, types: tuple) -> dict[str, Any]:
     if not isinstance(spec, dict):
         raise ConfigError(path, "must be a mapping", value=spec, expected="{type: ..., option: value}")
@@ -88,17 +94,29 @@ def _wrapper(spec: Any, path: str, types: tuple) -> dict[str, Any]:
     return {k: v for k, v in spec.items() if k != "type"}
 
 
+def sync_bn_option(value: Any, path: str) -> dict[str, Any]:
+    """MMEngine's ``sync_bn`` (``'torch'``, ``'mmcv'`` or None) as treadle strategy options."""
+    if value is None:
+        return {}
+    if value == "torch":
+        return {"sync_bn": True}
+    hint = ("mmcv's SyncBatchNorm (mmcv.ops) is not available in treadle; 'torch' synchronizes the same statistics"
+            if value == "mmcv" else "")
+    raise ConfigError(path, "no such SyncBatchNorm implementation in treadle", value=value,
+                      expected="'torch' (torch's SyncBatchNorm; treadle's own on the CPU) or null", hint=hint)
+
+
 def _ddp(spec: dict[str, Any], path: str) -> dict[str, Any]:
-    _only_null(spec, path, ("sync_bn",))
-    top = take(spec, path, {"model_wrapper": "model_wrapper"}, {"type": None, "sync_bn": None}, _WHY)
+    top = take(spec, path, {"model_wrapper": "model_wrapper", "sync_bn": "sync_bn"}, {"type": None}, _WHY)
+    sync = sync_bn_option(top.get("sync_bn"), join_path(path, "sync_bn"))
     if top.get("model_wrapper") is None:
-        return {"type": "ddp", "sync_buffers": False}
+        return {"type": "ddp", "sync_buffers": False, **sync}
     wpath = join_path(path, "model_wrapper")
     options = take(_wrapper(top["model_wrapper"], wpath, _DDP_WRAPPERS), wpath,
                    {"find_unused_parameters": "find_unused_parameters", "broadcast_buffers": "sync_buffers",
                     "static_graph": "static_graph", "gradient_as_bucket_view": "gradient_as_bucket_view"},
                    {"detect_anomalous_params": False}, _WHY)
-    return {"type": "ddp", **options}
+    return {"type": "ddp", **options, **sync}
 
 
 def _wrap_policy(policy: Any, path: str) -> list[Any]:
@@ -117,9 +135,13 @@ def _wrap_policy(policy: Any, path: str) -> list[Any]:
 
 
 def _fsdp(spec: dict[str, Any], path: str) -> dict[str, Any]:
-    _only_null(spec, path, ("sync_bn", "activation_checkpointing"))
-    top = take(spec, path, {"model_wrapper": "model_wrapper", "state_dict_cfg": "state_dict_cfg"},
-               {"type": None, "sync_bn": None, "skip_init_weights": False, "activation_checkpointing": None}, _WHY)
+    top = take(spec, path, {"model_wrapper": "model_wrapper", "state_dict_cfg": "state_dict_cfg", "sync_bn": "sync_bn"},
+               {"type": None, "skip_init_weights": False, "activation_checkpointing": None}, _WHY)
+    if sync_bn_option(top.get("sync_bn"), join_path(path, "sync_bn")):
+        warnings.warn(f"{join_path(path, 'sync_bn')}: MMEngine's FSDPStrategy takes sync_bn but never converts "
+                      "BatchNorm layers (its _wrap_model skips convert_model), so the translation leaves them as "
+                      "they are, as MMEngine trains; write strategy: {type: fsdp, sync_bn: true} for statistics "
+                      "over all processes.", UserWarning, stacklevel=4)
     state = top.get("state_dict_cfg", "local")
     kind = state.get("state_dict_type", "LOCAL_STATE_DICT") if isinstance(state, dict) else state
     extra = sorted(set(state) - {"state_dict_type"}) if isinstance(state, dict) else []
@@ -173,10 +195,35 @@ _DS_SETTINGS = {"gradient_clipping": "clip_grad", "gradient_accumulation_steps":
 _DS_CONFIG = ("train_micro_batch_size_per_gpu", "activation_checkpointing", "aio", "amp")
 
 
+def _check_fn(spec: Any, path: str) -> dict[str, Any]:
+    """An ``FSDPStrategy``'s ``activation_checkpointing`` (``{check_fn: fn}``; ``fn`` a
+    predicate on modules, its dotted path, or ``{type: fn, **kwargs}``) as treadle's
+    ``activation_checkpointing: {check_fn: ...}`` (imported when the Trainer is built)."""
+    if not isinstance(spec, dict):
+        raise ConfigError(path, "must be a mapping", value=spec, expected="{check_fn: fn}")
+    fn = take(spec, path, {"check_fn": "check_fn"}, {}).get("check_fn")
+    where = join_path(path, "check_fn")
+    name = fn.get("type") if isinstance(fn, dict) else fn
+    if isinstance(name, str) and "." not in name:
+        raise ConfigError(where, "a name in MMEngine's FUNCTIONS registry", value=name,
+                          expected="the function, its dotted import path, or {type: path, **kwargs}",
+                          hint="treadle does not read MMEngine's registries; or name the classes to checkpoint: "
+                               "activation_checkpointing: [Block]")
+    if fn is None or not (callable(name) or isinstance(name, str)) or isinstance(name, type):
+        raise ConfigError(where, "not a function", value=fn,
+                          expected="a predicate fn(module) -> bool, its dotted import path, or {type: fn, **kwargs}")
+    return {"check_fn": fn}
+
+
 def strategy_settings(spec: Any, path: str = "strategy") -> list[tuple[str, Any, str]]:
-    """The Trainer settings an MMEngine ``DeepSpeedStrategy`` dict holds, as ``(key,
-    value, source)``: ``gradient_clipping`` -> ``clip_grad``, ``gradient_accumulation_steps``
-    -> ``accumulate``, ``bf16``/``fp16`` ``enabled`` -> ``precision``. Empty for the others."""
+    """The Trainer settings an MMEngine strategy dict holds, as ``(key, value, source)``:
+    a ``DeepSpeedStrategy``'s ``gradient_clipping`` -> ``clip_grad``,
+    ``gradient_accumulation_steps`` -> ``accumulate``, ``bf16``/``fp16`` ``enabled`` ->
+    ``precision``; an ``FSDPStrategy``'s ``activation_checkpointing`` ->
+    ``activation_checkpointing``. Empty for the others."""
+    if isinstance(spec, dict) and spec.get("type") == "FSDPStrategy" and spec.get("activation_checkpointing") is not None:
+        where = join_path(path, "activation_checkpointing")
+        return [("activation_checkpointing", _check_fn(spec["activation_checkpointing"], where), where)]
     if not isinstance(spec, dict) or spec.get("type") != "DeepSpeedStrategy":
         return []
     spec = {**_ds_file(spec.get("config"), path), **spec}  # the strategy's keys override its config's (MMEngine)
@@ -241,4 +288,4 @@ def translate_strategy(spec: dict[str, Any], path: str = "strategy") -> str | di
     return _ddp(spec, path) if kind == "DDPStrategy" else _fsdp(spec, path)
 
 
-__all__ = ["MMENGINE_STRATEGIES", "is_mmengine_strategy", "translate_strategy"]
+__all__ = ["MMENGINE_STRATEGIES", "is_mmengine_strategy", "strategy_settings", "sync_bn_option", "translate_strategy"]

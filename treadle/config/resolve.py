@@ -24,13 +24,13 @@ from treadle.config.unused import check_overrides, log_unused, split_unused
 MODES = ("train", "validate", "test")
 
 # Callables a Python config may give where the saved YAML holds a name.
-_NAMED_KEYS = ("type", "collate_fn")
+_NAMED_KEYS = ("type", "collate_fn", "check_fn")
 
 
 def to_plain(value: Any, path: str = "") -> Any:
     """Plain YAML data: tuples become lists, classes/functions under ``type`` (and
-    ``collate_fn``, top-level ``loss_fn``) become their names; anything else that YAML
-    cannot hold is an error naming the key."""
+    ``collate_fn``, ``check_fn``, top-level ``loss_fn``) become their names; anything else
+    that YAML cannot hold is an error naming the key."""
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():

@@ -195,6 +195,7 @@ class Args:
     precision: str
     clip_grad: dict[str, Any] | None
     optim_wrapper: Any  # what Strategy.prepare takes, or None
+    activation_checkpointing: Any  # what Strategy.prepare takes: a check_fn a config names is imported
     guard: NaNGuardHook | None
     ema: EMAHook | None
     checkpoint_hook: CheckpointHook | None
@@ -272,9 +273,23 @@ def build_args(given: TrainerArgs) -> Args:
         train_metrics=TrainMetrics(train_metrics, v.train_metrics_reset) if train_metrics else None,
         preemption=PreemptionConfig.build(v.preemption), precision=precision, clip_grad=clip_grad,
         optim_wrapper=trainer_optim_wrapper(v.optimizer, precision, v.accumulate, clip_grad, safe, v.loss_scale),
+        activation_checkpointing=activation_checkpointing(v.activation_checkpointing, safe),
         guard=nan_guard_hook(v.nan_guard, v.log_interval),
         ema=ema_hook(v.ema) if v.ema is not None else None,
         checkpoint_hook=checkpoint_hook(checkpoint) if checkpoint is not None and checkpoint is not False else None)
+
+
+def activation_checkpointing(value: Any, safe: bool = False) -> Any:
+    """``activation_checkpointing`` as ``Strategy.prepare`` takes it: a ``check_fn`` that a
+    config names (a dotted path, or ``{type: path, **kwargs}``) imported by the config
+    layer (``safe``: refused there)."""
+    if isinstance(value, Mapping) and isinstance(value.get("check_fn"), (str, Mapping)):
+        from treadle.config.build import build_check_fn  # the config layer: only for a named function
+
+        return {**value, "check_fn": build_check_fn(dict(value["check_fn"]) if isinstance(value["check_fn"], Mapping)
+                                                    else value["check_fn"], "activation_checkpointing.check_fn",
+                                                    safe=safe)}
+    return value
 
 
 def trainer_optim_wrapper(optimizer: Any, precision: str, accumulate: int, clip_grad: dict[str, Any] | None,

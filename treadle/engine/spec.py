@@ -32,6 +32,7 @@ from treadle.logging.specs import WRITERS as _WRITERS
 from treadle.hooks.logger import check_writers
 from treadle.optim.loss_scale import check_loss_scale
 from treadle.optim.wrapper import check_clip_grad, check_precision
+from treadle.strategies.activation_checkpointing import EXPECTED as AC_EXPECTED, plan_activation_checkpointing
 from treadle.strategies.base import Strategy
 from treadle.strategies.build import STRATEGY_NAMES, resolve_strategy
 
@@ -129,6 +130,28 @@ def _progress(value: Any, path: str) -> None:
         _choice("auto")(value, path)
 
 
+def _check_fn_named(value: Any) -> Any:
+    """``value`` with a ``check_fn`` that a config names (a dotted path, or ``{type: path,
+    **kwargs}``) stood in for by a function: its form is all that can be checked before the
+    config layer imports it (treadle/config/build.py's ``build_check_fn``, from
+    treadle/engine/args.py)."""
+    if isinstance(value, Mapping) and isinstance(value.get("check_fn"), (str, Mapping)):
+        return {**value, "check_fn": _named}
+    return value
+
+
+def _named(module: nn.Module) -> bool:
+    """Stands in for a ``check_fn`` a config names, while its form is checked."""
+    return False
+
+
+def _activation_checkpointing(value: Any, path: str) -> None:
+    try:
+        plan_activation_checkpointing(_check_fn_named(value), path)
+    except (TypeError, ValueError) as e:  # the message starts with the key path
+        raise ConfigError("", str(e)) from None
+
+
 def _params(cls: type) -> list[str]:
     return [p for p in inspect.signature(cls).parameters if p != "self"]
 
@@ -143,6 +166,13 @@ _EMA_KEYS = [*_params(EMAHook), "start_iter"]
 def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_activation_checkpointing(name: str, value: Any) -> Any:
+    """``activation_checkpointing`` as given, once checked (its modules are matched when
+    the model is prepared)."""
+    plan_activation_checkpointing(_check_fn_named(value), name)
     return value
 
 
@@ -388,6 +418,17 @@ class TrainerArgs:
         "changes) or GradScaler options `{init_scale: 512, growth_interval: 100}` (treadle/optim/loss_scale.py).",
         (str, int, float, dict), "'dynamic', a number > 0, or a mapping of GradScaler options",
         _wrap(check_loss_scale))] = "dynamic"
+    activation_checkpointing: Annotated[str | Sequence[Any] | Mapping[str, Any] | Callable[..., Any] | bool | None, Arg(
+        "Recompute activations in backward instead of keeping them (less memory, more time), for any strategy: "
+        "`full` (every block of the model's main stack: the children of its largest `nn.ModuleList`/`Sequential` "
+        "of one class, e.g. GPT-2's `GPT2Block`), `selective` (those blocks, matmul and attention outputs kept, the "
+        "rest recomputed), the module class names or submodule paths to checkpoint (`[Block]`, `[backbone.layer1]`), "
+        "`{modules: [...], mode: full|selective}`, or a predicate `{check_fn: pkg.mod.fn}` (`fn(module) -> bool`; "
+        "`{type: pkg.mod.fn, **kwargs}` binds arguments); from Python also classes or the function itself. "
+        "Applied before the model is wrapped (DDP, FSDP); state dict keys do not change; no cost in evaluation "
+        "(treadle/strategies/activation_checkpointing.py, docs/optimization.md).",
+        (str, list, dict, bool, NoneType), AC_EXPECTED, _activation_checkpointing, objects=_ANY,
+        convert=check_activation_checkpointing, training_only=True)] = None
 
 
 def check_args(args: TrainerArgs) -> TrainerArgs:
@@ -404,5 +445,5 @@ def check_args(args: TrainerArgs) -> TrainerArgs:
 TRAINER_KEYS: tuple[Key, ...] = config_keys(TrainerArgs)
 
 
-__all__ = ["LOG_WRITERS", "TRAINER_KEYS", "TrainerArgs", "check_args", "check_bool", "check_hook_list", "check_loader",
-           "check_model", "check_resume"]
+__all__ = ["LOG_WRITERS", "TRAINER_KEYS", "TrainerArgs", "check_activation_checkpointing", "check_args", "check_bool",
+           "check_hook_list", "check_loader", "check_model", "check_resume"]

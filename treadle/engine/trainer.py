@@ -149,6 +149,7 @@ class Trainer:
             self.module, optim_wrapper=a.optim_wrapper,
             param_scheduler=(schedulers or None) if a.optim_wrapper else None, compile=compile,
             auto_scale_lr=auto_scale_lr if a.optim_wrapper else None,
+            activation_checkpointing=a.activation_checkpointing,
             dispatch_kwargs=dict(epoch_length=s.iters_per_epoch, max_epochs=s.max_epochs, max_iters=s.max_iters,
                                  train_micro_batch_size_per_gpu=getattr(self.train_dataloader, "batch_size", None)))
         self.model = strategy.model

@@ -142,9 +142,16 @@ class StrategyAPI:
     # -- prepare -------------------------------------------------------------------------
     def prepare(self, model: nn.Module | Mapping[str, Any], *, optim_wrapper: Any = None,
                 param_scheduler: Any = None, compile: bool | dict[str, Any] = False,
-                dispatch_kwargs: dict[str, Any] | None = None, auto_scale_lr: dict[str, Any] | None = None) -> Any:
+                dispatch_kwargs: dict[str, Any] | None = None, auto_scale_lr: dict[str, Any] | None = None,
+                activation_checkpointing: Any = None) -> Any:
         """Place and wrap ``model`` (a module or a config dict), build the optimizer over
         the wrapped parameters and the schedulers over that optimizer.
+
+        ``activation_checkpointing``: ``"full"``, ``"selective"``, module classes, class
+        names or submodule paths to checkpoint, a predicate (or ``{"check_fn": fn}``), or
+        ``{"modules": ..., "mode": ...}``
+        (treadle/strategies/activation_checkpointing.py); applied to the model before it is
+        placed and wrapped (DDP, FSDP2's ``fully_shard``), its state dict keys unchanged.
 
         ``optim_wrapper``: MMEngine's ``optim_wrapper`` dict, an Optimizer or an
         OptimWrapper; or several by name, ``{"gen": {...}, "disc": {...}}`` (a config
@@ -178,6 +185,10 @@ class StrategyAPI:
             model = build_model(dict(model))
         if not isinstance(model, nn.Module):
             raise TypeError(f"prepare(model=...) needs a torch.nn.Module or a config dict, got {type(model).__name__}")
+        if activation_checkpointing is not None and activation_checkpointing is not False:
+            from treadle.strategies.activation_checkpointing import apply_activation_checkpointing
+
+            apply_activation_checkpointing(model, activation_checkpointing)  # before wrapping: fully_shard sees the blocks
         self.module = model
         wrapped = self.setup_model(model)  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
         wrappers = build_optim_wrappers(optim_wrapper, model, device_type=self.device.type) if optim_wrapper is not None else {}

@@ -107,11 +107,6 @@ class Strategy(StrategyAPI):
         """Tensor-parallel ranks per data shard (1: none)."""
         return 1
 
-    def data_parallel_group(self) -> Any:
-        """The process group of the ranks that read different data, for reductions of
-        tensors (SyncBatchNorm, torchmetrics); None: every process."""
-        return None
-
     def data_leaders(self) -> list[int]:
         """One rank per data shard, in shard order (the results of the others repeat theirs)."""
         return list(range(self.world_size))
@@ -122,6 +117,13 @@ class Strategy(StrategyAPI):
 
     def setup(self) -> None:
         """Called once by the Trainer before the model is placed."""
+
+    def data_parallel_group(self) -> Any:
+        """The process group of the ranks that hold replicas (or shards) of the same model
+        and read different data: what BatchNorm statistics (``sync_bn``) and torchmetrics
+        objects reduce over. None: every process (here; FSDP with tensor parallelism returns
+        the group of its data-parallel ranks)."""
+        return None
 
     def check_trainer_options(self, options: dict[str, Any]) -> None:
         """Refuse, before anything starts, Trainer arguments this strategy cannot honour
@@ -267,12 +269,17 @@ class ProcessGroupStrategy(Strategy):
     """Base of the multi-process strategies: the process group from the launcher's
     environment (treadle/distributed), and the options they share."""
 
-    def __init__(self, backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
+    def __init__(self, backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
+                 sync_bn: bool = False) -> None:
         if backend not in (None, "gloo", "nccl"):
             raise ValueError(f"backend={backend!r}; expected None (nccl on CUDA, gloo on CPU), 'gloo' or 'nccl'")
+        if not isinstance(sync_bn, bool):
+            raise TypeError(f"sync_bn={sync_bn!r}; expected True (BatchNorm statistics over all data-parallel "
+                            "processes) or False")
         self.backend = backend
         self.timeout_s = timeout_s
         self.shard_data = shard_data
+        self.sync_bn = sync_bn
         self.device = torch.device("cpu")
 
     def setup(self) -> None:
@@ -283,6 +290,39 @@ class ProcessGroupStrategy(Strategy):
         self.device = comm.init_distributed(env, backend=self.backend, timeout_s=self.timeout_s)
         self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
         self.local_rank = env.local_rank
+
+    def convert_batchnorm(self, model: nn.Module) -> nn.Module:
+        """With ``sync_bn``: every BatchNorm layer of ``model`` made a SyncBatchNorm over
+        :meth:`data_parallel_group` (treadle/strategies/sync_batchnorm.py), in place, before
+        the model is wrapped. Unchanged without it, and when that group is one process
+        (said once in the log: there is nothing to synchronize)."""
+        if not self.sync_bn:
+            return model
+        from treadle.logging.writers import get_logger
+        from treadle.strategies.sync_batchnorm import BATCHNORMS, convert_sync_batchnorm, count_batchnorms
+
+        if isinstance(model, (*BATCHNORMS, torch.nn.SyncBatchNorm)):
+            raise ValueError(f"sync_bn=True: the model is itself a {type(model).__name__} layer; put it inside a "
+                             "module (e.g. nn.Sequential) so that it can be replaced")
+        group = self.data_parallel_group()
+        size = comm.get_world_size() if group is None else _group_size(group)
+        layers = count_batchnorms(model)
+        if size <= 1:
+            get_logger().info("sync_bn: one data-parallel process; BatchNorm layers left as they are")
+            return model
+        if not layers:
+            get_logger().warning(f"sync_bn=True, but {type(model).__name__} has no BatchNorm layer: nothing to "
+                                 "synchronize")
+            return model
+        convert_sync_batchnorm(model, group, cpu=self.device.type == "cpu")
+        get_logger().info(f"sync_bn: {layers} BatchNorm layer(s) synchronized over {size} data-parallel processes")
+        return model
+
+
+def _group_size(group: Any) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(group)
 
 
 def check_device(device: Any) -> torch.device:

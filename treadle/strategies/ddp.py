@@ -1,14 +1,16 @@
 """DDPStrategy: one model replica per process, gradients all-reduced by DDP.
 
     strategy = DDPStrategy(find_unused_parameters=False, static_graph=False,
-                           gradient_as_bucket_view=True, sync_buffers=True, timeout_s=1800)
+                           gradient_as_bucket_view=True, sync_buffers=True, timeout_s=1800, sync_bn=False)
 
 ``setup()`` initialises the process group from the launcher's environment (torchrun,
 SLURM, MPI; see treadle/distributed/env.py): gloo on CPU, nccl on CUDA with one GPU per
 local rank. The model is wrapped in ``DistributedDataParallel``; with gradient
 accumulation the micro-batches that do not step run under ``no_sync`` (forward and
 backward), so gradients cross the network once per window. Checkpoints hold the
-unwrapped module's state dict, written once by rank 0.
+unwrapped module's state dict, written once by rank 0. ``sync_bn=True`` makes every
+BatchNorm layer a SyncBatchNorm over all processes before wrapping
+(treadle/strategies/sync_batchnorm.py; on the CPU too); one process keeps BatchNorm.
 """
 
 from __future__ import annotations
@@ -29,15 +31,16 @@ class DDPStrategy(ProcessGroupStrategy):
 
     def __init__(self, find_unused_parameters: bool = False, static_graph: bool = False,
                  gradient_as_bucket_view: bool = True, sync_buffers: bool = True,
-                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
-        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data)
+                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
+                 sync_bn: bool = False) -> None:
+        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn)
         self.find_unused_parameters = find_unused_parameters
         self.static_graph = static_graph
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.sync_buffers = sync_buffers  # BatchNorm stats etc. from rank 0 before each forward
 
     def setup_model(self, model: nn.Module) -> nn.Module:
-        model = move_model(model, self.device)
+        model = self.convert_batchnorm(move_model(model, self.device))  # sync_bn
         if not self.distributed:  # one process: DDP would only add overhead
             return model
         device_ids = [self.device.index] if self.device.type == "cuda" else None

@@ -123,6 +123,9 @@ class FSDPStrategy(ProcessGroupStrategy):
         reshard_after_forward: free gathered parameters after forward (less memory,
             one more all-gather in backward).
         cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU.
+        backend, timeout_s, shard_data: as for DDPStrategy.
+        sync_bn: BatchNorm statistics over all data-parallel processes (each BatchNorm layer
+            made a SyncBatchNorm before sharding, treadle/strategies/sync_batchnorm.py).
         dp_replicate: replicas of the sharded model (HSDP when > 1); -1: what
             ``dp_shard x tp`` leave of the world size.
         dp_shard: processes each replica is sharded over; -1: what ``dp_replicate x
@@ -132,7 +135,6 @@ class FSDPStrategy(ProcessGroupStrategy):
             styles (``{"layers.*.attn.q_proj": "colwise", ...}``), ``"auto"`` (the
             model's own plan: a Hugging Face model's), or a callable ``plan(model, tp_mesh)``
             (treadle/strategies/tensor_parallel.py).
-        backend, timeout_s, shard_data: as for DDPStrategy.
     """
 
     name = "fsdp"
@@ -142,9 +144,10 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     def __init__(self, wrap: WrapPolicy = None, mixed_precision: dict[str, Any] | None = None,
                  reshard_after_forward: bool = True, cpu_offload: bool = False,
-                 dp_replicate: int = 1, dp_shard: int | str = -1, tp: int = 1, tp_plan: Plan = None,
-                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
-        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data)
+                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
+                 sync_bn: bool = False, *, dp_replicate: int = 1, dp_shard: int | str = -1, tp: int = 1,
+                 tp_plan: Plan = None) -> None:
+        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn)
         self._wrap_pred, self._wrap_items = _wrap_predicate(wrap)
         self.mp_policy = mixed_precision_policy(mixed_precision)  # validated now: errors before any process starts
         self.mixed_precision = mixed_precision
@@ -211,6 +214,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         self._check_wrap_matched(model)  # on one process too: a typo should not wait for a cluster
         if not self.cpu_offload:
             model = move_model(model, self.device)
+        model = self.convert_batchnorm(model)  # sync_bn: before fully_shard
         if not self.distributed:  # one process: nothing to shard
             return model
         if self.device.type == "cpu":
