@@ -17,7 +17,9 @@ each mark on CUDA); the slowest rank's time counts.
 
 Memory: the bytes this rank holds of the parameters, of their gradients (after a
 backward) and of the optimizer state (AdamW's two moments and step), counting a DTensor's
-local shard only; the largest rank's. Configurations (``--nproc`` 4):
+local shard only, and the activations autograd saved for backward in the first step
+(``saved_tensors_hooks``, each storage once: the CPU's stand-in for a GPU's peak); the
+largest rank's. Configurations (``--nproc`` 4):
 
 ==========  ==================================================================
 ``ddp``     DDPStrategy: every rank holds the whole model
@@ -42,6 +44,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -112,6 +115,27 @@ def local_bytes(tensors) -> int:
     return total
 
 
+@contextlib.contextmanager
+def saved_tensors(into: dict):
+    """Record the bytes of every tensor autograd saves for backward (each storage once; a
+    DTensor's local shard), by ``(data_ptr, nbytes)`` into ``into``."""
+    import torch
+
+    def pack(t):
+        local = t.to_local() if hasattr(t, "to_local") else t
+        if isinstance(t, torch.nn.Parameter) or local.device.type == "meta":
+            return t  # weights, not activations
+        try:
+            storage = local.untyped_storage()
+            into[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()
+        except RuntimeError:  # FSDP's gathered parameters: their storage is freed after forward
+            pass
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
+
+
 def worker(a: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
@@ -135,15 +159,17 @@ def worker(a: argparse.Namespace) -> None:
     else:
         context = contextlib.nullcontext
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    saved: dict[tuple[int, int], int] = {}
     times = []
     for i in range(a.warmup + a.steps):
         ids = batches[i % len(batches)]
         dist.barrier()
         sync()
         start = time.perf_counter()
-        with context():
+        with context(), (saved_tensors(saved) if i == 0 else contextlib.nullcontext()):
             logits = model(ids[:, :-1])
             loss = nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        with context():
             if i == 0:  # gradients exist between backward and the step: measured once
                 loss.backward()
                 grads = local_bytes(p.grad for p in model.parameters())
@@ -156,12 +182,12 @@ def worker(a: argparse.Namespace) -> None:
             times.append(time.perf_counter() - start)
     params = local_bytes(model.parameters())
     optim = local_bytes(v for st in ow.optimizer.state.values() for v in st.values() if torch.is_tensor(v))
-    mine = {"params": params, "grads": grads, "optim": optim, "times": times}
+    mine = {"params": params, "grads": grads, "optim": optim, "activations": sum(saved.values()), "times": times}
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     if strategy.rank == 0:
         slowest = [max(r["times"][i] for r in everyone) for i in range(len(times))]
-        out = {k: max(r[k] for r in everyone) for k in ("params", "grads", "optim")}
+        out = {k: max(r[k] for r in everyone) for k in ("params", "grads", "optim", "activations")}
         out["times"] = slowest
         print("RESULT " + json.dumps(out), flush=True)
     dist.destroy_process_group()
@@ -182,12 +208,25 @@ def launch(config: str, a: argparse.Namespace, argv: list[str]) -> dict:
                "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         if a.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
-        procs.append(subprocess.Popen([sys.executable, __file__, *argv, "--worker", config], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=1800)[0] for p in procs]
-    for p, out in zip(procs, outs):
+        log = tempfile.TemporaryFile("w+")  # a file, not a pipe: no rank blocks on a full pipe
+        procs.append((subprocess.Popen([sys.executable, __file__, *argv, "--worker", config], env=env, stdout=log,
+                                       stderr=subprocess.STDOUT, text=True), log))
+    deadline = time.monotonic() + 1800
+    while any(p.poll() is None for p, _ in procs):
+        failed = [(p, log) for p, log in procs if p.poll() not in (None, 0)]
+        if failed or time.monotonic() > deadline:  # one rank failed (or hangs): the others would wait forever
+            for p, _ in procs:
+                p.kill()
+            p, log = failed[0] if failed else procs[0]
+            log.seek(0)
+            raise SystemExit(f"{config}: a rank exited {p.returncode}:\n{log.read()[-3000:]}")
+        time.sleep(0.2)
+    outs = []
+    for p, log in procs:
+        log.seek(0)
+        outs.append(log.read())
         if p.returncode:
-            raise SystemExit(f"{config}: a rank exited {p.returncode}:\n{out[-3000:]}")
+            raise SystemExit(f"{config}: a rank exited {p.returncode}:\n{outs[-1][-3000:]}")
     line = next(x for x in outs[0].splitlines() if x.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
 
@@ -217,15 +256,16 @@ def main() -> None:
           f"{a.global_batch}; AdamW; {a.nproc} processes on {a.device} "
           f"({'gloo, one thread each' if a.device == 'cpu' else 'nccl'}); {a.steps} steps timed after {a.warmup}\n")
     print("| configuration | parameters MiB/rank | gradients MiB/rank | optimizer MiB/rank | total MiB/rank "
-          "| ms/step (IQR) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+          "| saved activations MiB/rank | ms/step (IQR) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for config in a.configs.split(","):
         r = launch(config, a, argv)
         ms = sorted(t * 1000 for t in r["times"])
         q = statistics.quantiles(ms, n=4) if len(ms) > 1 else [ms[0], ms[0], ms[0]]
         total = r["params"] + r["grads"] + r["optim"]
         print(f"| {config} | {r['params'] / mib:.2f} | {r['grads'] / mib:.2f} | {r['optim'] / mib:.2f} | "
-              f"{total / mib:.2f} | {statistics.median(ms):.0f} ({q[0]:.0f} to {q[2]:.0f}) |", flush=True)
+              f"{total / mib:.2f} | {r['activations'] / mib:.1f} | {statistics.median(ms):.0f} ({q[0]:.0f} to "
+              f"{q[2]:.0f}) |", flush=True)
 
 
 if __name__ == "__main__":
