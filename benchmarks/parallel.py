@@ -190,7 +190,11 @@ def worker(a: argparse.Namespace) -> None:
         out = {k: max(r[k] for r in everyone) for k in ("params", "grads", "optim", "activations")}
         out["times"] = slowest
         print("RESULT " + json.dumps(out), flush=True)
-    dist.destroy_process_group()
+    # treadle's shutdown, not torch's destroy_process_group alone: the DDP model still holds
+    # the group, and the last reference dropped at exit would join gloo's threads holding the GIL
+    from treadle.distributed import comm
+
+    comm.shutdown()
 
 
 def free_port() -> int:
