@@ -87,6 +87,16 @@ def test_resharding_is_refused_before_2_9_and_the_same_world_size_never():
         "export, or load_from=)")
 
 
+def test_a_checkpoint_of_another_mesh_is_refused_before_2_9_and_the_same_mesh_never():
+    two_by_two, four = {"dp_replicate": 1, "dp_shard": 2, "tp": 2}, {"dp_replicate": 1, "dp_shard": 4, "tp": 1}
+    assert compat.mesh_reshard_problem(two_by_two, dict(two_by_two), "2.7.1") is None
+    assert compat.mesh_reshard_problem(two_by_two, four, "2.9.1") is None
+    assert compat.mesh_reshard_problem(two_by_two, four, "2.8.0") == (
+        "loading a sharded checkpoint saved on the mesh dp_replicate=1 x dp_shard=2 x tp=2 onto dp_replicate=1 x "
+        "dp_shard=4 x tp=1 needs torch>=2.9, but torch 2.8.0 is installed (older releases train on from it wrong); "
+        "resume it on the same mesh, or consolidate it into full weights (treadle export, or load_from=)")
+
+
 @pytest.mark.parametrize("version,copies", [("2.6.0", True), ("2.7.1", False), ("2.14.1", False)])
 def test_async_save_gets_its_own_cpu_tensors_where_torch_would_not_copy_them(monkeypatch, version, copies):
     weight = torch.ones(3)

@@ -88,6 +88,20 @@ def fsdp_cpu_problem(mixed_precision: bool, version: str | None = None) -> str |
     return f"{what} on the CPU (gloo) needs {need}; on CUDA (nccl), FSDP runs from torch {TORCH_FLOOR_TEXT}"
 
 
+def mesh_reshard_problem(saved_mesh: dict[str, int], mesh: dict[str, int], version: str | None = None) -> str | None:
+    """Why a sharded checkpoint saved on the device mesh ``saved_mesh`` (same number of
+    processes, other dimensions: ``{"dp_replicate": 1, "dp_shard": 2, "tp": 2}``) cannot
+    be loaded for training on ``mesh`` with this torch, or None: the same resharding as
+    :func:`reshard_problem`'s (2.7 and 2.8)."""
+    need = _needs(DCP_RESHARD, version) if saved_mesh != mesh else None
+    if need is None:
+        return None
+    text = lambda m: " x ".join(f"{k}={v}" for k, v in m.items())  # noqa: E731
+    return (f"loading a sharded checkpoint saved on the mesh {text(saved_mesh)} onto {text(mesh)} needs {need} (older "
+            "releases train on from it wrong); resume it on the same mesh, or consolidate it into full weights "
+            "(treadle export, or load_from=)")
+
+
 def reshard_problem(saved_world: int, world: int, version: str | None = None) -> str | None:
     """Why a sharded checkpoint saved by ``saved_world`` processes cannot be loaded for
     training by ``world`` on this torch, or None."""

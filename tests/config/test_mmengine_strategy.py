@@ -68,6 +68,16 @@ def test_fsdp_strategy_options():
     assert strategy_of({"type": "SingleDeviceStrategy"}) == "single"
 
 
+@pytest.mark.parametrize("sharding, reshard", [("HYBRID_SHARD", True), ("_HYBRID_SHARD_ZERO2", False)])
+def test_hybrid_shard_is_hsdp_sharded_within_a_node(sharding, reshard):
+    """FSDP1's HYBRID_SHARD shards within a node and replicates across nodes: HSDP on
+    dp_shard='node', dp_replicate=-1 (16 processes, 8 per node: 2 replicas of 8 shards)."""
+    out = strategy_of({"type": "FSDPStrategy", "model_wrapper": {"sharding_strategy": sharding}})
+    assert out == {"type": "fsdp", "reshard_after_forward": reshard, "dp_replicate": -1, "dp_shard": "node"}
+    shape = resolve_strategy(out).shape.resolve(16, local_world_size=8)
+    assert (shape.dp_replicate, shape.dp_shard, shape.tp) == (2, 8, 1)
+
+
 def test_deepspeed_strategy_keys_become_the_trainers_settings_and_the_rest_its_config(tmp_path):
     """MMEngine's DeepSpeedStrategy: clipping, accumulation and precision are the Trainer's
     settings (they write DeepSpeed's config); the stage and the rest are the strategy's,
@@ -165,8 +175,8 @@ def test_strategy_file_merges_dist_timeout_and_trains_on_one_process(tmp_path):
      "strategy.model_wrapper.auto_wrap_policy: wrap policy has no treadle equivalent (got 'my_policy')"),
     ({"type": "FSDPStrategy", "model_wrapper": {"auto_wrap_policy": {"type": WRAP_POLICY}}},
      "strategy.model_wrapper.auto_wrap_policy.transformer_layer_cls: not a set of layer classes (got None)"),
-    ({"type": "FSDPStrategy", "model_wrapper": {"sharding_strategy": "HYBRID_SHARD"}},
-     "strategy.model_wrapper.sharding_strategy: sharding strategy has no treadle equivalent (got 'HYBRID_SHARD')"),
+    ({"type": "FSDPStrategy", "model_wrapper": {"sharding_strategy": "NO_SHARD"}},
+     "strategy.model_wrapper.sharding_strategy: sharding strategy has no treadle equivalent (got 'NO_SHARD')"),
     ({"type": "FSDPStrategy", "model_wrapper": {"mixed_precision": {"buffer_dtype": "float16"}}},
      "strategy.model_wrapper.mixed_precision.buffer_dtype: option has no treadle equivalent (got 'float16')"),
     ({"type": "FSDPStrategy", "model_wrapper": {"use_orig_params": False}},

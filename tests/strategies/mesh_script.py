@@ -2,7 +2,7 @@
 tests/strategies/test_mesh.py with torchrun's environment (or as one process).
 
     python mesh_script.py OUT_DIR [--dp-replicate R] [--dp-shard S] [--tp T] [--head STYLE] [--hf]
-        [--work-dir D] [--max-iters N] [--interval K] [--kill-at N] [--resume [PATH]] [--val]
+        [--work-dir D] [--max-iters N] [--interval K] [--kill-at N] [--resume [PATH]] [--val] [--ac MODE]
 
 ``--head``: the TinyLM output layer's style in the plan ("loss_parallel", "colwise_rep",
 "replicate"; ``--callable-plan``: given by a function); ``--hf``: a tiny Qwen3 from transformers with ``tp_plan="auto"`` instead.
@@ -99,6 +99,7 @@ def main():
     p.add_argument("--head", default="loss_parallel")
     p.add_argument("--hf", action="store_true")
     p.add_argument("--callable-plan", action="store_true")
+    p.add_argument("--ac", help="activation_checkpointing=")
     p.add_argument("--max-iters", type=int, default=12)
     p.add_argument("--interval", type=int)
     p.add_argument("--kill-at", type=int)
@@ -126,7 +127,7 @@ def main():
         val_interval=a.max_iters, seed=7,
         metrics={"acc": treadle.Accuracy(), "seen": Seen(), "seen_tm": seen_torchmetrics()} if a.val else None,
         resume=a.resume, checkpoint=dict(interval=a.interval, by_epoch=False, keep=None) if a.interval else False,
-        hooks=[Probe(a.out, a.kill_at)], log_interval=4, strategy=strategy)
+        hooks=[Probe(a.out, a.kill_at)], log_interval=4, strategy=strategy, activation_checkpointing=a.ac)
     metrics = trainer.fit()
     s = trainer.strategy
     weights = s.get_full_model_state(trainer.module)  # gathered on rank 0 only

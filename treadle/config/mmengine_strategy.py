@@ -18,6 +18,8 @@ policy with ``transformer_layer_cls``)
 ``model_wrapper.cpu_offload``                          ``cpu_offload``
 ``model_wrapper.sharding_strategy: FULL_SHARD /        ``reshard_after_forward: true / false``
 SHARD_GRAD_OP``
+``sharding_strategy: HYBRID_SHARD /                    the same, on ``dp_shard: node, dp_replicate: -1``
+_HYBRID_SHARD_ZERO2``                                  (HSDP: shards within a node, replicas across)
 ``state_dict_cfg: local`` (or sharded/local types)     equivalent: treadle's FSDP checkpoints are sharded
 ``SingleDeviceStrategy``                               ``single``
 ``DeepSpeedStrategy``                                  ``{type: deepspeed, zero_stage: <zero_optimization
@@ -63,7 +65,12 @@ _DDP_WRAPPERS = (None, "MMDistributedDataParallel", "DistributedDataParallel",
                  "torch.nn.parallel.DistributedDataParallel")
 _FSDP_WRAPPERS = (None, "MMFullyShardedDataParallel", "FullyShardedDataParallel",
                   "torch.distributed.fsdp.FullyShardedDataParallel")
-_SHARDING = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
+#: FSDP1's sharding strategies: (reshard_after_forward, the mesh). HYBRID_SHARD shards within
+#: a node and replicates across nodes (FSDP1's default groups for it), which is HSDP.
+_HSDP = {"dp_replicate": -1, "dp_shard": "node"}
+_SHARDING: dict[str, tuple[bool, dict[str, Any]]] = {
+    "FULL_SHARD": (True, {}), "SHARD_GRAD_OP": (False, {}),
+    "HYBRID_SHARD": (True, _HSDP), "_HYBRID_SHARD_ZERO2": (False, _HSDP)}
 _LOCAL_STATE = ("local", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
 _WHY = {
     "skip_init_weights": "treadle builds the model with its weights",
@@ -182,8 +189,9 @@ def _fsdp(spec: dict[str, Any], path: str) -> dict[str, Any]:
     if sharding is not None:
         if sharding not in _SHARDING:
             raise ConfigError(join_path(wpath, "sharding_strategy"), "sharding strategy has no treadle equivalent",
-                              value=sharding, expected="FULL_SHARD or SHARD_GRAD_OP")
-        out["reshard_after_forward"] = _SHARDING[sharding]
+                              value=sharding, expected="FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or _HYBRID_SHARD_ZERO2")
+        out["reshard_after_forward"], mesh = _SHARDING[sharding]
+        out.update(mesh)
     return out
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -51,7 +52,7 @@ from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
-from treadle.compat import fsdp_cpu_problem
+from treadle.compat import fsdp_cpu_problem, mesh_reshard_problem
 from treadle.strategies.base import ProcessGroupStrategy, move_model
 from treadle.strategies.mesh import DeviceMesh, MeshShape, new_dp_groups
 from treadle.strategies.tensor_parallel import Plan, check_plan_type
@@ -340,6 +341,8 @@ class FSDPStrategy(ProcessGroupStrategy):
         from treadle.checkpoint.tree import split_tensors
 
         self.finish_saves()  # an asynchronous save still in flight is committed first
+        if self.distributed:  # the mesh it was saved on: a resume on another one reshards (treadle/compat.py)
+            meta = {**meta, "mesh": self.shape.as_dict()}
         tensors, rest = split_tensors(payloads[STATE_FILE], sharded)
         where = _find_dtensor(rest)
         if where is not None:
@@ -378,7 +381,13 @@ class FSDPStrategy(ProcessGroupStrategy):
                              "checkpoints (saved by any number of processes). For weights only, use load_from=")
         if template is None:
             raise ValueError("FSDPStrategy.read_checkpoint needs template=, the current sharded states")
-        version = read_manifest(path).get("format_version")
+        manifest = read_manifest(path)
+        version = manifest.get("format_version")
+        saved_mesh = (manifest.get("meta") or {}).get("mesh")
+        if isinstance(saved_mesh, dict) and self.distributed and math.prod(saved_mesh.values()) == self.world_size:
+            problem = mesh_reshard_problem(saved_mesh, self.shape.as_dict())  # another number: load_sharded checks
+            if problem is not None:
+                raise CheckpointError(f"{path}: {problem}")
         if version == 1:
             raise CheckpointError(f"{path}: a sharded checkpoint of format version 1 (an earlier treadle) cannot be "
                                   "resumed by this treadle (format 2 stores the optimizer shards differently); "
