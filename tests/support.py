@@ -34,6 +34,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 #: (treadle/compat.py says which, and treadle refuses them there): skipped, with compat's reason.
 fsdp_on_cpu = pytest.mark.skipif(fsdp_cpu_problem(False) is not None, reason=str(fsdp_cpu_problem(False)))
 fsdp_mixed_on_cpu = pytest.mark.skipif(fsdp_cpu_problem(True) is not None, reason=str(fsdp_cpu_problem(True)))
+hsdp_on_cpu = pytest.mark.skipif(fsdp_cpu_problem(False, replicas=True) is not None,
+                                 reason=str(fsdp_cpu_problem(False, replicas=True)))
 reshards = pytest.mark.skipif(reshard_problem(1, 2) is not None, reason=str(reshard_problem(1, 2)))
 
 

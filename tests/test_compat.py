@@ -78,6 +78,14 @@ def test_fsdp_on_the_cpu_is_refused_where_that_release_cannot_train_it(version, 
             "on CUDA (nccl), FSDP runs from torch 2.6")
 
 
+def test_hsdp_on_gloo_is_refused_before_2_8():
+    assert compat.fsdp_cpu_problem(False, "2.8.0", replicas=True) is None
+    assert compat.fsdp_cpu_problem(False, "2.7.1", replicas=False) is None
+    assert compat.fsdp_cpu_problem(False, "2.7.1", replicas=True) == (
+        "HSDP (dp_replicate > 1) on the CPU (gloo) needs torch>=2.8, but torch 2.7.1 is installed; the limit is "
+        "gloo's (it lacks the average HSDP reduces with), not nccl's")
+
+
 def test_resharding_is_refused_before_2_9_and_the_same_world_size_never():
     assert compat.reshard_problem(2, 2, "2.6.0") is None
     assert compat.reshard_problem(1, 2, "2.9.0") is None

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import treadle
 from treadle.checkpoint.weights import export_safetensors, read_safetensors
-from support import ON_CPU, TinyLM, fsdp_on_cpu, lm_loss, make_tokens, reshards, run_ranks, tiny_qwen3
+from support import ON_CPU, TinyLM, fsdp_on_cpu, hsdp_on_cpu, lm_loss, make_tokens, reshards, run_ranks, tiny_qwen3
 from treadle.seeding import derive_seed
 
 pytestmark = [pytest.mark.slow, fsdp_on_cpu]  # 4 processes on gloo
@@ -137,6 +137,7 @@ def test_2x2_checkpoint_loads_on_4x1_and_on_one_process(run_2x2, tmp_path):
     _close(exported, final, rtol=0, atol=0)
 
 
+@hsdp_on_cpu
 def test_hsdp_trains_like_one_process(tmp_path):
     _run(tmp_path, "--dp-replicate", "2", "--dp-shard", "2")
     _close(_load(tmp_path / "final_rank0.pt"), _reference(_tiny(), shards=4))
