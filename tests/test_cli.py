@@ -124,6 +124,11 @@ ERRORS = [
     (["--set", "model.dimm=4"], "model.dimm: unknown argument for TinyNet (got 4)"),
     (["--set", "val_dataloader.dataset.n=-3"], "val_dataloader.dataset: make_data(n=-3, seed=1) failed"),
     (["--set", "strategy={type: ddp, bucket: 3}"], "strategy: strategy 'ddp': bad options ['bucket']"),
+    # the mesh keys reach the strategy from --set (tp_plan's keys too): one process has no room for tp=2
+    (["--set", "strategy.type=fsdp", "strategy.tp=2", "strategy.tp_plan.fc1=colwise", "strategy.tp_plan.fc2=rowwise"],
+     "dp_replicate=1 x tp=2 = 2 does not divide the 1 process(es) of this job"),
+    (["--set", "strategy.type=fsdp", "strategy.tp=2", "strategy.tp_plan.fc1=colwize"],
+     "strategy: strategy 'fsdp': tp_plan['fc1']='colwize' is not a style treadle knows (did you mean 'colwise'?)"),
     (["--set", "nope"], "--set nope: an override must look like KEY=VALUE"),
     (["--nproc", "0"], "--nproc 0: must be >= 1"),
     (["--nproc", "2", "--max-restarts", "-1"], "--max-restarts -1: must be >= 0"),

@@ -126,6 +126,7 @@ def main():
         optimizer=dict(type="SGD", lr=0.1, momentum=0.9), clip_grad=dict(max_norm=0.5), max_iters=a.max_iters,
         val_interval=a.max_iters, seed=7,
         metrics={"acc": treadle.Accuracy(), "seen": Seen(), "seen_tm": seen_torchmetrics()} if a.val else None,
+        train_metrics={"acc": treadle.Accuracy()} if a.val and not a.hf else None,
         resume=a.resume, checkpoint=dict(interval=a.interval, by_epoch=False, keep=None) if a.interval else False,
         hooks=[Probe(a.out, a.kill_at)], log_interval=4, strategy=strategy, activation_checkpointing=a.ac)
     metrics = trainer.fit()

@@ -6,6 +6,7 @@ decoder (Qwen3) trains under its own plan (``tp_plan="auto"``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,9 @@ def test_fsdp_x_tp_trains_like_one_process(run_2x2):
         logits = model(x)
     metrics = results[0]["metrics"]
     assert metrics["val/seen"] == 12 and metrics["val/seen_tm"] == 12
+    records = [json.loads(line) for line in (run_2x2 / "run" / "log.jsonl").read_text().splitlines()]
+    train_acc = [r["train/acc"] for r in records if "train/acc" in r]  # the outputs made whole for the metric
+    assert len(train_acc) == 3 and all(0 <= v <= 1 for v in train_acc)
     assert metrics["val/acc"] == pytest.approx((logits.argmax(-1) == y).float().mean().item())
     assert metrics["val/loss"] == pytest.approx(lm_loss(logits, y).item(), rel=1e-5)
 

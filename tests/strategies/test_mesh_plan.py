@@ -80,6 +80,12 @@ def test_a_mesh_larger_than_the_job_stops_the_trainer_in_one_line():
         treadle.Trainer(TinyLM(), strategy=dict(type="fsdp", tp=2, tp_plan=TINY_LM_PLAN))
 
 
+def test_a_plans_names_are_checked_on_one_process_too():
+    """tp=1 splits nothing (a warning says so), but a typo in the plan shows before a cluster runs it."""
+    with pytest.raises(ValueError, match=r"^tp_plan: 'layers.\*.atn.q_proj' matches no module of TinyLM"):
+        treadle.Trainer(TinyLM(), strategy=dict(type="fsdp", tp_plan={"layers.*.atn.q_proj": "colwise"}))
+
+
 def test_a_plan_resolves_to_module_names_and_styles():
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 

@@ -213,6 +213,10 @@ class FSDPStrategy(ProcessGroupStrategy):
     def setup_model(self, model: nn.Module) -> nn.Module:
         """``fully_shard`` the policy's submodules, then the root; returns ``model`` itself."""
         self._check_wrap_matched(model)  # on one process too: a typo should not wait for a cluster
+        if isinstance(self.tp_plan, dict) and self.shape.tp == 1:  # the plan's names, checked all the same
+            from treadle.strategies.tensor_parallel import resolve_plan
+
+            resolve_plan(model, self.tp_plan, 1)
         if not self.cpu_offload:
             model = move_model(model, self.device)
         model = self.convert_batchnorm(model)  # sync_bn: before fully_shard
