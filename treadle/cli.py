@@ -126,6 +126,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.max_restarts and args.nproc == 1:
         raise UsageError(f"--max-restarts {args.max_restarts} needs --nproc N (N >= 2: the processes that "
                          "are restarted); for one process use torchrun --nproc-per-node 1 --max-restarts K")
+    if isinstance(args.resume, str):
+        _check_resume(Path(args.resume))
     cfg = load_config(args.config, args.overrides, mode="train", safe=args.safe, work_dir=args.work_dir,
                       seed=args.seed, resume=args.resume)
     if cfg["work_dir"] is None:
@@ -148,6 +150,19 @@ def _train(args: argparse.Namespace) -> int:
     if main_rank:
         _print_metrics(metrics, f"final metrics ({cfg['work_dir']})")
     return 0
+
+
+def _check_resume(path: Path) -> None:
+    """``--resume PATH`` names a checkpoint: an error says so in the option's words."""
+    from treadle.engine.resume import check_resume_dir
+
+    if not path.exists():
+        raise UsageError(f"--resume {path}: no such checkpoint (no such file or directory); expected a checkpoint "
+                         "directory such as runs/d/checkpoints/epoch_0003, or --resume alone for the latest one")
+    try:
+        check_resume_dir(path, "--resume")
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from e
 
 
 def _set_last(argv: list[str]) -> list[str]:
