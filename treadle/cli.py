@@ -118,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
 def _train(args: argparse.Namespace) -> int:
     from treadle.config import build_trainer, load_config
     from treadle.config.resolve import config_text
+    from treadle.engine.resume_changes import apply_changes
 
     if args.nproc < 1:
         raise UsageError(f"--nproc {args.nproc}: must be >= 1")
@@ -142,8 +143,9 @@ def _train(args: argparse.Namespace) -> int:
     main_rank = trainer.is_main
     path = Path(cfg["work_dir"]) / "config.yaml"
     # Written by fit() once the work_dir is locked and a resume is known to fit: a refused
-    # resume leaves the earlier config.yaml as it was.
-    trainer.run_files["config.yaml"] = config_text(cfg, path)
+    # resume leaves the earlier config.yaml as it was. It records what the run uses: the
+    # values a resume kept from the checkpoint (e.g. the optimizer's lr) in place of the config's.
+    trainer.run_files["config.yaml"] = lambda: config_text(apply_changes(cfg, trainer.resume_changes), path)
     if main_rank:
         print(f"treadle train: run directory {cfg['work_dir']} (resolved config: {path})")
     metrics = _explained(trainer, trainer.fit)

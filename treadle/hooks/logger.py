@@ -335,15 +335,21 @@ class LoggerHook(Hook):
                 out["skipped_steps" + suffix] = ow.skipped_steps
         return out
 
-    def after_val(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
+    # At the first point that has the results, so that the lines of later hooks (the best
+    # checkpoint saved from them, early stopping) come after the line that shows them.
+    def after_val_epoch(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
         self._log_eval(trainer, "val", metrics)
 
-    def after_test(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
+    def after_test_epoch(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
         self._log_eval(trainer, "test", metrics)
 
     def _log_eval(self, trainer: "RunView", mode: str, metrics: dict[str, Any]) -> None:
         state = trainer.state
-        record = {"mode": mode, "epoch": state.epoch, "iter": state.iter, "timestamp": round(time.time(), 3), **metrics}
+        # The epoch of the last training iteration, 1-based as the train lines count it: an
+        # iteration-based validation comes inside an open epoch.
+        loop = trainer.train_loop
+        epoch = state.epoch + 1 if loop is not None and loop.epoch_open else state.epoch
+        record = {"mode": mode, "epoch": epoch, "iter": state.iter, "timestamp": round(time.time(), 3), **metrics}
         if not self._fit_started and state.iter == 0:  # of weights alone: see TensorBoardWriter.keep_apart
             for w in self._writers:
                 apart = getattr(w, "keep_apart", None)
@@ -355,7 +361,7 @@ class LoggerHook(Hook):
         if trainer.is_main:
             shown = "  ".join(f"{k} {format_value(k, v)}" for k, v in metrics.items())
             # After no training (validate() of loaded weights): no epoch 0, iter 0 to show.
-            where = f" (epoch {state.epoch}, iter {state.iter})" if state.iter or state.epoch else ""
+            where = f" (epoch {epoch}, iter {state.iter})" if state.iter or epoch else ""
             get_logger().info(f"{mode}{where}  {shown}")
 
 
