@@ -58,7 +58,8 @@ class LoggerHook(Hook):
     for more optimizers or param groups), the window means of losses and timers,
     ``samples_per_s``, ``eta_s``, ``grad_norm`` when clipping, ``loss_scale`` and
     ``skipped_steps`` under fp16, ``max_memory_mb`` on CUDA; for val/test, the metrics
-    under ``val/...`` or ``test/...``.
+    under ``val/...`` or ``test/...``; in the first record after a resume, ``resumed_at``
+    (unix seconds: when the resumed fit started training).
 
     ``writers``: any of "jsonl" (``log.jsonl``), "csv" (``log.csv``), "tensorboard"
     (events under ``tensorboard/``), "mlflow", "wandb" (:mod:`treadle.logging.trackers`,
@@ -77,7 +78,7 @@ class LoggerHook(Hook):
       first drops, from ``log.jsonl`` and ``log.csv``, the records the interrupted run
       wrote after that position (rewriting each file atomically), since the resumed run
       writes them again: the files then equal the uninterrupted run's, record for record
-      (timestamps and timings aside). TensorBoard's events after it are hidden from its
+      (timestamps, timings and ``resumed_at`` aside). TensorBoard's events after it are hidden from its
       reader instead (``TensorBoardWriter.drop_after``: a ``SessionLog.START``).
       ``log.txt`` keeps every line of both processes;
       records this trainer wrote itself (a ``validate()`` before ``fit()``) stay.
@@ -139,6 +140,9 @@ class LoggerHook(Hook):
         self._earlier_events: list[Path] = []  # an earlier run's TensorBoard event files
         self._opened = False
         self._fit_started = False
+        # A resumed fit's start (unix time): its first record carries it as ``resumed_at``, so
+        # that a report leaves the pause between the two processes out of the epoch's time.
+        self._resumed_at: float | None = None
 
     def add_listener(self, fn: Any) -> None:
         """Call ``fn(trainer, values)`` with each train record's flushed, rank-reduced values,
@@ -198,6 +202,7 @@ class LoggerHook(Hook):
             return
         logger = get_logger()
         if resume is not None:  # the interrupted run's records after the checkpoint are written again
+            self._resumed_at = round(time.time(), 3)
             iteration, val_due = resume
             for w in self._writers:
                 drop = getattr(w, "drop_after", None)
@@ -242,6 +247,8 @@ class LoggerHook(Hook):
             raise error
 
     def _write(self, record: dict[str, Any]) -> None:
+        if self._resumed_at is not None and record.get("mode") in ("train", "val"):
+            record["resumed_at"], self._resumed_at = self._resumed_at, None
         if self._writers:
             self._records += 1
         for w in self._writers:
@@ -411,7 +418,7 @@ def _format_train_line(record: dict[str, Any], state: Any, by_epoch: bool | None
         head += f"batch {state.inner_iter + 1}" + (f"/{state.iters_per_epoch}" if state.iters_per_epoch else "")
     else:
         head += f"iter {record['iter']}" + (f"/{state.max_iters}" if state.max_iters else "")
-    skip = {"mode", "epoch", "iter", "eta_s", "timestamp"}
+    skip = {"mode", "epoch", "iter", "eta_s", "timestamp", "resumed_at"}
     parts = [f"{k} {format_value(k, v)}" for k, v in record.items() if k not in skip]
     if "eta_s" in record:
         parts.append(f"eta {datetime.timedelta(seconds=int(record['eta_s']))}")
