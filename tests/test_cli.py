@@ -126,6 +126,14 @@ def test_resume(tiny, tmp_path, capsys):
     assert "Traceback" not in err
 
 
+def test_a_run_without_validation_says_so_instead_of_an_empty_table(tiny, tmp_path, capsys):
+    rc, out, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "run", "--set", "val_dataloader=null",
+                       "metrics=null", "max_epochs=1")
+    assert rc == 0, err
+    assert f"final metrics ({tmp_path / 'run'}): none, no validation ran (a val_dataloader gives one)" in out
+    assert "┏" not in out  # no table
+
+
 # -- errors: one message, status 2, nothing written ------------------------------------------
 ERRORS = [
     (["--set", "max_epoch=3"], "max_epoch: unknown key (got 3); expected a treadle.Trainer argument. "

@@ -149,8 +149,11 @@ def _train(args: argparse.Namespace) -> int:
     if main_rank:
         print(f"treadle train: run directory {cfg['work_dir']} (resolved config: {path})")
     metrics = _explained(trainer, trainer.fit)
-    if main_rank:
+    if main_rank and metrics:
         _print_metrics(metrics, f"final metrics ({cfg['work_dir']})")
+    elif main_rank:  # no table of nothing: say why there is none
+        print(f"final metrics ({cfg['work_dir']}): none, no validation ran (a val_dataloader gives one); the "
+              "training losses are in the log lines above and in the run directory's log files")
     return 0
 
 
