@@ -63,7 +63,7 @@ class LearningRates(dict):
 class Trainer:
     """Train, validate and test a model.
 
-    The arguments (the public contract, see DESIGN.md) are defined once, with their
+    The arguments (the public contract: docs/trainer.md) are defined once, with their
     types, defaults, meanings and checks, as the fields of
     `treadle.engine.spec.TrainerArgs`; the Args section below is written from them.
 
