@@ -2,7 +2,7 @@
 
     python examples/gan/train.py [--set max_iters=500]
 
-About 45 s on a 2-core CPU; the generator covers all 8 modes (100 %) at the end.
+Under a minute on a 2-core CPU; the generator covers all 8 modes (100 %) at the end.
 """
 
 from __future__ import annotations
