@@ -27,7 +27,7 @@ $(STAMP): $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
 	$(PY) -m treadle train examples/digits/digits.yaml --work-dir runs/digits
-	@echo "next: .venv/bin/treadle report runs/digits --out report/   (or: source .venv/bin/activate, then treadle ...)"
+	@echo "next: .venv/bin/treadle report runs/digits    (summary.md and plots in runs/digits/report; or source .venv/bin/activate, then treadle ...)"
 
 # ruff, configured in pyproject.toml ([tool.ruff]); make test runs it first, so a lint error fails CI.
 lint: $(STAMP)
