@@ -1,10 +1,14 @@
 # Two commands work on a fresh machine: `make demo` and `make test`.
-# Both create .venv when it is missing and install with constraints.txt.
+# Both create .venv when it is missing and install with constraints.txt: `make demo` only what
+# the demo needs (torch, treadle and its dependencies, scikit-learn for the digits data), `make
+# test` the rest on top (pytest and ruff, the MLflow and W&B writers, DeepSpeed, transformers and
+# torchmetrics, the documentation site's packages).
 # `make test` also lints (`make lint`, first) and builds the documentation site (`make docs`), warnings as errors.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+DEMO_STAMP := $(VENV)/.demo-stamp
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo lint test test-fast docs test-torch test-gpu bench peers-venv peers clean
@@ -12,13 +16,18 @@ STAMP := $(VENV)/.installed-stamp
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) pyproject.toml constraints.txt
+$(DEMO_STAMP): $(PY) pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt torch==2.13.0
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[examples]'
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP)
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,trackers,deepspeed,hf,docs]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) -m treadle train examples/digits/digits.yaml --work-dir runs/digits
+	@echo "next: .venv/bin/treadle report runs/digits    (summary.md and plots in runs/digits/report; or source .venv/bin/activate, then treadle ...)"
 
 # ruff, configured in pyproject.toml ([tool.ruff]); make test runs it first, so a lint error fails CI.
 lint: $(STAMP)

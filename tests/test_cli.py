@@ -53,6 +53,17 @@ def test_help_shows_examples(capsys):
         assert rc == 0 and "example:" in out and f"treadle {command}" in out
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], []])
+def test_help_is_printed_without_importing_torch(argv):
+    """The help answers at once: torch is imported only when a command runs (its time is
+    benchmarks/help_time.py's)."""
+    probe = f"import sys; from treadle.cli import main; main({argv!r}); print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: treadle" in proc.stdout and proc.stdout.strip().splitlines()[-1] == "False"
+
+
 # -- train --------------------------------------------------------------------------------
 def test_train_writes_the_run_directory(tiny, tmp_path, capsys):
     work = tmp_path / "run"
@@ -102,11 +113,25 @@ def test_resume(tiny, tmp_path, capsys):
     assert rc == 0 and saved(work)["resume"] is True
     assert (work / "checkpoints" / "epoch_0002").is_dir()
     rc, _, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "other", "--resume", tmp_path / "missing")
-    assert rc == 2 and "no such checkpoint" in err and not (tmp_path / "other").exists()
+    assert rc == 2 and not (tmp_path / "other").exists()
+    # The option is named, not the config file: the config is not what was wrong.
+    assert err.startswith(f"treadle train: error: --resume {tmp_path / 'missing'}: no such checkpoint"), err
+    rc, _, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "other", "--resume", work)
+    assert rc == 2 and not (tmp_path / "other").exists() and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"treadle train: error: --resume {work} is a directory but not a checkpoint"), err
+    assert f"the last saved is {work / 'checkpoints' / 'epoch_0002'}" in err and str(tiny) not in err
     rc, _, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "wider", "--resume", work / "checkpoints" / "epoch_0002",
                      "--set", "model.classes=5")  # a checkpoint that does not fit: one line, status 2
     assert rc == 2 and err.startswith("treadle train: error: resume needs the model the checkpoint was saved from")
     assert "Traceback" not in err
+
+
+def test_a_run_without_validation_says_so_instead_of_an_empty_table(tiny, tmp_path, capsys):
+    rc, out, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "run", "--set", "val_dataloader=null",
+                       "metrics=null", "max_epochs=1")
+    assert rc == 0, err
+    assert f"final metrics ({tmp_path / 'run'}): none, no validation ran (a val_dataloader gives one)" in out
+    assert "┏" not in out  # no table
 
 
 # -- errors: one message, status 2, nothing written ------------------------------------------
@@ -121,6 +146,7 @@ ERRORS = [
     (["--set", "model.type=TinyNt"], "model.type: unknown model type (got 'TinyNt')"),
     (["--set", "loss_fn.type=CrossEntropy"], "loss_fn.type: unknown loss type (got 'CrossEntropy')"),
     (["--set", "hooks=[{type: EarlyStopingHook}]"], "hooks[0].type: unknown hook type (got 'EarlyStopingHook'); "),
+    (["--set", "optimizer.type=AdamX"], "optimizer.type: unknown optimizer type (got 'AdamX'); "),
     (["--set", "model.dimm=4"], "model.dimm: unknown argument for TinyNet (got 4)"),
     (["--set", "val_dataloader.dataset.n=-3"], "val_dataloader.dataset: make_data(n=-3, seed=1) failed"),
     (["--set", "strategy={type: ddp, bucket: 3}"], "strategy: strategy 'ddp': bad options ['bucket']"),

@@ -102,6 +102,79 @@ def test_a_resume_says_where_training_goes_on_as_the_next_line_counts(tmp_path, 
     assert next(m for m in messages[resumed:] if m.startswith("epoch ")).startswith("epoch 2/2  iter 5/8")
 
 
+def test_a_finished_run_resumed_says_so_in_one_line(tmp_path, caplog):
+    make(tmp_path).fit()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="treadle"):
+        make(tmp_path, resume=True).fit()
+    messages = [r.getMessage() for r in caplog.records]
+    about = [m for m in messages if "resumed" in m or "finished" in m or "goes on" in m]
+    assert about == [f"resumed from {tmp_path / 'run' / 'checkpoints' / 'epoch_0002'}: the run already finished "
+                     "(epoch 2, iter 8); nothing to do"]
+
+
+@pytest.mark.parametrize("val", [False, True])
+def test_the_final_checkpoint_of_an_iteration_run_is_written_once_and_said_truly(tmp_path, caplog, val):
+    """8 iterations in 2 epochs of 4, a checkpoint every 4: the last one is the final save;
+    with no validation nothing changes after it but the epoch's close, so it is written
+    once, and never said to hold a validation that did not run."""
+    kw = dict(max_epochs=None, max_iters=8, checkpoint=dict(interval=4, by_epoch=False))
+    if not val:
+        kw["val_dataloader"] = None
+    else:
+        kw["val_interval"] = 8
+    saves = []
+
+    class Saves(treadle.Hook):
+        def before_save_checkpoint(self, trainer, checkpoint):
+            saves.append(trainer.state.iter)
+
+    with caplog.at_level("INFO", logger="treadle"):
+        make(tmp_path, hooks=[Saves()], **kw).fit()
+    messages = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("saved checkpoint", "updated"))]
+    last = tmp_path / "run" / "checkpoints" / "iter_00000008"
+    if not val:
+        assert len(saves) == 2 and messages == [f"saved checkpoint {tmp_path / 'run' / 'checkpoints' / 'iter_00000004'}",
+                                                f"saved checkpoint {last}"]
+    else:  # saved at 8, validated, saved again: said as such
+        assert len(saves) == 3
+        assert messages[-1] == f"updated checkpoint {last}: it now holds the state after the last validation"
+    assert val or not any("validation" in m for m in messages)
+
+
+def test_validation_lines_count_epochs_as_the_train_lines_do(tmp_path, caplog):
+    """Iteration-based, 4 iterations an epoch, validation every 2: the validation after
+    iteration 6 is in epoch 2, as the train line of iteration 6 says."""
+    with caplog.at_level("INFO", logger="treadle"):
+        make(tmp_path, max_epochs=None, max_iters=8, val_interval=2, log_interval=2).fit()
+    lines = [r.getMessage() for r in caplog.records]
+    train = {int(m.split()[3].split("/")[0]): m.split()[1] for m in lines if m.startswith("epoch ")}
+    val = {int(m.split("iter ")[1].split(")")[0]): m.split("(epoch ")[1].split(",")[0]
+           for m in lines if m.startswith("val (")}
+    assert sorted(val) == [2, 4, 6, 8]
+    assert {i: e.split("/")[0] for i, e in train.items()} == val == {2: "1", 4: "1", 6: "2", 8: "2"}
+
+
+def test_the_best_checkpoint_line_follows_the_validation_line_it_comes_from(tmp_path, caplog):
+    with caplog.at_level("INFO", logger="treadle"):
+        make(tmp_path, checkpoint=dict(best="val/loss")).fit()
+    lines = [r.getMessage() for r in caplog.records]
+    best = [i for i, m in enumerate(lines) if m.startswith("best val/loss = ")]
+    assert best and all(lines[i - 1].startswith("val (") for i in best)  # right after the line it comes from
+    for i in best:
+        value = float(lines[i].split(" = ")[1].split(":")[0])
+        assert f"val/loss {format_value('val/loss', value)}" in lines[i - 1]
+
+
+def test_the_console_names_files_relative_to_the_working_directory(tmp_path, console, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    console()
+    make(tmp_path, work_dir="run").fit()
+    out = console()
+    assert "environment and hook order: in run/log.txt (verbose prints them here)" in out
+    assert str(tmp_path) not in out
+
+
 def test_a_nan_error_counts_iterations_as_checkpoint_names_do(tmp_path):
     class NaNAt3(TinyNet):
         calls = 0

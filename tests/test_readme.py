@@ -1,11 +1,19 @@
 """The README stays a front page: at most 200 lines, the two commands first, and every
-link in it leads to a file of the repository (the reference lives in docs/, a site)."""
+link in it leads to a file of the repository (the reference lives in docs/, a site). It
+and the docs speak of the software (no word of how it is developed), give one figure per
+claim, and their commands work as typed after `make demo`."""
 
 from __future__ import annotations
 
+import itertools
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,7 +25,7 @@ def test_readme_is_at_most_200_lines():
 
 
 def test_readme_opens_with_the_two_commands():
-    first_block = README.split("```", 2)[1]
+    first_block = README.split("```", 2)[1].split("\n", 1)[1]  # (after the language tag)
     commands = [line.split("#")[0].strip() for line in first_block.splitlines() if line.strip()]
     assert commands == ["make demo", "make test"], first_block
 
@@ -44,3 +52,90 @@ def test_every_docs_page_is_in_the_site_nav():
     pages = _nav_pages(yaml.safe_load("nav:\n" + text)["nav"])
     on_disk = sorted(str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md"))
     assert sorted(pages) == on_disk
+
+
+# -- what the README and the docs say ------------------------------------------------------
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# Words about how the project is made, not about the software: history goes to CHANGELOG.md.
+DEVELOPMENT = re.compile(r"\bsessions?\b|\bissues? ?#?\d|\bcampaign|\brounds? of\b|\bevery round\b|\bwas \d+(\.\d+)?x"
+                         r"|\bfixed after\b|\bbefore the rework\b", re.IGNORECASE)
+
+
+def test_no_page_speaks_of_how_the_project_is_developed():
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)!r}" for p in PAGES for m in DEVELOPMENT.finditer(p.read_text())]
+    assert not found, found
+
+
+def _row(page: Path, starts: str) -> str:
+    return next(line for line in page.read_text().splitlines() if line.startswith(starts))
+
+
+def test_one_figure_per_claim_everywhere():
+    """The host cost per step and the peers' times: the README and the docs' home page
+    give the figures of docs/performance.md's table."""
+    perf = ROOT / "docs" / "performance.md"
+    host = re.search(r"\| (\d\.\d+x) \(IQR", _row(perf, "| default `Trainer` against a hand loop")).group(1)
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        said = re.findall(r"(\d\.\d+x) a hand-written\s+loop's", page.read_text())
+        assert said == [host], (page.name, said, host)
+    cpu = _row(perf, "| beside Lightning, Accelerate, MMEngine").split("CPU:")[1].split(";")[0]
+    peers = {name: re.search(rf"{name} (\d\.\d+x)", cpu).group(1)
+             for name in ("treadle", "Lightning", "Accelerate", "MMEngine")}
+    row = [c.strip() for c in _row(ROOT / "README.md", "| time per step over a hand-written loop").split("|")[2:6]]
+    assert row == [peers["treadle"], peers["Lightning"], peers["Accelerate"], peers["MMEngine"]]
+
+
+def _bash_blocks(text: str) -> list[tuple[str, list[str]]]:
+    """(the text before it, its command lines) of each ```bash block."""
+    parts = text.split("```bash\n")
+    return [(before, [ln.split("#")[0].strip() for ln in block.split("```")[0].splitlines() if ln.split("#")[0].strip()])
+            for before, block in itertools.pairwise(parts)]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_commands_work_as_typed_after_make_demo(page):
+    """No bare `treadle`, `python` or `pytest`: make demo activates nothing. A bare pip
+    only where the page says it is for an environment of one's own."""
+    for before, commands in _bash_blocks((ROOT / page).read_text()):
+        for command in commands:
+            assert not command.startswith(("treadle ", "python ", "pytest ")), command
+            if command.startswith("pip "):
+                assert "environment of your own" in before.rsplit("```", 1)[-1], command
+
+
+def _readme_block(title: str) -> list[str]:
+    section = README.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+    return _bash_blocks(section)[0][1]
+
+
+@pytest.mark.slow  # subprocesses: two short trainings and a report
+def test_the_readme_commands_after_make_demo_run(tmp_path):
+    """The README's lines after `make demo`, as typed, in a directory laid out as a clone
+    (examples/ beside them), with this environment's commands for .venv's."""
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    bin_dir = f"{Path(sys.executable).parent}/"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    commands = _readme_block("After `make demo`")
+    assert [c.split()[0] for c in commands] == [".venv/bin/treadle"] * len(commands)
+    outputs = []
+    for command in commands:
+        proc = subprocess.run(command.replace(".venv/bin/", bin_dir), shell=True, cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, (command, proc.stdout[-2000:], proc.stderr[-2000:])
+        outputs.append(proc.stdout + proc.stderr)
+    assert "resume: optimizer.lr = 0.001 from the checkpoint, not 0.002 as configured" in outputs[1]
+    assert yaml.safe_load((tmp_path / "runs" / "first" / "config.yaml").read_text())["optimizer"]["lr"] == 0.001
+    assert (tmp_path / "runs" / "first" / "report" / "summary.md").is_file()
+
+
+@pytest.mark.slow  # about a minute: the snippet trains as it is
+def test_the_readme_hugging_face_snippet_trains_and_saves(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    section = README.split("A Hugging Face model needs no wrapper", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    records = [json.loads(line) for line in (tmp_path / "runs" / "gpt2" / "log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["mode"] == "train"]
+    assert losses[-1] < losses[0] / 4  # it learns the counting
+    assert (tmp_path / "runs" / "gpt2" / "checkpoints" / "iter_00000300").is_dir()

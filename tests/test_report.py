@@ -18,7 +18,7 @@ from support import TinyNet, make_data
 
 pytest.importorskip("matplotlib")
 
-PNGS = ("loss.png", "lr.png", "metrics.png", "throughput.png")
+PNGS = ("loss.png", "metrics.png", "throughput.png")  # a constant lr: said in words, no lr.png
 
 
 def write_log(run_dir, records):
@@ -40,10 +40,15 @@ RUN_A = [train(1, 2, 2.0), train(1, 4, 1.5), val(1, 4, 0.5, 1.0),
          train(3, 10, 0.9), train(3, 11, 0.8), val(3, 11, 0.6, 0.9)]
 
 
-def assert_pngs(out):
-    for name in PNGS:
+def assert_pngs(out, names=PNGS):
+    """Exactly these images are written and embedded in summary.md, each a real PNG."""
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(names)
+    for name in names:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000, name
+    embedded = [ln for ln in (out / "summary.md").read_text().splitlines() if ln.startswith("![")]
+    assert embedded == [f"![{n[:-4]}]({n})" for n in ("loss.png", "train_metrics.png", "lr.png", "metrics.png",
+                                                       "throughput.png") if n in names]
 
 
 def metric_row(text, section, metric):
@@ -64,6 +69,7 @@ def test_one_run_best_final_and_times(tmp_path):
     assert epoch_times(RUN_A)[:2] == ({1: 2.0, 2: 2.0, 3: 1.5}, 5.5)
     assert "total time: 5.5 s (estimated" in text and "mean 1.8 s" in text
     assert "iterations: 11, epochs: 3" in text and "final train loss: 0.8" in text
+    assert "- learning rate: 0.1 throughout" in text
 
 
 def test_two_runs_one_without_validation_and_with_timestamps(tmp_path):
@@ -72,7 +78,7 @@ def test_two_runs_one_without_validation_and_with_timestamps(tmp_path):
          dict(train(2, 15, 1.0), timestamp=110.0)]
     write_log(tmp_path / "b", b)
     text = make_report([tmp_path / "a", tmp_path / "b"], tmp_path / "out").read_text()
-    assert_pngs(tmp_path / "out")
+    assert_pngs(tmp_path / "out")  # b has no validation: a's panels only
     assert "Runs: a, b" in text and metric_row(text, "a", "val/acc")[1:3] == ["0.7", "0.6"]
     part_b = text.split("## b")[1]
     assert "No validation records." in part_b
@@ -90,6 +96,7 @@ def test_real_run_and_nan_values(tmp_path):
     vals = [r for r in read_jsonl(tmp_path / "run" / "log.jsonl") if r["mode"] == "val"]
     text = make_report([tmp_path / "run"], tmp_path / "out").read_text()
     assert_pngs(tmp_path / "out")
+    assert "- learning rate: 0.1 throughout" in text
     best_loss = min(r["val/loss"] for r in vals[:-1])
     assert metric_row(text, "run", "val/loss")[1:3] == [f"{best_loss:.6g}", "nan"]
     assert metric_row(text, "run", "val/acc")[1:3] == [f"{max(r['val/acc'] for r in vals):.6g}", "0"]
@@ -218,13 +225,14 @@ def test_every_logged_loss_and_every_train_metric_gets_a_panel(tmp_path, monkeyp
     metrics = [ax for ax in figures["train_metrics.png"].axes if ax.get_visible()]
     assert [ax.get_title() for ax in metrics] == ["train/acc"]
     assert list(metrics[0].get_lines()[0].get_ydata()) == pytest.approx([0.1, 0.2, 0.3])
-    text = summary.read_text()
-    assert all(f"![{name}]({name}.png)" in text for name in IMAGES)
+    assert_pngs(tmp_path / "out", ("loss.png", "train_metrics.png"))  # no timing, no validation, a constant lr
+    assert IMAGES == ("loss", "train_metrics", "lr", "metrics", "throughput")
+    assert "- learning rate: 0.1 throughout" in summary.read_text()
     assert [k for k in ("loss", "loss_gen", "gen_loss", "loss_scale", "loss_scale/gen", "val/acc") if is_loss_key(k)] \
         == ["loss", "loss_gen", "gen_loss"]
 
 
-def test_the_total_loss_comes_first_and_no_train_metrics_says_so(tmp_path, monkeypatch):
+def test_the_total_loss_comes_first_and_no_train_metrics_draws_no_panel(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 
     figures = {}
@@ -234,5 +242,59 @@ def test_the_total_loss_comes_first_and_no_train_metrics_says_so(tmp_path, monke
     write_log(tmp_path / "a", [{"mode": "train", "epoch": 1, "iter": 1, "loss_cls": 1.0, "loss": 1.5}])
     make_report([tmp_path / "a"], tmp_path / "out")
     assert [ax.get_title() for ax in figures["loss.png"].axes if ax.get_visible()] == ["train loss", "train loss_cls"]
-    texts = [t.get_text() for t in figures["train_metrics.png"].axes[0].texts]
-    assert texts == ["no train metrics recorded"]
+    assert list(figures) == ["loss.png"]  # no empty placeholder for what was not logged
+    assert_pngs(tmp_path / "out", ("loss.png",))
+
+
+def test_a_changing_lr_is_drawn_and_a_constant_one_said_in_words(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    figures = {}
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: (figures.__setitem__(path.name, fig),
+                                                                     save(fig, path, **kw)))
+    # a: two optimizers, one scheduled; b: a constant lr logged as float noise would show it
+    write_log(tmp_path / "a", [dict(train(1, i, 1.0 / i), **{"lr/gen": 0.1 / i, "lr/disc": 0.001}) for i in (1, 2, 3)])
+    write_log(tmp_path / "b", [train(1, i, 1.0 / i, lr=0.001 * (1 + 1e-12 * i)) for i in (1, 2, 3)])
+    text = make_report([tmp_path / "a", tmp_path / "b"], tmp_path / "out").read_text()
+    lines = figures["lr.png"].axes[0].get_lines()
+    assert [ln.get_label() for ln in lines] == ["a lr/gen"]  # the changing one alone
+    assert list(lines[0].get_ydata()) == pytest.approx([0.1, 0.05, 0.1 / 3])
+    part_a, part_b = text.split("## a")[1].split("## b")
+    assert "- learning rate disc: 0.001 throughout" in part_a and "gen" not in part_a.split("learning rate")[1]
+    assert "- learning rate: 0.001 throughout" in part_b
+    assert "- learning rate: 0.1 throughout" in part_a  # "lr" of train(): also constant
+
+
+def test_the_pause_before_a_resume_is_no_epochs_time(tmp_path):
+    """Killed after iteration 4 (epoch 2), resumed an hour later: the resumed fit's first
+    record says when it started; the epoch's time is its training, not the pause."""
+    records = [dict(train(1, 2, 2.0), timestamp=1000.0), dict(train(1, 4, 1.5), timestamp=1010.0),
+               dict(train(2, 6, 1.2), timestamp=1020.0),
+               dict(train(2, 8, 1.0), timestamp=4630.0, resumed_at=4625.0),  # 1 h later; 5 s of training
+               dict(train(2, 10, 0.9), timestamp=4640.0)]
+    times, total, how = epoch_times(records)
+    assert times == {1: 10.0, 2: 25.0} and total == 35.0
+    assert how == "timestamps; 1 pause(s) before a resume left out"
+    write_log(tmp_path / "a", records)
+    text = make_report([tmp_path / "a"], tmp_path / "out").read_text()
+    assert "total time: 35.0 s (timestamps; 1 pause(s) before a resume left out)" in text
+    assert "epoch 1: 10.0 s, epoch 2: 25.0 s" in text
+
+
+def test_a_real_resumed_run_marks_its_first_record(tmp_path, caplog):
+    def trainer(resume, max_epochs):
+        return treadle.Trainer(TinyNet(), work_dir=tmp_path / "run", train_dataloader=DataLoader(make_data(16), batch_size=4),
+                               loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), max_epochs=max_epochs,
+                               log_interval=2, resume=resume, progress=False, log_writers=["jsonl"])
+
+    trainer(False, 1).fit()
+    with caplog.at_level("INFO", logger="treadle"):
+        trainer(True, 2).fit()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("epoch 2/2") for m in messages)
+    records = read_jsonl(tmp_path / "run" / "log.jsonl")
+    marked = [r for r in records if "resumed_at" in r]
+    assert len(marked) == 1 and marked[0] is records[2]  # the first record the resumed fit wrote
+    assert records[1]["timestamp"] <= marked[0]["resumed_at"] <= marked[0]["timestamp"]
+    assert not [m for m in messages if "resumed_at" in m]  # bookkeeping: not on the console

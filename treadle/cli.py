@@ -118,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
 def _train(args: argparse.Namespace) -> int:
     from treadle.config import build_trainer, load_config
     from treadle.config.resolve import config_text
+    from treadle.engine.resume_changes import apply_changes
 
     if args.nproc < 1:
         raise UsageError(f"--nproc {args.nproc}: must be >= 1")
@@ -126,6 +127,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.max_restarts and args.nproc == 1:
         raise UsageError(f"--max-restarts {args.max_restarts} needs --nproc N (N >= 2: the processes that "
                          "are restarted); for one process use torchrun --nproc-per-node 1 --max-restarts K")
+    if isinstance(args.resume, str):
+        _check_resume(Path(args.resume))
     cfg = load_config(args.config, args.overrides, mode="train", safe=args.safe, work_dir=args.work_dir,
                       seed=args.seed, resume=args.resume)
     if cfg["work_dir"] is None:
@@ -140,14 +143,31 @@ def _train(args: argparse.Namespace) -> int:
     main_rank = trainer.is_main
     path = Path(cfg["work_dir"]) / "config.yaml"
     # Written by fit() once the work_dir is locked and a resume is known to fit: a refused
-    # resume leaves the earlier config.yaml as it was.
-    trainer.run_files["config.yaml"] = config_text(cfg, path)
+    # resume leaves the earlier config.yaml as it was. It records what the run uses: the
+    # values a resume kept from the checkpoint (e.g. the optimizer's lr) in place of the config's.
+    trainer.run_files["config.yaml"] = lambda: config_text(apply_changes(cfg, trainer.resume_changes), path)
     if main_rank:
         print(f"treadle train: run directory {cfg['work_dir']} (resolved config: {path})")
     metrics = _explained(trainer, trainer.fit)
-    if main_rank:
+    if main_rank and metrics:
         _print_metrics(metrics, f"final metrics ({cfg['work_dir']})")
+    elif main_rank:  # no table of nothing: say why there is none
+        print(f"final metrics ({cfg['work_dir']}): none, no validation ran (a val_dataloader gives one); the "
+              "training losses are in the log lines above and in the run directory's log files")
     return 0
+
+
+def _check_resume(path: Path) -> None:
+    """``--resume PATH`` names a checkpoint: an error says so in the option's words."""
+    from treadle.engine.resume import check_resume_dir
+
+    if not path.exists():
+        raise UsageError(f"--resume {path}: no such checkpoint (no such file or directory); expected a checkpoint "
+                         "directory such as runs/d/checkpoints/epoch_0003, or --resume alone for the latest one")
+    try:
+        check_resume_dir(path, "--resume")
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from e
 
 
 def _set_last(argv: list[str]) -> list[str]:

@@ -3,9 +3,11 @@
     from treadle.report import make_report
     make_report([Path("work_dirs/a"), Path("work_dirs/b")], Path("report"))
 
-writes ``loss.png`` (a panel per logged loss), ``train_metrics.png`` (a panel per
-``train/*`` metric), ``lr.png``, ``metrics.png`` (a panel per val metric),
-``throughput.png`` and ``summary.md`` into the output directory. Needs matplotlib, imported here only when
+writes ``summary.md`` and the images that have something to show into the output
+directory: ``loss.png`` (a panel per logged loss), ``train_metrics.png`` (a panel per
+``train/*`` metric), ``lr.png`` (the learning rates that change; one that stays the same
+is said in words in the summary), ``metrics.png`` (a panel per val metric) and
+``throughput.png``. The summary embeds the images written. Needs matplotlib, imported here only when
 a report is made (with the Agg canvas directly: pyplot's global backend is left
 alone, so this works headless and inside a notebook alike).
 
@@ -37,8 +39,11 @@ SAMPLE_RATE_KEYS = ("samples_per_s", "samples/s", "samples_per_sec", "throughput
 TIMESTAMP_KEYS = ("timestamp", "time", "wall_time")
 
 Records = list[dict[str, Any]]
-#: The images a report holds (``<name>.png``), in the summary's order.
+#: The images a report may hold (``<name>.png``), in the summary's order; each is written
+#: only when the runs logged what it shows.
 IMAGES = ("loss", "train_metrics", "lr", "metrics", "throughput")
+# A learning rate whose values all lie within this fraction of each other is constant.
+_CONSTANT = 1e-9
 
 
 def _num(value: Any) -> float | None:
@@ -139,24 +144,28 @@ def epoch_times(records: Records) -> tuple[dict[int, float], float, str]:
 
     With a timestamp in every record (see ``TIMESTAMP_KEYS``): an epoch lasts from
     the last record of the previous epoch (for the first: the first record) to its
-    own last record, validation included; the total is first to last record (the
-    work before the first record is not seen). Otherwise an estimate from the
+    own last record, validation included; the total is their sum (the work before the
+    first record is not seen). A resumed run's first record carries ``resumed_at``,
+    when that fit started: the time before it (the pause between the two processes,
+    the new one's start) counts for nothing. Otherwise an estimate from the
     timers: each train record stands for ``iter - previous iter`` iterations of
     ``data_time + step_time`` seconds (window means), attributed to that record's
     epoch; validation and checkpointing are not included.
     """
     stamped = [(r, _timestamp(r)) for r in records]
     if records and all(t is not None for _, t in stamped):
-        ends: dict[int, float] = {}
+        times: dict[int, float] = {}
+        prev, pauses = stamped[0][1], 0
         for r, t in stamped:
+            start = _num(r.get("resumed_at"))
+            if start is not None and start > prev:  # the pause before a resume is no epoch's time
+                prev, pauses = min(start, t), pauses + 1  # type: ignore[type-var]  # no None: all() above
             e = r.get("epoch")
-            if isinstance(e, int):
-                ends[e] = max(ends.get(e, t), t)  # type: ignore[type-var, assignment]  # no None: all() above
-        times, prev = {}, stamped[0][1]
-        for e in sorted(ends):
-            times[e] = ends[e] - prev  # type: ignore[operator]  # no None: all() above
-            prev = ends[e]
-        return times, stamped[-1][1] - stamped[0][1], "timestamps"  # type: ignore[operator]  # no None: all() above
+            if isinstance(e, int):  # (a record of no epoch: its time goes to the next one's)
+                times[e] = times.get(e, 0.0) + t - prev  # type: ignore[operator]  # no None: all() above
+                prev = t
+        how = "timestamps" + (f"; {pauses} pause(s) before a resume left out" if pauses else "")
+        return times, sum(times.values()), how
     times = {}
     prev_iter = 0.0
     for r in records:
@@ -238,12 +247,9 @@ def _figure(n: int = 1) -> tuple[Any, list[Any]]:
     return fig, axes[:n]
 
 
-def _finish(fig: Any, ax: Any, drawn: bool, empty: str, path: Path) -> None:
-    if drawn:
-        ax.legend(fontsize="small")
-        ax.grid(alpha=0.3)
-    else:
-        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
+def _finish(fig: Any, ax: Any, path: Path) -> None:
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
     fig.savefig(path, dpi=100)
 
 
@@ -268,12 +274,12 @@ def _train_keys(runs: list[Records], wanted: Any) -> list[str]:
     return list(keys)
 
 
-def _plot_train_panels(runs: list[Records], labels: list[str], keys: list[str], path: Path, empty: str) -> None:
-    """One panel per train-record key, every run overlaid in its colour."""
-    fig, axes = _figure(max(len(keys), 1))
+def _plot_train_panels(runs: list[Records], labels: list[str], keys: list[str], path: Path) -> bool:
+    """One panel per train-record key, every run overlaid in its colour; nothing is
+    written without a key. Returns whether the image was written."""
     if not keys:
-        _finish(fig, axes[0], False, empty, path)
-        return
+        return False
+    fig, axes = _figure(len(keys))
     for ax, key in zip(axes, keys):
         for i, (records, label) in enumerate(zip(runs, labels)):
             xs, ys = _series(records, "train", key)
@@ -283,47 +289,66 @@ def _plot_train_panels(runs: list[Records], labels: list[str], keys: list[str], 
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
     fig.savefig(path, dpi=100)
+    return True
 
 
-def _plot_loss(runs: list[Records], labels: list[str], path: Path) -> None:
+def _plot_loss(runs: list[Records], labels: list[str], path: Path) -> bool:
     """Every logged loss (``loss`` first), one panel each."""
     keys = _train_keys(runs, is_loss_key)
     keys.sort(key=lambda k: k != "loss")  # the total first; the rest as logged
-    _plot_train_panels(runs, labels, keys, path, "no train loss recorded")
+    return _plot_train_panels(runs, labels, keys, path)
 
 
-def _plot_train_metrics(runs: list[Records], labels: list[str], path: Path) -> None:
+def _plot_train_metrics(runs: list[Records], labels: list[str], path: Path) -> bool:
     """Every ``train/*`` metric (``Trainer(train_metrics=...)``), one panel each."""
-    keys = _train_keys(runs, lambda k: k.startswith("train/"))
-    _plot_train_panels(runs, labels, keys, path, "no train metrics recorded")
+    return _plot_train_panels(runs, labels, _train_keys(runs, lambda k: k.startswith("train/")), path)
 
 
-def _plot_lr(runs: list[Records], labels: list[str], path: Path) -> None:
+def _lr_keys(records: Records) -> list[str]:
+    return list(dict.fromkeys(k for r in records if r.get("mode") == "train" for k in r
+                              if k == "lr" or k.startswith("lr/")))
+
+
+def constant_lrs(records: Records) -> dict[str, float]:
+    """``{key: value}`` of the logged learning rates that never changed (``lr``,
+    ``lr/<optimizer>``, ...): the summary says them in words instead of a flat line."""
+    out = {}
+    for key in _lr_keys(records):
+        ys = _series(records, "train", key)[1]
+        if ys and max(ys) - min(ys) <= _CONSTANT * max(abs(y) for y in ys):
+            out[key] = ys[0]
+    return out
+
+
+def _plot_lr(runs: list[Records], labels: list[str], path: Path) -> bool:
+    """The learning rates that change; False (nothing written) when every one is constant."""
     fig, (ax,) = _figure()
     drawn = False
     styles = ("-", "--", ":", "-.")
     for i, (records, label) in enumerate(zip(runs, labels)):
-        keys = dict.fromkeys(k for r in records if r.get("mode") == "train" for k in r
-                             if k == "lr" or k.startswith("lr/"))
-        for j, key in enumerate(keys):
+        constant = constant_lrs(records)
+        for j, key in enumerate(_lr_keys(records)):
             xs, ys = _series(records, "train", key)
-            if xs:
+            if xs and key not in constant:
                 ax.plot(xs, ys, label=label if key == "lr" else f"{label} {key}", color=run_color(i),
                         linestyle=styles[j % len(styles)])
                 drawn = True
+    if not drawn:
+        return False
     ax.set(title="learning rate", xlabel="iteration", ylabel="lr")
-    _finish(fig, ax, drawn, "no learning rate recorded", path)
+    _finish(fig, ax, path)
+    return True
 
 
 def _plot_metrics(runs: list[Records], labels: list[str], rules: list[dict[str, bool]], path: Path) -> Any:
     """One panel per val metric; a run keeps its colour in every panel, and its best
-    point (by the rule the summary uses) is marked with a star. Returns the figure."""
+    point (by the rule the summary uses) is marked with a star. Returns the figure, or
+    None (nothing written) when no run validated."""
     names = list(dict.fromkeys(k for records in runs for k in _val_keys(records)))
-    x = _val_x(runs)
-    fig, axes = _figure(max(len(names), 1))
     if not names:
-        _finish(fig, axes[0], False, "no validation metrics recorded", path)
-        return fig
+        return None
+    x = _val_x(runs)
+    fig, axes = _figure(len(names))
     for ax, name in zip(axes, names):
         starred = False
         for i, (records, label, run_rules) in enumerate(zip(runs, labels, rules)):
@@ -344,7 +369,7 @@ def _plot_metrics(runs: list[Records], labels: list[str], rules: list[dict[str, 
     return fig
 
 
-def _plot_throughput(runs: list[Records], labels: list[str], path: Path) -> None:
+def _plot_throughput(runs: list[Records], labels: list[str], path: Path) -> bool:
     fig, (ax,) = _figure()
     drawn, units = False, set()
     for i, (records, label) in enumerate(zip(runs, labels)):
@@ -353,8 +378,11 @@ def _plot_throughput(runs: list[Records], labels: list[str], path: Path) -> None
             ax.plot(xs, ys, label=f"{label} ({unit})", color=run_color(i))
             units.add(unit)
             drawn = True
-    ax.set(title="throughput", xlabel="iteration", ylabel=" / ".join(sorted(units)) or "rate")
-    _finish(fig, ax, drawn, "no timing recorded", path)
+    if not drawn:
+        return False
+    ax.set(title="throughput", xlabel="iteration", ylabel=" / ".join(sorted(units)))
+    _finish(fig, ax, path)
+    return True
 
 
 # -- summary ----------------------------------------------------------------------------
@@ -367,6 +395,8 @@ def _run_summary(records: Records, label: str, run_dir: Path) -> list[str]:
         xs, ys = _series(records, "train", "loss")
         if ys:
             lines.append(f"- final train loss: {_fmt(ys[-1])}")
+        for key, value in constant_lrs(records).items():
+            lines.append(f"- learning rate{'' if key == 'lr' else ' ' + key[3:]}: {_fmt(value)} throughout")
     times, total, how = epoch_times(records)
     if times:
         per = list(times.values())
@@ -393,8 +423,8 @@ def _run_summary(records: Records, label: str, run_dir: Path) -> list[str]:
 
 
 def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
-    """Write the images of :data:`IMAGES` and ``summary.md`` for the runs into
-    ``out_dir``; returns the path of summary.md.
+    """Write ``summary.md`` and the images of :data:`IMAGES` that have data for the
+    runs into ``out_dir`` (and embedded in the summary); returns the path of summary.md.
 
     Each run directory must hold a ``log.jsonl`` (FileNotFoundError otherwise).
     Several runs are overlaid in each plot, labelled by directory name, each run in
@@ -411,13 +441,16 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
     labels = _labels(run_dirs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _plot_loss(runs, labels, out_dir / "loss.png")
-    _plot_lr(runs, labels, out_dir / "lr.png")
-    _plot_metrics(runs, labels, [_checkpoint_rules(d) for d in run_dirs], out_dir / "metrics.png")
-    _plot_throughput(runs, labels, out_dir / "throughput.png")
-    _plot_train_metrics(runs, labels, out_dir / "train_metrics.png")
+    written = {
+        "loss": _plot_loss(runs, labels, out_dir / "loss.png"),
+        "train_metrics": _plot_train_metrics(runs, labels, out_dir / "train_metrics.png"),
+        "lr": _plot_lr(runs, labels, out_dir / "lr.png"),
+        "metrics": _plot_metrics(runs, labels, [_checkpoint_rules(d) for d in run_dirs],
+                                 out_dir / "metrics.png") is not None,
+        "throughput": _plot_throughput(runs, labels, out_dir / "throughput.png"),
+    }
     lines = ["# Training report", "", f"Runs: {', '.join(labels)}", ""]
-    lines += [f"![{name}]({name}.png)" for name in IMAGES] + [""]
+    lines += [f"![{name}]({name}.png)" for name in IMAGES if written[name]] + [""]
     for records, label, run_dir in zip(runs, labels, run_dirs):
         lines += _run_summary(records, label, run_dir)
     summary = out_dir / "summary.md"
@@ -425,4 +458,5 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
     return summary
 
 
-__all__ = ["IMAGES", "best_and_final", "epoch_times", "is_loss_key", "load_run", "make_report", "run_color"]
+__all__ = ["IMAGES", "best_and_final", "constant_lrs", "epoch_times", "is_loss_key", "load_run", "make_report",
+           "run_color"]

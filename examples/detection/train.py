@@ -2,6 +2,8 @@
 
     python examples/detection/train.py [--epochs 8] [--work-dir runs/detection]
 
+About a minute on a 2-core CPU; val/ap50 about 0.7 after the 8 epochs (from 0).
+
 The loader's ``collate`` gives ``{"images": [...], "targets": [...]}``, so the Trainer calls
 ``model(images=..., targets=...)`` and sums the returned ``loss_*`` entries; in evaluation
 the model returns its predictions, which ``BoxAP`` gets with the batch's ``targets``.

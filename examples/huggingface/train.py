@@ -1,15 +1,19 @@
 """Fine-tune Hugging Face models with no wrapper: a small GPT-2 (causal language model)
 and a small BERT (sequence classification), built from configs (nothing is downloaded).
 
-    python examples/huggingface/train.py --model bert [--max-iters 60] [--work-dir runs/hf-bert]
+    python examples/huggingface/train.py --model bert [--max-iters 800] [--work-dir runs/hf-bert]
     python examples/huggingface/train.py --model gpt2 --resume      # goes on where it stopped
+
+On a 2-core CPU each takes about 20 s (imports included): BERT reaches val/acc 1.0 (chance
+is 0.5), GPT-2 a val/loss near 0.2 (guessing is ln 64 = 4.2).
 
 Batches are dicts named as the model's forward arguments (``input_ids``,
 ``attention_mask``, ``labels``): the Trainer calls ``model(**batch)``, takes the loss from
 the returned ``ModelOutput`` and logs only it (the logits are never held for the log).
 Validation metrics get the output's ``logits`` and the batch's ``labels``. The run uses
-bf16 autocast, accumulation over 2 batches, a linear warmup then cosine annealing, and
-a torchmetrics accuracy for BERT. Needs ``pip install 'treadle[hf]'``.
+accumulation over 2 batches, a linear warmup then cosine annealing, a torchmetrics
+accuracy for BERT, and bf16 autocast on a GPU (on a CPU, bf16 is several times slower than
+float32 for models this small: float32 there). Needs ``pip install 'treadle[hf]'``.
 """
 
 from __future__ import annotations
@@ -58,9 +62,10 @@ def build_model(name: str) -> torch.nn.Module:
                                                     max_position_embeddings=LENGTH, num_labels=2))
 
 
-def build_trainer(name: str, work_dir: str | Path, max_iters: int = 60, resume: bool = False,
-                  hooks: list[Any] = (), **options: Any) -> treadle.Trainer:
-    """The example's Trainer; ``hooks`` and ``options`` are added (tests inject faults)."""
+def build_trainer(name: str, work_dir: str | Path, max_iters: int = 800, resume: bool = False,
+                  hooks: list[Any] = (), precision: str | None = None, **options: Any) -> treadle.Trainer:
+    """The example's Trainer; ``hooks`` and ``options`` are added (tests inject faults).
+    ``precision``: None for bf16 on a GPU, float32 on the CPU."""
     classify = name == "bert"
     torch.manual_seed(0)  # the initial weights
     model = build_model(name)
@@ -72,12 +77,13 @@ def build_trainer(name: str, work_dir: str | Path, max_iters: int = 60, resume: 
     warmup = max(1, max_iters // 10)
     return treadle.Trainer(
         model, work_dir=work_dir,
-        train_dataloader=DataLoader(Sequences(256, seed=1, classify=classify), batch_size=8, shuffle=True),
-        val_dataloader=DataLoader(Sequences(64, seed=2, classify=classify), batch_size=32),
-        optimizer=dict(type="AdamW", lr=3e-3, weight_decay=0.01), precision="bf16", accumulate=2,
+        train_dataloader=DataLoader(Sequences(2048, seed=1, classify=classify), batch_size=32, shuffle=True),
+        val_dataloader=DataLoader(Sequences(256, seed=2, classify=classify), batch_size=128),
+        optimizer=dict(type="AdamW", lr=3e-3, weight_decay=0.01), accumulate=2,
+        precision=precision or ("bf16" if torch.cuda.is_available() else "32"),
         schedulers=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=warmup),
                     dict(type="CosineAnnealingLR", by_epoch=False, begin=warmup, end=max_iters, eta_min=1e-5)],
-        metrics=metrics, max_iters=max_iters, val_interval=max_iters // 2, log_interval=10,
+        metrics=metrics, max_iters=max_iters, val_interval=max(1, max_iters // 2), log_interval=50,
         checkpoint=dict(interval=max_iters // 2, by_epoch=False, keep=2), seed=0, resume=resume,
         hooks=list(hooks), **options)
 
@@ -85,7 +91,7 @@ def build_trainer(name: str, work_dir: str | Path, max_iters: int = 60, resume: 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("gpt2", "bert"), default="bert")
-    parser.add_argument("--max-iters", type=int, default=60)
+    parser.add_argument("--max-iters", type=int, default=800)
     parser.add_argument("--work-dir", default=None, help="default: runs/hf-<model>")
     parser.add_argument("--resume", action="store_true", help="go on from the newest checkpoint in work_dir")
     args = parser.parse_args(argv)

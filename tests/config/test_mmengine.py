@@ -24,7 +24,7 @@ def test_example_translates_to_treadle_keys():
     assert (cfg["max_epochs"], cfg["max_iters"], cfg["val_interval"]) == (6, None, 1)
     assert cfg["log_interval"] == 15
     assert cfg["checkpoint"] == {"interval": 1, "keep": 2, "best": "val/acc", "rule": "max"}
-    assert cfg["ema"] == {"momentum": 0.999, "convention": "mmengine"}
+    assert cfg["ema"] == {"momentum": 0.99, "gamma": 100, "convention": "mmengine"}  # ExpMomentumEMA
     assert cfg["hooks"] == [{"type": "EarlyStoppingHook", "monitor": "val/acc", "rule": "greater", "patience": 3}]
     assert cfg["seed"] == 0 and cfg["deterministic"] is False
     assert cfg["train_dataloader"]["shuffle"] is True and "sampler" not in cfg["train_dataloader"]

@@ -57,7 +57,8 @@ def test_public_signature_keeps_its_names_order_and_defaults():
 def test_a_call_that_does_not_fit_names_the_trainer():
     with pytest.raises(TypeError, match=r"^Trainer.__init__\(\) missing 1 required positional argument: 'model'$"):
         treadle.Trainer()
-    with pytest.raises(TypeError, match=r"^Trainer.__init__\(\) got an unexpected keyword argument 'max_epoch'$"):
+    with pytest.raises(TypeError, match=r"^Trainer.__init__\(\) got an unexpected keyword argument 'max_epoch'\. "
+                                        r"Did you mean 'max_epochs'\?$"):
         treadle.Trainer(nn.Linear(2, 2), max_epoch=3)
     with pytest.raises(TypeError, match=r"^Trainer.__init__\(\) got multiple values for argument 'model'$"):
         treadle.Trainer(nn.Linear(2, 2), model=nn.Linear(2, 2))
@@ -119,7 +120,8 @@ def test_a_new_field_is_checked():
         Toy(model, warmup=-1)
     with pytest.raises(TypeError, match=r"^warmup: wrong type str \(got '3'\); expected an int >= 0$"):
         Toy(model, warmup="3")
-    with pytest.raises(TypeError, match=r"^Toy.__init__\(\) got an unexpected keyword argument 'warmpu'$"):
+    with pytest.raises(TypeError, match=r"^Toy.__init__\(\) got an unexpected keyword argument 'warmpu'\. "
+                                        r"Did you mean 'warmup'\?$"):
         Toy(model, warmpu=3)
 
 

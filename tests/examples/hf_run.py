@@ -23,4 +23,6 @@ if __name__ == "__main__":
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     hooks = [SigkillAt(rank=0, at_iter=args.kill_at)] if args.kill_at else []
-    example.build_trainer(args.model, args.work_dir, args.max_iters, args.resume, hooks=hooks, progress=False).fit()
+    # bf16 as on a GPU (the example runs float32 on a CPU): its exact resume is what this checks
+    example.build_trainer(args.model, args.work_dir, args.max_iters, args.resume, hooks=hooks, precision="bf16",
+                          progress=False).fit()

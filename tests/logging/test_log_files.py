@@ -21,7 +21,7 @@ from treadle.seeding import seed_everything
 from support import TinyNet, make_data
 
 # Values that differ from one process to the next (wall clock, timings).
-PER_RUN = {"timestamp", "data_time", "step_time", "samples_per_s", "eta_s", "max_memory_mb"}
+PER_RUN = {"timestamp", "data_time", "step_time", "samples_per_s", "eta_s", "max_memory_mb", "resumed_at"}
 
 
 class Crash(Exception):
@@ -72,7 +72,7 @@ def _csv(work_dir):
     with open(work_dir / "log.csv", newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         rows = [{k: v for k, v in row.items() if k not in PER_RUN} for row in reader]
-        return reader.fieldnames, rows
+        return [k for k in reader.fieldnames or [] if k != "resumed_at"], rows
 
 
 ITERS = dict(max_epochs=None, max_iters=15, val_interval=5, checkpoint=dict(interval=5, by_epoch=False))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).with_name("log_kill_run.py")
-TIMING = ("_time", "_per_s", "eta_s", "timestamp")
+TIMING = ("_time", "_per_s", "eta_s", "timestamp", "resumed_at")  # per process, not per record
 
 
 def _run(work: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Iterable
+
+from treadle import suggest
 
 _MISSING = object()
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """`` Did you mean 'x'?`` for the closest choices, or an empty string."""
-    choices = [str(c) for c in choices]
-    word = str(word)
-    # A case slip ("Adamw") first, then spelling neighbours.
-    close = [c for c in choices if c.lower() == word.lower()]
-    close += [c for c in difflib.get_close_matches(word, choices, n=3, cutoff=0.6) if c not in close]
-    close = close[:3]
-    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    """`` Did you mean 'x'?`` for the closest choices (:mod:`treadle.suggest`), or an empty string."""
+    return suggest.did_you_mean(word, choices)
 
 
 def short_repr(value: Any, limit: int = 80) -> str:

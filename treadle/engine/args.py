@@ -333,7 +333,9 @@ def build_model_and_data(a: Args, strategy: Any, *, safe: bool = False) -> tuple
         if call_init_weights(model):
             get_logger().info(f"init_weights: called {type(model).__name__}.init_weights()")
         else:
-            get_logger().warning(f"init_weights=True, but {type(model).__name__} has no init_weights(): nothing called")
+            # As MMEngine's runner, whose configs set it (a translated config's default): no method, nothing to do.
+            get_logger().info(f"init_weights: {type(model).__name__} has no init_weights(): its constructor's "
+                              "weights stand, as under MMEngine's runner")
     if specs:
         if strategy.seed is not None:
             seed_everything(strategy.seed, rank=strategy.rank, per_rank=strategy.seed_per_rank)

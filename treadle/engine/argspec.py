@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import re
 import textwrap
 import typing
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from torch import nn
 
 from treadle.config.errors import ConfigError
 from treadle.config.keys import Check, Key, check_value
+from treadle.suggest import did_you_mean
 
 P = ParamSpec("P")
 A = TypeVar("A")
@@ -132,7 +134,7 @@ def takes(spec: Callable[P, A]) -> Callable[[Callable[[S, A], None]], Callable[C
             except TypeError as e:  # the dataclass's own: unknown, missing or too many arguments
                 if not str(e).startswith(own):
                     raise
-                raise TypeError(f"{init.__qualname__}(){str(e)[len(own):]}") from None
+                raise TypeError(f"{init.__qualname__}(){str(e)[len(own):]}{_unexpected_hint(e, sig)}") from None
             init(self, given)
 
         __init__.__signature__ = sig  # type: ignore[attr-defined]  # what inspect.signature and help() show
@@ -140,6 +142,13 @@ def takes(spec: Callable[P, A]) -> Callable[[Callable[[S, A], None]], Callable[C
                                     "return": None}
         return __init__
     return decorate
+
+
+def _unexpected_hint(error: TypeError, sig: inspect.Signature) -> str:
+    """`` Did you mean 'max_epochs'?`` for an unexpected keyword argument's name."""
+    found = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+    hint = did_you_mean(found.group(1), list(sig.parameters)[1:]) if found else ""
+    return "." + hint if hint else ""
 
 
 def _type_name(t: type) -> str:

@@ -68,7 +68,8 @@ class LoopPosition:
     ``epoch``/``iter``: epochs and iterations done; ``inner_iter``/``batch_idx``: batches
     taken in the open epoch (``open``), whose shuffle ``seed`` and per-process
     ``batch_size`` a resume on another world size needs; ``phase``: the workflow phase
-    and the units done in it; ``val_due``: a validation of this cycle has not run yet.
+    and the units done in it; ``val_due``: a validation of this cycle has not run yet;
+    ``max_epochs``/``max_iters``: the run's length as set (a resume says when it changed).
     ``world_size``: the processes that saved it, ``data_world`` the data shards they read
     (0: one per process, as in checkpoints before tensor parallelism) and ``tp`` the
     tensor-parallel ranks that shared each shard."""
@@ -85,6 +86,9 @@ class LoopPosition:
     world_size: int = 1
     data_world: int = 0
     tp: int = 1
+    # The run's length as its arguments set it (the other one None), for a resume to compare.
+    max_epochs: int | None = None
+    max_iters: int | None = None
 
 
 class LoopCounters:
@@ -236,6 +240,13 @@ class TrainLoop:
         """A stop closed the epoch early: a checkpoint taken now resumes inside it."""
         return self._stopped_inside_epoch
 
+    @property
+    def epoch_open(self) -> bool:
+        """An epoch has started and not closed (one a resume goes on in included, before it
+        reopens): a validation now (iteration-based workflows) comes inside epoch
+        ``state.epoch + 1``, as the train lines count it."""
+        return self._epoch_open or bool(self.resume_pos is not None and self.resume_pos["open"])
+
     def position(self) -> "LoopPosition":
         """The iteration boundary a checkpoint taken now records. From ``after_train_iter``
         it already counts the running iteration (its step is done); from
@@ -248,9 +259,16 @@ class TrainLoop:
             epoch, it, inner, opened = s.epoch + (1 if self._closing_complete else 0), s.iter, 0, False
         phase, val_due = self.phase_position(epoch if self.by_epoch else it)
         return LoopPosition(epoch=epoch, iter=it, inner_iter=inner, batch_idx=inner, open=opened, seed=feed.seed,
-                            batch_size=getattr(feed.loader, "batch_size", None) if opened else None,
-                            phase=phase, val_due=val_due, world_size=self.world_size, data_world=self.data_world,
-                            tp=self.tp)
+                            batch_size=self.batch_size, phase=phase, val_due=val_due, world_size=self.world_size,
+                            data_world=self.data_world, tp=self.tp,
+                            max_epochs=s.max_epochs if s.by_epoch else None,
+                            max_iters=None if s.by_epoch else s.max_iters)
+
+    @property
+    def batch_size(self) -> int | None:
+        """The training loader's batch size (per process), None when it has none."""
+        size = getattr(self.feed.loader, "batch_size", None)
+        return size if isinstance(size, int) else None
 
     # -- Stateful: what a checkpoint holds of the loop ---------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -263,8 +281,8 @@ class TrainLoop:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take the counters and the place to resume from: :meth:`run` then goes on there
         (reopening an open epoch with its first ``batch_idx`` batches skipped). Saved by
-        another number of processes: the samples already taken are kept, counted in this
-        run's batches. The RNG streams are set by :meth:`resume_rng`."""
+        another number of processes, or with another batch size: the samples already taken
+        are kept, counted in this run's batches. The RNG streams are set by :meth:`resume_rng`."""
         pos = dict(state)
         s = self.state
         s.epoch, s.iter, s.inner_iter = int(pos["epoch"]), int(pos["iter"]), int(pos["inner_iter"])
@@ -280,10 +298,11 @@ class TrainLoop:
                                  f"{self.data_world} x tp {self.tp}: weights, optimizer and counters are exact; the "
                                  "rest of the open epoch's order and the per-rank RNG streams cannot be, so they "
                                  "restart from the same number of samples with fresh streams")
-        if saved_data != self.data_world and pos.get("open"):
-            saved_batch, batch = pos.get("batch_size"), getattr(self.feed.loader, "batch_size", None)
-            if not (isinstance(saved_batch, int) and isinstance(batch, int) and saved_batch > 0 and batch > 0):
-                saved_batch = batch = 1  # unknown (older checkpoints): the per-process batch is assumed unchanged
+        saved_batch, batch = pos.get("batch_size"), self.batch_size
+        if not (isinstance(saved_batch, int) and isinstance(batch, int) and saved_batch > 0 and batch > 0):
+            saved_batch = batch = 1  # unknown (older checkpoints): the per-process batch is assumed unchanged
+        if (saved_data != self.data_world or saved_batch != batch) and pos.get("open"):
+            # Other data shards or another batch size: the open epoch goes on after the samples already taken.
             pos["batch_idx"] = int(pos["batch_idx"]) * saved_data * saved_batch // (self.data_world * batch)
         if pos.get("seed") is not None:
             self.feed.seed = int(pos["seed"])

@@ -102,15 +102,17 @@ def _checkpoint_in(path: Path, what: str) -> tuple[str, str, str | None]:
                      f"{MANIFEST_NAME}), a run directory (with checkpoints/) or a weights file"), None
 
 
-def check_resume_dir(path: Path) -> None:
-    """A directory given as ``resume=`` must be one checkpoint, not a run or a checkpoints dir."""
+def check_resume_dir(path: Path, what: str = "resume") -> None:
+    """A directory given as ``resume=`` must be one checkpoint, not a run or a checkpoints
+    dir. ``what``: how the caller names it, "resume" (the argument) or "--resume" (the
+    command line's option)."""
     if not path.is_dir() or (path / MANIFEST_NAME).is_file():
         return
     inside = [*list_checkpoints(path, order="created"), *list_checkpoints(path / "checkpoints", order="created")]
-    hint = (f"; it holds checkpoints: pass one (the last saved is {inside[-1]}), or resume=True with the run's "
-            "work_dir" if inside else "")
-    raise FileNotFoundError(f"resume={str(path)!r} is a directory but not a checkpoint (it has no {MANIFEST_NAME})"
-                            f"{hint}")
+    named = f"--resume {path}" if what == "--resume" else f"{what}={str(path)!r}"
+    latest = "--resume alone, with that run's --work-dir" if what == "--resume" else "resume=True with the run's work_dir"
+    hint = f"; it holds checkpoints: pass one (the last saved is {inside[-1]}), or {latest}" if inside else ""
+    raise FileNotFoundError(f"{named} is a directory but not a checkpoint (it has no {MANIFEST_NAME}){hint}")
 
 
 def note_other_runs(ckpt_dir: Path) -> None:

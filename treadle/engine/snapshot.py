@@ -49,7 +49,6 @@ from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
 from treadle.data.resumable import place_of
 from treadle.hooks.base import HookStates
-from treadle.logging.writers import get_logger
 from treadle.engine.loops import LoopCounters, TrainLoop
 
 if TYPE_CHECKING:
@@ -166,7 +165,7 @@ def save(trainer: "Trainer", path: str | Path, writer: Callable[..., Path] | Non
 def load(trainer: "Trainer", path: str | Path) -> None:
     """``Trainer.load_checkpoint``: ``strategy.resume`` with the Trainer's parts (every
     owner checks its part, then all load); the train loop takes this rank's RNG to set
-    where the interrupted run took its next batch."""
+    where the interrupted run took its next batch. The caller says what was resumed."""
     strategy = trainer.strategy
     parts, rank_parts = trainer_parts(trainer)
     seen: dict[str, Any] = {}
@@ -185,8 +184,6 @@ def load(trainer: "Trainer", path: str | Path) -> None:
     if trainer.train_loop is not None:
         trainer.train_loop.resume_rng(seen["own"])
     trainer.call_hook("after_load_checkpoint", seen["state"])
-    get_logger().info(f"resumed from {path}: {trainer.state.iter} iterations done, training goes on in epoch "
-                      f"{trainer.state.epoch + 1}")  # 1-based, as the log lines (README: Epochs and iterations)
 
 
 __all__ = ["ENTRIES", "PARTS", "LoopPlace", "check_training_checkpoint", "finished", "load", "save",

@@ -46,7 +46,8 @@ from treadle.engine.args import (build_args, build_model_and_data, default_hooks
                                   warn_without_validation)
 from treadle.engine.argspec import document, takes
 from treadle.engine.spec import TrainerArgs
-from treadle.engine import snapshot
+from treadle.engine import resume_changes, snapshot
+from treadle.engine.resume_changes import ResumeChange
 
 
 class LearningRates(dict):
@@ -62,7 +63,7 @@ class LearningRates(dict):
 class Trainer:
     """Train, validate and test a model.
 
-    The arguments (the public contract, see DESIGN.md) are defined once, with their
+    The arguments (the public contract: docs/trainer.md) are defined once, with their
     types, defaults, meanings and checks, as the fields of
     `treadle.engine.spec.TrainerArgs`; the Args section below is written from them.
 
@@ -102,7 +103,10 @@ class Trainer:
         self.run_timestamp = self.strategy.timestamp
         self.seed = args.seed if args.seed is not None else self.strategy.seed
         self._seed_drawn = args.seed is None  # said with the model's summary, at the first run
-        self.run_files: dict[str, str] = {}  # written into work_dir once fit's resume checks pass (run_dir.py)
+        # Written into work_dir once fit's resume checks pass (run_dir.py); a callable's text is
+        # made then, so that it may say what the resume kept (resume_changes).
+        self.run_files: dict[str, str | Callable[[], str]] = {}
+        self.resume_changes: list[ResumeChange] = []  # settings a resume found changed (resume_changes.py)
         model, loaders = build_model_and_data(a, self.strategy, safe=args.safe)
         self.train_dataloader, self.val_dataloader, self.test_dataloader = loaders
         self.work_dir = Path(args.work_dir) if args.work_dir is not None else None
@@ -402,21 +406,28 @@ class Trainer:
         loop = self.train_loop
         assert loop is not None  # fit() checked train_dataloader
         loop.reset()  # a resume below sets where it goes on
-        resumed = self._resume() if self.resume else False
+        resumed = self._resume() if self.resume else None
         pos = loop.resume_pos
         self._resume_loaded = True
+        s = self.state
+        trained = s.iter >= s.max_iters if s.max_iters else s.epoch >= s.max_epochs  # type: ignore[operator]  # no max_iters: max_epochs is set
+        finished = pos is not None and trained and not (pos["open"] or pos.get("val_due"))  # else: finish the last cycle
+        if resumed is not None:  # one line: where training goes on, or that there is nothing left (1-based, as the log lines)
+            get_logger().info(f"resumed from {resumed}: " + (
+                f"the run already finished (epoch {s.epoch}, iter {s.iter}); nothing to do" if finished else
+                f"{s.iter} iterations done, training goes on in epoch {s.epoch + 1}"))
+            for change in self.resume_changes:  # one line per setting that differs from the checkpoint's run
+                (get_logger().warning if change.kept_from_checkpoint else get_logger().info)(change.line())
         env = None  # the environment table: env.txt, and log.txt once the run starts
         if self.run_dir is not None:
             if self.is_main:
                 env = format_env(collect_env(seed=self.seed, world_size=self.strategy.world_size))
-                self.run_dir.write_files({"env.txt": env + "\n", **self.run_files})
+                files = {name: text() if callable(text) else text for name, text in self.run_files.items()}
+                self.run_dir.write_files({"env.txt": env + "\n", **files})
                 if not resumed:
                     note_other_runs(self.work_dir / "checkpoints")  # type: ignore[operator]  # a run_dir means a work_dir
             self._check_checkpoint_dirs()
-        s = self.state
-        trained = s.iter >= s.max_iters if s.max_iters else s.epoch >= s.max_epochs  # type: ignore[operator]  # no max_iters: max_epochs is set
-        if pos is not None and trained and not (pos["open"] or pos.get("val_due")):  # else: finish the last cycle
-            get_logger().info(f"the run in {self.work_dir} already finished (epoch {s.epoch}, iter {s.iter}); nothing to do")
+        if finished:
             return dict(s.metrics)
         self.model.train()
         handlers = (PreemptionHandlers(self.preemption, s, deferred=self.strategy.distributed, verbose=self.is_main)
@@ -496,19 +507,26 @@ class Trainer:
         """validate()/test() before any fit start from what ``resume`` names, as fit does
         (MMEngine's val/test resume too); after a fit they use the trained weights."""
         if self.resume and not self._resume_loaded:
-            self._resume()
+            path = self._resume()
             self._resume_loaded = True
+            if path is not None:
+                get_logger().info(f"resumed from {path}: {self.state.iter} iterations done")
 
-    def _resume(self) -> bool:
-        """Load the checkpoint ``resume`` names; False when ``resume=True`` finds none."""
+    def _resume(self) -> Path | None:
+        """Load the checkpoint ``resume`` names and return its path; None when
+        ``resume=True`` finds none."""
         if self.resume is True:
             path = latest_to_resume(self.work_dir / "checkpoints", self.is_main)  # type: ignore[operator]  # resume=True needs a work_dir (args.py)
             if path is None:
-                return False
+                return None
         else:
             path = Path(self.resume)
+        loop = self.train_loop
+        before = resume_changes.settings(self.optim_wrappers, self.state, loop.batch_size if loop else None,
+                                         None if self._seed_drawn else self.seed)
         self.load_checkpoint(path)
-        return True
+        self.resume_changes = resume_changes.compare(before, self.optim_wrappers, loop.resume_pos if loop else None)
+        return path
 
     def validate(self) -> dict[str, Any]:
         """One pass over ``val_dataloader``; returns ``{"val/<name>": value}``. Before any

@@ -7,10 +7,11 @@ point that no hook implements costs an empty-tuple check and nothing more.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from treadle.suggest import closest
 
 if TYPE_CHECKING:
     from treadle.hooks.view import RunView
@@ -172,7 +173,7 @@ def check_hook_points(hook: Hook, where: str = "hook") -> None:
                 continue
             if not callable(getattr(hook, name, None)):  # e.g. a setting such as after_run_timeout = 5
                 continue
-            close = difflib.get_close_matches(name, HOOK_POINTS, n=1, cutoff=0.5)
+            close = closest(name, HOOK_POINTS, n=1, cutoff=0.5)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(f"{where} ({cls.__name__}): method {name!r} looks like a hook point but is not one, so it "
                              f"would never be called; {hint}expected one of {', '.join(HOOK_POINTS)}")

@@ -97,18 +97,29 @@ class CheckpointHook(Hook):
         # track (a record from an older checkpoint that points elsewhere): ranked, never deleted.
         self.best_records: list[tuple[float, str]] = []
         self.last_saved: str | None = None
-        self._moved_since_save = False  # an epoch closed or a validation ran after the last save
+        # What changed since the last save, which a final save of the same name then records:
+        # None, "epoch" (an epoch closed) or "validation" (a validation ran: hook states too).
+        self._moved: str | None = None
 
     # -- when ------------------------------------------------------------------------
     def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         if self._reserve_pending:  # async saves: once, after the first step made the optimizer state
             self._reserve_pending = False
             self._reserve(trainer)
-        if not self.by_epoch and self.interval and (trainer.state.iter + 1) % self.interval == 0:
+        if not self.by_epoch and self.interval and (trainer.state.iter + 1) % self.interval == 0 \
+                and not self._final_save_follows(trainer):
             self._save_periodic(trainer, f"iter_{trainer.state.iter + 1:08d}")
 
+    def _final_save_follows(self, trainer: "RunView") -> bool:
+        """The run's last iteration, with no validation in the run: the final save of the
+        same name follows once the epoch has closed, so the periodic one would be
+        written twice."""
+        s, loop = trainer.state, trainer.train_loop
+        return bool(self.save_last and s.max_iters and s.iter + 1 == s.max_iters and loop is not None
+                    and not any(mode == "val" for mode, _ in loop.workflow))
+
     def after_train_epoch(self, trainer: "RunView") -> None:
-        self._moved_since_save = True  # the state a final save records is no longer the last save's
+        self._moved = self._moved or "epoch"  # the state a final save records is no longer the last save's
         complete = trainer.train_loop is None or trainer.train_loop.closing_complete
         if complete and self.by_epoch and self.interval and (trainer.state.epoch + 1) % self.interval == 0:
             self._save_periodic(trainer, f"epoch_{trainer.state.epoch + 1:04d}")
@@ -136,7 +147,7 @@ class CheckpointHook(Hook):
 
     def after_val_epoch(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
         if trainer.state.mode == "val":
-            self._moved_since_save = True  # hook states (best, plateau, early stopping) changed
+            self._moved = "validation"  # hook states (best, plateau, early stopping) changed
         if self.best is None or trainer.state.mode != "val" or trainer.work_dir is None:
             return
         if self.best == "auto":
@@ -200,11 +211,11 @@ class CheckpointHook(Hook):
             return
         # The final save right after a periodic one of the same name is skipped, unless an
         # epoch closed or a validation ran in between: then it records that (finished) state.
-        if self.last_saved == name and not self._moved_since_save:
+        if self.last_saved == name and self._moved is None:
             return
-        again = self.last_saved == name  # the final save after a validation: same name, newer state
+        again = self._moved if self.last_saved == name else None  # the final save: same name, newer state
         self.last_saved = name  # before saving: the hook state goes into the checkpoint
-        self._moved_since_save = False
+        self._moved = None
         ckpt_dir = trainer.work_dir / "checkpoints"
         prune = self.keep if trainer.is_main else None
         if self._saver is not None:  # the name is claimed once the save before is on disk
@@ -282,10 +293,11 @@ def _remove_best(trainer: "RunView", relative: str) -> None:
         get_logger().warning(f"checkpoint best-K: {e}")
 
 
-def _saved(path: Path, checkpoints: Path, keep: int | None, run: str, again: bool = False) -> None:
+def _saved(path: Path, checkpoints: Path, keep: int | None, run: str, again: str | None = None) -> None:
     """After a save is complete: prune to the last ``keep`` and say so (in the writer
     thread for asynchronous saves); ``again``: the save replaced this run's checkpoint of
-    the same name with the state after the final validation, which is said as such.
+    the same name with the state after what followed it ("validation": the final
+    validation; "epoch": the close of the epoch), which is said as such.
 
     Only this run's checkpoints are pruned, in the order they were saved: an earlier
     run's in the same directory are never deleted, and after a resume from an earlier
@@ -294,6 +306,7 @@ def _saved(path: Path, checkpoints: Path, keep: int | None, run: str, again: boo
     if keep:
         prune_checkpoints(checkpoints, keep_last=keep, run=run, order="created")
     if again:
-        get_logger().info(f"updated checkpoint {path}: it now holds the state after the last validation")
+        after = "the last validation" if again == "validation" else "the end of its epoch"
+        get_logger().info(f"updated checkpoint {path}: it now holds the state after {after}")
     else:
         get_logger().info(f"saved checkpoint {path}")

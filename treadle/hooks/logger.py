@@ -58,7 +58,8 @@ class LoggerHook(Hook):
     for more optimizers or param groups), the window means of losses and timers,
     ``samples_per_s``, ``eta_s``, ``grad_norm`` when clipping, ``loss_scale`` and
     ``skipped_steps`` under fp16, ``max_memory_mb`` on CUDA; for val/test, the metrics
-    under ``val/...`` or ``test/...``.
+    under ``val/...`` or ``test/...``; in the first record after a resume, ``resumed_at``
+    (unix seconds: when the resumed fit started training).
 
     ``writers``: any of "jsonl" (``log.jsonl``), "csv" (``log.csv``), "tensorboard"
     (events under ``tensorboard/``), "mlflow", "wandb" (:mod:`treadle.logging.trackers`,
@@ -77,7 +78,7 @@ class LoggerHook(Hook):
       first drops, from ``log.jsonl`` and ``log.csv``, the records the interrupted run
       wrote after that position (rewriting each file atomically), since the resumed run
       writes them again: the files then equal the uninterrupted run's, record for record
-      (timestamps and timings aside). TensorBoard's events after it are hidden from its
+      (timestamps, timings and ``resumed_at`` aside). TensorBoard's events after it are hidden from its
       reader instead (``TensorBoardWriter.drop_after``: a ``SessionLog.START``).
       ``log.txt`` keeps every line of both processes;
       records this trainer wrote itself (a ``validate()`` before ``fit()``) stay.
@@ -139,6 +140,9 @@ class LoggerHook(Hook):
         self._earlier_events: list[Path] = []  # an earlier run's TensorBoard event files
         self._opened = False
         self._fit_started = False
+        # A resumed fit's start (unix time): its first record carries it as ``resumed_at``, so
+        # that a report leaves the pause between the two processes out of the epoch's time.
+        self._resumed_at: float | None = None
 
     def add_listener(self, fn: Any) -> None:
         """Call ``fn(trainer, values)`` with each train record's flushed, rank-reduced values,
@@ -198,6 +202,7 @@ class LoggerHook(Hook):
             return
         logger = get_logger()
         if resume is not None:  # the interrupted run's records after the checkpoint are written again
+            self._resumed_at = round(time.time(), 3)
             iteration, val_due = resume
             for w in self._writers:
                 drop = getattr(w, "drop_after", None)
@@ -242,6 +247,8 @@ class LoggerHook(Hook):
             raise error
 
     def _write(self, record: dict[str, Any]) -> None:
+        if self._resumed_at is not None and record.get("mode") in ("train", "val"):
+            record["resumed_at"], self._resumed_at = self._resumed_at, None
         if self._writers:
             self._records += 1
         for w in self._writers:
@@ -335,15 +342,21 @@ class LoggerHook(Hook):
                 out["skipped_steps" + suffix] = ow.skipped_steps
         return out
 
-    def after_val(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
+    # At the first point that has the results, so that the lines of later hooks (the best
+    # checkpoint saved from them, early stopping) come after the line that shows them.
+    def after_val_epoch(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
         self._log_eval(trainer, "val", metrics)
 
-    def after_test(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
+    def after_test_epoch(self, trainer: "RunView", metrics: dict[str, Any]) -> None:
         self._log_eval(trainer, "test", metrics)
 
     def _log_eval(self, trainer: "RunView", mode: str, metrics: dict[str, Any]) -> None:
         state = trainer.state
-        record = {"mode": mode, "epoch": state.epoch, "iter": state.iter, "timestamp": round(time.time(), 3), **metrics}
+        # The epoch of the last training iteration, 1-based as the train lines count it: an
+        # iteration-based validation comes inside an open epoch.
+        loop = trainer.train_loop
+        epoch = state.epoch + 1 if loop is not None and loop.epoch_open else state.epoch
+        record = {"mode": mode, "epoch": epoch, "iter": state.iter, "timestamp": round(time.time(), 3), **metrics}
         if not self._fit_started and state.iter == 0:  # of weights alone: see TensorBoardWriter.keep_apart
             for w in self._writers:
                 apart = getattr(w, "keep_apart", None)
@@ -355,7 +368,7 @@ class LoggerHook(Hook):
         if trainer.is_main:
             shown = "  ".join(f"{k} {format_value(k, v)}" for k, v in metrics.items())
             # After no training (validate() of loaded weights): no epoch 0, iter 0 to show.
-            where = f" (epoch {state.epoch}, iter {state.iter})" if state.iter or state.epoch else ""
+            where = f" (epoch {epoch}, iter {state.iter})" if state.iter or epoch else ""
             get_logger().info(f"{mode}{where}  {shown}")
 
 
@@ -405,7 +418,7 @@ def _format_train_line(record: dict[str, Any], state: Any, by_epoch: bool | None
         head += f"batch {state.inner_iter + 1}" + (f"/{state.iters_per_epoch}" if state.iters_per_epoch else "")
     else:
         head += f"iter {record['iter']}" + (f"/{state.max_iters}" if state.max_iters else "")
-    skip = {"mode", "epoch", "iter", "eta_s", "timestamp"}
+    skip = {"mode", "epoch", "iter", "eta_s", "timestamp", "resumed_at"}
     parts = [f"{k} {format_value(k, v)}" for k, v in record.items() if k not in skip]
     if "eta_s" in record:
         parts.append(f"eta {datetime.timedelta(seconds=int(record['eta_s']))}")

@@ -74,6 +74,11 @@ class LoopView(Protocol):
         """A stop closed the epoch early: a checkpoint taken now resumes inside it."""
         ...
 
+    @property
+    def epoch_open(self) -> bool:
+        """An epoch has started and not closed (its number is ``state.epoch + 1``)."""
+        ...
+
 
 class RunView(Protocol):
     """The run as every hook point receives it (see the module docstring)."""

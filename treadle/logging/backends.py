@@ -32,7 +32,7 @@ from treadle.logging.writers import (BatchedWriter, _step, aside_path, move_whol
                                      written_after)
 
 # Record keys that say where a record belongs rather than what was measured.
-_META_KEYS = ("mode", "iter")
+_META_KEYS = ("mode", "iter", "resumed_at")  # (resumed_at: a resumed fit's start, for reports)
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:

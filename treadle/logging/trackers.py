@@ -27,14 +27,14 @@ def _tracker_values(record: dict[str, Any]) -> dict[str, float]:
     A train record's values keep their names (``loss``, ``lr``, ``epoch``, ...). A val
     or test record's metrics are already named ``val/...`` or ``test/...`` (any other
     key gets that prefix); its ``epoch`` is left out (the train records carry it).
-    ``mode``, ``iter`` (the step) and ``timestamp`` are never values; booleans and
-    non-numbers are skipped; NaN and inf are kept.
+    ``mode``, ``iter`` (the step), ``timestamp`` and ``resumed_at`` are never values;
+    booleans and non-numbers are skipped; NaN and inf are kept.
     """
     mode = str(record.get("mode", "train"))
     prefix = mode + "/"
     out: dict[str, float] = {}
     for key, value in record.items():
-        if key in ("mode", "iter", "timestamp") or isinstance(value, bool) or not isinstance(value, Real):
+        if key in ("mode", "iter", "timestamp", "resumed_at") or isinstance(value, bool) or not isinstance(value, Real):
             continue
         if mode == "train" or key.startswith(prefix):
             out[key] = float(value)

@@ -152,7 +152,16 @@ def log_details(sections: Mapping[str, str], verbose: bool = False) -> None:
         logger.info(text, extra=None if verbose else FILE_ONLY)
     path = text_log_path()
     if not verbose and path is not None and sections:
-        logger.info(f"{' and '.join(sections)}: in {path} (verbose prints them here)", extra=CONSOLE_ONLY)
+        logger.info(f"{' and '.join(sections)}: in {shown_path(path)} (verbose prints them here)", extra=CONSOLE_ONLY)
+
+
+def shown_path(path: Path) -> Path:
+    """``path`` as a console line shows it: relative to the working directory when it lies
+    inside it (the file handler keeps it absolute), else as it is."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 def log_failure(error: BaseException, where: str) -> None:

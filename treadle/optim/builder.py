@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from typing import Any, Iterable
 
@@ -10,6 +9,7 @@ import torch
 from torch import nn
 
 from treadle.optim.paramwise import build_param_groups, check_paramwise
+from treadle.suggest import did_you_mean
 
 
 def optimizer_names() -> list[str]:
@@ -37,8 +37,7 @@ def _resolve_type(name: Any, where: str) -> type[torch.optim.Optimizer]:
         if inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer):
             return cls
         raise TypeError(f"{where}: {name!r} is not a torch.optim.Optimizer subclass")
-    close = difflib.get_close_matches(name, optimizer_names(), n=3)
-    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    hint = did_you_mean(name, optimizer_names())
     raise ValueError(f"{where}: unknown optimizer type {name!r}; expected a torch.optim class name "
                      f"such as 'SGD', 'Adam', 'AdamW', or a dotted import path.{hint}")
 

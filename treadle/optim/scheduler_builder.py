@@ -18,7 +18,6 @@ rejected: it needs a scalar the trainer cannot supply; use ``ReduceOnPlateauLR``
 from __future__ import annotations
 
 import copy
-import difflib
 import inspect
 import numbers
 from collections.abc import Mapping, Sequence
@@ -28,6 +27,7 @@ import torch
 
 from treadle.optim import lr_momentum, param_schedulers, plateau
 from treadle.optim.scheduler_base import INF, ParamScheduler, explicit_init_params, init_arg_names
+from treadle.suggest import did_you_mean
 
 __all__ = ["SCHEDULERS", "build_scheduler_map", "build_schedulers", "is_torch_scheduler"]
 
@@ -57,10 +57,7 @@ def _needs_finite_end(cls: type, cfg: Mapping[str, Any]) -> bool:
 
 
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.5)
-    if not close:
-        close = [c for c in choices if c.lower() == word.lower()]
-    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return did_you_mean(word, choices)
 
 
 def _resolve_type(where: str, kind: Any) -> type:

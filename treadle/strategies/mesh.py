@@ -11,8 +11,9 @@ collectives run inside every layer; the data-parallel ones once per step). A ran
 data-parallel index, the shard of the data it reads, is ``r * S + s = rank // T``: the
 ranks of one tensor-parallel group read the same batches.
 
-This module is the one place that computes ranks and groups of the mesh (DESIGN.md:
-"one mesh, one owner"); the strategy asks it and answers everyone else.
+This module is the one place that computes ranks and groups of the mesh: the strategy
+asks it, and everyone else asks the strategy (which shard a rank reads, over which ranks
+to reduce).
 """
 
 from __future__ import annotations
