@@ -86,6 +86,14 @@ def test_hsdp_on_gloo_is_refused_before_2_8():
         "gloo's (it lacks the average HSDP reduces with), not nccl's")
 
 
+def test_sync_bn_with_fsdp_on_gloo_is_refused_before_2_9():
+    assert compat.fsdp_cpu_problem(False, "2.9.1", sync_bn=True) is None
+    assert compat.fsdp_cpu_problem(False, "2.8.0", sync_bn=False) is None
+    assert compat.fsdp_cpu_problem(False, "2.8.0", sync_bn=True) == (
+        "FSDP with sync_bn=True on the CPU (gloo) needs torch>=2.9, but torch 2.8.0 is installed; with DDP "
+        "(strategy='ddp', sync_bn=True) it trains on this release")
+
+
 def test_resharding_is_refused_before_2_9_and_the_same_world_size_never():
     assert compat.reshard_problem(2, 2, "2.6.0") is None
     assert compat.reshard_problem(1, 2, "2.9.0") is None

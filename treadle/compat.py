@@ -67,6 +67,8 @@ def ddp_buffer_kwargs(sync_buffers: bool) -> dict[str, Any]:
 # Judged by release: these failures show only once training runs, some as wrong numbers.
 FSDP_ON_CPU = (2, 7)  # 2.6: fully_shard cannot run on the CPU ('Stream' has no 'record_event')
 HSDP_ON_CPU = (2, 8)  # 2.7: HSDP's all-reduce across replicas asks gloo for ReduceOp.AVG, which it lacks
+SYNC_BN_FSDP_ON_CPU = (2, 9)  # 2.7, 2.8: an FSDP model whose BatchNorm is synchronized on the CPU trains
+#   away from one process on the whole batch (tests/strategies/test_sync_batchnorm.py); DDP's is right
 FSDP_MIXED_ON_CPU = (2, 12)  # 2.7-2.11: backward fails with a 16-bit param_dtype over gloo
 #                              ("Found dtype Float but expected BFloat16")
 DCP_RESHARD = (2, 9)  # 2.7, 2.8: once a sharded checkpoint is loaded onto another number of
@@ -80,10 +82,16 @@ def _needs(need: tuple[int, int], version: str | None) -> str | None:
     return None if release(version) >= need else f"torch>={'.'.join(map(str, need))}, but torch {version} is installed"
 
 
-def fsdp_cpu_problem(mixed_precision: bool, version: str | None = None, replicas: bool = False) -> str | None:
+def fsdp_cpu_problem(mixed_precision: bool, version: str | None = None, replicas: bool = False,
+                     sync_bn: bool = False) -> str | None:
     """Why FSDP cannot train on several CPU processes (gloo) with this torch, or None
-    (``replicas``: HSDP, more than one replica)."""
+    (``replicas``: HSDP, more than one replica; ``sync_bn``: BatchNorm synchronized)."""
     need = _needs(FSDP_MIXED_ON_CPU if mixed_precision else FSDP_ON_CPU, version)
+    if need is None and sync_bn:
+        need = _needs(SYNC_BN_FSDP_ON_CPU, version)
+        if need is not None:
+            return (f"FSDP with sync_bn=True on the CPU (gloo) needs {need}; with DDP (strategy='ddp', "
+                    "sync_bn=True) it trains on this release")
     if need is None and replicas:
         need = _needs(HSDP_ON_CPU, version)
         if need is not None:

@@ -224,7 +224,7 @@ class FSDPStrategy(ProcessGroupStrategy):
             return model
         if self.device.type == "cpu":
             mixed = self.mp_policy.param_dtype not in (None, torch.float32)
-            problem = fsdp_cpu_problem(mixed, replicas=self.shape.dp_replicate > 1)
+            problem = fsdp_cpu_problem(mixed, replicas=self.shape.dp_replicate > 1, sync_bn=self.sync_bn)
             if problem is not None:
                 raise RuntimeError(problem)
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard

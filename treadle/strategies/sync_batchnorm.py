@@ -101,7 +101,7 @@ class CPUSyncBatchNorm(_BatchNorm):
         rows = _SumOverRanks.apply(rows, group)  # row r: rank r's statistics
         means, variances, counts = rows[:, :channels], rows[:, channels:2 * channels], rows[:, 2 * channels:]
         total = counts.sum()
-        if float(total) <= 1:
+        if float(total.detach()) <= 1:  # a host read: this layer runs on the CPU
             raise ValueError(f"Expected more than 1 value per channel when training, got {int(total)} over "
                              f"{ranks} process(es) for input of size {tuple(x.shape)}")
         weights = counts / total
