@@ -235,7 +235,7 @@ def _checkpointed_forward(module: nn.Module, inner: Callable[..., Any] | None, m
                           *args: Any, **kwargs: Any) -> Any:
     """A checkpointed module's forward: its own (``inner``, or its class's), through
     non-reentrant checkpointing when autograd records."""
-    forward = inner if inner is not None else type(module).forward.__get__(module)
+    forward = inner if inner is not None else functools.partial(type(module).forward, module)
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
     from torch.utils.checkpoint import checkpoint, noop_context_fn
