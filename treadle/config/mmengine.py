@@ -9,6 +9,8 @@ MMEngine                                               treadle
 =====================================================  =====================================
 ``optim_wrapper.optimizer``                            ``optimizer``
 ``optim_wrapper.paramwise_cfg``                        ``optimizer.paramwise``
+``optim_wrapper.constructor:                           ``optimizer`` by name, one per submodule
+MultiOptimWrapperConstructor`` (mmagic's)              (:mod:`treadle.config.mmengine_optim`)
 ``optim_wrapper.clip_grad``                            ``clip_grad``
 ``optim_wrapper.accumulative_counts``                  ``accumulate``, and ``accumulate_across_epochs:
                                                        true`` when over 1 (MMEngine's windows)
@@ -84,6 +86,7 @@ from treadle.config.errors import ConfigError, join_path
 from treadle.config.mmengine_common import take
 from treadle.config.mmengine_data import translate_dataloader
 from treadle.config.mmengine_loop import val_schedule
+from treadle.config.mmengine_optim import MULTI, is_multi, multi_optim_wrapper, schedulers_by_name
 from treadle.config.mmengine_runtime import RUNTIME_KEYS, helper_names, translate_runtime, visualization_hook
 from treadle.config.mmengine_strategy import (is_mmengine_strategy, strategy_settings, sync_bn_option,
                                               translate_strategy)
@@ -142,6 +145,13 @@ class _Out:
 
 def _optim_wrapper(spec: Any, out: _Out) -> None:
     path = "optim_wrapper"
+    if is_multi(spec):  # mmagic's GAN constructor: one optimizer per submodule, by name
+        optimizers, options = multi_optim_wrapper(spec, path)
+        spec = {"optimizer": optimizers, **options}
+    elif isinstance(spec, dict) and "optimizer" not in spec and spec and all(
+            isinstance(v, dict) and "optimizer" in v for v in spec.values()):
+        raise ConfigError(path, "gives optimizers by name without a constructor", value=sorted(spec),
+                          expected=f"constructor='{MULTI}' beside them (mmagic's; MMEngine's runner refuses them too)")
     if not isinstance(spec, dict) or "optimizer" not in spec:
         raise ConfigError(path, "must be a mapping with an 'optimizer'", value=spec,
                           expected="{optimizer: {type: AdamW, lr: ...}, ...}")
@@ -319,7 +329,10 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None) -> di
     if "optim_wrapper" in cfg:
         _optim_wrapper(cfg["optim_wrapper"], out)
     if "param_scheduler" in cfg:
-        out.set("schedulers", cfg["param_scheduler"], "param_scheduler")
+        schedulers = cfg["param_scheduler"]
+        if is_multi(cfg.get("optim_wrapper")) and schedulers is not None:  # the same ones for each optimizer
+            schedulers = schedulers_by_name(schedulers, list(out.cfg["optimizer"]))
+        out.set("schedulers", schedulers, "param_scheduler")
     if "train_cfg" in cfg:
         _train_cfg(cfg["train_cfg"], out)
     for key in ("val_cfg", "test_cfg"):
