@@ -45,6 +45,8 @@ DistSamplerSeedHook, RuntimeInfoHook, or null          its schedulers, seeds sam
                                                        ``update_buffers: true`` (treadle averages
                                                        buffers), ``strict_load``, ``priority``:
                                                        dropped; no ``update_buffers``: a warning
+``custom_hooks`` PreciseBNHook (mmpretrain's)         ``hooks``: treadle's PreciseBNHook, same
+                                                       arguments (``num_samples``, ``interval``)
 ``custom_hooks`` EarlyStoppingHook                     ``hooks``: ``check_finite`` ->
                                                        ``stop_on_nonfinite``, the rest as is
 other ``default_hooks`` / ``custom_hooks``             ``hooks`` (treadle hook types, registered
@@ -105,6 +107,9 @@ NOT_TRANSLATED = {
     "custom_imports": "treadle imports no modules for a config; name classes by dotted type paths (trusted configs) "
                       "or register them from Python (treadle.config.registry) and remove custom_imports",
 }
+
+#: mmpretrain's PreciseBNHook as configs name it: treadle's takes its arguments (num_samples, interval).
+_PRECISE_BN = ("mmpretrain.PreciseBNHook", "mmcls.PreciseBNHook")
 
 _DROPPED_HOOKS = ("IterTimerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "RuntimeInfoHook")
 
@@ -282,6 +287,8 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> tuple[list[Any],
             continue  # an MMEngine project's hook switched off (BadCaseAnalysisHook, VisualizationHook...)
         if kind in _DROPPED_HOOKS or visualization_hook(spec, path):
             continue
+        if kind in _PRECISE_BN:  # mmpretrain's (mmcls's before it): the same arguments
+            spec, kind = {**spec, "type": "PreciseBNHook"}, "PreciseBNHook"
         if isinstance(kind, str) and "." not in kind and kind not in REGISTRIES["hook"]:
             raise ConfigError(join_path(path, "type"), "unknown hook type", value=kind,
                               expected=f"a treadle hook ({', '.join(sorted(REGISTRIES['hook']))}), a registered "
