@@ -309,11 +309,14 @@ def named_types(cfg: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
         yield ("model", *_spec_name(cfg["model"], "model"))
     for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
         loader = cfg.get(key)
-        if isinstance(loader, Mapping):
-            if "dataset" in loader:
-                yield ("dataset", *_spec_name(loader["dataset"], join_path(key, "dataset")))
-            if loader.get("collate_fn") is not None:
-                yield "collate_fn", loader["collate_fn"], join_path(key, "collate_fn")
+        sets = [(join_path(key, name), one) for name, one in loader.items() if isinstance(one, Mapping)] \
+            if isinstance(loader, Mapping) and "dataset" not in loader and key != "train_dataloader" else [(key, loader)]
+        for where, loader in sets:  # one loader, or several sets by name
+            if isinstance(loader, Mapping):
+                if "dataset" in loader:
+                    yield ("dataset", *_spec_name(loader["dataset"], join_path(where, "dataset")))
+                if loader.get("collate_fn") is not None:
+                    yield "collate_fn", loader["collate_fn"], join_path(where, "collate_fn")
     if cfg.get("loss_fn") is not None:
         yield ("loss", *_spec_name(cfg["loss_fn"], "loss_fn"))
     for key in ("metrics", "train_metrics"):

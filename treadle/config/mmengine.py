@@ -20,7 +20,11 @@ MultiOptimWrapperConstructor`` (mmagic's)              (:mod:`treadle.config.mme
 ``train_cfg.max_epochs`` / ``max_iters``               ``max_epochs`` / ``max_iters``
 ``train_cfg.val_interval``                             ``val_interval``
 ``train_cfg.by_epoch`` / ``type``, ``val_begin: 1``    checked, then dropped
-``val_cfg``, ``test_cfg`` (no options)                 dropped
+``val_cfg``, ``test_cfg`` (no options; ``MultiValLoop``  dropped
+/ ``MultiTestLoop``, mmagic's, too)
+a list of ``val_dataloader`` / ``test_dataloader``     several sets by name: ``{name: loader}``, each
+(mmagic's MultiValLoop)                                named by its dataset's ``metainfo.dataset_type``
+                                                       (when every one has its own), else its index
 ``default_hooks`` CheckpointHook                       ``checkpoint``: ``interval`` (-1: null),
                                                        ``by_epoch``, ``max_keep_ckpts`` -> ``keep``
                                                        (absent or negative: null, keep all, as
@@ -86,7 +90,7 @@ from typing import Any
 
 from treadle.config.errors import ConfigError, join_path
 from treadle.config.mmengine_common import take
-from treadle.config.mmengine_data import translate_dataloader
+from treadle.config.mmengine_data import set_names, translate_dataloader
 from treadle.config.mmengine_loop import val_schedule
 from treadle.config.mmengine_optim import MULTI, is_multi, multi_optim_wrapper, schedulers_by_name
 from treadle.config.mmengine_runtime import RUNTIME_KEYS, helper_names, translate_runtime, visualization_hook
@@ -344,8 +348,12 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None) -> di
         _train_cfg(cfg["train_cfg"], out)
     for key in ("val_cfg", "test_cfg"):
         spec = cfg.get(key)
-        if spec not in (None, {}) and spec != {"type": "ValLoop" if key == "val_cfg" else "TestLoop"}:
-            raise ConfigError(key, "options have no treadle equivalent", value=spec, expected="{} or null")
+        loops = ("ValLoop", "MultiValLoop") if key == "val_cfg" else ("TestLoop", "MultiTestLoop")
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        loop = kind.rpartition(".")[2] if isinstance(kind, str) else kind  # mmagic's, with its scope or not
+        if spec not in (None, {}) and not (set(spec) == {"type"} and loop in loops):
+            raise ConfigError(key, "options have no treadle equivalent", value=spec,
+                              expected=f"{{}}, null or {{type: {loops[0]} | {loops[1]}}} without options")
     hooks, logs_leftovers = _hooks(cfg.get("default_hooks"), cfg.get("custom_hooks"), out)
     if "randomness" in cfg:
         rnd = cfg["randomness"]
@@ -355,7 +363,10 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None) -> di
                                                    "diff_rank_seed": "seed_per_rank"}, {}).items():
             out.set(key, value, join_path("randomness", key))
     for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
-        if key in out.cfg:
+        if key in out.cfg and key != "train_dataloader" and isinstance(out.cfg[key], (list, tuple)):
+            out.cfg[key] = {name: translate_dataloader(spec, join_path(key, i))  # mmagic's MultiValLoop: sets by name
+                            for i, (name, spec) in enumerate(zip(set_names(out.cfg[key]), out.cfg[key]))}
+        elif key in out.cfg:
             out.cfg[key] = translate_dataloader(out.cfg[key], key)
     defaults = trainer_defaults()  # the Trainer's: log_interval, log_writers
     log_interval = out.cfg.get("log_interval", defaults["log_interval"])

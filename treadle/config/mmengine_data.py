@@ -70,6 +70,20 @@ def _collate(spec: Any, path: str) -> Any:
     return kind
 
 
+def set_names(specs: list[Any] | tuple[Any, ...]) -> list[str]:
+    """Names for a list of evaluation loaders (mmagic's MultiValLoop): each dataset's
+    ``metainfo.dataset_type`` when every one has its own, else the indices "0", "1", ..."""
+    names = []
+    for spec in specs:
+        dataset = spec.get("dataset") if isinstance(spec, dict) else None
+        meta = dataset.get("metainfo") if isinstance(dataset, dict) else None
+        name = meta.get("dataset_type") if isinstance(meta, dict) else None
+        names.append(name if isinstance(name, str) and name and "/" not in name else None)
+    if None in names or len(set(names)) != len(names):
+        return [str(i) for i in range(len(specs))]
+    return names  # type: ignore[return-value]  # no None left
+
+
 def translate_dataloader(spec: Any, path: str) -> Any:
     """treadle's dataloader spec for MMEngine's (see the module's table)."""
     if not isinstance(spec, dict):
@@ -88,4 +102,4 @@ def translate_dataloader(spec: Any, path: str) -> Any:
     return out
 
 
-__all__ = ["translate_dataloader"]
+__all__ = ["set_names", "translate_dataloader"]

@@ -608,9 +608,11 @@ class Trainer:
 
     def _close_feeds(self) -> None:
         """Stop the loaders' worker processes when a run ends (see DataFeed.close)."""
-        for loop in (self.train_loop, self.val_loop, self.test_loop):
+        if self.train_loop is not None:
+            self.train_loop.feed.close()
+        for loop in (self.val_loop, self.test_loop):
             if loop is not None:
-                loop.feed.close()
+                loop.close()
 
 
 
