@@ -83,6 +83,33 @@ class TinyNet(nn.Module):
         return self.fc2(self.drop(torch.relu(self.fc1(x))))
 
 
+class TinyParts(nn.Module):
+    """A TinyNet per name (a GAN config's ``generator`` and ``discriminator``...), with an
+    MMEngine-style ``train_step(data, optim_wrapper)``: each part is stepped by the
+    optimizer of its name on the batch's classification loss; evaluation averages them."""
+
+    def __init__(self, parts: tuple[str, ...] | list[str] = ("generator", "discriminator")) -> None:
+        super().__init__()
+        self.parts = list(parts)
+        for name in self.parts:
+            self.add_module(name, TinyNet())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum(getattr(self, p)(x) for p in self.parts) / len(self.parts)
+
+    def train_step(self, data, optim_wrapper):
+        x, y = data
+        logs = {}
+        for name in self.parts:
+            wrapper = optim_wrapper[name] if isinstance(optim_wrapper, dict) else optim_wrapper
+            part = getattr(self, name)
+            with wrapper.optim_context(part):
+                loss = nn.functional.cross_entropy(part(x), y)
+            wrapper.update_params(loss)
+            logs[f"loss_{name}"] = loss.detach()
+        return logs
+
+
 class TinyAttention(nn.Module):
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()

@@ -15,7 +15,16 @@ that trained in its own process, so treadle's seeding moved ``random`` between p
 fresh ``--draw N`` (no training between draws) picks other files after the first project.
 
     PYTHONPATH=$PWD .venv/bin/python tools/mmcfg_count.py /tmp/mmcfgs --json /tmp/c.json \
-        [--set default_hooks.logger.interval=1]
+        [--set default_hooks.logger.interval=1] [--keep-sampler] [--parts-model]
+
+``--keep-sampler``: the child keeps the released ``train_dataloader``'s ``sampler`` and
+``batch_sampler`` (mmdet's ``AspectRatioBatchSampler``, ``InfiniteSampler``...) and replaces
+only its dataset (tests/support.py's ``make_sized_data``, whose items have a size, as
+MMEngine's ``get_data_info`` gives it), ``batch_size``, ``num_workers`` (with
+``persistent_workers``) and ``collate_fn`` (the dataset's own, torch's default).
+``--parts-model``: a config with several optimizers by name (``MultiOptimWrapperConstructor``,
+the GAN configs) gets tests/support.py's ``TinyParts`` for its model, one part per
+optimizer, each stepped by its own optimizer (the model is replaced either way).
 """
 from __future__ import annotations
 
@@ -45,6 +54,37 @@ test_evaluator = None
 metrics = dict(acc=dict(type='Accuracy'))
 progress = False
 """
+
+
+KEEP_SAMPLER = """train_dataloader = dict(batch_size=4, num_workers=0, persistent_workers=False, collate_fn=None,
+                        dataset=dict(_delete_=True, type='support.make_sized_data', n=8))
+"""
+
+
+def child_text(path: Path, keep_sampler: bool, parts: list[str] | None) -> str:
+    """The child config of ``path``: model, data and evaluators replaced."""
+    text = CHILD.format(path=str(path))
+    if keep_sampler:
+        start = text.index("train_dataloader = ")
+        text = text[:start] + KEEP_SAMPLER + text[text.index("val_dataloader = "):]
+    if parts:
+        text = text.replace("model = dict(_delete_=True, type='support.TinyNet')",
+                            f"model = dict(_delete_=True, type='support.TinyParts', parts={parts!r})")
+    return text
+
+
+def optimizer_parts(path: Path) -> list[str] | None:
+    """The optimizer names of a config with several (MultiOptimWrapperConstructor), or None."""
+    from treadle.config.loader import load_file
+
+    try:
+        ow = load_file(path).get("optim_wrapper")
+    except Exception:  # the run itself reports it
+        return None
+    if not isinstance(ow, dict) or "optimizer" in ow or not str(ow.get("constructor", "")).endswith(
+            "MultiOptimWrapperConstructor"):
+        return None
+    return [k for k, v in ow.items() if k != "constructor" and isinstance(v, dict)] or None
 
 
 def listed(root: Path) -> list[tuple[str, Path]]:
@@ -81,12 +121,16 @@ def main() -> int:
     ap.add_argument("--draw", type=int, metavar="N", help="draw N configs per project instead of the listed 42")
     ap.add_argument("--set", action="append", default=[], help="extra --set for every run")
     ap.add_argument("--json", type=Path, help="write {config: error or ''} here")
+    ap.add_argument("--keep-sampler", action="store_true",
+                    help="keep the released train_dataloader's sampler and batch_sampler (replace its dataset only)")
+    ap.add_argument("--parts-model", action="store_true",
+                    help="configs with several optimizers by name get a model with one part per optimizer")
     args = ap.parse_args()
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="mmcfg-") as tmp:
         for proj, f in (draw(args.root, args.draw) if args.draw else listed(args.root)):
             child = Path(tmp) / f"{proj}_{f.stem}.py"
-            child.write_text(CHILD.format(path=str(f)))
+            child.write_text(child_text(f, args.keep_sampler, optimizer_parts(f) if args.parts_model else None))
             how = "train_cfg.max_epochs=1"
             rc, last = train(child, Path(tmp) / "runs" / child.stem, [how, *args.set])
             if rc and "max_epochs" in last and any(w in last for w in ("iteration", "max_iters", "by_epoch")):
