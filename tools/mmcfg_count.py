@@ -4,7 +4,9 @@ Each sampled config is inherited by a small child file that replaces only the mo
 data and the evaluators (tests/support.py's TinyNet and make_data); everything else (optimizer,
 schedulers, hooks, runtime) comes from the released file as it is. Each child runs in its own
 process as ``python -m treadle train CHILD --set train_cfg.max_epochs=1`` (retried with
-``train_cfg.max_iters=4`` when the config is iteration-based), plus any ``--set`` given here.
+``train_cfg.max_iters=4`` when the config is iteration-based, and with ``max_epochs`` one past
+a scheduler's ``begin`` when one epoch ends before a scheduler starts: its missing ``end`` is the
+run's length, which MMEngine's runner refuses alike), plus any ``--set`` given here.
 
 The configs are the ``.mim/configs/`` trees of the projects' wheels, unpacked under ROOT
 (ROOT/mmpretrain/mmpretrain/.mim/configs/..., see ``PROJECTS``). By default the files are the
@@ -32,6 +34,7 @@ import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -136,6 +139,10 @@ def main() -> int:
             if rc and "max_epochs" in last and any(w in last for w in ("iteration", "max_iters", "by_epoch")):
                 how = "train_cfg.max_iters=4"
                 rc, last = train(child, Path(tmp) / "runs" / (child.stem + "-i"), [how, *args.set])
+            late = re.search(r"`begin` must be smaller than `end`, got begin=(\d+), end=1$", last)
+            if rc and late and how == "train_cfg.max_epochs=1":
+                how = f"train_cfg.max_epochs={int(late.group(1)) + 1}"
+                rc, last = train(child, Path(tmp) / "runs" / (child.stem + "-e"), [how, *args.set])
             err = "" if rc == 0 else last.replace(str(child), "CHILD")
             out[str(f)] = {"project": proj, "run_with": how, "error": err}
             print(proj, f.relative_to(args.root), how, "OK" if not err else err, flush=True)
