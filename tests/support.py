@@ -53,6 +53,25 @@ def make_data(n: int = 32, dim: int = 6, classes: int = 3, seed: int = 0) -> Ten
     return TensorDataset(x, y)
 
 
+class SizedData(TensorDataset):
+    """``make_data``'s samples with an image size per item, read as MMEngine datasets give it
+    (``get_data_info(i)``: ``width`` and ``height``): portrait for about a third of them."""
+
+    def __init__(self, n: int = 32, dim: int = 6, classes: int = 3, seed: int = 0) -> None:
+        base = make_data(n, dim, classes, seed)
+        super().__init__(*base.tensors)
+        g = torch.Generator().manual_seed(seed + 1)
+        self.portrait = (torch.rand(n, generator=g) < 0.35).tolist()
+
+    def get_data_info(self, index: int) -> dict[str, int]:
+        return {"width": 480, "height": 640} if self.portrait[index] else {"width": 640, "height": 480}
+
+
+def make_sized_data(n: int = 32, dim: int = 6, classes: int = 3, seed: int = 0) -> SizedData:
+    """A :class:`SizedData` (a config's ``dataset: {type: support.make_sized_data, n: 8}``)."""
+    return SizedData(n, dim, classes, seed)
+
+
 class TinyNet(nn.Module):
     def __init__(self, dim: int = 6, classes: int = 3, dropout: float = 0.0) -> None:
         super().__init__()
@@ -62,6 +81,33 @@ class TinyNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.drop(torch.relu(self.fc1(x))))
+
+
+class TinyParts(nn.Module):
+    """A TinyNet per name (a GAN config's ``generator`` and ``discriminator``...), with an
+    MMEngine-style ``train_step(data, optim_wrapper)``: each part is stepped by the
+    optimizer of its name on the batch's classification loss; evaluation averages them."""
+
+    def __init__(self, parts: tuple[str, ...] | list[str] = ("generator", "discriminator")) -> None:
+        super().__init__()
+        self.parts = list(parts)
+        for name in self.parts:
+            self.add_module(name, TinyNet())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum(getattr(self, p)(x) for p in self.parts) / len(self.parts)
+
+    def train_step(self, data, optim_wrapper):
+        x, y = data
+        logs = {}
+        for name in self.parts:
+            wrapper = optim_wrapper[name] if isinstance(optim_wrapper, dict) else optim_wrapper
+            part = getattr(self, name)
+            with wrapper.optim_context(part):
+                loss = nn.functional.cross_entropy(part(x), y)
+            wrapper.update_params(loss)
+            logs[f"loss_{name}"] = loss.detach()
+        return logs
 
 
 class TinyAttention(nn.Module):

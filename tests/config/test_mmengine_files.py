@@ -57,6 +57,9 @@ def test_yaml_base_references_are_data_and_a_missing_one_names_itself(tmp_path):
                                                                                 "shuffle": False}},
      {"shuffle": False, "drop_last": True}),
     ({"collate_fn": {"type": "pseudo_collate"}}, {"collate_fn": "pseudo_collate"}),
+    ({"batch_sampler": {"type": "AspectRatioBatchSampler"}}, {"group_by_aspect_ratio": True}),
+    ({"batch_sampler": {"type": "mmdet.AspectRatioBatchSampler", "drop_last": True}},
+     {"group_by_aspect_ratio": True, "drop_last": True}),
 ])
 def test_mmengine_loader_keys(loader, want):
     out = translate({"default_scope": "x", "train_dataloader": {"batch_size": 2, **loader}})
@@ -64,7 +67,10 @@ def test_mmengine_loader_keys(loader, want):
 
 
 @pytest.mark.parametrize("loader, message", [
-    ({"batch_sampler": {"type": "AspectRatioBatchSampler"}}, "train_dataloader.batch_sampler.type: is not supported"),
+    ({"batch_sampler": {"type": "TrackAspectRatioBatchSampler"}},
+     "train_dataloader.batch_sampler.type: unsupported batch sampler"),
+    ({"batch_sampler": {"type": "AspectRatioBatchSampler", "seed": 1}},
+     "train_dataloader.batch_sampler.seed: option has no treadle equivalent"),
     ({"sampler": {"type": "DefaultSampler", "round_up": False}},
      "train_dataloader.sampler.round_up: option has no treadle equivalent for this value"),
     ({"collate_fn": {"type": "default_collate", "x": 1}}, "train_dataloader.collate_fn: unsupported collate_fn"),

@@ -19,7 +19,7 @@ from treadle.optim import scheduler_builder
 def test_registries_are_plain_dicts_of_the_real_classes():
     assert set(HOOKS) == {"LoggerHook", "IterTimerHook", "EMAHook", "ParamSchedulerHook", "CheckpointHook",
                           "NaNGuardHook", "EarlyStoppingHook", "ProfilerHook", "ModelSummaryHook", "RuntimeEnvHook",
-                          "SyncBuffersHook"}
+                          "SyncBuffersHook", "PreciseBNHook"}
     assert all(issubclass(cls, Hook) for cls in HOOKS.values())
     torch_optimizers = {n for n, c in vars(torch.optim).items()
                         if inspect.isclass(c) and issubclass(c, torch.optim.Optimizer) and c is not torch.optim.Optimizer}

@@ -8,13 +8,14 @@ its argument definitions.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Mapping
 
 from treadle.checkpoint.manifest import CheckpointError
 from treadle.config.build import (build_component, build_dataloader, build_hook, build_model, check_optimizer, check_safe,
                                   check_schedulers)
 from treadle.config.errors import ConfigError, join_path
 from treadle.config.schema import SCHEMA, TRAINING_ONLY
+from treadle.engine.eval_loop import loader_sets
 from treadle.engine.trainer import Trainer
 
 
@@ -45,7 +46,11 @@ def trainer_kwargs(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fal
         seed_everything(kw["seed"], per_rank=bool(kw.get("seed_per_rank")))
     kw["model"] = build_model(kw["model"], safe=safe)
     for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
-        if kw.get(key) is not None:
+        sets = loader_sets(kw.get(key)) if key != "train_dataloader" else None
+        if sets is not None:  # several validation (test) sets by name
+            kw[key] = {name: build_dataloader(spec, join_path(key, name), safe=safe) if isinstance(spec, Mapping)
+                       else spec for name, spec in sets.items()}
+        elif kw.get(key) is not None:
             kw[key] = build_dataloader(kw[key], key, safe=safe)
     if kw.get("loss_fn") is not None:
         kw["loss_fn"] = build_component(kw["loss_fn"], "loss", "loss_fn", safe=safe)

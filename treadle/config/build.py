@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from treadle.config.errors import ConfigError, did_you_mean, join_path
 from treadle.config.registry import check_name, import_object, resolve_type
@@ -153,9 +153,25 @@ def build_dataloader(spec: dict[str, Any], path: str, *, safe: bool = False) -> 
         except (ImportError, AttributeError) as e:
             raise ConfigError(join_path(path, "collate_fn"), f"cannot import it: {e}", value=kwargs["collate_fn"]) from e
     try:
+        if kwargs.pop("group_by_aspect_ratio", False):
+            return _grouped_loader(dataset, kwargs, path)
         return DataLoader(dataset, **kwargs)
+    except ConfigError:
+        raise
     except Exception as e:
         raise ConfigError(path, f"DataLoader rejected the options: {type(e).__name__}: {e}") from e
+
+
+def _grouped_loader(dataset: Any, kwargs: dict[str, Any], path: str) -> DataLoader:
+    """A DataLoader whose batches share an orientation (``group_by_aspect_ratio: true``)."""
+    from treadle.data.grouped import AspectRatioBatchSampler
+
+    order = RandomSampler(dataset) if kwargs.pop("shuffle", False) else SequentialSampler(dataset)
+    try:
+        batches = AspectRatioBatchSampler(order, kwargs.pop("batch_size", 1), kwargs.pop("drop_last", False))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(join_path(path, "group_by_aspect_ratio"), str(e), value=True) from None
+    return DataLoader(dataset, batch_sampler=batches, **kwargs)
 
 
 def _refused_collate(value: Any, path: str) -> ConfigError:
@@ -293,11 +309,14 @@ def named_types(cfg: Mapping[str, Any]) -> Iterator[tuple[str, Any, str]]:
         yield ("model", *_spec_name(cfg["model"], "model"))
     for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
         loader = cfg.get(key)
-        if isinstance(loader, Mapping):
-            if "dataset" in loader:
-                yield ("dataset", *_spec_name(loader["dataset"], join_path(key, "dataset")))
-            if loader.get("collate_fn") is not None:
-                yield "collate_fn", loader["collate_fn"], join_path(key, "collate_fn")
+        sets = [(join_path(key, name), one) for name, one in loader.items() if isinstance(one, Mapping)] \
+            if isinstance(loader, Mapping) and "dataset" not in loader and key != "train_dataloader" else [(key, loader)]
+        for where, loader in sets:  # one loader, or several sets by name
+            if isinstance(loader, Mapping):
+                if "dataset" in loader:
+                    yield ("dataset", *_spec_name(loader["dataset"], join_path(where, "dataset")))
+                if loader.get("collate_fn") is not None:
+                    yield "collate_fn", loader["collate_fn"], join_path(where, "collate_fn")
     if cfg.get("loss_fn") is not None:
         yield ("loss", *_spec_name(cfg["loss_fn"], "loss_fn"))
     for key in ("metrics", "train_metrics"):

@@ -75,6 +75,9 @@ DATALOADER_KEYS: tuple[Key, ...] = (
     Key("persistent_workers", (bool,), "true or false", "Keep workers alive between epochs (needs num_workers > 0)."),
     Key("prefetch_factor", (int, NoneType), "an int >= 1, or null", "Batches loaded ahead by each worker.", _min(1)),
     Key("timeout", (int, float), "a number >= 0", "Seconds to wait for a batch from a worker.", _min(0, "a number")),
+    Key("group_by_aspect_ratio", (bool,), "true or false",
+        "Batches of one orientation, portrait or landscape, from the dataset's `get_data_info(index)` width and "
+        "height (treadle.data.AspectRatioBatchSampler; default false)."),
     Key("collate_fn", (str, NoneType), "default_collate, pseudo_collate, a dotted path to a function, or null",
         "How samples become a batch: `default_collate` (torch's), `pseudo_collate` (lists, not stacked), or a "
         "dotted path whose module is imported (refused by `--safe`)."),

@@ -9,6 +9,8 @@ MMEngine                                               treadle
 =====================================================  =====================================
 ``optim_wrapper.optimizer``                            ``optimizer``
 ``optim_wrapper.paramwise_cfg``                        ``optimizer.paramwise``
+``optim_wrapper.constructor:                           ``optimizer`` by name, one per submodule
+MultiOptimWrapperConstructor`` (mmagic's)              (:mod:`treadle.config.mmengine_optim`)
 ``optim_wrapper.clip_grad``                            ``clip_grad``
 ``optim_wrapper.accumulative_counts``                  ``accumulate``, and ``accumulate_across_epochs:
                                                        true`` when over 1 (MMEngine's windows)
@@ -18,7 +20,11 @@ MMEngine                                               treadle
 ``train_cfg.max_epochs`` / ``max_iters``               ``max_epochs`` / ``max_iters``
 ``train_cfg.val_interval``                             ``val_interval``
 ``train_cfg.by_epoch`` / ``type``, ``val_begin: 1``    checked, then dropped
-``val_cfg``, ``test_cfg`` (no options)                 dropped
+``val_cfg``, ``test_cfg`` (no options; ``MultiValLoop``  dropped
+/ ``MultiTestLoop``, mmagic's, too)
+a list of ``val_dataloader`` / ``test_dataloader``     several sets by name: ``{name: loader}``, each
+(mmagic's MultiValLoop)                                named by its dataset's ``metainfo.dataset_type``
+                                                       (when every one has its own), else its index
 ``default_hooks`` CheckpointHook                       ``checkpoint``: ``interval`` (-1: null),
                                                        ``by_epoch``, ``max_keep_ckpts`` -> ``keep``
                                                        (absent or negative: null, keep all, as
@@ -43,6 +49,8 @@ DistSamplerSeedHook, RuntimeInfoHook, or null          its schedulers, seeds sam
                                                        ``update_buffers: true`` (treadle averages
                                                        buffers), ``strict_load``, ``priority``:
                                                        dropped; no ``update_buffers``: a warning
+``custom_hooks`` PreciseBNHook (mmpretrain's)         ``hooks``: treadle's PreciseBNHook, same
+                                                       arguments (``num_samples``, ``interval``)
 ``custom_hooks`` EarlyStoppingHook                     ``hooks``: ``check_finite`` ->
                                                        ``stop_on_nonfinite``, the rest as is
 other ``default_hooks`` / ``custom_hooks``             ``hooks`` (treadle hook types, registered
@@ -82,8 +90,9 @@ from typing import Any
 
 from treadle.config.errors import ConfigError, join_path
 from treadle.config.mmengine_common import take
-from treadle.config.mmengine_data import translate_dataloader
+from treadle.config.mmengine_data import set_names, translate_dataloader
 from treadle.config.mmengine_loop import val_schedule
+from treadle.config.mmengine_optim import MULTI, is_multi, multi_optim_wrapper, schedulers_by_name
 from treadle.config.mmengine_runtime import RUNTIME_KEYS, helper_names, translate_runtime, visualization_hook
 from treadle.config.mmengine_strategy import (is_mmengine_strategy, strategy_settings, sync_bn_option,
                                               translate_strategy)
@@ -102,6 +111,9 @@ NOT_TRANSLATED = {
     "custom_imports": "treadle imports no modules for a config; name classes by dotted type paths (trusted configs) "
                       "or register them from Python (treadle.config.registry) and remove custom_imports",
 }
+
+#: mmpretrain's PreciseBNHook as configs name it: treadle's takes its arguments (num_samples, interval).
+_PRECISE_BN = ("mmpretrain.PreciseBNHook", "mmcls.PreciseBNHook")
 
 _DROPPED_HOOKS = ("IterTimerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "RuntimeInfoHook")
 
@@ -142,6 +154,13 @@ class _Out:
 
 def _optim_wrapper(spec: Any, out: _Out) -> None:
     path = "optim_wrapper"
+    if is_multi(spec):  # mmagic's GAN constructor: one optimizer per submodule, by name
+        optimizers, options = multi_optim_wrapper(spec, path)
+        spec = {"optimizer": optimizers, **options}
+    elif isinstance(spec, dict) and "optimizer" not in spec and spec and all(
+            isinstance(v, dict) and "optimizer" in v for v in spec.values()):
+        raise ConfigError(path, "gives optimizers by name without a constructor", value=sorted(spec),
+                          expected=f"constructor='{MULTI}' beside them (mmagic's; MMEngine's runner refuses them too)")
     if not isinstance(spec, dict) or "optimizer" not in spec:
         raise ConfigError(path, "must be a mapping with an 'optimizer'", value=spec,
                           expected="{optimizer: {type: AdamW, lr: ...}, ...}")
@@ -272,6 +291,8 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> tuple[list[Any],
             continue  # an MMEngine project's hook switched off (BadCaseAnalysisHook, VisualizationHook...)
         if kind in _DROPPED_HOOKS or visualization_hook(spec, path):
             continue
+        if kind in _PRECISE_BN:  # mmpretrain's (mmcls's before it): the same arguments
+            spec, kind = {**spec, "type": "PreciseBNHook"}, "PreciseBNHook"
         if isinstance(kind, str) and "." not in kind and kind not in REGISTRIES["hook"]:
             raise ConfigError(join_path(path, "type"), "unknown hook type", value=kind,
                               expected=f"a treadle hook ({', '.join(sorted(REGISTRIES['hook']))}), a registered "
@@ -319,13 +340,20 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None) -> di
     if "optim_wrapper" in cfg:
         _optim_wrapper(cfg["optim_wrapper"], out)
     if "param_scheduler" in cfg:
-        out.set("schedulers", cfg["param_scheduler"], "param_scheduler")
+        schedulers = cfg["param_scheduler"]
+        if is_multi(cfg.get("optim_wrapper")) and schedulers is not None:  # the same ones for each optimizer
+            schedulers = schedulers_by_name(schedulers, list(out.cfg["optimizer"]))
+        out.set("schedulers", schedulers, "param_scheduler")
     if "train_cfg" in cfg:
         _train_cfg(cfg["train_cfg"], out)
     for key in ("val_cfg", "test_cfg"):
         spec = cfg.get(key)
-        if spec not in (None, {}) and spec != {"type": "ValLoop" if key == "val_cfg" else "TestLoop"}:
-            raise ConfigError(key, "options have no treadle equivalent", value=spec, expected="{} or null")
+        loops = ("ValLoop", "MultiValLoop") if key == "val_cfg" else ("TestLoop", "MultiTestLoop")
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        loop = kind.rpartition(".")[2] if isinstance(kind, str) else kind  # mmagic's, with its scope or not
+        if spec not in (None, {}) and not (set(spec) == {"type"} and loop in loops):
+            raise ConfigError(key, "options have no treadle equivalent", value=spec,
+                              expected=f"{{}}, null or {{type: {loops[0]} | {loops[1]}}} without options")
     hooks, logs_leftovers = _hooks(cfg.get("default_hooks"), cfg.get("custom_hooks"), out)
     if "randomness" in cfg:
         rnd = cfg["randomness"]
@@ -335,7 +363,10 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None) -> di
                                                    "diff_rank_seed": "seed_per_rank"}, {}).items():
             out.set(key, value, join_path("randomness", key))
     for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
-        if key in out.cfg:
+        if key in out.cfg and key != "train_dataloader" and isinstance(out.cfg[key], (list, tuple)):
+            out.cfg[key] = {name: translate_dataloader(spec, join_path(key, i))  # mmagic's MultiValLoop: sets by name
+                            for i, (name, spec) in enumerate(zip(set_names(out.cfg[key]), out.cfg[key]))}
+        elif key in out.cfg:
             out.cfg[key] = translate_dataloader(out.cfg[key], key)
     defaults = trainer_defaults()  # the Trainer's: log_interval, log_writers
     log_interval = out.cfg.get("log_interval", defaults["log_interval"])

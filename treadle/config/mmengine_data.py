@@ -11,8 +11,9 @@ shuffle, seed, round_up}``                         ``seed`` is dropped (treadle 
 ``batch_sampler: null``                            dropped
 ``batch_sampler: {type: BatchSampler, drop_last}``  ``drop_last`` (torch's BatchSampler over the
                                                    sampler is what the DataLoader batches with)
-``batch_sampler: {type: AspectRatioBatchSampler}``  refused: treadle's resumable, sharded sampler
-                                                   batches in sampler order
+``batch_sampler: {type: AspectRatioBatchSampler,    ``group_by_aspect_ratio: true`` and ``drop_last``
+drop_last}`` (mmdet's; ``mmdet.`` scope too)       (treadle.data.AspectRatioBatchSampler: the same
+                                                   batches, resumed and sharded)
 ``collate_fn: {type: default_collate |             ``collate_fn: default_collate`` (torch's) or
 pseudo_collate}``                                  ``pseudo_collate`` (:mod:`treadle.data.collate`)
 =================================================  ===========================================
@@ -52,13 +53,11 @@ def _batch_sampler(spec: Any, path: str) -> dict[str, Any]:
     kind = _short(spec.get("type")) if isinstance(spec, dict) else spec
     if kind == "BatchSampler":
         return take(spec, path, {"drop_last": "drop_last"}, {"type": None})
-    if kind == "AspectRatioBatchSampler":
-        raise ConfigError(join_path(path, "type"), "is not supported", value=kind,
-                          expected="no batch_sampler (or null, or {type: BatchSampler, drop_last: ...})",
-                          hint="treadle's resumable sampler batches in sampler order, so images of both "
-                               "orientations may share a batch; pad them to one size in collate_fn")
+    if kind == "AspectRatioBatchSampler":  # mmdet's: portrait and landscape images in batches of their own
+        return {"group_by_aspect_ratio": True, **take(spec, path, {"drop_last": "drop_last"}, {"type": None})}
     raise ConfigError(join_path(path, "type") if isinstance(spec, dict) else path, "unsupported batch sampler",
-                      value=kind, expected="null or {type: BatchSampler, drop_last: ...}")
+                      value=kind, expected="null, {type: BatchSampler, drop_last: ...} or "
+                                           "{type: AspectRatioBatchSampler, drop_last: ...}")
 
 
 def _collate(spec: Any, path: str) -> Any:
@@ -69,6 +68,20 @@ def _collate(spec: Any, path: str) -> Any:
         raise ConfigError(path, "unsupported collate_fn", value=spec,
                           expected=f"{{type: {' | '.join(_COLLATE)}}} without options, or a dotted path to a function")
     return kind
+
+
+def set_names(specs: list[Any] | tuple[Any, ...]) -> list[str]:
+    """Names for a list of evaluation loaders (mmagic's MultiValLoop): each dataset's
+    ``metainfo.dataset_type`` when every one has its own, else the indices "0", "1", ..."""
+    names = []
+    for spec in specs:
+        dataset = spec.get("dataset") if isinstance(spec, dict) else None
+        meta = dataset.get("metainfo") if isinstance(dataset, dict) else None
+        name = meta.get("dataset_type") if isinstance(meta, dict) else None
+        names.append(name if isinstance(name, str) and name and "/" not in name else None)
+    if None in names or len(set(names)) != len(names):
+        return [str(i) for i in range(len(specs))]
+    return names  # type: ignore[return-value]  # no None left
 
 
 def translate_dataloader(spec: Any, path: str) -> Any:
@@ -89,4 +102,4 @@ def translate_dataloader(spec: Any, path: str) -> Any:
     return out
 
 
-__all__ = ["translate_dataloader"]
+__all__ = ["set_names", "translate_dataloader"]

@@ -29,6 +29,7 @@ from treadle.hooks.early_stopping import EarlyStoppingHook
 from treadle.hooks.ema import EMAHook
 from treadle.hooks.logger import LoggerHook
 from treadle.hooks.nan_guard import NaNGuardHook
+from treadle.hooks.precise_bn import PreciseBNHook
 from treadle.hooks.profiler import ProfilerHook
 from treadle.hooks.runtime_env import RuntimeEnvHook
 from treadle.hooks.scheduler import ParamSchedulerHook
@@ -99,6 +100,7 @@ HOOKS: dict[str, Any] = {
     "LoggerHook": LoggerHook,
     "ModelSummaryHook": ModelSummaryHook,
     "NaNGuardHook": NaNGuardHook,
+    "PreciseBNHook": PreciseBNHook,
     "SyncBuffersHook": SyncBuffersHook,
     "ParamSchedulerHook": ParamSchedulerHook,
     "ProfilerHook": ProfilerHook,

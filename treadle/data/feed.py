@@ -215,6 +215,17 @@ class DataFeed:
         self._it = None
 
 
+def detached_copy(loader: Any) -> Any:
+    """A DataLoader reading what ``loader`` reads (dataset, sampler and batch sampler, workers,
+    collate) through iterators of its own, without persistent workers: iterating it never
+    resets the iterator ``loader`` keeps for persistent workers. Anything else is returned
+    as it is."""
+    if isinstance(loader, DataLoader) and loader.batch_sampler is not None \
+            and not isinstance(loader.dataset, IterableDataset):
+        return _clone_with_batch_sampler(loader, loader.batch_sampler, loader.generator)
+    return loader
+
+
 def _order_source(loader: DataLoader) -> Any:
     """What draws the loader's order: its sampler, a user batch sampler's sampler, a
     user batch sampler that has none, or None (an IterableDataset orders itself)."""

@@ -27,6 +27,7 @@ from treadle.hooks.logger import LoggerHook
 from treadle.hooks.nan_guard import NaNGuardHook
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.timer import IterTimerHook
+from treadle.engine.eval_loop import check_set_names, loader_sets
 from treadle.engine.loops import Workflow, check_workflow
 from treadle.logging.writers import get_logger
 from treadle.optim.wrapper import check_clip_grad, check_precision
@@ -321,12 +322,18 @@ def build_model_and_data(a: Args, strategy: Any, *, safe: bool = False) -> tuple
     v = a.args
     model: Any = v.model
     train, val, test = v.train_dataloader, v.val_dataloader, v.test_dataloader
-    specs = any(isinstance(x, Mapping) for x in (model, train, val, test))
+    sets = {"val_dataloader": loader_sets(val), "test_dataloader": loader_sets(test)}  # several sets by name
+    for arg, named in sets.items():
+        if named is not None:
+            check_set_names(named, arg)
+    specs = any(isinstance(x, Mapping) for x in (model, train)) or any(
+        isinstance(x, Mapping) for x, named in ((val, sets["val_dataloader"]), (test, sets["test_dataloader"]))
+        if named is None) or any(isinstance(x, Mapping) for named in sets.values() for x in (named or {}).values())
     if specs:
         model = from_spec(model, "model", "model", safe=safe)
         train = from_spec(train, "dataloader", "train_dataloader", safe=safe)
-        val = from_spec(val, "dataloader", "val_dataloader", safe=safe)
-        test = from_spec(test, "dataloader", "test_dataloader", safe=safe)
+        val = _loaders(val, sets["val_dataloader"], "val_dataloader", safe)
+        test = _loaders(test, sets["test_dataloader"], "test_dataloader", safe)
     if v.init_weights:  # before the RNGs are seeded again: its draws do not move training's streams
         from treadle.config.build import call_init_weights
 
@@ -341,8 +348,17 @@ def build_model_and_data(a: Args, strategy: Any, *, safe: bool = False) -> tuple
             seed_everything(strategy.seed, rank=strategy.rank, per_rank=strategy.seed_per_rank)
     # Each rank reads its share: sharded where a hand-written loop's loaders are (the strategy).
     train = strategy.shard_dataloader(train)
-    val, test = strategy.shard_dataloader(val, train=False), strategy.shard_dataloader(test, train=False)
+    val, test = (({name: strategy.shard_dataloader(one, train=False) for name, one in x.items()}
+                  if named is not None else strategy.shard_dataloader(x, train=False))
+                 for x, named in ((val, sets["val_dataloader"]), (test, sets["test_dataloader"])))
     return model, (train, val, test)
+
+
+def _loaders(value: Any, sets: dict[str, Any] | None, arg: str, safe: bool) -> Any:
+    """One loader, or several sets by name, each built from its spec when it is one."""
+    if sets is None:
+        return from_spec(value, "dataloader", arg, safe=safe)
+    return {name: from_spec(one, "dataloader", f"{arg}.{name}", safe=safe) for name, one in sets.items()}
 
 
 def default_hooks(a: Args, schedulers: dict[str, list[Any]] | None, phase_timer: Any, *, has_work_dir: bool,

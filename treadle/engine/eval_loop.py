@@ -1,5 +1,5 @@
 """Validation and test passes: ``EvalLoop`` runs one (or ``k`` batches of an endless
-feed, for iteration workflows) with the hooks' ``before_val`` ... ``after_val`` points
+feed, for iteration workflows), over one loader or several named sets, with the hooks' ``before_val`` ... ``after_val`` points
 (see treadle/engine/loops.py for where it sits in ``fit()``): metrics updated with float32
 outputs, losses averaged over the dataset, results summed over ranks, and under FSDP
 every rank running as many batches (forward all-gathers parameters)."""
@@ -7,7 +7,7 @@ every rank running as many batches (forward all-gathers parameters)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor
@@ -32,11 +32,39 @@ class EvalComm:
     lockstep: bool
 
 
-class EvalLoop:
-    """One validation or test pass: metrics with update/compute/reset, mean losses."""
+def loader_sets(value: Any) -> dict[str, Any] | None:
+    """Several evaluation sets: ``value`` as ``{name: loader or loader spec}``, or None when
+    it is one loader (or one loader's spec: a mapping with a ``dataset``). A mapping is
+    several sets when it has no ``dataset`` key, at least one entry, and every value is a
+    loader spec (a mapping with a ``dataset``) or an iterable that is no mapping."""
+    if not isinstance(value, Mapping) or "dataset" in value or not value:
+        return None
+    for v in value.values():
+        if isinstance(v, Mapping) and "dataset" not in v:
+            return None
+        if not isinstance(v, Mapping) and (isinstance(v, (str, bytes)) or not isinstance(v, Iterable)):
+            return None
+    return dict(value)
 
-    def __init__(self, owner: Any, loader: Iterable[Any], mode: str, *, hooks: HookDispatcher,
-                 state: TrainState, model: nn.Module, metrics: dict[str, Any],
+
+def check_set_names(sets: Mapping[Any, Any], arg: str) -> None:
+    """Set names are logged as ``val/<name>/<metric>``: non-empty strings without ``/``."""
+    for name in sets:
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"{arg}: set name {name!r}; expected a non-empty str without '/' (results are logged "
+                             f"as val/<name>/<metric>)")
+
+
+class EvalLoop:
+    """One validation or test pass: metrics with update/compute/reset, mean losses.
+
+    ``loader`` is one loader, or several sets as ``{name: loader}``: a pass then runs each
+    set in turn (between one ``before_<mode>_epoch`` and one ``after_<mode>_epoch``), the
+    metrics reset before each, and its results are logged under ``<mode>/<name>/``
+    (``val/clean/acc``, ``val/clean/loss``)."""
+
+    def __init__(self, owner: Any, loader: Iterable[Any] | Mapping[str, Iterable[Any]], mode: str, *,
+                 hooks: HookDispatcher, state: TrainState, model: nn.Module, metrics: dict[str, Any],
                  step: Callable[[Any], tuple[Any, Any, dict[str, Any]]],
                  custom_step: Callable[[Any], dict[str, Any]] | None = None, seed: int | None = None,
                  seed_per_sample: bool = True, comm: EvalComm | None = None, limit: int | None = None) -> None:
@@ -46,49 +74,90 @@ class EvalLoop:
         self.step = step  # batch -> (outputs, targets, values to log)
         self.custom_step = custom_step  # the model's val_step(batch, trainer): values to log
         self.comm = comm  # several processes: how results are summed, and lockstep (FSDP)
-        # Started at the first pass: no workers before.
-        self.feed = DataFeed(loader, seed=seed, seed_per_sample=seed_per_sample, limit=limit)
+        # Started at the first pass: no workers before. One feed per set (None: one loader, no name).
+        sets = loader_sets(loader)
+        self.named = sets is not None
+        self.feeds: dict[str | None, DataFeed] = {
+            name: DataFeed(one, seed=seed, seed_per_sample=seed_per_sample, limit=limit)
+            for name, one in (sets.items() if sets is not None else [(None, loader)])}
         self._passes = 0
 
-    def state_dict(self) -> dict[str, int]:
-        """Passes done and where the feed is: iteration workflows validate ``k`` batches
+    @property
+    def feed(self) -> DataFeed:
+        """The first set's feed (the only one for one loader)."""
+        return next(iter(self.feeds.values()))
+
+    def close(self) -> None:
+        """Stop every set's loader workers (see DataFeed.close)."""
+        for feed in self.feeds.values():
+            feed.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Passes done and where each feed is: iteration workflows validate ``k`` batches
         at a time and go on where the last phase stopped; checkpoints record it (each
-        rank its own: each reads its shard)."""
-        return {"passes": self._passes, "epoch": self.feed.epoch, "batch_idx": self.feed.batch_idx}
+        rank its own: each reads its shard). Several sets: ``sets`` holds each one's place."""
+        if not self.named:
+            return {"passes": self._passes, "epoch": self.feed.epoch, "batch_idx": self.feed.batch_idx}
+        return {"passes": self._passes, "sets": {name: {"epoch": f.epoch, "batch_idx": f.batch_idx}
+                                                 for name, f in self.feeds.items()}}
 
     def load_state_dict(self, pos: dict[str, Any]) -> None:
-        """Inverse of :meth:`state_dict` (on resume)."""
+        """Inverse of :meth:`state_dict` (on resume). A set the checkpoint does not know
+        starts from its beginning."""
         self._passes = int(pos["passes"])
-        self.feed.start_epoch(int(pos["epoch"]), skip=int(pos["batch_idx"]))
+        if not self.named:
+            self.feed.start_epoch(int(pos["epoch"]), skip=int(pos["batch_idx"]))
+            return
+        places = pos.get("sets") or {}
+        for name, feed in self.feeds.items():
+            place = places.get(name)
+            if place is not None:
+                feed.start_epoch(int(place["epoch"]), skip=int(place["batch_idx"]))
 
     def run(self, num_iters: int | None = None) -> dict[str, Any]:
-        """A full pass (``num_iters=None``) or ``num_iters`` batches from an endless
-        feed (iteration workflows); returns ``{"<mode>/<name>": value}``."""
+        """A full pass (``num_iters=None``) or ``num_iters`` batches of each set from an
+        endless feed (iteration workflows); returns ``{"<mode>/<name>": value}``
+        (several sets: ``{"<mode>/<set>/<name>": value}``)."""
         t, mode, hooks = self.owner, self.mode, self.hooks
-        state, d = self.state, hooks.table
+        state = self.state
         prev_mode = state.mode
         state.mode = mode
         hooks.call(f"before_{mode}", t)
         hooks.call(f"before_{mode}_epoch", t)
+        model = self.model
+        was_training = model.training
+        model.eval()
+        if num_iters is None:
+            passes = self._passes
+            self._passes += 1
+        results: dict[str, Any] = {}
+        for name, feed in self.feeds.items():
+            if num_iters is None:
+                feed.start_epoch(passes)
+            results.update(self._pass(feed, mode if name is None else f"{mode}/{name}", num_iters))
+        model.train(was_training)
+        state.metrics.update(results)
+        hooks.call(f"after_{mode}_epoch", t, results)
+        hooks.call(f"after_{mode}", t, results)
+        state.mode = prev_mode
+        return results
+
+    def _pass(self, feed: DataFeed, prefix: str, num_iters: int | None) -> dict[str, Any]:
+        """One set's batches: its results under ``prefix``."""
+        t, mode, d = self.owner, self.mode, self.hooks.table
         before_iter, after_iter = d[f"before_{mode}_iter"], d[f"after_{mode}_iter"]
         step, custom_step = self.step, self.custom_step
         metrics = self.metrics
         for m in metrics.values():
             m.reset()
-        model = self.model
-        was_training = model.training
-        model.eval()
         sums: dict[str, Tensor] = {}
         count = 0
-        if num_iters is None:
-            self.feed.start_epoch(self._passes)
-            self._passes += 1
         # FSDP gathers parameters inside forward: every rank must run as many batches.
         lockstep = num_iters is None and self.comm is not None and self.comm.lockstep
-        target = _most_batches(self.feed.length) if lockstep else 0  # before any forward: collectives pair up
+        target = _most_batches(feed.length) if lockstep else 0  # before any forward: collectives pair up
         batch = None
         with torch.no_grad():
-            for batch in self._batches(num_iters):
+            for batch in self._batches(feed, num_iters):
                 for fn in before_iter:
                     fn(t, batch)
                 if custom_step is not None:
@@ -104,31 +173,26 @@ class EvalLoop:
                 for fn in after_iter:
                     fn(t, batch, logged)
             if lockstep:
-                self._replay_for_lockstep(target - self.feed.batch_idx, batch)
-        model.train(was_training)
+                self._replay_for_lockstep(target - feed.batch_idx, batch)
         totals = {k: to_python(v) for k, v in sums.items()}  # one host read per evaluation
         if self.comm is not None:  # each rank saw its own share of the samples: add them up
             totals, count = _sum_over_ranks(totals, count)
-        results = {f"{mode}/{k}": v / max(count, 1) for k, v in totals.items()}
+        results = {f"{prefix}/{k}": v / max(count, 1) for k, v in totals.items()}
         for name, m in metrics.items():
-            results.update(flatten_results(f"{mode}/{name}", m.compute()))
-        state.metrics.update(results)
-        hooks.call(f"after_{mode}_epoch", t, results)
-        hooks.call(f"after_{mode}", t, results)
-        state.mode = prev_mode
+            results.update(flatten_results(f"{prefix}/{name}", m.compute()))
         return results
 
-    def _batches(self, num_iters: int | None) -> Iterable[Any]:
+    def _batches(self, feed: DataFeed, num_iters: int | None) -> Iterable[Any]:
         if num_iters is None:
-            yield from self.feed
+            yield from feed
             return
         for _ in range(num_iters):  # endless: wrap around at the end of the loader
             try:
-                yield next(self.feed)
+                yield next(feed)
             except StopIteration:
-                self.feed.start_epoch(self.feed.epoch + 1)
+                feed.start_epoch(feed.epoch + 1)
                 try:
-                    yield next(self.feed)
+                    yield next(feed)
                 except StopIteration:
                     raise RuntimeError(f"the {self.mode} loader yielded no batches") from None
 
@@ -169,4 +233,4 @@ def _sum_over_ranks(totals: dict[str, float], count: int) -> tuple[dict[str, flo
     return summed, n
 
 
-__all__ = ["EvalComm", "EvalLoop"]
+__all__ = ["EvalComm", "EvalLoop", "check_set_names", "loader_sets"]

@@ -252,9 +252,12 @@ class TrainerArgs:
         (dict, NoneType), "a dataloader spec {dataset: {...}, batch_size: N, ...}, or null", objects=_ANY,
         convert=check_loader, required_by=("train",), training_only=True)] = None
     val_dataloader: Annotated[Iterable[Any] | Mapping[str, Any] | None, _loader(
-        "Validation data (as `train_dataloader`).", "validate")] = None
+        "Validation data (as `train_dataloader`), or several sets by name, `{clean: loader or spec, noisy: ...}`: "
+        "each is validated in turn with the same metrics and logged under `val/<name>/` (`val/clean/acc`; "
+        "docs/trainer.md).", "validate")] = None
     test_dataloader: Annotated[Iterable[Any] | Mapping[str, Any] | None, _loader(
-        "Test data (as `train_dataloader`).", "test")] = None
+        "Test data (as `val_dataloader`: one loader, or several sets by name logged under `test/<name>/`).",
+        "test")] = None
     loss_fn: Annotated[Callable[..., Any] | Mapping[str, Any] | None, Arg(
         "`(outputs, targets) -> loss` (a tensor or a dict of them), e.g. `nn.CrossEntropyLoss()`, "
         "`{type: CrossEntropyLoss}` or a dotted path to a function; batches are then `(inputs, targets)` or dicts "

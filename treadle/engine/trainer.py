@@ -12,14 +12,14 @@ import contextlib
 import functools
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
 
 from treadle.checkpoint.checkpointer import Checkpointer
 from treadle.checkpoint.weights import load_weights
-from treadle.data.feed import DataFeed
+from treadle.data.feed import DataFeed, detached_copy
 from treadle.distributed import comm
 from treadle.env import collect_env, format_env
 from treadle.fsutil import settle
@@ -372,6 +372,28 @@ class Trainer:
         """Override in a subclass to replace the default test step (as :meth:`val_step`)."""
         raise NotImplementedError  # never called unless overridden (_custom_eval_step)
 
+    def forward_eval(self, batch: Any) -> Any:
+        """The validation step on one batch, as a validation pass runs it (the default step,
+        or the model's or a subclass's ``val_step``), without gradients and in the model's
+        current mode (PreciseBNHook runs it in training mode); returns what the step returns.
+        Metrics are not updated by the default step."""
+        custom = self._custom_eval_step("val")
+        with torch.no_grad():
+            return custom(batch) if custom is not None else self._eval_step(batch)
+
+    def training_batches(self, epoch: int) -> Iterator[Any]:
+        """This process's training batches of epoch ``epoch`` (from 0), in that epoch's
+        order, read through a copy of the loader: the training loop's place does not move."""
+        if self.train_loop is None:
+            raise ValueError("training_batches() needs a train_dataloader")
+        feed = DataFeed(detached_copy(self.train_dataloader), seed=self.train_loop.feed.seed,
+                        rank=self.strategy.dp_rank, seed_per_sample=self.seed_per_sample)
+        feed.start_epoch(epoch)
+        try:
+            yield from feed
+        finally:
+            feed.close()
+
     def update_metrics(self, outputs: Any, targets: Any) -> None:
         """For custom val steps: feed every metric (16-bit float outputs as float32)."""
         update_metrics(self.metrics, outputs, targets, self.state.mode)
@@ -586,9 +608,11 @@ class Trainer:
 
     def _close_feeds(self) -> None:
         """Stop the loaders' worker processes when a run ends (see DataFeed.close)."""
-        for loop in (self.train_loop, self.val_loop, self.test_loop):
+        if self.train_loop is not None:
+            self.train_loop.feed.close()
+        for loop in (self.val_loop, self.test_loop):
             if loop is not None:
-                loop.feed.close()
+                loop.close()
 
 
 

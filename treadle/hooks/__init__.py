@@ -20,6 +20,7 @@ _LAZY = {
     "ModelSummaryHook": "treadle.hooks.summary",
     "NaNGuardHook": "treadle.hooks.nan_guard",
     "PhaseTimerHook": "treadle.hooks.phase_timer",
+    "PreciseBNHook": "treadle.hooks.precise_bn",
     "ProfilerHook": "treadle.hooks.profiler",
     "ProgressBarHook": "treadle.hooks.progress",
     "RuntimeEnvHook": "treadle.hooks.runtime_env",

@@ -21,7 +21,7 @@ writers are untouched. ``print()`` is redirected above the bar the same way (ric
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TaskID, TextColumn,
@@ -196,6 +196,8 @@ def _eval_total(trainer: "RunView", mode: str, in_fit: bool) -> int | None:
             return counts[0]
     loader = trainer.val_dataloader if mode == "val" else trainer.test_dataloader
     try:
+        if isinstance(loader, Mapping):  # several sets by name: a pass runs each
+            return sum(len(one) for one in loader.values())
         return len(loader)
     except TypeError:
         return None

@@ -21,12 +21,13 @@ imports them.
     train_dataloader / val_dataloader / test_dataloader
     checkpoint_path(name), save_checkpoint(path), checkpoint_states(), checkpointer
     update_train_metrics(outputs, targets), log(name, value)
+    forward_eval(batch), training_batches(epoch)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -140,6 +141,16 @@ class RunView(Protocol):
     def log(self, name: str, value: Any) -> None:
         """Log a scalar (a number or a one-element tensor, kept on its device) into the
         next train record, averaged over its log interval like the losses."""
+        ...
+
+    def forward_eval(self, batch: Any) -> Any:
+        """The validation step's forward on one batch, without gradients, in the model's
+        current mode."""
+        ...
+
+    def training_batches(self, epoch: int) -> Iterator[Any]:
+        """This process's training batches of epoch ``epoch``, in its order, read through a
+        copy of the loader."""
         ...
 
 
