@@ -59,14 +59,11 @@ def trainer_kwargs(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fal
 
 def _explain(err: Exception, cfg: dict[str, Any]) -> ConfigError:
     """A Trainer check's error as a ConfigError. Its messages start with the argument's
-    name, which becomes the key path; the scheduler builder's ``param_scheduler[i]``
-    is the config's ``schedulers[i]``."""
+    name (the Trainer names schedulers ``schedulers[i]``), which becomes the key path."""
     # str() of a KeyError is the repr of its message (quoted); any other message is kept as it is.
     text = err.args[0] if isinstance(err, KeyError) and len(err.args) == 1 and isinstance(err.args[0], str) else str(err)
-    if isinstance(cfg.get("schedulers"), list):
-        text = text.replace("param_scheduler[", "schedulers[")
     first = re.match(r"[A-Za-z_]+", text)
-    if first and (first.group(0) in SCHEMA or first.group(0) == "param_scheduler"):
+    if first and first.group(0) in SCHEMA:
         return ConfigError("", text)  # starts with the key path already
     return ConfigError("", f"{type(err).__name__}: {text}")
 

@@ -33,6 +33,7 @@ from treadle.logging.writers import CONSOLE_ONLY, FILE_ONLY, get_logger, log_det
 from treadle.engine.eval_loop import EvalComm, EvalLoop
 from treadle.engine.loops import EpochLoop, IterLoop, TrainLoop, default_workflow
 from treadle.metrics import sync_over, update_metrics
+from treadle.optim.scheduler_builder import SchedulerError
 from treadle.optim.wrapper import OptimWrapper, make_autocast
 from treadle.engine.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, agree_on_stop, requeue_slurm_job
 from treadle.engine.resume import latest_to_resume, note_other_runs, use_latest
@@ -149,13 +150,16 @@ class Trainer:
         """``strategy.prepare``, as a hand-written loop calls it: the model placed, wrapped
         (and compiled), the optimizer wrappers and schedulers built over it."""
         s, strategy = self.state, self.strategy
-        strategy.prepare(
-            self.module, optim_wrapper=a.optim_wrapper,
-            param_scheduler=(schedulers or None) if a.optim_wrapper else None, compile=compile,
-            auto_scale_lr=auto_scale_lr if a.optim_wrapper else None,
-            activation_checkpointing=a.activation_checkpointing,
-            dispatch_kwargs=dict(epoch_length=s.iters_per_epoch, max_epochs=s.max_epochs, max_iters=s.max_iters,
-                                 train_micro_batch_size_per_gpu=getattr(self.train_dataloader, "batch_size", None)))
+        try:
+            strategy.prepare(
+                self.module, optim_wrapper=a.optim_wrapper,
+                param_scheduler=(schedulers or None) if a.optim_wrapper else None, compile=compile,
+                auto_scale_lr=auto_scale_lr if a.optim_wrapper else None,
+                activation_checkpointing=a.activation_checkpointing,
+                dispatch_kwargs=dict(epoch_length=s.iters_per_epoch, max_epochs=s.max_epochs, max_iters=s.max_iters,
+                                     train_micro_batch_size_per_gpu=getattr(self.train_dataloader, "batch_size", None)))
+        except SchedulerError as e:  # named by the Strategy's argument (param_scheduler): by this one's
+            raise e.renamed("schedulers") from None
         self.model = strategy.model
         self.optim_wrappers: dict[str, OptimWrapper] = strategy.optim_wrappers
         # Several processes: after each iteration the ranks agree on stopping (None: one process).
