@@ -14,6 +14,7 @@ from treadle.checkpoint.manifest import CheckpointError
 from treadle.config.build import (build_component, build_dataloader, build_hook, build_model, check_optimizer, check_safe,
                                   check_schedulers)
 from treadle.config.errors import ConfigError, join_path
+from treadle.config.origins import in_user_terms, origins_of
 from treadle.config.schema import SCHEMA, TRAINING_ONLY
 from treadle.engine.trainer import Trainer
 
@@ -25,7 +26,18 @@ def trainer_kwargs(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fal
 
     With a ``seed``, the RNGs are seeded first, so the model's initial weights repeat.
     ``safe``: see :mod:`treadle.config.safe`; every name is checked before anything is built.
+    Errors name keys as the config file wrote them (``cfg.origins``: :mod:`treadle.config.origins`).
     """
+    try:
+        return _built(cfg, mode, safe)
+    except ConfigError as e:
+        renamed = in_user_terms(e, origins_of(cfg))
+        if renamed is e:
+            raise
+        raise renamed from e
+
+
+def _built(cfg: dict[str, Any], mode: str, safe: bool) -> dict[str, Any]:
     from treadle.seeding import seed_everything
 
     kw = dict(cfg)
@@ -81,7 +93,7 @@ def build_trainer(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fals
     except (ConfigError, CheckpointError):  # a checkpoint that does not load is not a config error
         raise
     except (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError, RuntimeError) as e:
-        raise _explain(e, cfg) from e
+        raise in_user_terms(_explain(e, cfg), origins_of(cfg)) from e
 
 
 __all__ = ["build_trainer", "trainer_kwargs"]
