@@ -121,9 +121,12 @@ def test_reduce_on_plateau_steps_on_validation_metrics():
 
 
 def test_plateau_monitor_not_among_the_validation_results_names_those_there_are():
-    with pytest.raises(KeyError, match=r"ReduceOnPlateauLR monitor='val/accc' is not among the validation results "
+    with pytest.raises(ValueError, match=r"^ReduceOnPlateauLR monitor='accc': validation never produces 'val/accc'"):
+        run([dict(type="ReduceOnPlateauLR", monitor="accc")], epochs=2,
+            val_dataloader=DataLoader(make_data(4), batch_size=4), metrics={"acc": treadle.Accuracy()})
+    with pytest.raises(KeyError, match=r"ReduceOnPlateauLR monitor='val/loss_x' is not among the validation results "
                                        r"\['acc', 'loss', 'val/acc', 'val/loss'\]"):
-        run([dict(type="ReduceOnPlateauLR", monitor="val/accc")], epochs=2,
+        run([dict(type="ReduceOnPlateauLR", monitor="val/loss_x")], epochs=2,
             val_dataloader=DataLoader(make_data(4), batch_size=4), metrics={"acc": treadle.Accuracy()})
 
 

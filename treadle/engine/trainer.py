@@ -40,6 +40,7 @@ from treadle.engine.resume import latest_to_resume, note_other_runs, use_latest
 from treadle.engine.run_dir import RunDir
 from treadle.hooks.state import TrainState
 from treadle.engine.mmengine_model import is_mmengine_model, model_eval_step, model_train_step
+from treadle.engine.monitored import check_monitored, eval_values
 from treadle.engine.step import make_eval_step, make_train_step, tell_if_outside_autocast
 from treadle.strategies.build import resolve_strategy
 from treadle.hooks.phase_timer import PhaseTimer
@@ -140,6 +141,11 @@ class Trainer:
         if self.train_dataloader is not None and self.val_dataloader is None and self.is_main:
             warn_without_validation(self.hooks)
         self.val_loop = self._eval_loop(self.val_dataloader, "val") if self.val_dataloader is not None else None
+        if self.val_loop is not None:  # a best / monitor key that validation never produces: refused now
+            custom = self.val_loop.custom_step
+            check_monitored(self.hooks, self.metrics or {}, *eval_values(
+                self.module, self.loss_fn, custom, custom is not None and is_mmengine_model(self.module)
+                and type(self).val_step is Trainer.val_step))
         self.test_loop = self._eval_loop(self.test_dataloader, "test") if self.test_dataloader is not None else None
         self.train_loop = self._train_loop() if self.train_dataloader is not None else None
         if self.train_loop is not None:  # its place goes to the checkpoint's data entry (snapshot.py)
