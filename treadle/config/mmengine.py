@@ -23,9 +23,13 @@ MMEngine                                               treadle
                                                        ``by_epoch``, ``max_keep_ckpts`` -> ``keep``
                                                        (absent or negative: null, keep all, as
                                                        MMEngine's default -1), ``save_last``,
-                                                       ``save_best`` -> ``best``, ``rule``
-                                                       greater/less -> max/min; ``save_optimizer``
-                                                       / ``save_param_scheduler``: true, dropped
+                                                       ``save_best`` -> ``best`` (``val/`` added),
+                                                       ``rule`` greater/less -> max/min, inferred
+                                                       as MMEngine does (``greater_keys``,
+                                                       ``less_keys``); ``out_dir`` refused: see
+                                                       :mod:`treadle.config.mmengine_checkpoint`;
+                                                       ``save_optimizer`` / ``save_param_scheduler``:
+                                                       true, dropped
 ``default_hooks`` LoggerHook ``interval``              ``log_interval``; ``ignore_last: true``,
                                                        ``log_metric_by_epoch: false`` (what treadle
                                                        does), ``interval_exp_name``: dropped;
@@ -44,7 +48,8 @@ DistSamplerSeedHook, RuntimeInfoHook, or null          its schedulers, seeds sam
                                                        buffers), ``strict_load``, ``priority``:
                                                        dropped; no ``update_buffers``: a warning
 ``custom_hooks`` EarlyStoppingHook                     ``hooks``: ``check_finite`` ->
-                                                       ``stop_on_nonfinite``, the rest as is
+                                                       ``stop_on_nonfinite``, ``monitor`` with
+                                                       ``val/`` added, the rest as is
 other ``default_hooks`` / ``custom_hooks``             ``hooks`` (treadle hook types, registered
                                                        ones or dotted paths, and their arguments)
 a top-level name also set by the translation           dropped when it holds the same value (a
@@ -81,6 +86,7 @@ import warnings
 from typing import Any
 
 from treadle.config.errors import ConfigError, join_path
+from treadle.config.mmengine_checkpoint import translate_best
 from treadle.config.mmengine_common import take
 from treadle.config.mmengine_data import translate_dataloader
 from treadle.config.mmengine_loop import val_schedule
@@ -213,8 +219,10 @@ def _train_cfg(spec: Any, out: _Out) -> None:
 
 def _checkpoint(spec: dict[str, Any], path: str, out: _Out) -> None:
     names = {"interval": "interval", "by_epoch": "by_epoch", "max_keep_ckpts": "keep", "save_last": "save_last",
-             "save_best": "best", "rule": "rule"}
+             "save_best": "best", "rule": "rule", "out_dir": "out_dir", "greater_keys": "greater_keys",
+             "less_keys": "less_keys"}
     ck = take(spec, path, names, {"type": None, "save_optimizer": True, "save_param_scheduler": True})
+    translate_best(ck, path, out.cfg)  # save_best, rule, greater/less_keys, out_dir (mmengine_checkpoint.py)
     if ck.get("interval") == -1:
         ck["interval"] = None
     keep = ck.get("keep")
@@ -305,7 +313,10 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> tuple[list[Any],
         elif kind == "EMAHook":
             _ema(spec, path, out)
         elif kind == "EarlyStoppingHook":
-            hooks.append({("stop_on_nonfinite" if k == "check_finite" else k): v for k, v in spec.items()})
+            hook = {("stop_on_nonfinite" if k == "check_finite" else k): v for k, v in spec.items()}
+            if isinstance(hook.get("monitor"), str) and not hook["monitor"].startswith("val/"):
+                hook["monitor"] = f"val/{hook['monitor']}"  # an evaluator's result: treadle's validation result
+            hooks.append(hook)
         else:
             hooks.append(dict(spec))
         out.hook_sources += [path] * (len(hooks) - before)
