@@ -1,0 +1,214 @@
+"""Streams that keep their own position resume from it: torchdata's StatefulDataLoader,
+a Stateful IterableDataset read in the main process, Hugging Face's IterableDataset.
+
+Each test trains without interruption, stops a second run inside an epoch (after that
+iteration's checkpoint), resumes it in a new Trainer and checks three things: the resumed
+run trains on exactly the batches the uninterrupted one had left, ends with equal weights,
+and its dataset read each of those samples once (a counter in the dataset, shared with
+the loader's workers): nothing taken before the checkpoint is read again."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+import treadle
+from support import TinyNet, make_data
+from treadle.data.feed import stream_owner
+
+N, BATCH, EPOCHS = 30, 5, 2  # 6 batches an epoch in one process
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAt(treadle.Hook):
+    priority = "LOWEST"  # after the checkpoint hook has saved this iteration
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def after_train_iter(self, trainer, batch, outputs):
+        if trainer.state.iter + 1 == self.at:
+            raise Crash
+
+
+class Record(treadle.Hook):
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def before_train_iter(self, trainer, batch):
+        self.batches.append(batch[1].tolist() + [round(float(batch[0].sum()), 4)])
+
+
+class Counted(IterableDataset):
+    """Deterministic samples split between workers; ``read`` counts the samples produced
+    (a shared value: the workers' copies count into it)."""
+
+    def __init__(self, read) -> None:
+        self.data, self.read = make_data(N), read
+
+    def _mine(self) -> list[int]:
+        info = get_worker_info()
+        start, step = (info.id, info.num_workers) if info else (0, 1)
+        return list(range(start, N, step))
+
+    def _produce(self, i: int):
+        with self.read.get_lock():
+            self.read.value += 1
+        return self.data[i]
+
+    def __iter__(self):
+        for i in self._mine():
+            yield self._produce(i)
+
+
+class StatefulCounted(Counted):
+    """The same stream with its own position: samples of its share taken so far."""
+
+    def __init__(self, read) -> None:
+        super().__init__(read)
+        self.taken, self._start = 0, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"taken": self.taken}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._start = int(state["taken"])
+
+    def __iter__(self):
+        self.taken, start, self._start = self._start, self._start, 0
+        for i in self._mine()[start:]:
+            sample = self._produce(i)
+            self.taken += 1
+            yield sample
+
+
+class Count:
+    """A counter for datasets read in the main process (Hugging Face's pickles its generator
+    to name it, which a shared value refuses)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def get_lock(self):
+        return contextlib.nullcontext()
+
+
+def run(work_dir, make_loader, hooks=(), resume=False, counter=lambda: multiprocessing.Value("i", 0)):
+    """A Trainer over ``make_loader(read)``; returns it and the samples its dataset read."""
+    read = counter()
+    torch.manual_seed(0)
+    t = treadle.Trainer(TinyNet(dropout=0.3), work_dir=work_dir, train_dataloader=make_loader(read),
+                        loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), max_epochs=EPOCHS,
+                        seed=0, checkpoint=dict(interval=1, by_epoch=False), log_writers=(), progress=False,
+                        resume=resume, hooks=list(hooks))
+    t.fit()
+    return t, read.value
+
+
+def check_resume(tmp_path, make_loader, at, rereads=False, extra=0, **kw):
+    """Resume at iteration ``at`` (inside an epoch): the same batches and weights as an
+    uninterrupted run; the samples read after the resume: those left (``rereads``: those
+    left and the open epoch's ones taken before the checkpoint, read again; ``extra``:
+    those left and that many more)."""
+    ref_rec = Record()
+    ref, ref_read = run(tmp_path / "ref", make_loader, [ref_rec], **kw)
+    with pytest.raises(Crash):
+        run(tmp_path / "run", make_loader, [CrashAt(at)], **kw)
+    rec = Record()
+    res, res_read = run(tmp_path / "run", make_loader, [rec], resume=True, **kw)
+    assert rec.batches == ref_rec.batches[at:]
+    assert res.state.iter == ref.state.iter == len(ref_rec.batches)
+    for k, v in ref.module.state_dict().items():
+        assert torch.equal(v, res.module.state_dict()[k]), f"{k} differs"
+    taken = sum(len(b) - 1 for b in ref_rec.batches[:at])  # samples in the batches before the checkpoint
+    per_epoch = len(ref_rec.batches) // EPOCHS
+    taken_in_epoch = sum(len(b) - 1 for b in ref_rec.batches[at - at % per_epoch:at])
+    assert 0 < at % per_epoch, "the checkpoint must be inside an epoch"
+    assert ref_read == N * EPOCHS
+    assert res_read == N * EPOCHS - taken + (taken_in_epoch if rereads else extra)
+    return res
+
+
+def test_a_stateful_dataset_read_in_the_main_process_resumes_from_its_own_position(tmp_path):
+    def loader(read):
+        return DataLoader(StatefulCounted(read), batch_size=BATCH)
+    assert stream_owner(loader(multiprocessing.Value("i", 0))) is not None
+    check_resume(tmp_path, loader, at=4)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_plain_dataloaders_workers_hold_copies_so_the_stream_is_read_again_exactly(tmp_path, workers):
+    def loader(read):  # the main process never sees its workers' positions: no state to take
+        return DataLoader(StatefulCounted(read), batch_size=BATCH, num_workers=workers)
+    assert stream_owner(loader(multiprocessing.Value("i", 0))) is None
+    check_resume(tmp_path, loader, at=4, rereads=True)
+
+
+def test_a_stream_without_state_is_read_again_exactly(tmp_path):
+    check_resume(tmp_path, lambda read: DataLoader(Counted(read), batch_size=BATCH), at=4, rereads=True)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_torchdata_stateful_dataloader_resumes_from_its_state(tmp_path, workers):
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def loader(read):
+        return sdl.StatefulDataLoader(StatefulCounted(read), batch_size=BATCH, num_workers=workers)
+    # 2 workers: each reads half (15 samples: batches of 5, 5, 5), 6 batches an epoch, alternating.
+    check_resume(tmp_path, loader, at=3 if workers else 4)
+
+
+def test_hugging_face_iterable_dataset_resumes_from_its_state(tmp_path):
+    datasets = pytest.importorskip("datasets")
+
+    def make(read):
+        data = make_data(N)
+
+        def items(shards):
+            for s in shards:
+                for i in range(s * 10, s * 10 + 10):
+                    with read.get_lock():
+                        read.value += 1
+                    yield {"i": i}
+
+        def collate(rows):
+            idx = torch.tensor([r["i"] for r in rows])
+            return data.tensors[0][idx], data.tensors[1][idx]
+
+        ds = datasets.IterableDataset.from_generator(items, gen_kwargs={"shards": [0, 1, 2]})
+        return DataLoader(ds, batch_size=BATCH, collate_fn=collate)
+    assert stream_owner(make(Count())) is not None
+    # Its state names the shard and the example in it; a generator's shard is run again up
+    # to that example (Hugging Face's own skip): the 5 samples of shard 1 taken, not the 15.
+    check_resume(tmp_path, make, at=3, extra=5, counter=Count)
+
+
+def test_hugging_face_shuffle_buffer_is_read_again_as_its_state_loses_the_buffer(tmp_path):
+    datasets = pytest.importorskip("datasets")
+
+    def make(read):
+        data = make_data(N)
+
+        def items(shards):
+            for s in shards:
+                for i in range(s * 10, s * 10 + 10):
+                    with read.get_lock():
+                        read.value += 1
+                    yield {"i": i}
+
+        def collate(rows):
+            idx = torch.tensor([r["i"] for r in rows])
+            return data.tensors[0][idx], data.tensors[1][idx]
+
+        ds = datasets.IterableDataset.from_generator(items, gen_kwargs={"shards": [0, 1, 2]})
+        return DataLoader(ds.shuffle(seed=3, buffer_size=8), batch_size=BATCH, collate_fn=collate)
+    assert stream_owner(make(Count())) is None
+    check_resume(tmp_path, make, at=4, rereads=True, counter=Count)
