@@ -212,3 +212,42 @@ def test_hugging_face_shuffle_buffer_is_read_again_as_its_state_loses_the_buffer
         return DataLoader(ds.shuffle(seed=3, buffer_size=8), batch_size=BATCH, collate_fn=collate)
     assert stream_owner(make(Count())) is None
     check_resume(tmp_path, make, at=4, rereads=True, counter=Count)
+
+
+@pytest.mark.parametrize("resume_first", [False, True])
+def test_a_hand_written_loop_resumes_a_stateful_dataloader_from_its_own_state(tmp_path, resume_first):
+    """strategy.save_checkpoint/resume: the stream's state is in this rank's file; a loader
+    prepared after the resume takes it too."""
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def setup(read, before=None):
+        s = treadle.build_strategy("single", work_dir=tmp_path, seed=3)
+        s.prepare(TinyNet(), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)))
+        if before:
+            before(s)
+        return s, s.prepare_dataloader(sdl.StatefulDataLoader(StatefulCounted(read), batch_size=BATCH, num_workers=2))
+
+    def ids(batch):
+        return batch[1].tolist()
+
+    read = multiprocessing.Value("i", 0)
+    s, loader = setup(read)
+    ref = [ids(b) for e in range(EPOCHS) for b in loader]
+    assert read.value == N * EPOCHS
+    read = multiprocessing.Value("i", 0)
+    s, loader = setup(read)
+    it = iter(loader)
+    first = [ids(next(it)) for _ in range(4)]  # 4 of the 6 batches of epoch 0
+    s.save_checkpoint(tmp_path / "ckpt")
+    rank_file = torch.load(tmp_path / "ckpt" / "rng_rank0.pt", weights_only=True)
+    assert rank_file["rank_state"]["data"][0] is not None  # the loader's own state, in this rank's file
+    del it
+    read = multiprocessing.Value("i", 0)
+    if resume_first:
+        s, loader = setup(read, before=lambda st: st.resume(tmp_path / "ckpt"))
+    else:
+        s, loader = setup(read)
+        s.resume(tmp_path / "ckpt")
+    rest = [ids(b) for b in loader] + [ids(b) for e in range(1, EPOCHS) for b in loader]
+    assert first + rest == ref
+    assert read.value == N * EPOCHS - 4 * BATCH  # nothing taken before the checkpoint is read again
