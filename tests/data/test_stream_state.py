@@ -251,3 +251,53 @@ def test_a_hand_written_loop_resumes_a_stateful_dataloader_from_its_own_state(tm
     rest = [ids(b) for b in loader] + [ids(b) for e in range(1, EPOCHS) for b in loader]
     assert first + rest == ref
     assert read.value == N * EPOCHS - 4 * BATCH  # nothing taken before the checkpoint is read again
+
+
+class RankStream(StatefulCounted):
+    """Each rank's own share of the stream (items ``i % world == rank``); its state names the
+    rank, so each rank's file can be told apart. ``read`` is a plain counter here."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        super().__init__(Count())
+        self.rank, self.world = rank, world
+
+    def _mine(self) -> list[int]:
+        return list(range(self.rank, N, self.world))
+
+    def state_dict(self) -> dict[str, int]:
+        return {"taken": self.taken, "rank": self.rank}
+
+
+def two_rank_worker(rank: int, world: int, root: str) -> dict:
+    from pathlib import Path
+
+    def setup():
+        s = treadle.build_strategy("ddp", work_dir=root, seed=3)
+        s.prepare(TinyNet(), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)))
+        ds = RankStream(rank, world)
+        return s, s.prepare_dataloader(DataLoader(ds, batch_size=BATCH)), ds
+
+    s, loader, ds = setup()
+    ref = [b[1].tolist() for e in range(EPOCHS) for b in loader]
+    s, loader, ds = setup()
+    it = iter(loader)
+    first = [next(it)[1].tolist() for _ in range(2)]  # 2 of the 3 batches of this rank's epoch 0
+    ckpt = Path(root) / "ckpt"
+    s.save_checkpoint(ckpt)
+    del it
+    s, loader, ds = setup()
+    s.resume(ckpt)  # every rank's file is in place once the resume has read them
+    saved = torch.load(ckpt / f"rng_rank{rank}.pt", weights_only=True)["rank_state"]["data"][0]
+    rest = [b[1].tolist() for b in loader] + [b[1].tolist() for e in range(1, EPOCHS) for b in loader]
+    return {"same": first + rest == ref, "saved": saved, "read": ds.read.value}
+
+
+@pytest.mark.slow
+def test_each_rank_resumes_its_stream_from_the_state_in_its_own_file(tmp_path):
+    from dist_support import run_ranks
+
+    ranks = run_ranks(two_rank_worker, world_size=2, args=(str(tmp_path),), timeout_s=120)
+    for rank, got in enumerate(ranks):
+        assert got["same"], f"rank {rank}'s batches differ from its uninterrupted run"
+        assert got["saved"] == {"taken": 2 * BATCH, "rank": rank}  # this rank's position, in this rank's file
+        assert got["read"] == N // 2 * EPOCHS - 2 * BATCH  # nothing taken before the checkpoint read again
