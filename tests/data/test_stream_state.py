@@ -301,3 +301,17 @@ def test_each_rank_resumes_its_stream_from_the_state_in_its_own_file(tmp_path):
         assert got["same"], f"rank {rank}'s batches differ from its uninterrupted run"
         assert got["saved"] == {"taken": 2 * BATCH, "rank": rank}  # this rank's position, in this rank's file
         assert got["read"] == N // 2 * EPOCHS - 2 * BATCH  # nothing taken before the checkpoint read again
+
+
+class OddState(StatefulCounted):
+    def state_dict(self):
+        return {"taken": self.taken, "at": object()}  # not plain data: weights_only could not read it back
+
+
+def test_a_state_a_checkpoint_cannot_hold_is_left_out_with_one_warning_and_the_stream_read_again(tmp_path, caplog):
+    def loader(read):
+        return DataLoader(OddState(read), batch_size=BATCH)
+    check_resume(tmp_path, loader, at=4, rereads=True)
+    said = [r.getMessage() for r in caplog.records if "left out of checkpoints" in r.getMessage()]
+    assert len(said) == 3  # once in each of the three runs, not at every save
+    assert "the stream state of training loader 0['at'] is a object" in said[0]

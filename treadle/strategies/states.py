@@ -227,14 +227,21 @@ class _LoaderStreams:
 
     def __init__(self, owner: LoaderPlaces) -> None:
         self.owner = owner
+        self.warned: set[int] = set()  # loaders whose state could not be saved (said once)
 
     def state_dict(self) -> list[Any]:
         out = []
         for i, ld in enumerate(self.owner.loaders):
             get = getattr(ld, "stream_state_dict", None)
             state = get() if callable(get) else None
-            out.append(plain_state(state, f"the stream state of training loader {i} ({type(ld).__name__})")
-                       if state is not None else None)
+            try:
+                out.append(plain_state(state, f"the stream state of training loader {i}"))
+            except TypeError as err:  # not what weights_only reads back: the resume reads the stream again
+                if i not in self.warned:
+                    self.warned.add(i)
+                    get_logger().warning(f"{err}; it is left out of checkpoints, and a resume inside an epoch "
+                                         "reads the stream again up to its place")
+                out.append(None)
         return out
 
     def check_state_dict(self, state: Any) -> None:
