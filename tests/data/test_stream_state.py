@@ -315,3 +315,24 @@ def test_a_state_a_checkpoint_cannot_hold_is_left_out_with_one_warning_and_the_s
     said = [r.getMessage() for r in caplog.records if "left out of checkpoints" in r.getMessage()]
     assert len(said) == 3  # once in each of the three runs, not at every save
     assert "the stream state of training loader 0['at'] is a object" in said[0]
+
+
+def test_what_keeps_a_streams_position():
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+    datasets = pytest.importorskip("datasets")
+    read = Count()
+    stateful, plain = StatefulCounted(read), Counted(read)
+    hf = datasets.Dataset.from_dict({"i": list(range(N))}).to_iterable_dataset(num_shards=3)
+    buffered = hf.shuffle(seed=0, buffer_size=4)
+    loader = sdl.StatefulDataLoader(plain, batch_size=BATCH)
+    assert stream_owner(loader) is loader  # torchdata's loader: it keeps its workers' places
+    assert stream_owner(DataLoader(stateful, batch_size=BATCH)) is stateful  # read in the main process
+    assert stream_owner(DataLoader(hf, batch_size=BATCH)) is hf
+    assert stream_owner(DataLoader(plain, batch_size=BATCH)) is None
+    assert stream_owner(DataLoader(stateful, batch_size=BATCH, num_workers=2)) is None  # the workers' copies
+    # A shuffle buffer is left out of Hugging Face's state: read again, with any loader.
+    assert stream_owner(DataLoader(buffered, batch_size=BATCH)) is None
+    assert stream_owner(sdl.StatefulDataLoader(buffered, batch_size=BATCH)) is None
+    assert stream_owner(DataLoader(datasets.interleave_datasets([hf, buffered]), batch_size=BATCH)) is None
+    # A map-style dataset skips in its sampler, reading nothing: no state needed.
+    assert stream_owner(sdl.StatefulDataLoader(make_data(N), batch_size=BATCH)) is None
