@@ -416,6 +416,9 @@ class StrategyAPI:
         if isinstance(local, dict):  # another world size: this rank may have none
             if "optim" not in states:
                 rank_states.pop("optim")
+            saved = state["strategy"]
+            if int(saved.get("world_size", 1)) != self.world_size or int(saved.get("tp", 1)) != self.tp_size:  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
+                rank_states.pop("data")  # the streams were shared out otherwise: read them up to the place
             Checkpointer.restore(rank_states, local, where=where, optional=rank_states)
         info = state["strategy"]
         if rng is not None:  # the caller sets it
