@@ -194,6 +194,15 @@ def make_tokens(n: int = 32, length: int = 8, vocab: int = 64, seed: int = 0) ->
     return TensorDataset(ids[:, :-1], ids[:, 1:])
 
 
+def labelled_texts(n: int = 16, length: int = 8, vocab: int = 40, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """``n`` tokenized "texts" as a Hugging Face classifier takes them: ``input_ids``,
+    ``attention_mask`` and ``labels`` (1 when the first token is even)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (n, length), generator=g)
+    return [{"input_ids": row, "attention_mask": torch.ones(length, dtype=torch.long),
+             "labels": torch.tensor(int(row[0]) % 2)} for row in ids]
+
+
 def count_host_reads(monkeypatch) -> dict[str, int]:
     """Count ``Tensor.item`` and ``Tensor.tolist`` calls (the ways code reads device values)."""
     calls = {"item": 0, "tolist": 0}

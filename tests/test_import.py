@@ -62,3 +62,14 @@ def test_a_run_with_a_work_dir_writes_tensorboard_events_without_importing_tenso
     ea = EventAccumulator(str(tmp_path / "tensorboard"))
     ea.Reload()
     assert [e.step for e in ea.Scalars("train/loss")] == [1, 2, 3]
+
+
+def test_every_hook_type_a_config_names_is_importable_from_treadle_hooks():
+    """docs/config.md lists the hook types of the registry: each is ``from treadle.hooks import``-able
+    as the same class (SyncBuffersHook once was not)."""
+    import treadle.hooks
+    from treadle.config.registry import HOOKS
+
+    for name, cls in HOOKS.items():
+        assert getattr(treadle.hooks, name) is cls, name
+    assert set(HOOKS) <= set(treadle.hooks.__all__)

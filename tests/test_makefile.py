@@ -43,6 +43,17 @@ def test_make_demo_installs_torch_treadle_and_the_examples_extra_only():
 def test_make_test_installs_the_rest_on_top():
     prerequisites, install = _rule("$(STAMP)")
     assert prerequisites == ["$(DEMO_STAMP)"]
-    assert _extras(install) == set(_pyproject_extras()) - {"examples"} == {"dev", "trackers", "deepspeed", "hf", "docs"}
+    assert _extras(install) == set(_pyproject_extras()) - {"examples", "vision"} == {"dev", "trackers", "deepspeed", "hf",
+                                                                                     "docs", "streams"}
     for target in ("lint", "test-fast", "docs"):  # what make test runs needs the full install
         assert "$(STAMP)" in _rule(target)[0], target
+
+
+def test_make_test_runs_the_vision_tests_in_their_own_venv():
+    """timm and torchvision never enter .venv (torchvision there breaks transformers): the vision
+    extra goes to .venv-vision, whose tests `make test` runs too."""
+    prerequisites, recipe = _rule("test")
+    assert "$(VSTAMP)" in prerequisites and "$(VPY) -m pytest tests/vision -p no:cacheprovider" in recipe
+    _, install = _rule("$(VSTAMP)")
+    assert _extras(install) == {"dev", "vision"}
+    assert _pyproject_extras()["vision"] == '["timm", "torchvision"]'

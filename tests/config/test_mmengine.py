@@ -89,7 +89,7 @@ def test_a_runner_key_wins_over_a_top_level_variable_of_the_same_name_as_in_mmen
     assert out == {"optimizer": {"type": "SGD", "lr": 0.1}, "max_epochs": 3}
     assert replaced == {"optimizer": "optim_wrapper.optimizer", "max_epochs": "train_cfg.max_epochs"}
     # two MMEngine keys that disagree stay an error
-    with pytest.raises(ConfigError, match=r"^strategy.gradient_clipping: sets 'clip_grad', which optim_wrapper also"):
+    with pytest.raises(ConfigError, match=r"^strategy.gradient_clipping: sets 'clip_grad', which optim_wrapper.clip_grad also"):
         translate({"strategy": {"type": "DeepSpeedStrategy", "gradient_clipping": 1.0},
                    "optim_wrapper": {"optimizer": {"type": "SGD"}, "clip_grad": {"max_norm": 2.0}}})
 

@@ -99,7 +99,7 @@ def test_deepspeed_strategy_keys_become_the_trainers_settings_and_the_rest_its_c
     out = translate({"strategy": {"type": "DeepSpeedStrategy", "config": str(tmp_path / "ds.json")}})
     assert out["strategy"] == {"type": "deepspeed", "zero_stage": 1, "config": {}}
     assert out["precision"] == "16" and "clip_grad" not in out
-    with pytest.raises(ConfigError, match=r"strategy.gradient_clipping: sets 'clip_grad', which optim_wrapper also"):
+    with pytest.raises(ConfigError, match=r"strategy.gradient_clipping: sets 'clip_grad', which optim_wrapper.clip_grad also"):
         translate({"strategy": {"type": "DeepSpeedStrategy", "gradient_clipping": 1.0},
                    "optim_wrapper": {"optimizer": {"type": "SGD", "lr": 0.1}, "clip_grad": {"max_norm": 2.0}}})
 

@@ -379,7 +379,7 @@ def test_monitors_without_a_val_dataloader_are_warned_about_at_construction(capl
     caplog.clear()
     with caplog.at_level("WARNING", logger="treadle"):
         treadle.Trainer(TinyNet(), checkpoint=dict(best="val/acc"), val_dataloader=DataLoader(make_data(4), batch_size=4),
-                        **args)
+                        metrics={"acc": treadle.Accuracy()}, **args)
         treadle.Trainer(TinyNet(), **args)
     assert "needs validation results" not in caplog.text
 

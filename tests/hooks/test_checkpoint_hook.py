@@ -230,8 +230,14 @@ def test_checkpoint_argument_types_fail_at_construction(cfg, match, tmp_path):
 
 
 def test_best_not_among_the_validation_results_names_those_there_are(tmp_path):
-    t = make(tmp_path, checkpoint=dict(interval=1, best="val/accc", rule="max"), metrics={"acc": treadle.Accuracy()},
+    # A key validation never produces (no metric of that name, not a loss): refused at once.
+    with pytest.raises(ValueError, match=r"^checkpoint best='val/accc': validation never produces 'val/accc': it can "
+                                         r"give val/acc, val/loss .* Did you mean 'val/acc'\?"):
+        make(tmp_path, checkpoint=dict(interval=1, best="val/accc", rule="max"), metrics={"acc": treadle.Accuracy()},
              val_dataloader=DataLoader(make_data(4), batch_size=4))
-    with pytest.raises(KeyError, match=r"checkpoint best='val/accc' is not among the validation results "
+    # A loss the step might have given, but did not: at the first validation.
+    t = make(tmp_path, checkpoint=dict(interval=1, best="val/loss_box", rule="min"), metrics={"acc": treadle.Accuracy()},
+             val_dataloader=DataLoader(make_data(4), batch_size=4))
+    with pytest.raises(KeyError, match=r"checkpoint best='val/loss_box' is not among the validation results "
                                        r"\['val/acc', 'val/loss'\]"):
         t.fit()

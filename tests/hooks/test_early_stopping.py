@@ -73,15 +73,24 @@ def test_non_finite_value_ignored_when_asked():
 
 
 def test_missing_key_warns_once_or_raises_when_strict():
-    t = make_trainer(EarlyStoppingHook(monitor="val/nope", rule="less"), max_epochs=3)
+    # A loss the step might have given, but did not: told at the validations.
+    t = make_trainer(EarlyStoppingHook(monitor="val/loss_nope", rule="less"), max_epochs=3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t.fit()
     assert t.state.iter == 12
-    assert len([w for w in caught if "val/nope" in str(w.message)]) == 1
-    t = make_trainer(EarlyStoppingHook(monitor="val/nope", rule="less", strict=True), max_epochs=3)
-    with pytest.raises(KeyError, match="val/nope"):
+    assert len([w for w in caught if "val/loss_nope" in str(w.message)]) == 1
+    t = make_trainer(EarlyStoppingHook(monitor="val/loss_nope", rule="less", strict=True), max_epochs=3)
+    with pytest.raises(KeyError, match="val/loss_nope"):
         t.fit()
+
+
+def test_a_key_validation_never_produces_is_refused_at_construction_strict_or_not():
+    for strict in (False, True):
+        with pytest.raises(ValueError, match=r"^EarlyStoppingHook monitor='val/nope': validation never produces "
+                                             r"'val/nope': it can give val/acc, val/loss"):
+            make_trainer(EarlyStoppingHook(monitor="val/nope", rule="less", strict=strict),
+                         metrics={"acc": treadle.Accuracy()})
 
 
 def fake_trainer():

@@ -121,9 +121,12 @@ def test_reduce_on_plateau_steps_on_validation_metrics():
 
 
 def test_plateau_monitor_not_among_the_validation_results_names_those_there_are():
-    with pytest.raises(KeyError, match=r"ReduceOnPlateauLR monitor='val/accc' is not among the validation results "
+    with pytest.raises(ValueError, match=r"^ReduceOnPlateauLR monitor='accc': validation never produces 'val/accc'"):
+        run([dict(type="ReduceOnPlateauLR", monitor="accc")], epochs=2,
+            val_dataloader=DataLoader(make_data(4), batch_size=4), metrics={"acc": treadle.Accuracy()})
+    with pytest.raises(KeyError, match=r"ReduceOnPlateauLR monitor='val/loss_x' is not among the validation results "
                                        r"\['acc', 'loss', 'val/acc', 'val/loss'\]"):
-        run([dict(type="ReduceOnPlateauLR", monitor="val/accc")], epochs=2,
+        run([dict(type="ReduceOnPlateauLR", monitor="val/loss_x")], epochs=2,
             val_dataloader=DataLoader(make_data(4), batch_size=4), metrics={"acc": treadle.Accuracy()})
 
 
@@ -186,3 +189,46 @@ def test_plateau_window_counts_training_epochs(begin, expected):
                                          patience=0, begin=begin)])
     t.fit()
     assert lrs == pytest.approx(expected, rel=1e-12)
+
+
+class UpdateProtocol:
+    """A scheduler of timm's protocol (tests/vision checks timm's own classes): it records how
+    it is stepped, and its state is its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[list] = []
+
+    def step_update(self, num_updates, metric=None):
+        self.calls.append(["update", num_updates])
+
+    def step(self, epoch, metric=None):
+        self.calls.append(["epoch", epoch])
+
+    def state_dict(self):
+        return {"calls": [list(c) for c in self.calls]}
+
+    def load_state_dict(self, state):
+        self.calls = [list(c) for c in state["calls"]]
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_scheduler_of_timms_protocol_gets_each_update_count_and_each_epoch_end(accumulate, tmp_path):
+    sched = UpdateProtocol()
+    _, t = run([sched], epochs=2, n=24, bs=4, accumulate=accumulate, work_dir=tmp_path)  # 6 batches an epoch
+    per_epoch = 6 // accumulate
+    expected = [c for e in range(2) for c in [["update", e * per_epoch + u] for u in range(1, per_epoch + 1)]
+                + [["epoch", e + 1]]]
+    assert sched.calls == expected
+    state = torch.load(tmp_path / "checkpoints" / "epoch_0002" / "state.pt", weights_only=True)
+    assert state["param_schedulers"] == [{"calls": expected}]  # its state is in the checkpoint
+
+
+def test_a_scheduler_with_step_but_no_step_update_is_refused_naming_the_protocol():
+    class StepOnly:
+        def step(self): ...
+        def state_dict(self): return {}
+        def load_state_dict(self, state): ...
+
+    with pytest.raises(TypeError, match=r"^schedulers\[0\]: expected a config dict, a treadle ParamScheduler, a torch "
+                                        r"LRScheduler or a scheduler of timm's protocol \(step_update, step"):
+        run([StepOnly()], iters=1)

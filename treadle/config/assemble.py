@@ -14,6 +14,7 @@ from treadle.checkpoint.manifest import CheckpointError
 from treadle.config.build import (build_component, build_dataloader, build_hook, build_model, check_optimizer, check_safe,
                                   check_schedulers)
 from treadle.config.errors import ConfigError, join_path
+from treadle.config.origins import in_user_terms, origins_of
 from treadle.config.schema import SCHEMA, TRAINING_ONLY
 from treadle.engine.eval_loop import loader_sets
 from treadle.engine.trainer import Trainer
@@ -26,7 +27,18 @@ def trainer_kwargs(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fal
 
     With a ``seed``, the RNGs are seeded first, so the model's initial weights repeat.
     ``safe``: see :mod:`treadle.config.safe`; every name is checked before anything is built.
+    Errors name keys as the config file wrote them (``cfg.origins``: :mod:`treadle.config.origins`).
     """
+    try:
+        return _built(cfg, mode, safe)
+    except ConfigError as e:
+        renamed = in_user_terms(e, origins_of(cfg))
+        if renamed is e:
+            raise
+        raise renamed from e
+
+
+def _built(cfg: dict[str, Any], mode: str, safe: bool) -> dict[str, Any]:
     from treadle.seeding import seed_everything
 
     kw = dict(cfg)
@@ -64,14 +76,11 @@ def trainer_kwargs(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fal
 
 def _explain(err: Exception, cfg: dict[str, Any]) -> ConfigError:
     """A Trainer check's error as a ConfigError. Its messages start with the argument's
-    name, which becomes the key path; the scheduler builder's ``param_scheduler[i]``
-    is the config's ``schedulers[i]``."""
+    name (the Trainer names schedulers ``schedulers[i]``), which becomes the key path."""
     # str() of a KeyError is the repr of its message (quoted); any other message is kept as it is.
     text = err.args[0] if isinstance(err, KeyError) and len(err.args) == 1 and isinstance(err.args[0], str) else str(err)
-    if isinstance(cfg.get("schedulers"), list):
-        text = text.replace("param_scheduler[", "schedulers[")
     first = re.match(r"[A-Za-z_]+", text)
-    if first and (first.group(0) in SCHEMA or first.group(0) == "param_scheduler"):
+    if first and first.group(0) in SCHEMA:
         return ConfigError("", text)  # starts with the key path already
     return ConfigError("", f"{type(err).__name__}: {text}")
 
@@ -89,7 +98,7 @@ def build_trainer(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fals
     except (ConfigError, CheckpointError):  # a checkpoint that does not load is not a config error
         raise
     except (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError, RuntimeError) as e:
-        raise _explain(e, cfg) from e
+        raise in_user_terms(_explain(e, cfg), origins_of(cfg)) from e
 
 
 __all__ = ["build_trainer", "trainer_kwargs"]

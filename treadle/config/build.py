@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from treadle.config.errors import ConfigError, did_you_mean, join_path
+from treadle.config.hf_models import build_hf_model, is_hf_model_class
 from treadle.config.registry import check_name, import_object, resolve_type
 from treadle.config.safe import refused
 from treadle.config.keys import DATALOADER_SCHEMA, check_table
@@ -112,10 +113,15 @@ def build_component(spec: Any, kind: str, path: str, *, safe: bool = False) -> A
 
 
 def build_model(spec: Any, *, safe: bool = False) -> nn.Module:
-    """The model a spec describes, as its constructor made it: ``init_weights()`` is not
+    """The model a spec describes, as its constructor made it (a transformers model class:
+    from ``config:`` or ``pretrained:``, :mod:`treadle.config.hf_models`): ``init_weights()`` is not
     called here (a model-zoo constructor may have loaded pretrained weights that it would
     overwrite); the Trainer calls it with ``init_weights=True``, which an MMEngine config
     sets (:func:`call_init_weights`)."""
+    target = resolve_type("model", spec["type"], "model.type", safe=safe) if isinstance(spec, dict) and "type" in spec \
+        else None
+    if target is not None and is_hf_model_class(target):  # transformers.X: from its config class, or pretrained
+        return build_hf_model(target, spec)
     model = build_component(spec, "model", "model", safe=safe)
     if not isinstance(model, nn.Module):
         raise ConfigError("model", f"built a {type(model).__name__}, not a torch.nn.Module", value=spec)

@@ -48,6 +48,11 @@ class ConfigError(ValueError):
             text += ("" if text.endswith(".") else ".") + " " + self.hint.strip()
         return text
 
+    def at(self, path: str, problem: str | None = None) -> "ConfigError":
+        """The same error under another key path (and ``problem``, when given)."""
+        return ConfigError(path, self.problem if problem is None else problem, value=self.value,
+                           expected=self.expected, hint=self.hint, source=self.source)
+
     def with_source(self, source: str | None) -> "ConfigError":
         """The same error, attributed to the config file ``source`` (kept if already set)."""
         if self.source is None:

@@ -29,9 +29,13 @@ a list of ``val_dataloader`` / ``test_dataloader``     several sets by name: ``{
                                                        ``by_epoch``, ``max_keep_ckpts`` -> ``keep``
                                                        (absent or negative: null, keep all, as
                                                        MMEngine's default -1), ``save_last``,
-                                                       ``save_best`` -> ``best``, ``rule``
-                                                       greater/less -> max/min; ``save_optimizer``
-                                                       / ``save_param_scheduler``: true, dropped
+                                                       ``save_best`` -> ``best`` (``val/`` added),
+                                                       ``rule`` greater/less -> max/min, inferred
+                                                       as MMEngine does (``greater_keys``,
+                                                       ``less_keys``); ``out_dir`` refused: see
+                                                       :mod:`treadle.config.mmengine_checkpoint`;
+                                                       ``save_optimizer`` / ``save_param_scheduler``:
+                                                       true, dropped
 ``default_hooks`` LoggerHook ``interval``              ``log_interval``; ``ignore_last: true``,
                                                        ``log_metric_by_epoch: false`` (what treadle
                                                        does), ``interval_exp_name``: dropped;
@@ -52,7 +56,8 @@ DistSamplerSeedHook, RuntimeInfoHook, or null          its schedulers, seeds sam
 ``custom_hooks`` PreciseBNHook (mmpretrain's)         ``hooks``: treadle's PreciseBNHook, same
                                                        arguments (``num_samples``, ``interval``)
 ``custom_hooks`` EarlyStoppingHook                     ``hooks``: ``check_finite`` ->
-                                                       ``stop_on_nonfinite``, the rest as is
+                                                       ``stop_on_nonfinite``, ``monitor`` with
+                                                       ``val/`` added, the rest as is
 other ``default_hooks`` / ``custom_hooks``             ``hooks`` (treadle hook types, registered
                                                        ones or dotted paths, and their arguments)
 a top-level name also set by the translation           dropped when it holds the same value (a
@@ -89,6 +94,7 @@ import warnings
 from typing import Any
 
 from treadle.config.errors import ConfigError, join_path
+from treadle.config.mmengine_checkpoint import translate_best
 from treadle.config.mmengine_common import take
 from treadle.config.mmengine_data import set_names, translate_dataloader
 from treadle.config.mmengine_loop import val_schedule
@@ -139,6 +145,9 @@ class _Out:
         self.cfg = {k: v for k, v in cfg.items() if k not in MMENGINE_KEYS}
         self.translated: dict[str, str] = {}
         self.replaced: dict[str, str] = {}
+        # treadle key path -> the path the file wrote, for errors (treadle/config/origins.py)
+        self.origins: dict[str, str] = {}
+        self.hook_sources: list[str] = []  # the file's path of each hook _hooks translated, in order
 
     def set(self, key: str, value: Any, source: str) -> None:
         if key in self.cfg and self.cfg[key] != value:
@@ -150,6 +159,14 @@ class _Out:
             self.replaced[key] = source  # the same value: a helper reused by the runner key
         self.cfg[key] = value
         self.translated[key] = source
+        self.origins[key] = source
+
+    def renamed(self, key: str, source: str, names: dict[str, str]) -> None:
+        """Record that the options of ``source`` (its names: ``names``' keys) became those of
+        ``key`` (``names``' values), for errors in the file's words."""
+        for old, new in names.items():
+            if old != new:
+                self.origins[join_path(key, new)] = join_path(source, old)
 
 
 def _optim_wrapper(spec: Any, out: _Out) -> None:
@@ -169,21 +186,21 @@ def _optim_wrapper(spec: Any, out: _Out) -> None:
         raise ConfigError(join_path(path, "type"), "unsupported optimizer wrapper", value=kind,
                           expected="OptimWrapper, AmpOptimWrapper or DeepSpeedOptimWrapper")
     amp = kind == "AmpOptimWrapper"
-    rest = take(spec, path, {"optimizer": "optimizer", "paramwise_cfg": "paramwise", "clip_grad": "clip_grad",
-                              "accumulative_counts": "accumulate", "dtype": "dtype",
-                              **({"loss_scale": "loss_scale"} if amp else {})},
-                {"type": None, "constructor": "DefaultOptimWrapperConstructor"})
+    names = {"optimizer": "optimizer", "paramwise_cfg": "paramwise", "clip_grad": "clip_grad",
+             "accumulative_counts": "accumulate", "dtype": "dtype", **({"loss_scale": "loss_scale"} if amp else {})}
+    rest = take(spec, path, names, {"type": None, "constructor": "DefaultOptimWrapperConstructor"})
     optimizer = rest.pop("optimizer")
     if not isinstance(optimizer, dict):
         raise ConfigError(join_path(path, "optimizer"), "must be a mapping", value=optimizer, expected="{type: AdamW, lr: ...}")
     if "paramwise" in rest:
         optimizer = {**optimizer, "paramwise": rest.pop("paramwise")}
     out.set("optimizer", optimizer, join_path(path, "optimizer"))
+    out.origins["optimizer.paramwise"] = join_path(path, "paramwise_cfg")
     if rest.get("loss_scale", "dynamic") != "dynamic":  # a fixed scale or GradScaler's options
         out.set("loss_scale", rest["loss_scale"], join_path(path, "loss_scale"))
-    for key in ("clip_grad", "accumulate"):
+    for key, written in (("clip_grad", "clip_grad"), ("accumulate", "accumulative_counts")):
         if rest.get(key) is not None:
-            out.set(key, rest[key], path)
+            out.set(key, rest[key], join_path(path, written))
     if rest.get("accumulate") not in (None, 1):  # MMEngine counts windows over the run, not per epoch
         out.set("accumulate_across_epochs", True, join_path(path, "accumulative_counts"))
     dtype = rest.get("dtype")
@@ -220,9 +237,11 @@ def _train_cfg(spec: Any, out: _Out) -> None:
 
 
 def _checkpoint(spec: dict[str, Any], path: str, out: _Out) -> None:
-    ck = take(spec, path, {"interval": "interval", "by_epoch": "by_epoch", "max_keep_ckpts": "keep",
-                            "save_last": "save_last", "save_best": "best", "rule": "rule"},
-               {"type": None, "save_optimizer": True, "save_param_scheduler": True})
+    names = {"interval": "interval", "by_epoch": "by_epoch", "max_keep_ckpts": "keep", "save_last": "save_last",
+             "save_best": "best", "rule": "rule", "out_dir": "out_dir", "greater_keys": "greater_keys",
+             "less_keys": "less_keys"}
+    ck = take(spec, path, names, {"type": None, "save_optimizer": True, "save_param_scheduler": True})
+    translate_best(ck, path, out.cfg)  # save_best, rule, greater/less_keys, out_dir (mmengine_checkpoint.py)
     if ck.get("interval") == -1:
         ck["interval"] = None
     keep = ck.get("keep")
@@ -234,6 +253,7 @@ def _checkpoint(spec: dict[str, Any], path: str, out: _Out) -> None:
             raise ConfigError(join_path(path, "rule"), "unsupported rule", value=ck["rule"], expected="greater or less")
         ck["rule"] = rules[ck["rule"]]
     out.set("checkpoint", ck, path)
+    out.renamed("checkpoint", path, names)
 
 
 #: MMEngine ``EMAHook(ema_type=...)`` averages treadle follows (a registry scope such as
@@ -248,8 +268,8 @@ def _ema(spec: dict[str, Any], path: str, out: _Out) -> None:
         raise ConfigError(join_path(path, "ema_type"), "unsupported average", value=ema_type,
                           expected="ExponentialMovingAverage or ExpMomentumEMA (mmdet's)")
     ramps = _EMA_TYPES[name]
-    ema = take(spec, path, {"momentum": "momentum", "interval": "interval", "begin_iter": "start",
-                            **({"gamma": "gamma"} if ramps else {})},
+    names = {"momentum": "momentum", "interval": "interval", "begin_iter": "start", **({"gamma": "gamma"} if ramps else {})}
+    ema = take(spec, path, names,
                 {"type": None, "ema_type": None, "update_buffers": True, "strict_load": None, "priority": None,
                  "begin_epoch": 0},
                 {"update_buffers": "treadle's EMA averages the buffers (BatchNorm statistics) as it averages the "
@@ -269,6 +289,7 @@ def _ema(spec: dict[str, Any], path: str, out: _Out) -> None:
         ema.setdefault("gamma", 2000)  # mmdet's ExpMomentumEMA default
     ema["convention"] = "mmengine"  # its first update copies the weights; every iteration counts
     out.set("ema", ema, path)
+    out.renamed("ema", path, names)
 
 
 def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> tuple[list[Any], bool]:
@@ -282,6 +303,7 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> tuple[list[Any],
     hooks: list[Any] = []
     logs_leftovers = False
     for path, spec in items:
+        before = len(hooks)
         if spec is None:  # MMEngine's way to switch a default hook off
             continue
         if not isinstance(spec, dict) or "type" not in spec:
@@ -312,9 +334,13 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> tuple[list[Any],
         elif kind == "EMAHook":
             _ema(spec, path, out)
         elif kind == "EarlyStoppingHook":
-            hooks.append({("stop_on_nonfinite" if k == "check_finite" else k): v for k, v in spec.items()})
+            hook = {("stop_on_nonfinite" if k == "check_finite" else k): v for k, v in spec.items()}
+            if isinstance(hook.get("monitor"), str) and not hook["monitor"].startswith("val/"):
+                hook["monitor"] = f"val/{hook['monitor']}"  # an evaluator's result: treadle's validation result
+            hooks.append(hook)
         else:
             hooks.append(dict(spec))
+        out.hook_sources += [path] * (len(hooks) - before)
     return hooks, logs_leftovers
 
 
@@ -332,10 +358,12 @@ def _strategy_with(given: Any, options: dict[str, Any], source: str) -> dict[str
     return {**given, "type": "ddp" if given["type"] == "auto" else given["type"], **options}
 
 
-def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None) -> dict[str, Any]:
+def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None,
+              origins: dict[str, str] | None = None) -> dict[str, Any]:
     """``cfg`` with MMEngine's keys replaced by treadle's (see the module's table).
     ``replaced`` receives the top-level variables that a translated key overrode (or
-    helpers it dropped), each with the key that set it."""
+    helpers it dropped), each with the key that set it; ``origins`` each key path the
+    translation wrote, with the path the file wrote (treadle/config/origins.py)."""
     out = _Out(cfg)
     if "optim_wrapper" in cfg:
         _optim_wrapper(cfg["optim_wrapper"], out)
@@ -384,13 +412,19 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None) -> di
         if sync:
             out.cfg["strategy"] = _strategy_with(out.cfg.get("strategy"), sync, "sync_bn")
     hooks = rt.hooks + hooks
+    sources = ["env_cfg" if "env_cfg" in cfg else "log_level"] * len(rt.hooks) + out.hook_sources
     logger = {**({"ignore_last": False} if logs_leftovers else {}),
               **rt.logger}
     if logger:  # options of the LoggerHook: it replaces the default one, so it takes the writers too
         hooks.append({"type": "LoggerHook", "interval": log_interval, **logger,
                       "writers": out.cfg.get("log_writers", defaults["log_writers"])})
+        sources.append("log_processor" if rt.logger else "default_hooks.logger")
     if hooks:
         out.set("hooks", hooks, "custom_hooks")
+        for i, source in enumerate(sources):
+            out.origins[join_path("hooks", i)] = source
+            if source.startswith("custom_hooks[") and hooks[i].get("type") == "EarlyStoppingHook":
+                out.origins[join_path(join_path("hooks", i), "stop_on_nonfinite")] = join_path(source, "check_finite")
     for name in helper_names(cfg, [*SCHEMA, *MMENGINE_KEYS, *NOT_TRANSLATED]):
         if out.cfg.pop(name, None) is not None:  # used only to write other keys
             out.replaced.setdefault(name, "")
@@ -406,6 +440,8 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None) -> di
         out.cfg.setdefault("init_weights", True)  # MMEngine's runner calls model.init_weights()
     if replaced is not None:
         replaced.update(out.replaced)
+    if origins is not None:
+        origins.update(out.origins)
     return out.cfg
 
 

@@ -17,6 +17,7 @@ from treadle.config.build import check_safe
 from treadle.config.errors import ConfigError, did_you_mean, join_path
 from treadle.config.loader import apply_overrides, load_file
 from treadle.config.mmengine import NOT_TRANSLATED, is_mmengine_style, translate
+from treadle.config.origins import ResolvedConfig, in_user_terms, origins_of
 from treadle.config.registry import name_of
 from treadle.config.schema import SCHEMA, check_value, required_keys, trainer_defaults
 from treadle.config.unused import check_overrides, log_unused, split_unused
@@ -90,23 +91,34 @@ def with_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolve_config(raw: dict[str, Any], overrides: Iterable[str] = (), *, mode: str | None = None,
-                   source: str = "config", **values: Any) -> dict[str, Any]:
+                   source: str = "config", **values: Any) -> ResolvedConfig:
     """``raw`` (a loaded file) with ``--set`` overrides, MMEngine keys translated, then
     ``values`` (e.g. ``work_dir=...``; None values are ignored), made plain, checked and
     completed with defaults. Top-level names treadle does not take are left out and
-    logged once (:mod:`treadle.config.unused`); ``source`` names the file there."""
+    logged once (:mod:`treadle.config.unused`); ``source`` names the file there. Errors
+    name keys as the file wrote them (a translated key by its MMEngine path), and so does
+    building the result (its ``origins``: :mod:`treadle.config.origins`)."""
     overrides = list(overrides)
     cfg = apply_overrides(raw, overrides)
     replaced: dict[str, str] = {}
+    origins: dict[str, str] = {}
     if is_mmengine_style(cfg):
-        cfg = translate(cfg, replaced)
-    cfg.update({k: v for k, v in values.items() if v is not None})
-    cfg, unused = split_unused(cfg, SCHEMA, NOT_TRANSLATED)
-    check_overrides(overrides, unused, {k: v for k, v in replaced.items() if v})
-    log_unused(sorted({*unused, *replaced}), source)
-    cfg = to_plain(cfg)
-    validate_config(cfg, mode)
-    return with_defaults(cfg)
+        cfg = translate(cfg, replaced, origins)
+    given = {k: v for k, v in values.items() if v is not None}
+    cfg.update(given)
+    origins = {k: v for k, v in origins.items() if k.split(".", 1)[0].split("[", 1)[0] not in given}
+    try:
+        cfg, unused = split_unused(cfg, SCHEMA, NOT_TRANSLATED)
+        check_overrides(overrides, unused, {k: v for k, v in replaced.items() if v})
+        log_unused(sorted({*unused, *replaced}), source)
+        cfg = to_plain(cfg)
+        validate_config(cfg, mode)
+    except ConfigError as e:
+        renamed = in_user_terms(e, origins)
+        if renamed is e:
+            raise
+        raise renamed from e
+    return ResolvedConfig(with_defaults(cfg), origins)
 
 
 def load_config(path: str | Path, overrides: Iterable[str] = (), *, mode: str | None = None, safe: bool = False,
@@ -121,7 +133,13 @@ def load_config(path: str | Path, overrides: Iterable[str] = (), *, mode: str | 
     try:
         cfg = resolve_config(load_file(path, safe=safe), overrides, mode=mode, source=str(path), **values)
         if safe:
-            check_safe(cfg)
+            try:
+                check_safe(cfg)
+            except ConfigError as e:
+                renamed = in_user_terms(e, origins_of(cfg))
+                if renamed is e:
+                    raise
+                raise renamed from e
         return cfg
     except ConfigError as e:
         raise e.with_source(str(path)) from e.__cause__
@@ -129,7 +147,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = (), *, mode: str | 
 
 def dump_config(cfg: dict[str, Any]) -> str:
     """The resolved config as YAML text (keys in schema order)."""
-    return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return yaml.safe_dump(dict(cfg), sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
 def config_text(cfg: dict[str, Any], path: str | Path) -> str:

@@ -28,6 +28,21 @@ the same for any ``num_workers`` and after a resume inside an epoch. Each proces
 seeding once the first samples it loads drew nothing (seeded or not, they are the same);
 ``seed_per_sample="always"`` seeds every sample, ``seed_per_sample=False`` none (the
 workers' streams then run per worker, as torch's do).
+
+A stream (a DataLoader over an ``IterableDataset``, or an iterable that is no DataLoader)
+has no sampler to skip in: resuming inside an epoch would load the batches already taken
+again and throw them away. When the stream keeps its own position, the feed uses it
+instead (:func:`stream_owner`): a loader with ``state_dict()`` / ``load_state_dict()``
+(torchdata's ``StatefulDataLoader``, which asks a Stateful dataset in each worker), or,
+read in the main process (``num_workers=0``), a dataset with them (Hugging Face
+``datasets.IterableDataset``, any Stateful dataset). :meth:`DataFeed.stream_state` is that
+position (checkpointed per rank, treadle/strategies/states.py), and
+``start_epoch(..., stream=state)`` goes on from it without reading anything again.
+Hugging Face's ``IterableDataset`` with a shuffle buffer is read again instead: its state
+leaves the buffer out, so resuming from it would lose those examples. An
+``IterableDataset`` with ``set_epoch(epoch)`` is told each epoch, as a sampler is
+(Hugging Face's reshuffles its shards and buffer with it, and resumes only the epoch
+its state was saved in).
 """
 
 from __future__ import annotations
@@ -89,6 +104,7 @@ class DataFeed:
         # A DataLoader over a map-style dataset is read through a seeded copy (made at the first epoch).
         self.seed_per_sample = seed_per_sample if seedable(loader) else False
         self._seeded: SeededCopy | None = None
+        self._stream = stream_owner(loader)  # what keeps a stream's position, or None
 
     @property
     def length(self) -> int | None:
@@ -100,7 +116,7 @@ class DataFeed:
             return self.limit
         return n if self.limit is None else min(n, self.limit)
 
-    def start_epoch(self, epoch: int, skip: int = 0) -> None:
+    def start_epoch(self, epoch: int, skip: int = 0, stream: Any = None) -> None:
         """Begin epoch ``epoch``: seed its order and create a fresh iterator.
 
         ``skip`` batches are passed over first (resuming inside an epoch). For a
@@ -109,7 +125,9 @@ class DataFeed:
         dataset. A DataLoader over an ``IterableDataset`` has no sampler, and other
         iterables no way around producing them: their first ``skip`` batches are
         loaded (workers, collate and all) and thrown away, so the skip costs the
-        time of loading them.
+        time of loading them, unless ``stream`` is given: the position
+        :meth:`stream_state` saved after those batches, which the stream's own
+        ``load_state_dict`` takes instead (nothing is read again).
         """
         if not self._started:
             self._started = True
@@ -128,6 +146,9 @@ class DataFeed:
         elif skip and isinstance(loader, DataLoader) and loader.batch_sampler is not None \
                 and not isinstance(loader.dataset, IterableDataset):
             self._it = iter(_clone_with_batch_sampler(loader, _SkipBatches(loader.batch_sampler, skip), gen))
+        elif stream is not None and self._stream is not None:  # the stream goes on from its own position
+            self._stream.load_state_dict(stream)
+            self._it = iter(loader)
         else:
             self._it = iter(loader)
             if skip:
@@ -137,6 +158,9 @@ class DataFeed:
         loader = self.loader
         if not isinstance(loader, DataLoader):
             return None
+        dataset = loader.dataset
+        if isinstance(dataset, IterableDataset) and callable(getattr(dataset, "set_epoch", None)):
+            dataset.set_epoch(epoch)  # a stream ordered by epoch (Hugging Face's), as a sampler's set_epoch
         sampler = _order_source(loader)
         if isinstance(sampler, DistributedSampler):  # its order: permutation(seed + epoch)
             sampler.seed = derive_seed(self.seed, 0) >> 2  # the same on every rank; < 2**62
@@ -201,6 +225,15 @@ class DataFeed:
             if isinstance(loader, DataLoader) and getattr(loader, "_iterator", None) is it:
                 loader._iterator = None  # persistent workers: the loader keeps its iterator
 
+    def stream_state(self) -> Any:
+        """The stream's own position (:func:`stream_owner`'s ``state_dict()``: after the
+        batches taken so far), or None for a loader that has none (a sampler's loader needs
+        none: its place is ``batch_idx``) and before an epoch started or after :meth:`close`
+        (a closed loader may have forgotten it: the resume then reads the batches again)."""
+        if self._stream is None or self._it is None:
+            return None
+        return self._stream.state_dict()
+
     def position(self) -> dict[str, int]:
         """Where the feed is: epoch, batches taken in it, shuffle seed."""
         return {"epoch": self.epoch, "batch_idx": self.batch_idx, "seed": self.seed}
@@ -224,6 +257,48 @@ def detached_copy(loader: Any) -> Any:
             and not isinstance(loader.dataset, IterableDataset):
         return _clone_with_batch_sampler(loader, loader.batch_sampler, loader.generator)
     return loader
+
+
+def _stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def stream_owner(loader: Any) -> Any:
+    """What keeps the position of a stream that a resume would otherwise read again: the
+    loader, when it has ``state_dict()`` / ``load_state_dict()`` (torchdata's
+    ``StatefulDataLoader``; any iterable with them) and iterates an ``IterableDataset`` or is
+    no DataLoader; else, for a DataLoader reading its ``IterableDataset`` in the main process
+    (``num_workers=0``, so the dataset object is the one iterated), the dataset when it has
+    them (Hugging Face's ``IterableDataset``). None otherwise: a DataLoader over a map-style
+    dataset skips in its sampler without reading, and a plain DataLoader's workers iterate
+    copies of the dataset whose positions the main process never sees."""
+    dataset = getattr(loader, "dataset", None)
+    if isinstance(loader, DataLoader) and not isinstance(dataset, IterableDataset):
+        return None
+    if _drops_buffer(dataset):
+        return None
+    if _stateful(loader):
+        return loader
+    if isinstance(loader, DataLoader) and loader.num_workers == 0 and _stateful(dataset):
+        return dataset
+    return None
+
+
+def _drops_buffer(dataset: Any) -> bool:
+    """A Hugging Face ``IterableDataset`` with a shuffle buffer: its ``state_dict()`` leaves
+    the buffer's examples out (they are lost on resume, as its documentation says), so the
+    feed reads the batches again instead, which is exact. Found by the buffer's class in the
+    dataset's chain of example iterables (datasets has no public attribute saying it)."""
+    if type(dataset).__module__.split(".")[0] != "datasets":
+        return False
+    todo, seen = [getattr(dataset, "_ex_iterable", None)], 0
+    while todo and seen < 256:  # wrappers, each over one (ex_iterable) or several (ex_iterables)
+        node, seen = todo.pop(), seen + 1
+        if type(node).__name__ == "BufferShuffledExamplesIterable":
+            return True
+        todo += [n for n in [getattr(node, "ex_iterable", None), *(getattr(node, "ex_iterables", None) or [])]
+                 if n is not None]
+    return False
 
 
 def _order_source(loader: DataLoader) -> Any:

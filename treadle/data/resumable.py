@@ -12,6 +12,11 @@ Each epoch's order is a function of ``(seed, epoch)`` (treadle/data/feed.py), so
 ``load_state_dict`` the next ``iter(loader)`` continues the saved epoch at the batch
 after the last one taken, and the epochs after it are those of an uninterrupted run.
 An epoch that was taken to its end is over: the next ``iter`` starts the one after.
+
+A stream that keeps its own position (treadle/data/feed.py ``stream_owner``: torchdata's
+``StatefulDataLoader``, a Stateful dataset read in the main process) resumes from it
+instead of reading the batches already taken again: :meth:`stream_state_dict` is this
+rank's (the strategy keeps it in each rank's file), :meth:`load_stream_state_dict` takes it back.
 """
 
 from __future__ import annotations
@@ -40,12 +45,14 @@ class ResumableLoader:
         self._next_epoch = 0  # what the next iter() starts
         self._resume_at: int | None = None  # batches already taken in epoch _next_epoch (after a load)
         self._open = False  # inside an epoch that has not reached its end
+        self._resume_stream: Any = None  # the stream's own position to go on from (after a load)
 
     # -- iteration ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         epoch, skip = self._next_epoch, self._resume_at or 0
-        self._resume_at = None
-        self._feed.start_epoch(epoch, skip=skip)
+        stream = self._resume_stream if skip else None
+        self._resume_at = self._resume_stream = None
+        self._feed.start_epoch(epoch, skip=skip, stream=stream)
         self._next_epoch = epoch + 1
         self._open = True
         return self._batches()
@@ -65,6 +72,7 @@ class ResumableLoader:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"set_epoch({epoch!r}); expected an int >= 0")
         self._next_epoch, self._resume_at, self._open = epoch, None, False
+        self._resume_stream = None
 
     @property
     def epoch(self) -> int:
@@ -100,6 +108,16 @@ class ResumableLoader:
             return {"epoch": self._feed.epoch, "batch_idx": self._feed.batch_idx, "seed": self.seed}
         return {"epoch": self._next_epoch, "batch_idx": self._resume_at or 0, "seed": self.seed}
 
+    def stream_state_dict(self) -> Any:
+        """Inside an epoch, the stream's own position (None for a loader that has none, or
+        between epochs): what :meth:`load_stream_state_dict` takes back."""
+        return self._feed.stream_state() if self._open else None
+
+    def load_stream_state_dict(self, state: Any) -> None:
+        """The next ``iter()`` goes on from the stream's own position ``state`` (saved with
+        the place :meth:`load_state_dict` took), reading nothing again."""
+        self._resume_stream = state
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("epoch", "batch_idx", "seed"):
             value = state.get(key) if isinstance(state, dict) else None
@@ -111,6 +129,7 @@ class ResumableLoader:
         self._next_epoch = state["epoch"]
         self._resume_at = state["batch_idx"] or None
         self._open = False
+        self._resume_stream = None
 
     def __repr__(self) -> str:
         return f"ResumableLoader({self.loader!r}, epoch={self._next_epoch}, seed={self.seed})"

@@ -318,6 +318,23 @@ class TrainLoop:
             same_split = saved_world != self.world_size or (saved_data, saved_tp) == (self.data_world, self.tp)
             self.resume_pos["rng"] = rng if self.world_size <= saved_world and same_split else None
 
+    def stream_state_dict(self) -> Any:
+        """Inside an epoch, the training stream's own position (``DataFeed.stream_state``:
+        None for a loader that keeps none): this rank's, for its own checkpoint file."""
+        return self.feed.stream_state() if self._epoch_open or self._stopped_inside_epoch else None
+
+    def resume_stream(self, state: Any) -> None:
+        """Go on from the stream's own position ``state`` when the open epoch is reopened
+        (after :meth:`load_state_dict`), instead of reading its batches again: only when
+        the same processes, shards and batch size saved it (else the place is counted in
+        samples, and the stream is read up to it)."""
+        pos = self.resume_pos
+        if pos is None or not pos.get("open") or state is None:
+            return
+        same = _layout(pos) == (self.world_size, self.data_world, self.tp) and pos.get("batch_size") == self.batch_size
+        if same:
+            pos["stream"] = state
+
     def phase_position(self, units: int) -> tuple[list[int], bool]:
         """The workflow position a checkpoint taken now records (``units``: epochs or
         iterations done at that point), and whether a validation is still due in this cycle."""
@@ -343,7 +360,7 @@ class TrainLoop:
         self._stopped_inside_epoch = False
         skip = pos["batch_idx"] if pos and pos["open"] and pos["epoch"] == s.epoch else 0
         s.inner_iter = skip
-        self.feed.start_epoch(s.epoch, skip=skip)
+        self.feed.start_epoch(s.epoch, skip=skip, stream=pos.get("stream") if skip else None)  # type: ignore[union-attr]  # skip > 0 only with a pos
         self._epoch_open = True
         if not self.windows_span_epochs and not skip:  # accumulation windows close at the end of each epoch
             for ow in self.optim_wrappers.values():  # (a resumed window keeps its count)

@@ -25,6 +25,8 @@ and each ``rng_rank<r>.pt`` that rank's RNGs and, under ``rank_state``, what dif
 from one process to the next::
 
     optim        OptimStates.local  an open accumulation window's gradients, clipping's norms
+    data         LoaderPlaces.local inside an epoch, the training stream's own position (a
+                                    loader or dataset with state_dict: treadle/data/feed.py)
     log_windows  MetricStore        the values the next log line averages
     train_metrics  TrainMetrics     the train metrics' counts so far (with train_metrics=)
     val          EvalLoop           the validation feed's place (each rank reads its shard)
@@ -128,6 +130,14 @@ class LoopPlace:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing: the ``loop`` entry holds the same place."""
+
+    def stream_state_dict(self) -> Any:
+        """The training stream's own position, for this rank's file (``TrainLoop.stream_state_dict``)."""
+        return self.loop.stream_state_dict()
+
+    def load_stream_state_dict(self, state: Any) -> None:
+        """The reopened epoch goes on from it (``TrainLoop.resume_stream``)."""
+        self.loop.resume_stream(state)
 
 
 def trainer_parts(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:

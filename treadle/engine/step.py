@@ -4,7 +4,8 @@
 
     batch = move(batch)                          # to the strategy's device
     if loss_fn: losses = loss_fn(model(inputs), targets)
-    else:       losses = model(batch)            # tensor or dict of losses
+    else:       losses = model(batch)            # tensor or dict of losses (model(**batch) for a
+                                                 # dict, model(inputs, targets) for a pair: whole_batch_caller)
     total, logged = parse_losses(losses)         # keys containing "loss" are summed
     optim_wrapper.update(total)                  # backward, and step when the window closes
     return logged                                # detached: goes to the logger
@@ -48,13 +49,41 @@ StepFn = Callable[[Batch], dict[str, Tensor]]
 FeedFn = Callable[[Any, Any], None]  # (outputs, targets): the train metrics' update
 
 
+def takes_inputs_and_targets(module: nn.Module) -> bool:
+    """Whether ``module.forward`` takes a batch's two parts, ``forward(inputs, targets)``, as
+    torchvision's detection models do (``forward(images, targets=None)``): its first two
+    parameters are positional, the first without a default, the second without one or with
+    None, and any after them have defaults. A forward of one parameter (``forward(batch)``),
+    of ``*args``, or whose second parameter defaults to anything but None
+    (``forward(batch, return_all=False)``) does not."""
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C forward: no signature to read
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 2 or positional[0].default is not positional[0].empty:
+        return False
+    second = positional[1]
+    if second.default is not second.empty and second.default is not None:
+        return False
+    rest_optional = all(p.default is not p.empty for p in positional[2:])
+    no_required_keywords = all(p.default is not p.empty for p in params if p.kind is p.KEYWORD_ONLY)
+    return rest_optional and no_required_keywords
+
+
 def whole_batch_caller(module: nn.Module) -> Callable[[Callable[..., Any], Batch], Any]:
     """How the default step calls the model on the whole batch (no ``loss_fn``), decided
-    once from ``module.forward``'s signature: a mapping batch (a dict, Hugging Face's
-    ``BatchEncoding``) is passed as keyword arguments, ``model(**batch)``, when the forward
-    takes ``**kwargs`` or has a parameter named after every key of the batch (a Hugging
-    Face model's ``input_ids``, ``attention_mask``, ``labels``); otherwise, and for any
-    other batch, ``model(batch)``.
+    once from ``module.forward``'s signature:
+
+    * a mapping batch (a dict, Hugging Face's ``BatchEncoding``) is passed as keyword
+      arguments, ``model(**batch)``, when the forward takes ``**kwargs`` or has a parameter
+      named after every key of the batch (a Hugging Face model's ``input_ids``,
+      ``attention_mask``, ``labels``);
+    * a batch that is a pair ``(inputs, targets)`` (a tuple or list of two) goes in as
+      ``model(inputs, targets)`` when the forward takes the two
+      (:func:`takes_inputs_and_targets`: torchvision's detection models with their reference
+      collate ``lambda b: tuple(zip(*b))``), in training and in evaluation alike;
+    * any other batch, and any other model: ``model(batch)``.
     """
     try:
         params = list(inspect.signature(module.forward).parameters.values())
@@ -62,10 +91,13 @@ def whole_batch_caller(module: nn.Module) -> Callable[[Callable[..., Any], Batch
         params = []
     any_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
     names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    pair = takes_inputs_and_targets(module)
 
     def call(model: Callable[..., Any], batch: Batch) -> Any:
         if isinstance(batch, Mapping) and (any_keyword or (names and batch.keys() <= names)):
             return model(**batch)
+        if pair and isinstance(batch, (tuple, list)) and len(batch) == 2:
+            return model(batch[0], batch[1])
         return model(batch)
     return call
 

@@ -33,12 +33,14 @@ from treadle.logging.writers import CONSOLE_ONLY, FILE_ONLY, get_logger, log_det
 from treadle.engine.eval_loop import EvalComm, EvalLoop
 from treadle.engine.loops import EpochLoop, IterLoop, TrainLoop, default_workflow
 from treadle.metrics import sync_over, update_metrics
+from treadle.optim.scheduler_builder import SchedulerError
 from treadle.optim.wrapper import OptimWrapper, make_autocast
 from treadle.engine.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, agree_on_stop, requeue_slurm_job
 from treadle.engine.resume import latest_to_resume, note_other_runs, use_latest
 from treadle.engine.run_dir import RunDir
 from treadle.hooks.state import TrainState
 from treadle.engine.mmengine_model import is_mmengine_model, model_eval_step, model_train_step
+from treadle.engine.monitored import check_monitored, eval_values
 from treadle.engine.step import make_eval_step, make_train_step, tell_if_outside_autocast
 from treadle.strategies.build import resolve_strategy
 from treadle.hooks.phase_timer import PhaseTimer
@@ -139,6 +141,11 @@ class Trainer:
         if self.train_dataloader is not None and self.val_dataloader is None and self.is_main:
             warn_without_validation(self.hooks)
         self.val_loop = self._eval_loop(self.val_dataloader, "val") if self.val_dataloader is not None else None
+        if self.val_loop is not None:  # a best / monitor key that validation never produces: refused now
+            custom = self.val_loop.custom_step
+            check_monitored(self.hooks, self.metrics or {}, *eval_values(
+                self.module, self.loss_fn, custom, custom is not None and is_mmengine_model(self.module)
+                and type(self).val_step is Trainer.val_step))
         self.test_loop = self._eval_loop(self.test_dataloader, "test") if self.test_dataloader is not None else None
         self.train_loop = self._train_loop() if self.train_dataloader is not None else None
         if self.train_loop is not None:  # its place goes to the checkpoint's data entry (snapshot.py)
@@ -149,13 +156,16 @@ class Trainer:
         """``strategy.prepare``, as a hand-written loop calls it: the model placed, wrapped
         (and compiled), the optimizer wrappers and schedulers built over it."""
         s, strategy = self.state, self.strategy
-        strategy.prepare(
-            self.module, optim_wrapper=a.optim_wrapper,
-            param_scheduler=(schedulers or None) if a.optim_wrapper else None, compile=compile,
-            auto_scale_lr=auto_scale_lr if a.optim_wrapper else None,
-            activation_checkpointing=a.activation_checkpointing,
-            dispatch_kwargs=dict(epoch_length=s.iters_per_epoch, max_epochs=s.max_epochs, max_iters=s.max_iters,
-                                 train_micro_batch_size_per_gpu=getattr(self.train_dataloader, "batch_size", None)))
+        try:
+            strategy.prepare(
+                self.module, optim_wrapper=a.optim_wrapper,
+                param_scheduler=(schedulers or None) if a.optim_wrapper else None, compile=compile,
+                auto_scale_lr=auto_scale_lr if a.optim_wrapper else None,
+                activation_checkpointing=a.activation_checkpointing,
+                dispatch_kwargs=dict(epoch_length=s.iters_per_epoch, max_epochs=s.max_epochs, max_iters=s.max_iters,
+                                     train_micro_batch_size_per_gpu=getattr(self.train_dataloader, "batch_size", None)))
+        except SchedulerError as e:  # named by the Strategy's argument (param_scheduler): by this one's
+            raise e.renamed("schedulers") from None
         self.model = strategy.model
         self.optim_wrappers: dict[str, OptimWrapper] = strategy.optim_wrappers
         # Several processes: after each iteration the ranks agree on stopping (None: one process).

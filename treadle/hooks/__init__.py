@@ -24,6 +24,7 @@ _LAZY = {
     "ProfilerHook": "treadle.hooks.profiler",
     "ProgressBarHook": "treadle.hooks.progress",
     "RuntimeEnvHook": "treadle.hooks.runtime_env",
+    "SyncBuffersHook": "treadle.hooks.sync_buffers",
     "TrainMetricsHook": "treadle.hooks.train_metrics",
 }
 

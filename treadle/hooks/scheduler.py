@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from treadle.hooks.base import Hook, Priority
+from treadle.optim.scheduler_builder import steps_by_updates
 
 if TYPE_CHECKING:
     from treadle.hooks.view import RunView
@@ -18,6 +19,14 @@ class ParamSchedulerHook(Hook):
 
     With accumulation, iteration-based
     schedulers still step every iteration (MMEngine's rule).
+
+    Schedulers of timm's protocol (``step_update``/``step``: every ``timm.scheduler``
+    class) are stepped as timm's training script steps them: ``step_update(num_updates=n)``
+    after each iteration that closed an accumulation window, ``n`` the optimizer updates so
+    far (the wrapper's steps, those the fp16 GradScaler skipped included, as timm counts
+    them), and ``step(epoch + 1)`` after each training epoch that ran all its batches; the scheduler's
+    ``t_in_epochs`` decides which of the two moves its value. ``n`` is part of the
+    optimizer wrapper's checkpointed state, so a resumed run goes on with the same values.
 
     The hook keeps no state of its own: the schedulers' states are the strategy's, saved
     in the checkpoint's ``param_schedulers`` entry (treadle/strategies/states.py
@@ -35,20 +44,25 @@ class ParamSchedulerHook(Hook):
         self._iter_based: list[tuple[Any, Any]] = []  # (optim wrapper, scheduler)
         self._epoch_based: list[Any] = []
         self._on_val: list[Any] = []
+        self._by_updates: list[tuple[Any, Any]] = []  # (optim wrapper, scheduler of timm's protocol)
         self._skipped: dict[Any, int] = {}  # optim wrapper -> skipped steps seen so far
+        self._updates: dict[Any, int] = {}  # optim wrapper -> optimizer updates seen so far
 
     def before_train(self, trainer: "RunView") -> None:
-        self._iter_based, self._epoch_based, self._on_val = [], [], []
+        self._iter_based, self._epoch_based, self._on_val, self._by_updates = [], [], [], []
         for name, scheds in self.schedulers.items():
             ow = trainer.optim_wrappers[name]
             for sch in scheds:
-                if getattr(sch, "need_val_args", False):
+                if steps_by_updates(sch):
+                    self._by_updates.append((ow, sch))
+                elif getattr(sch, "need_val_args", False):
                     self._on_val.append(sch)
                 elif getattr(sch, "by_epoch", False):
                     self._epoch_based.append(sch)
                 else:
                     self._iter_based.append((ow, sch))
         self._skipped = {ow: ow.skipped_steps for ow in trainer.optim_wrappers.values()}
+        self._updates = {ow: _updates(ow) for ow, _ in self._by_updates}
 
     def after_train_iter(self, trainer: "RunView", batch: Any, outputs: Any) -> None:
         seen = self._skipped
@@ -57,10 +71,22 @@ class ParamSchedulerHook(Hook):
                 sch.step()
         for ow in seen:
             seen[ow] = ow.skipped_steps
+        if self._by_updates:
+            updates = self._updates
+            for ow, sch in self._by_updates:
+                n = _updates(ow)
+                if n != updates[ow]:  # a window closed: timm's `num_updates += 1; step_update(num_updates)`
+                    sch.step_update(num_updates=n)
+            for ow in updates:
+                updates[ow] = _updates(ow)
 
     def after_train_epoch(self, trainer: "RunView") -> None:
         for sch in self._epoch_based:
             sch.step()
+        loop = trainer.train_loop
+        if loop is None or loop.closing_complete:  # not for an epoch a stop closed early: a resume goes on in it
+            for _, sch in self._by_updates:  # timm: `step(epoch + 1)` at the end of each epoch
+                sch.step(trainer.state.epoch + 1)
         for sch in self._on_val:  # counts the epoch for its begin/end window (MMEngine does the same)
             sch.step()
 
@@ -71,3 +97,9 @@ class ParamSchedulerHook(Hook):
         flat = {**{k.split("/", 1)[-1]: v for k, v in metrics.items()}, **metrics}
         for sch in self._on_val:
             sch.step(flat)
+
+
+def _updates(ow: Any) -> int:
+    """The optimizer updates of a wrapper so far, as timm's training script counts them:
+    one per closed accumulation window, a step the fp16 GradScaler skipped included."""
+    return ow.step_count + ow.skipped_steps

@@ -59,7 +59,7 @@ from treadle.optim.wrapper import OptimWrapper
 from treadle.optim.wrapper_builder import build_optim_wrappers, by_name, scale_lr
 from treadle.seeding import derive_seed, seed_everything, set_deterministic
 from treadle.strategies.search import find_latest_saved
-from treadle.strategies.states import LoaderPlaces, ModelState, OptimStates, RunState, SchedulerStates
+from treadle.strategies.states import LoaderPlaces, ModelState, OptimStates, RunState, SchedulerStates, plain_state
 
 DEFAULT_REVISE_KEYS = [(r"^module\.", "")]
 #: The entries of ``state.pt`` the strategy owns; a caller's parts take other names.
@@ -266,6 +266,10 @@ class StrategyAPI:
         self._places.loaders.append(loader)
         if self._places.pending:  # resumed before this loader was tracked
             loader.load_state_dict(self._places.pending.pop(0))
+            stream = self._places.pending_streams.pop(0) if self._places.pending_streams else None
+            load_stream = getattr(loader, "load_stream_state_dict", None)
+            if stream is not None and callable(load_stream):  # this rank's own position of the stream
+                load_stream(stream)
 
     def _need(self, what: str) -> None:
         if not self._prepared:
@@ -335,11 +339,11 @@ class StrategyAPI:
         by names other than the strategy's entries."""
         self._need("checkpoint_states()")
         parts, rank_parts = dict(parts or {}), dict(rank_parts or {})
-        taken = sorted(set(parts) & set(STRATEGY_ENTRIES)) + sorted(set(rank_parts) & {"optim"})
+        taken = sorted(set(parts) & set(STRATEGY_ENTRIES)) + sorted(set(rank_parts) & {"optim", "data"})
         if taken:
             raise ValueError(f"checkpoint parts {taken} take names of the strategy's own entries "
                              f"({', '.join(STRATEGY_ENTRIES)}); give them other names")
-        extra = _plain(extra_ckpt if extra_ckpt is not None else {}, "extra_ckpt")
+        extra = plain_state(extra_ckpt if extra_ckpt is not None else {}, "extra_ckpt")
         clash = sorted(set(extra) & set(parts))
         if clash:
             raise ValueError(f"extra_ckpt keys {clash} are also names of checkpoint parts; resume hands both "
@@ -349,7 +353,7 @@ class StrategyAPI:
         if save_param_scheduler:
             states["param_schedulers"] = SchedulerStates(self)
         states.update({"data": self._places, "extra": extra, "strategy": RunState(self), **parts})  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
-        return states, {"optim": optim.local, **rank_parts}
+        return states, {"optim": optim.local, "data": self._places.local, **rank_parts}
 
     def save_checkpoint(self, filename: str | Path, *, save_optimizer: bool = True, save_param_scheduler: bool = True,
                         extra_ckpt: dict[str, Any] | None = None,
@@ -412,6 +416,9 @@ class StrategyAPI:
         if isinstance(local, dict):  # another world size: this rank may have none
             if "optim" not in states:
                 rank_states.pop("optim")
+            saved = state["strategy"]
+            if int(saved.get("world_size", 1)) != self.world_size or int(saved.get("tp", 1)) != self.tp_size:  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
+                rank_states.pop("data")  # the streams were shared out otherwise: read them up to the place
             Checkpointer.restore(rank_states, local, where=where, optional=rank_states)
         info = state["strategy"]
         if rng is not None:  # the caller sets it
@@ -468,22 +475,6 @@ class StrategyAPI:
         if load_from is not None:
             self.load_checkpoint(load_from)
         return None
-
-
-def _plain(obj: Any, where: str) -> Any:
-    """``obj`` if ``torch.load(weights_only=True)`` can read it back (else a TypeError
-    naming the entry, before anything is written)."""
-    if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
-        return obj
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_plain(v, f"{where}[{i}]") for i, v in enumerate(obj))
-    if isinstance(obj, dict):
-        for k in obj:
-            if not isinstance(k, (str, int)):
-                raise TypeError(f"{where} has key {k!r} of type {type(k).__name__}; expected str or int keys")
-        return {k: _plain(v, f"{where}[{k!r}]") for k, v in obj.items()}
-    raise TypeError(f"{where} is a {type(obj).__name__}; a checkpoint holds only numbers, strings, tensors, "
-                    "and lists and dicts of them (it is read back with weights_only=True)")
 
 
 def _check_fits(strategy: StrategyAPI, state: dict[str, Any], filename: str | Path, resume_optimizer: bool) -> None:

@@ -193,11 +193,14 @@ class SchedulerStates:
 class LoaderPlaces:
     """``[loader.state_dict(), ...]``: where each tracked training loader goes on, in the
     order they were prepared (``Strategy.track_loader``). Places beyond the loaders
-    prepared so far wait for loaders prepared after the resume (:attr:`pending`)."""
+    prepared so far wait for loaders prepared after the resume (:attr:`pending`).
+    :attr:`local` is each rank's own part: the positions of streams that keep their own."""
 
     def __init__(self, loaders: list[Any]) -> None:
         self.loaders = loaders
         self.pending: list[dict[str, Any]] = []
+        self.pending_streams: list[Any] = []
+        self.local = _LoaderStreams(self)
 
     def state_dict(self) -> list[Any]:
         return [ld.state_dict() for ld in self.loaders]
@@ -214,6 +217,45 @@ class LoaderPlaces:
         for ld in self.loaders:
             ld.load_state_dict(saved.pop(0))
         self.pending = saved
+
+
+class _LoaderStreams:
+    """``[loader.stream_state_dict(), ...]`` of the tracked loaders (None for a loader whose
+    stream keeps no position of its own, or between epochs), in this rank's file: each rank
+    reads its own share of a stream (torchdata's ``StatefulDataLoader`` state, a Stateful
+    dataset's, treadle/data/feed.py)."""
+
+    def __init__(self, owner: LoaderPlaces) -> None:
+        self.owner = owner
+        self.warned: set[int] = set()  # loaders whose state could not be saved (said once)
+
+    def state_dict(self) -> list[Any]:
+        out = []
+        for i, ld in enumerate(self.owner.loaders):
+            get = getattr(ld, "stream_state_dict", None)
+            state = get() if callable(get) else None
+            try:
+                out.append(plain_state(state, f"the stream state of training loader {i}"))
+            except TypeError as err:  # not what weights_only reads back: the resume reads the stream again
+                if i not in self.warned:
+                    self.warned.add(i)
+                    get_logger().warning(f"{err}; it is left out of checkpoints, and a resume inside an epoch "
+                                         "reads the stream again up to its place")
+                out.append(None)
+        return out
+
+    def check_state_dict(self, state: Any) -> None:
+        if not isinstance(state, list):
+            raise CheckpointError(f"the checkpoint's stream states are a {type(state).__name__}, not a list")
+
+    def load_state_dict(self, state: list[Any]) -> None:
+        saved = list(state)
+        for ld in self.owner.loaders:
+            st = saved.pop(0) if saved else None
+            load = getattr(ld, "load_stream_state_dict", None)
+            if st is not None and callable(load):
+                load(st)
+        self.owner.pending_streams = saved
 
 
 class RunState:
@@ -263,4 +305,20 @@ def check_optimizer(name: str, optimizer: torch.optim.Optimizer, saved: Any) -> 
                                   f"{len(mine['params'])} here")
 
 
-__all__ = ["LoaderPlaces", "ModelState", "OptimStates", "RunState", "SchedulerStates", "check_optimizer"]
+def plain_state(obj: Any, where: str) -> Any:
+    """``obj`` if ``torch.load(weights_only=True)`` can read it back (else a TypeError
+    naming the entry, before anything is written)."""
+    if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
+        return obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain_state(v, f"{where}[{i}]") for i, v in enumerate(obj))
+    if isinstance(obj, dict):
+        for k in obj:
+            if not isinstance(k, (str, int)):
+                raise TypeError(f"{where} has key {k!r} of type {type(k).__name__}; expected str or int keys")
+        return {k: plain_state(v, f"{where}[{k!r}]") for k, v in obj.items()}
+    raise TypeError(f"{where} is a {type(obj).__name__}; a checkpoint holds only numbers, strings, tensors, "
+                    "and lists and dicts of them (it is read back with weights_only=True)")
+
+
+__all__ = ["LoaderPlaces", "ModelState", "OptimStates", "RunState", "SchedulerStates", "check_optimizer", "plain_state"]

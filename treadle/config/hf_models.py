@@ -1,0 +1,141 @@
+"""Hugging Face models from config files: ``{type: transformers.X, config: {...}}`` or
+``{type: transformers.X, pretrained: PATH}``.
+
+A transformers model class takes a config *object*, which a YAML file cannot write; so a
+model spec whose ``type`` is a transformers model class (a ``PreTrainedModel`` subclass or an
+``AutoModel*`` class) is built here instead of by calling the class with the spec's keys:
+
+* ``config: {hidden_size: 32, ...}``: the config class's arguments (the model class's
+  ``config_class``; for an ``AutoModel*`` class the ``model_type`` key names it, e.g.
+  ``model_type: bert``), each checked against that class (a misspelt key is an error, where
+  transformers would keep it as an attribute silently); the model is built from the config,
+  with fresh weights (``X(config)``; ``AutoModel*.from_config(config)``);
+* ``pretrained: PATH``: a local directory written by ``save_pretrained`` (or a file a hub
+  download left): ``X.from_pretrained(PATH, local_files_only=True, weights_only=True)``, so
+  nothing is downloaded and the weights are read without running code from them; remote code
+  is never trusted. ``config:`` beside it overrides the saved config's values.
+
+Errors are one :class:`~treadle.config.errors.ConfigError` naming ``model.config.<key>``,
+``model.pretrained`` or ``model``. The ``type`` itself is resolved as any dotted type is, so
+``safe=True`` refuses it before transformers is imported (:mod:`treadle.config.safe`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any, Mapping
+
+from torch import nn
+
+from treadle.config.errors import ConfigError, did_you_mean, join_path
+
+#: The keys of a transformers model spec besides ``type``.
+KEYS = ("config", "pretrained")
+
+
+def is_hf_model_class(obj: Any) -> bool:
+    """A transformers model class: defined in ``transformers``, with ``from_pretrained``
+    and either a ``config_class`` (a ``PreTrainedModel``) or ``from_config`` (``AutoModel*``)."""
+    module = getattr(obj, "__module__", "") or ""
+    return (inspect.isclass(obj) and module.split(".", 1)[0] == "transformers"
+            and callable(getattr(obj, "from_pretrained", None))
+            and (getattr(obj, "config_class", None) is not None or callable(getattr(obj, "from_config", None))))
+
+
+def _is_auto(cls: type) -> bool:
+    return getattr(cls, "config_class", None) is None
+
+
+def _check_keys(config_cls: type, default: Any, values: Mapping[str, Any], path: str) -> None:
+    """Every key an argument of ``config_cls`` or an attribute of its default instance."""
+    try:
+        params = {p for p in inspect.signature(config_cls.__init__).parameters if p != "self"}
+    except (TypeError, ValueError):
+        params = set()
+    for key, value in values.items():
+        if key in params or hasattr(default, key):
+            continue
+        known = sorted(params | {k for k in vars(default) if not k.startswith("_")})
+        raise ConfigError(join_path(path, key), f"unknown argument for {config_cls.__name__}", value=value,
+                          expected=f"arguments among {', '.join(known[:25])}{', ...' if len(known) > 25 else ''}",
+                          hint=did_you_mean(key, known))
+
+
+def _config(cls: type, values: Any, path: str) -> Any:
+    """The config object ``values`` (a mapping of the config class's arguments) describes."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(path, "not a mapping of the config's arguments", value=values,
+                          expected="e.g. {hidden_size: 32, num_hidden_layers: 2, ...}")
+    values = dict(values)
+    if _is_auto(cls):
+        from transformers import AutoConfig
+
+        model_type = values.pop("model_type", None)
+        if not isinstance(model_type, str):
+            raise ConfigError(join_path(path, "model_type"), f"{cls.__name__} needs the model type to choose a config "
+                              "class", value=model_type, expected="e.g. model_type: bert")
+        try:
+            default = AutoConfig.for_model(model_type)
+        except ValueError as e:
+            raise ConfigError(join_path(path, "model_type"), f"not a transformers model type ({e})".split("\n")[0],
+                              value=model_type) from None
+        config_cls = type(default)
+    else:
+        config_cls = cls.config_class  # type: ignore[attr-defined]  # is_hf_model_class checked it
+        default = config_cls()
+    _check_keys(config_cls, default, values, path)
+    try:
+        return config_cls(**values)
+    except Exception as e:
+        raise ConfigError(path, f"{config_cls.__name__}(...) failed: {type(e).__name__}: {e}".split("\n")[0]) from e
+
+
+def build_hf_model(cls: type, spec: Mapping[str, Any], path: str = "model") -> nn.Module:
+    """The model ``{type: cls, config: ..., pretrained: ...}`` describes (see the module's docstring)."""
+    unknown = [k for k in spec if k not in (*KEYS, "type")]
+    if unknown:
+        raise ConfigError(join_path(path, unknown[0]), f"not a key of a transformers model spec ({cls.__name__})",
+                          value=spec[unknown[0]], expected="config: {the config's arguments} and/or pretrained: PATH",
+                          hint=did_you_mean(unknown[0], KEYS))
+    pretrained, values = spec.get("pretrained"), spec.get("config")
+    if pretrained is None and values is None:
+        raise ConfigError(path, f"a transformers model ({cls.__name__}) needs config: {{...}} (fresh weights) or "
+                          "pretrained: PATH (weights saved with save_pretrained)")
+    if pretrained is None:
+        config = _config(cls, values, join_path(path, "config"))
+        try:
+            model = cls.from_config(config) if _is_auto(cls) else cls(config)  # type: ignore[attr-defined]  # an AutoModel class has from_config
+        except Exception as e:
+            raise ConfigError(path, f"{cls.__name__} from its config failed: {type(e).__name__}: {e}".split("\n")[0]) from e
+    else:
+        model = _from_pretrained(cls, pretrained, values, path)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(path, f"{cls.__name__} built a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _from_pretrained(cls: type, pretrained: Any, values: Any, path: str) -> nn.Module:
+    where = join_path(path, "pretrained")
+    if not isinstance(pretrained, str) or not pretrained:
+        raise ConfigError(where, "not a path", value=pretrained, expected="a directory written by save_pretrained")
+    if not Path(pretrained).exists():
+        raise ConfigError(where, "no such local file or directory", value=pretrained,
+                          expected="a directory written by save_pretrained",
+                          hint="treadle downloads nothing: fetch a hub model first (e.g. huggingface-cli download "
+                               "NAME --local-dir DIR) and give DIR.")
+    overrides: dict[str, Any] = {}
+    if values is not None:
+        if not isinstance(values, Mapping):
+            raise ConfigError(join_path(path, "config"), "not a mapping of the config's arguments", value=values)
+        overrides = dict(values)
+    extra = {"trust_remote_code": False} if _is_auto(cls) else {}
+    try:
+        return cls.from_pretrained(pretrained, local_files_only=True, weights_only=True, **extra, **overrides)  # type: ignore[attr-defined]  # is_hf_model_class checked it
+    except Exception as e:
+        first = str(e).strip().split("\n")[0]
+        raise ConfigError(where, f"{cls.__name__}.from_pretrained failed: {type(e).__name__}: {first}",
+                          value=pretrained) from e
+
+
+__all__ = ["KEYS", "build_hf_model", "is_hf_model_class"]

@@ -1,0 +1,103 @@
+"""The validation results hooks wait for, checked when the Trainer is built.
+
+``checkpoint=dict(best=...)``, ``EarlyStoppingHook(monitor=...)`` and a
+``ReduceOnPlateauLR(monitor=...)`` act on one validation result. What validation can produce
+is known before anything runs, from the Trainer's parts:
+
+* each metric ``m`` gives ``val/m`` (or ``val/m/<key>`` when its ``compute()`` returns a dict);
+* the evaluation step's losses: a torch loss module as ``loss_fn`` gives ``val/loss``; the
+  default step without a ``loss_fn`` gives the entries of the model's output whose names hold
+  "loss" (``val/loss``, ``val/loss_cls``...); a model that returns predictions in eval mode
+  gives none (torchvision's detection models: their eval output is a list of detections);
+* anything, from a ``loss_fn`` of one's own (it may return a dict of any values) or a custom
+  evaluation step (``model.val_step(batch, trainer)``, a subclass's ``val_step``); an
+  MMEngine model's ``val_step`` feeds the metrics only.
+
+A key that none of these can produce is refused at once, in one line saying what validation
+gives, instead of failing (or, for early stopping, doing nothing) after the first validation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from torch import nn
+
+from treadle.hooks.checkpoint import CheckpointHook
+from treadle.hooks.early_stopping import EarlyStoppingHook
+from treadle.hooks.scheduler import ParamSchedulerHook
+from treadle.suggest import did_you_mean
+
+#: What the evaluation step's own values (beside the metrics) can be named.
+ANY, LOSSES, NONE = "any", "losses", "none"
+
+
+def returns_predictions_in_eval(module: nn.Module) -> bool:
+    """A model known to return predictions, not losses, in eval mode: torchvision's detection
+    models (Faster/Mask/Keypoint R-CNN, RetinaNet, SSD, FCOS)."""
+    return type(module).__module__.startswith("torchvision.models.detection.")
+
+
+def eval_values(module: nn.Module, loss_fn: Any, custom_step: Callable[..., Any] | None,
+                mmengine_model: bool) -> tuple[str, str]:
+    """``(kind, why)``: which of the evaluation step's own values can come (:data:`ANY`,
+    :data:`LOSSES`: names holding "loss", :data:`NONE`) and why, for the message."""
+    if custom_step is not None:
+        if mmengine_model:
+            return NONE, f"{type(module).__name__}'s val_step (an MMEngine model's) feeds the metrics only"
+        return ANY, "the custom val_step may log any value"
+    if loss_fn is not None:
+        if type(loss_fn).__module__ == "torch.nn.modules.loss":
+            return LOSSES, f"loss_fn {type(loss_fn).__name__} gives val/loss"
+        return ANY, "the loss_fn may return any values"
+    if returns_predictions_in_eval(module):
+        return NONE, f"without a loss_fn, {type(module).__name__} returns predictions in eval mode, not losses"
+    return LOSSES, "without a loss_fn, validation logs the entries of the model's output named with 'loss'"
+
+
+def may_produce(key: str, metrics: Iterable[str], kind: str) -> bool:
+    """Whether validation can produce the result ``key`` (see the module's docstring)."""
+    if not key.startswith("val/"):
+        return False
+    name = key[len("val/"):]
+    if any(name == m or name.startswith(m + "/") for m in metrics):
+        return True
+    return kind == ANY or (kind == LOSSES and "loss" in name.lower())
+
+
+def _watched(hooks: Iterable[Any]) -> list[tuple[str, str]]:
+    """``(what, key)`` of every result a hook waits for, ``what`` as the message names it."""
+    out = []
+    for h in hooks:
+        if isinstance(h, CheckpointHook) and h.best not in (None, "auto"):
+            out.append((f"checkpoint best={h.best!r}", h.best))
+        elif isinstance(h, EarlyStoppingHook):
+            out.append((f"EarlyStoppingHook monitor={h.monitor!r}", h.monitor))
+        elif isinstance(h, ParamSchedulerHook):
+            for scheds in h.schedulers.values():
+                for sch in scheds:
+                    monitor = getattr(sch, "monitor", None)
+                    if getattr(sch, "need_val_args", False) and isinstance(monitor, str):
+                        key = monitor if monitor.startswith("val/") else f"val/{monitor}"  # it takes both names
+                        out.append((f"{type(sch).__name__} monitor={monitor!r}", key))
+    return out
+
+
+def check_monitored(hooks: Iterable[Any], metrics: Iterable[str], kind: str, why: str) -> None:
+    """Refuse, in one line, a hook that waits for a validation result that validation
+    never produces (``kind``, ``why``: :func:`eval_values`)."""
+    metrics = list(metrics)
+    for what, key in _watched(hooks):
+        if may_produce(key, metrics, kind):
+            continue
+        gives = [f"val/{m}" for m in metrics] + (["val/loss"] if kind == LOSSES else [])
+        listed = ", ".join(gives) if gives else "no result"
+        if not key.startswith("val/"):
+            hint = did_you_mean(f"val/{key}", gives) or " Validation results are named val/<name>."
+        else:
+            hint = did_you_mean(key, gives)
+        raise ValueError(f"{what}: validation never produces {key!r}: it can give {listed} (a metric as val/<name>, "
+                         f"or val/<name>/<key> when its compute() returns a dict; {why}).{hint}")
+
+
+__all__ = ["ANY", "LOSSES", "NONE", "check_monitored", "eval_values", "may_produce", "returns_predictions_in_eval"]
