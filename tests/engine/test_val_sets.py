@@ -111,3 +111,15 @@ def test_config_sets_by_name_and_mmagics_multivalloop():
 def test_set_names_must_be_loggable():
     with pytest.raises(ValueError, match="set name 'a/b'"):
         treadle.Trainer(TinyNet(), val_dataloader={"a/b": DataLoader(make_data(4))}, strategy=ON_CPU, log_writers=())
+
+
+def test_a_key_naming_no_set_is_refused_when_built_and_a_set_key_is_accepted(tmp_path):
+    kwargs = dict(work_dir=tmp_path, train_dataloader=DataLoader(make_data(16), batch_size=4), val_dataloader=_sets(),
+                  loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.5), max_epochs=1, strategy=ON_CPU,
+                  metrics={"acc": treadle.metrics.Accuracy()}, progress=False)
+    with pytest.raises(ValueError, match=r"best='val/acc': validation never produces 'val/acc': it can give "
+                                         r"val/clean/acc, val/clean/loss, val/noisy/acc, val/noisy/loss"):
+        treadle.Trainer(TinyNet(), checkpoint=dict(best="val/acc", rule="max"), **kwargs)
+    with pytest.raises(ValueError, match=r"'val/dirty/acc'.*val/<set>/<name>.*Did you mean 'val/noisy/acc' or 'val/clean/acc'"):
+        treadle.Trainer(TinyNet(), hooks=[EarlyStoppingHook(monitor="val/dirty/acc")], **kwargs)
+    treadle.Trainer(TinyNet(), checkpoint=dict(best="val/noisy/loss", rule="min"), **kwargs)

@@ -83,6 +83,11 @@ class EvalLoop:
         self._passes = 0
 
     @property
+    def set_names(self) -> list[str] | None:
+        """The sets' names, in order, or None for one loader."""
+        return [str(n) for n in self.feeds] if self.named else None
+
+    @property
     def feed(self) -> DataFeed:
         """The first set's feed (the only one for one loader)."""
         return next(iter(self.feeds.values()))

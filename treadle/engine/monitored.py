@@ -13,13 +13,16 @@ is known before anything runs, from the Trainer's parts:
   evaluation step (``model.val_step(batch, trainer)``, a subclass's ``val_step``); an
   MMEngine model's ``val_step`` feeds the metrics only.
 
+With several validation sets (``val_dataloader={name: loader}``) each of these is logged
+under its set: ``val/<set>/acc``, ``val/<set>/loss``.
+
 A key that none of these can produce is refused at once, in one line saying what validation
 gives, instead of failing (or, for early stopping, doing nothing) after the first validation.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from torch import nn
 
@@ -55,11 +58,16 @@ def eval_values(module: nn.Module, loss_fn: Any, custom_step: Callable[..., Any]
     return LOSSES, "without a loss_fn, validation logs the entries of the model's output named with 'loss'"
 
 
-def may_produce(key: str, metrics: Iterable[str], kind: str) -> bool:
-    """Whether validation can produce the result ``key`` (see the module's docstring)."""
+def may_produce(key: str, metrics: Iterable[str], kind: str, sets: Sequence[str] | None = None) -> bool:
+    """Whether validation can produce the result ``key`` (see the module's docstring);
+    ``sets``: the validation sets' names, or None for one loader."""
     if not key.startswith("val/"):
         return False
     name = key[len("val/"):]
+    if sets is not None:
+        head, _, name = name.partition("/")
+        if head not in sets or not name:
+            return False
     if any(name == m or name.startswith(m + "/") for m in metrics):
         return True
     return kind == ANY or (kind == LOSSES and "loss" in name.lower())
@@ -83,21 +91,25 @@ def _watched(hooks: Iterable[Any]) -> list[tuple[str, str]]:
     return out
 
 
-def check_monitored(hooks: Iterable[Any], metrics: Iterable[str], kind: str, why: str) -> None:
+def check_monitored(hooks: Iterable[Any], metrics: Iterable[str], kind: str, why: str,
+                    sets: Sequence[str] | None = None) -> None:
     """Refuse, in one line, a hook that waits for a validation result that validation
-    never produces (``kind``, ``why``: :func:`eval_values`)."""
+    never produces (``kind``, ``why``: :func:`eval_values`; ``sets``: the validation sets'
+    names, or None for one loader)."""
     metrics = list(metrics)
     for what, key in _watched(hooks):
-        if may_produce(key, metrics, kind):
+        if may_produce(key, metrics, kind, sets):
             continue
-        gives = [f"val/{m}" for m in metrics] + (["val/loss"] if kind == LOSSES else [])
+        own = [f"{m}" for m in metrics] + (["loss"] if kind == LOSSES else [])
+        gives = [f"val/{n}" for n in own] if sets is None else [f"val/{s}/{n}" for s in sets for n in own]
         listed = ", ".join(gives) if gives else "no result"
         if not key.startswith("val/"):
             hint = did_you_mean(f"val/{key}", gives) or " Validation results are named val/<name>."
         else:
             hint = did_you_mean(key, gives)
-        raise ValueError(f"{what}: validation never produces {key!r}: it can give {listed} (a metric as val/<name>, "
-                         f"or val/<name>/<key> when its compute() returns a dict; {why}).{hint}")
+        at = "val/" if sets is None else "val/<set>/"
+        raise ValueError(f"{what}: validation never produces {key!r}: it can give {listed} (a metric as {at}<name>, "
+                         f"or {at}<name>/<key> when its compute() returns a dict; {why}).{hint}")
 
 
 __all__ = ["ANY", "LOSSES", "NONE", "check_monitored", "eval_values", "may_produce", "returns_predictions_in_eval"]

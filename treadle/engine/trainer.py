@@ -145,7 +145,7 @@ class Trainer:
             custom = self.val_loop.custom_step
             check_monitored(self.hooks, self.metrics or {}, *eval_values(
                 self.module, self.loss_fn, custom, custom is not None and is_mmengine_model(self.module)
-                and type(self).val_step is Trainer.val_step))
+                and type(self).val_step is Trainer.val_step), sets=self.val_loop.set_names)
         self.test_loop = self._eval_loop(self.test_dataloader, "test") if self.test_dataloader is not None else None
         self.train_loop = self._train_loop() if self.train_dataloader is not None else None
         if self.train_loop is not None:  # its place goes to the checkpoint's data entry (snapshot.py)
