@@ -52,7 +52,11 @@ def test_make_test_installs_the_rest_on_top():
 def test_make_test_runs_the_vision_tests_in_their_own_venv():
     """timm and torchvision never enter .venv (torchvision there breaks transformers): the vision
     extra goes to .venv-vision, whose tests `make test` runs too."""
-    prerequisites, recipe = _rule("test")
+    _, recipe = _rule("test")
+    assert "$(MAKE) test-vision" in recipe and "$(MAKE) test-mm" in recipe
+    # A prerequisite is expanded where its rule is read: the stamps are defined below `test`, so
+    # `test` reaches them through the recipe, where make expands every variable.
+    prerequisites, recipe = _rule("test-vision")
     assert "$(VSTAMP)" in prerequisites and "$(VPY) -m pytest tests/vision -p no:cacheprovider" in recipe
     _, install = _rule("$(VSTAMP)")
     assert _extras(install) == {"dev", "vision"}
