@@ -398,8 +398,18 @@ def _fail(args: argparse.Namespace, err: Exception, status: int = 2) -> int:
     source = (err.source or getattr(args, "config", None)) if isinstance(err, ConfigError) else None
     where = f"{source}: " if source else ""
     kind = "config error" if isinstance(err, ConfigError) else "error"
-    print(f"treadle {args.command}: {kind}: {where}{err}", file=sys.stderr)
+    line = f"treadle {args.command}: {kind}: {where}{err}"
+    print(line, file=sys.stderr)
+    _tell_peers(line)
     return status
+
+
+def _tell_peers(line: str) -> None:
+    """This process failed with ``line``, which it printed: its peers (whose collectives
+    fail next) and the launcher learn that the error is this rank's and was shown."""
+    from treadle.distributed import comm
+
+    comm.note_failure(line)
 
 
 def _user_frame(error: BaseException) -> traceback.FrameSummary | None:
@@ -437,6 +447,7 @@ def _fail_run(args: argparse.Namespace, failure: RunFailure) -> int:
     where = f"in {failure.text_log}; " if failure.text_log is not None else ""
     lines.append(f"  full traceback: {where}--debug or {FULL_TRACEBACK_ENV}=1 prints it here")
     print("\n".join(lines), file=sys.stderr)
+    _tell_peers(lines[0])
     return 1
 
 
@@ -460,7 +471,14 @@ def _run_command(args: argparse.Namespace) -> int:
     process failed, so that it leaves without waiting for its peers (comm.mark_failed)."""
     from treadle.distributed import comm
 
-    status = _guarded(args)
+    try:
+        status = _guarded(args)
+    except Exception as e:  # uncaught: Python prints its traceback; the launcher learns it was printed
+        from treadle.distributed.watch import write_error_file
+
+        comm.mark_failed()
+        write_error_file(f"{type(e).__name__}: {e}", "error")
+        raise
     if status != 0:
         comm.mark_failed()
     return status
@@ -477,6 +495,8 @@ def _guarded(args: argparse.Namespace) -> int:
     except RunFailure as e:  # the user's model, loss or metric raised: the short form, status 1
         if comm.peer_lost(e.error):
             return _peer_lost(args, e.error)
+        if comm.collective_timed_out(e.error):  # in backward: DDP's all-reduce waited timeout_s for a peer
+            return _timed_out(args, e.error)  # type: ignore[arg-type]  # collective_timed_out: a RuntimeError
         return _fail_run(args, e)
     except CheckpointWriteError as e:  # disk full or another OS error at a save (sync or async): a run-time failure
         return _fail(args, e, status=1)
@@ -497,18 +517,43 @@ def _guarded(args: argparse.Namespace) -> int:
     except RuntimeError as e:
         if comm.peer_lost(e):  # a collective found another process gone: its error is the job's
             return _peer_lost(args, e)
+        if comm.collective_timed_out(e):  # waited timeout_s for a peer: name it, if the stall watch saw it
+            return _timed_out(args, e)
         raise
 
 
 def _peer_lost(args: argparse.Namespace, err: BaseException) -> int:
-    """One line, status 1: this process stopped because another one of the job failed
-    (whose own message says why)."""
+    """One line, status 1: this process stopped because another one of the job failed:
+    which one and why, when the stall watch knows (an error it printed, a stall the watch
+    ended); else that it ended without an error of its own, which only the launcher's
+    line can name."""
     from treadle.distributed import comm
+    from treadle.distributed.watch import write_error_file
 
     if _full_traceback(args):
         traceback.print_exception(err)
-    print(f"treadle {args.command}: stopped on rank {comm.get_rank()}: another process of the job failed "
-          "(its error is shown by it)", file=sys.stderr)
+    why = comm.failure_elsewhere() or ("another process of the job ended without a Python error (killed, os._exit, "
+                                       "out of memory?); the launcher's last line names it")
+    line = f"treadle {args.command}: stopped on rank {comm.get_rank()}: {why}"
+    print(line, file=sys.stderr)
+    write_error_file(line, "stopped")
+    return 1
+
+
+def _timed_out(args: argparse.Namespace, err: RuntimeError) -> int:
+    """One line, status 1: this process's collective timed out waiting for another
+    process; the stuck rank is named (and ended first) when the stall watch saw it."""
+    from treadle.distributed import comm
+    from treadle.distributed.watch import write_error_file
+
+    if _full_traceback(args):
+        traceback.print_exception(err)
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    why = comm.end_stalled(first) or (f"a collective timed out waiting for another process ({first}); raise the "
+                                      "strategy's timeout_s if a phase of one rank takes that long")
+    line = f"treadle {args.command}: stopped on rank {comm.get_rank()}: {why}"
+    print(line, file=sys.stderr)
+    write_error_file(line, "stopped")
     return 1
 
 
