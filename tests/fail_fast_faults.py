@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import time
 
 import torch
@@ -96,3 +97,44 @@ class FailSave(treadle.Hook):
                 def full(fd: int) -> None:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 os.fsync = full
+
+
+class FullDisk(treadle.Hook):
+    """From iteration ``at`` on (rank ``rank``), every write of the log writer class
+    ``writer`` (``treadle.logging.writers.JsonlWriter``, ``...backends.CsvWriter``,
+    ``...backends.TensorBoardWriter``) fails as on a full disk; ``checkpoint=True``: the
+    checkpointer's fsync fails too (a disk that stays full)."""
+
+    def __init__(self, writer: str, at: int = 7, rank: int = 0, checkpoint: bool = True) -> None:
+        self.writer, self.at, self.rank, self.checkpoint = writer, at, rank, checkpoint
+
+    def before_train_iter(self, trainer, batch) -> None:
+        if _rank() != self.rank or trainer.state.iter + 1 != self.at:
+            return
+        import importlib
+
+        module, name = self.writer.rsplit(".", 1)
+        cls = getattr(importlib.import_module(module), name)
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        cls._write_batch = full
+        if self.checkpoint:
+            os.fsync = full
+
+
+class KillWorker(treadle.Hook):
+    """After iteration ``at`` (rank ``rank``), a DataLoader worker of this process is
+    killed with SIGKILL, as the out-of-memory killer does, and the hook waits ``wait_s``
+    (so that torch's SIGCHLD handler raises here, outside the step)."""
+
+    def __init__(self, at: int = 7, rank: int = 0, wait_s: float = 3.0) -> None:
+        self.at, self.rank, self.wait_s = at, rank, wait_s
+
+    def after_train_iter(self, trainer, batch, outputs) -> None:
+        if _rank() != self.rank or trainer.state.iter + 1 != self.at:
+            return
+        import multiprocessing
+
+        os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+        time.sleep(self.wait_s)

@@ -46,9 +46,54 @@ class RunFailure(Exception):
         self.error, self.where, self.text_log = error, where, text_log
 
 
+class RunStopped(Exception):
+    """The run met a failure outside the user's code whose whole story is one line: a
+    DataLoader worker that died, a full disk met by a log writer. ``line``: the cause,
+    where the run was, and what was and was not saved; printed as it is, exit status 1."""
+
+    def __init__(self, error: BaseException, line: str) -> None:
+        super().__init__(line)
+        self.error, self.line = error, line
+
+
+#: OS errors of a disk that takes no more writes: the run cannot go on, whichever writer met it first.
+_DISK_ERRNOS = {"ENOSPC", "EDQUOT", "EROFS", "EIO"}
+
+
+def _stopped_line(trainer: Any, error: BaseException) -> str | None:
+    """The one line for ``error`` when it is a failure outside the user's code that
+    treadle can say in full (see :class:`RunStopped`), else None."""
+    import errno
+
+    from treadle.distributed import comm
+
+    if comm.peer_lost(error):  # another process of the job failed: the path of _peer_lost
+        return None
+    where = trainer.state.position()
+    if dead_loader_worker(error):
+        first = str(error).strip().splitlines()[0].rstrip(". ")
+        cause = (f"a DataLoader worker died {where} ({first}): killed from outside or by the out-of-memory killer? "
+                 "fewer num_workers, or less memory per worker")
+    elif isinstance(error, OSError) and errno.errorcode.get(error.errno or -1) in _DISK_ERRNOS:
+        name = f" writing {error.filename}" if error.filename else ""
+        cause = f"{error.strerror or error}{name} {where}"
+    else:
+        return None
+    return f"{cause}; {trainer.saved_note()}"
+
+
+def dead_loader_worker(error: BaseException) -> bool:
+    """Whether ``error`` is torch's report of a DataLoader worker process that died (from
+    the loader's next batch, or from its SIGCHLD handler wherever the main thread was)."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and text.startswith("DataLoader worker (pid") and (
+        "exited unexpectedly" in text or "killed by signal" in text)
+
+
 def _explained(trainer: Any, run: Callable[[], Any]) -> Any:
     """``run()`` (fit, validate or test); an exception with a treadle hint becomes a
-    :class:`RunFailure` that knows where the run was and where its full traceback is."""
+    :class:`RunFailure` that knows where the run was and where its full traceback is;
+    one that :func:`_stopped_line` can say in one line, a :class:`RunStopped`."""
     from treadle.hints import hint_of
     from treadle.logging.writers import TEXT_LOG_NAME
 
@@ -56,6 +101,9 @@ def _explained(trainer: Any, run: Callable[[], Any]) -> Any:
         return run()
     except Exception as e:
         if hint_of(e) is None:
+            line = _stopped_line(trainer, e)
+            if line is not None:
+                raise RunStopped(e, line) from e
             raise
         log = Path(trainer.work_dir) / TEXT_LOG_NAME if trainer.work_dir is not None else None
         raise RunFailure(e, trainer.state.position(), log if log is not None and log.is_file() else None) from e
@@ -498,6 +546,13 @@ def _guarded(args: argparse.Namespace) -> int:
         if comm.collective_timed_out(e.error):  # in backward: DDP's all-reduce waited timeout_s for a peer
             return _timed_out(args, e.error)  # type: ignore[arg-type]  # collective_timed_out: a RuntimeError
         return _fail_run(args, e)
+    except RunStopped as e:  # a dead loader worker, a full disk met by a log writer: one line, status 1
+        if _full_traceback(args):
+            traceback.print_exception(e.error)
+        line = f"treadle {args.command}: error: {e.line}"
+        print(line, file=sys.stderr)
+        _tell_peers(line)
+        return 1
     except CheckpointWriteError as e:  # disk full or another OS error at a save (sync or async): a run-time failure
         return _fail(args, e, status=1)
     except (ConfigError, UsageError, CheckpointError, WorkDirBusyError) as e:  # e.g. a resume that does not fit
@@ -557,4 +612,4 @@ def _timed_out(args: argparse.Namespace, err: RuntimeError) -> int:
     return 1
 
 
-__all__ = ["COMMANDS", "EPILOG", "FULL_TRACEBACK_ENV", "RunFailure", "UsageError", "main"]
+__all__ = ["COMMANDS", "EPILOG", "FULL_TRACEBACK_ENV", "RunFailure", "RunStopped", "UsageError", "dead_loader_worker", "main"]

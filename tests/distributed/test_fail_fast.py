@@ -268,3 +268,72 @@ def test_a_rank_that_ends_without_a_python_error_is_named_by_the_launcher(tmp_pa
     assert "its error is shown by it" not in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     assert _left(str(work)) == []
+
+
+# -- failures outside the user's code: one line with the cause and what was saved --------------
+def _one_process(config: Path, work: Path) -> list[str]:
+    return [sys.executable, "-m", "treadle", "train", str(config), "--work-dir", str(work)]
+
+
+def _fault_config(tmp_path: Path, hook: dict, log_writers: list[str] | None = None) -> Path:
+    path = _config(tmp_path, hooks=[hook])
+    cfg = yaml.safe_load(path.read_text())
+    cfg["train_dataloader"]["num_workers"] = 2
+    if log_writers is not None:
+        cfg["log_writers"] = log_writers
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_loader_worker_killed_from_outside_ends_the_run_in_one_line(tmp_path, nproc):
+    """SIGKILL to a DataLoader worker (the out-of-memory killer's way) after the 7th
+    iteration, while a hook runs: torch raises from its SIGCHLD handler there, outside the
+    step. One line says so, where, and that the checkpoint of iteration 5 is the last one;
+    no traceback (before: 55 lines)."""
+    work = tmp_path / "run"
+    config = _fault_config(tmp_path, {"type": "fail_fast_faults.KillWorker", "at": 7, "rank": nproc - 1})
+    proc, took = _run_merged((_one_process if nproc == 1 else _treadle)(config, work), tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 1 and took < BOUND_S, (took, out[-3000:])
+    assert "Traceback" not in out, out[-3000:]
+    said = [line for line in out.splitlines() if "a DataLoader worker died" in line]
+    assert len(said) == 1, out[-3000:]
+    assert said[0].startswith("treadle train: error: a DataLoader worker died in epoch 1, iteration 7 (DataLoader "
+                              "worker (pid "), said
+    assert "is killed by signal: Killed" in said[0], said
+    assert said[0].endswith(f"the last checkpoint, {work / 'checkpoints' / 'iter_00000005'}, is intact; nothing after "
+                            "it was saved"), said
+    if nproc == 2:
+        lines = [line for line in out.splitlines() if line.strip()]
+        assert "process of rank 1 failed with exit code 1 (its error is shown above)" in lines[-1], lines[-3:]
+        assert "stopped on rank 0: rank 1 failed first" in out, out[-3000:]
+    assert find_latest_checkpoint(work / "checkpoints").name == "iter_00000005"
+    assert _left(str(work)) == []
+
+
+@pytest.mark.parametrize("writer, file", [("treadle.logging.writers.JsonlWriter", "log.jsonl"),
+                                          ("treadle.logging.backends.CsvWriter", "log.csv"),
+                                          ("treadle.logging.backends.TensorBoardWriter", "events.out.tfevents.")])
+def test_a_full_disk_met_first_by_a_log_writer_is_one_line_saying_what_was_saved(tmp_path, writer, file):
+    """From iteration 7 on, one log writer's writes fail with ENOSPC; it meets the full
+    disk when the checkpoint of iteration 10 syncs the logs. One line names the cause and
+    the file, says the checkpoint of iteration 5 is the last one and intact; no traceback
+    and no "also failed" from the writers closing on the same full disk (before: 91 lines,
+    three chained tracebacks)."""
+    work = tmp_path / "run"
+    hook = {"type": "fail_fast_faults.FullDisk", "writer": writer, "at": 7, "checkpoint": False}
+    config = _fault_config(tmp_path, hook, log_writers=["jsonl", "csv", "tensorboard"])
+    proc, took = _run_merged(_one_process(config, work), tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 1 and took < BOUND_S, (took, out[-3000:])
+    assert "Traceback" not in out and "also failed" not in out, out[-3000:]
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert lines[-1].startswith(f"treadle train: error: No space left on device writing {work}/"), lines[-1]
+    assert file in lines[-1] and " in epoch 1, iteration 10; " in lines[-1], lines[-1]
+    assert lines[-1].endswith(f"the last checkpoint, {work / 'checkpoints' / 'iter_00000005'}, is intact; nothing "
+                              "after it was saved"), lines[-1]
+    latest = find_latest_checkpoint(work / "checkpoints")
+    assert latest.name == "iter_00000005"
+    torch.load(latest / "state.pt", weights_only=True)  # intact: it loads
+    assert _left(str(work)) == []
