@@ -342,3 +342,23 @@ def test_bad_stall_settings_are_refused_in_one_line(key, value):
     with pytest.raises(ValueError, match=f"{key}=.*expected a positive number of seconds, or None") as e:
         resolve_strategy({"type": "ddp", key: value})
     assert len(str(e.value).splitlines()) == 1
+
+
+class _Threads(treadle.Hook):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def after_train_iter(self, trainer, batch, outputs) -> None:
+        self.names |= {t.name for t in threading.enumerate()}
+
+
+def test_a_single_process_run_starts_no_watch(tmp_path):
+    from treadle.distributed import comm
+
+    seen = _Threads()
+    trainer = treadle.Trainer(TinyNet(), work_dir=tmp_path, train_dataloader=DataLoader(make_data(16), batch_size=4),
+                              loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), max_iters=3,
+                              progress=False, log_writers=[], hooks=[seen])
+    trainer.fit()
+    assert seen.names and "treadle-stall-watch" not in seen.names, seen.names
+    assert comm.stall_watch() is None
