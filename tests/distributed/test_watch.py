@@ -328,6 +328,9 @@ def test_the_launcher_blames_the_stuck_rank_then_one_with_its_own_error_then_a_s
     rank, failure = first_failure(killed)
     assert rank == 0 and failure_line(rank, failure).startswith(
         "process of rank 0 was killed by SIGKILL and printed no Python error")
+    preempted = {0: Failure(-15, None, 100), 1: Failure(143, None, 100)}  # rank 0: the agent's closing SIGTERM
+    rank, failure = first_failure(preempted)
+    assert rank == 1 and failure_line(rank, failure) == "process of rank 1 was preempted (exit code 143)"
     own = {0: Failure(1, "error", 101), 1: Failure(1, "stopped", 100)}
     assert first_failure(own)[0] == 0
     assert failure_line(0, own[0]) == "process of rank 0 failed with exit code 1 (its error is shown above)"

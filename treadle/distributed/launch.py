@@ -109,7 +109,15 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
     without a Python error, before one that only stopped because another had failed;
     the earliest of them (then the lowest rank)."""
     rank_of = {"stall": 0, "error": 1, "": 2, "stopped": 3}
-    return min(failures.items(), key=lambda kv: (rank_of.get(_kind(kv[1]), 2), kv[1].timestamp, kv[0]))
+
+    def order(item: tuple[int, Any]) -> tuple[int, float, int]:
+        rank, failure = item
+        kind = _kind(failure)
+        # Killed by SIGTERM with no word of its own: the agent's closing signal to a survivor.
+        victim = kind == "" and failure.exitcode == -signal.SIGTERM
+        return (4 if victim else rank_of.get(kind, 2), failure.timestamp, rank)
+
+    return min(failures.items(), key=order)
 
 
 def failure_line(rank: int, failure: Any) -> str:
@@ -122,6 +130,8 @@ def failure_line(rank: int, failure: Any) -> str:
         return f"process of rank {rank} was ended (exit code {code}): {message}"
     if kind in ("error", "stopped"):
         return f"process of rank {rank} failed with exit code {code} (its error is shown above)"
+    if code == 143:  # SIGTERM handled: a preemption, saved and stopped (treadle/engine/preemption.py)
+        return f"process of rank {rank} was preempted (exit code 143)"
     if code < 0:
         try:
             name = signal.Signals(-code).name
