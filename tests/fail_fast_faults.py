@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import time
 
 import torch
@@ -32,18 +33,36 @@ class Numbers(Dataset):
 
 
 class Net(nn.Module):
-    """Raises in its ``raise_at``-th training forward on rank ``raise_on`` (-1: never)."""
+    """Raises in its ``raise_at``-th training forward on rank ``raise_on`` (-1: never);
+    hangs in its ``hang_at``-th one on rank ``hang_on``: ``hang="sleep"`` sleeps forever,
+    ``"collective"`` enters a barrier of a group of every rank that the others never enter,
+    ``"exit"`` ends the process with ``os._exit(3)`` (no Python error). Writes the time of
+    the fault to ``<mark>.rank<r>`` when ``mark`` is given."""
 
-    def __init__(self, raise_on: int = -1, raise_at: int = 8) -> None:
+    def __init__(self, raise_on: int = -1, raise_at: int = 8, hang_on: int = -1, hang_at: int = 5,
+                 hang: str = "sleep", mark: str = "") -> None:
         super().__init__()
         self.fc = nn.Linear(6, 3)
         self.raise_on, self.raise_at, self.calls = raise_on, raise_at, 0
+        self.hang_on, self.hang_at, self.hang, self.mark = hang_on, hang_at, hang, mark
+        self.group = None
 
     def forward(self, x):
-        if self.training and _rank() == self.raise_on:
+        if self.hang == "collective" and self.group is None and self.training:  # every rank's first forward
+            self.group = torch.distributed.new_group(backend="gloo")
+        if self.training and _rank() in (self.raise_on, self.hang_on):
             self.calls += 1
-            if self.calls == self.raise_at:
+            if self.calls == self.raise_at and _rank() == self.raise_on:
                 raise ValueError(f"bad sample on rank {self.raise_on} (simulated)")
+            if self.calls == self.hang_at and _rank() == self.hang_on:
+                if self.mark:
+                    with open(f"{self.mark}.rank{_rank()}", "w") as f:
+                        f.write(str(time.time()))
+                if self.hang == "exit":
+                    os._exit(3)
+                if self.hang == "collective":
+                    torch.distributed.barrier(group=self.group)
+                time.sleep(10**9)
         return self.fc(x)
 
 
@@ -78,3 +97,44 @@ class FailSave(treadle.Hook):
                 def full(fd: int) -> None:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 os.fsync = full
+
+
+class FullDisk(treadle.Hook):
+    """From iteration ``at`` on (rank ``rank``), every write of the log writer class
+    ``writer`` (``treadle.logging.writers.JsonlWriter``, ``...backends.CsvWriter``,
+    ``...backends.TensorBoardWriter``) fails as on a full disk; ``checkpoint=True``: the
+    checkpointer's fsync fails too (a disk that stays full)."""
+
+    def __init__(self, writer: str, at: int = 7, rank: int = 0, checkpoint: bool = True) -> None:
+        self.writer, self.at, self.rank, self.checkpoint = writer, at, rank, checkpoint
+
+    def before_train_iter(self, trainer, batch) -> None:
+        if _rank() != self.rank or trainer.state.iter + 1 != self.at:
+            return
+        import importlib
+
+        module, name = self.writer.rsplit(".", 1)
+        cls = getattr(importlib.import_module(module), name)
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        cls._write_batch = full
+        if self.checkpoint:
+            os.fsync = full
+
+
+class KillWorker(treadle.Hook):
+    """After iteration ``at`` (rank ``rank``), a DataLoader worker of this process is
+    killed with SIGKILL, as the out-of-memory killer does, and the hook waits ``wait_s``
+    (so that torch's SIGCHLD handler raises here, outside the step)."""
+
+    def __init__(self, at: int = 7, rank: int = 0, wait_s: float = 3.0) -> None:
+        self.at, self.rank, self.wait_s = at, rank, wait_s
+
+    def after_train_iter(self, trainer, batch, outputs) -> None:
+        if _rank() != self.rank or trainer.state.iter + 1 != self.at:
+            return
+        import multiprocessing
+
+        os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+        time.sleep(self.wait_s)

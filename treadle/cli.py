@@ -46,9 +46,54 @@ class RunFailure(Exception):
         self.error, self.where, self.text_log = error, where, text_log
 
 
+class RunStopped(Exception):
+    """The run met a failure outside the user's code whose whole story is one line: a
+    DataLoader worker that died, a full disk met by a log writer. ``line``: the cause,
+    where the run was, and what was and was not saved; printed as it is, exit status 1."""
+
+    def __init__(self, error: BaseException, line: str) -> None:
+        super().__init__(line)
+        self.error, self.line = error, line
+
+
+#: OS errors of a disk that takes no more writes: the run cannot go on, whichever writer met it first.
+_DISK_ERRNOS = {"ENOSPC", "EDQUOT", "EROFS", "EIO"}
+
+
+def _stopped_line(trainer: Any, error: BaseException) -> str | None:
+    """The one line for ``error`` when it is a failure outside the user's code that
+    treadle can say in full (see :class:`RunStopped`), else None."""
+    import errno
+
+    from treadle.distributed import comm
+
+    if comm.peer_lost(error):  # another process of the job failed: the path of _peer_lost
+        return None
+    where = trainer.state.position()
+    if dead_loader_worker(error):
+        first = str(error).strip().splitlines()[0].rstrip(". ")
+        cause = (f"a DataLoader worker died {where} ({first}): killed from outside or by the out-of-memory killer? "
+                 "fewer num_workers, or less memory per worker")
+    elif isinstance(error, OSError) and errno.errorcode.get(error.errno or -1) in _DISK_ERRNOS:
+        name = f" writing {error.filename}" if error.filename else ""
+        cause = f"{error.strerror or error}{name} {where}"
+    else:
+        return None
+    return f"{cause}; {trainer.saved_note()}"
+
+
+def dead_loader_worker(error: BaseException) -> bool:
+    """Whether ``error`` is torch's report of a DataLoader worker process that died (from
+    the loader's next batch, or from its SIGCHLD handler wherever the main thread was)."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and text.startswith("DataLoader worker (pid") and (
+        "exited unexpectedly" in text or "killed by signal" in text)
+
+
 def _explained(trainer: Any, run: Callable[[], Any]) -> Any:
     """``run()`` (fit, validate or test); an exception with a treadle hint becomes a
-    :class:`RunFailure` that knows where the run was and where its full traceback is."""
+    :class:`RunFailure` that knows where the run was and where its full traceback is;
+    one that :func:`_stopped_line` can say in one line, a :class:`RunStopped`."""
     from treadle.hints import hint_of
     from treadle.logging.writers import TEXT_LOG_NAME
 
@@ -56,6 +101,9 @@ def _explained(trainer: Any, run: Callable[[], Any]) -> Any:
         return run()
     except Exception as e:
         if hint_of(e) is None:
+            line = _stopped_line(trainer, e)
+            if line is not None:
+                raise RunStopped(e, line) from e
             raise
         log = Path(trainer.work_dir) / TEXT_LOG_NAME if trainer.work_dir is not None else None
         raise RunFailure(e, trainer.state.position(), log if log is not None and log.is_file() else None) from e
@@ -398,8 +446,18 @@ def _fail(args: argparse.Namespace, err: Exception, status: int = 2) -> int:
     source = (err.source or getattr(args, "config", None)) if isinstance(err, ConfigError) else None
     where = f"{source}: " if source else ""
     kind = "config error" if isinstance(err, ConfigError) else "error"
-    print(f"treadle {args.command}: {kind}: {where}{err}", file=sys.stderr)
+    line = f"treadle {args.command}: {kind}: {where}{err}"
+    print(line, file=sys.stderr)
+    _tell_peers(line)
     return status
+
+
+def _tell_peers(line: str) -> None:
+    """This process failed with ``line``, which it printed: its peers (whose collectives
+    fail next) and the launcher learn that the error is this rank's and was shown."""
+    from treadle.distributed import comm
+
+    comm.note_failure(line)
 
 
 def _user_frame(error: BaseException) -> traceback.FrameSummary | None:
@@ -437,6 +495,7 @@ def _fail_run(args: argparse.Namespace, failure: RunFailure) -> int:
     where = f"in {failure.text_log}; " if failure.text_log is not None else ""
     lines.append(f"  full traceback: {where}--debug or {FULL_TRACEBACK_ENV}=1 prints it here")
     print("\n".join(lines), file=sys.stderr)
+    _tell_peers(lines[0])
     return 1
 
 
@@ -460,7 +519,14 @@ def _run_command(args: argparse.Namespace) -> int:
     process failed, so that it leaves without waiting for its peers (comm.mark_failed)."""
     from treadle.distributed import comm
 
-    status = _guarded(args)
+    try:
+        status = _guarded(args)
+    except Exception as e:  # uncaught: Python prints its traceback; the launcher learns it was printed
+        from treadle.distributed.watch import write_error_file
+
+        comm.mark_failed()
+        write_error_file(f"{type(e).__name__}: {e}", "error")
+        raise
     if status != 0:
         comm.mark_failed()
     return status
@@ -477,7 +543,16 @@ def _guarded(args: argparse.Namespace) -> int:
     except RunFailure as e:  # the user's model, loss or metric raised: the short form, status 1
         if comm.peer_lost(e.error):
             return _peer_lost(args, e.error)
+        if comm.collective_timed_out(e.error):  # in backward: DDP's all-reduce waited timeout_s for a peer
+            return _timed_out(args, e.error)  # type: ignore[arg-type]  # collective_timed_out: a RuntimeError
         return _fail_run(args, e)
+    except RunStopped as e:  # a dead loader worker, a full disk met by a log writer: one line, status 1
+        if _full_traceback(args):
+            traceback.print_exception(e.error)
+        line = f"treadle {args.command}: error: {e.line}"
+        print(line, file=sys.stderr)
+        _tell_peers(line)
+        return 1
     except CheckpointWriteError as e:  # disk full or another OS error at a save (sync or async): a run-time failure
         return _fail(args, e, status=1)
     except (ConfigError, UsageError, CheckpointError, WorkDirBusyError) as e:  # e.g. a resume that does not fit
@@ -497,19 +572,44 @@ def _guarded(args: argparse.Namespace) -> int:
     except RuntimeError as e:
         if comm.peer_lost(e):  # a collective found another process gone: its error is the job's
             return _peer_lost(args, e)
+        if comm.collective_timed_out(e):  # waited timeout_s for a peer: name it, if the stall watch saw it
+            return _timed_out(args, e)
         raise
 
 
 def _peer_lost(args: argparse.Namespace, err: BaseException) -> int:
-    """One line, status 1: this process stopped because another one of the job failed
-    (whose own message says why)."""
+    """One line, status 1: this process stopped because another one of the job failed:
+    which one and why, when the stall watch knows (an error it printed, a stall the watch
+    ended); else that it ended without an error of its own, which only the launcher's
+    line can name."""
     from treadle.distributed import comm
+    from treadle.distributed.watch import write_error_file
 
     if _full_traceback(args):
         traceback.print_exception(err)
-    print(f"treadle {args.command}: stopped on rank {comm.get_rank()}: another process of the job failed "
-          "(its error is shown by it)", file=sys.stderr)
+    why = comm.failure_elsewhere() or ("another process of the job ended without a Python error (killed, os._exit, "
+                                       "out of memory?); the launcher's last line names it")
+    line = f"treadle {args.command}: stopped on rank {comm.get_rank()}: {why}"
+    print(line, file=sys.stderr)
+    write_error_file(line, "stopped")
     return 1
 
 
-__all__ = ["COMMANDS", "EPILOG", "FULL_TRACEBACK_ENV", "RunFailure", "UsageError", "main"]
+def _timed_out(args: argparse.Namespace, err: RuntimeError) -> int:
+    """One line, status 1: this process's collective timed out waiting for another
+    process; the stuck rank is named (and ended first) when the stall watch saw it."""
+    from treadle.distributed import comm
+    from treadle.distributed.watch import write_error_file
+
+    if _full_traceback(args):
+        traceback.print_exception(err)
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    why = comm.end_stalled(first) or (f"a collective timed out waiting for another process ({first}); raise the "
+                                      "strategy's timeout_s if a phase of one rank takes that long")
+    line = f"treadle {args.command}: stopped on rank {comm.get_rank()}: {why}"
+    print(line, file=sys.stderr)
+    write_error_file(line, "stopped")
+    return 1
+
+
+__all__ = ["COMMANDS", "EPILOG", "FULL_TRACEBACK_ENV", "RunFailure", "RunStopped", "UsageError", "dead_loader_worker", "main"]

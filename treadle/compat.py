@@ -187,3 +187,16 @@ def unsafe_globals_in(path: str) -> list[str]:
     torch 2.6, the floor; a build without it lists none."""
     lister = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
     return list(lister(path)) if lister is not None else []
+
+
+# ----------------------------------------------------------------------------- stores
+
+
+def store_get_many(store: Any, keys: list[str]) -> list[bytes]:
+    """The values of ``keys`` in a ``torch.distributed`` Store, in one round trip where the
+    store has the extended API (``multi_get``: TCPStore and PrefixStore over it in every
+    supported release; a custom Store may lack it), else one ``get`` each."""
+    has = getattr(store, "has_extended_api", None)
+    if callable(has) and has():
+        return list(store.multi_get(keys))
+    return [store.get(k) for k in keys]

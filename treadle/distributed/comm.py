@@ -25,6 +25,7 @@ _control_group: Any = None  # gloo group for objects; None means the default gro
 _data_group: Any = None  # gloo group of this rank's data-parallel peers; None: every rank (see set_data_group)
 _destroy_world: Callable[[], Any] | None = None  # see destroy_world_with
 _failed = False  # see mark_failed
+_watch: Any = None  # the stall watch (treadle/distributed/watch.py), see start_watch
 
 
 def is_distributed() -> bool:
@@ -167,6 +168,77 @@ def any_rank(*flags: bool) -> list[bool]:
     return [bool(v) for v in t.tolist()]
 
 
+def start_watch(*, warn_s: float | None, timeout_s: float | None, group_timeout_s: float | None) -> None:
+    """Start this process's stall watch (treadle/distributed/watch.py). Its records go to
+    the store the process group was set up through (``MASTER_ADDR:MASTER_PORT``: under
+    torchrun its agent's, which outlives any rank; else rank 0's), over a connection of
+    the watch's own, under a prefix of this job attempt's (rank 0 draws it; one broadcast:
+    collective, every rank calls it once the group is up). Nothing in one process, or
+    with nothing to watch for (``warn_s`` and ``timeout_s`` None)."""
+    global _watch
+    stop_watch()
+    if not is_distributed() or (warn_s is None and timeout_s is None):
+        return
+    import secrets
+
+    from treadle.distributed.env import restart_count
+    from treadle.distributed.watch import StallWatch
+
+    token = broadcast_object(secrets.token_hex(4) if get_rank() == 0 else None)
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                           timeout=datetime.timedelta(seconds=30))
+    store = dist.PrefixStore(f"treadle-watch/{restart_count()}/{token}/", client)
+    _watch = StallWatch(store, get_rank(), get_world_size(), warn_s=warn_s, timeout_s=timeout_s,
+                        group_timeout_s=group_timeout_s)
+    _watch.start()
+
+
+def stall_watch() -> Any:
+    """This process's stall watch (a ``StallWatch``), or None."""
+    return _watch
+
+
+def stop_watch() -> None:
+    """Stop the stall watch, if one runs (:func:`shutdown` does)."""
+    global _watch
+    watch, _watch = _watch, None
+    if watch is not None:
+        watch.stop()
+
+
+def note_failure(line: str) -> None:
+    """This process is failing with an error of its own, whose ``line`` it printed: the
+    other ranks, whose collectives then fail, say so; the launcher learns it (the error
+    file of TorchElastic's agent, treadle/distributed/watch.py)."""
+    from treadle.distributed.watch import write_error_file
+
+    write_error_file(line, "error")
+    if _watch is not None:
+        _watch.note_failure(line)
+
+
+def failure_elsewhere() -> str | None:
+    """Why another process of the job made this one's collective fail, when the stall
+    watch knows: the stall that ended the job, or the rank that failed first with an
+    error of its own; None when it does not know (no watch, or a process that died
+    without a Python error: killed, ``os._exit``, out of memory)."""
+    return _watch.elsewhere() if _watch is not None else None
+
+
+def collective_timed_out(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that timed out waiting for another process
+    (gloo's "Timed out waiting ...", NCCL's watchdog)."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("Timed out waiting" in text or "collective operation timeout" in text
+                                                or ("timed out" in text.lower() and "collective" in text.lower()))
+
+
+def end_stalled(reason: str) -> str | None:
+    """This process's collective timed out (``reason``): when the stall watch saw ranks
+    stuck, they are ended first (so that the launcher blames them); the line naming them."""
+    return _watch.end_stalled(reason) if _watch is not None else None
+
+
 def mark_failed() -> None:
     """This process is ending on an error (the command line caught it and prints it):
     no collective at exit. Its peers may be gone or stuck in the collective it left, so
@@ -202,7 +274,9 @@ def peer_lost(error: BaseException) -> bool:
 def _shutdown_at_exit() -> None:
     """At a clean exit, wait for every rank (so that none closes its connections while
     a peer still uses them), then free the group. After an error (uncaught, or caught
-    and marked by :func:`mark_failed`), do nothing: see there."""
+    and marked by :func:`mark_failed`), only stop the stall watch: see there."""
+    if _watch is not None and (_failed or getattr(sys, "last_value", None) is not None):
+        stop_watch()
     if _failed or getattr(sys, "last_value", None) is not None or not dist.is_initialized():
         return
     try:
@@ -226,6 +300,7 @@ def shutdown() -> None:
     """Destroy the process group (and the object group) if one is initialised, and
     free it now, while the interpreter is whole."""
     global _control_group, _data_group, _destroy_world
+    stop_watch()  # before the group goes: its thread reads the ranks' records
     destroy, _destroy_world = _destroy_world or dist.destroy_process_group, None
     _data_group = None
     if not (dist.is_available() and dist.is_initialized()):

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from treadle.logging.writers import get_logger
 
@@ -86,14 +86,61 @@ def launch_local(nproc: int, args: Sequence[str], *, max_restarts: int = 0, moni
         # for them (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s by default, before a SIGKILL).
         return 128 + int(e.sigval)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
+        rank, failure = first_failure(e.failures)
         codes = {f.exitcode for f in e.failures.values()}
-        get_logger().error(f"process of rank {rank} failed with exit code {failure.exitcode}; "
-                           f"the other processes were stopped")
+        get_logger().error(f"{failure_line(rank, failure)}; the other processes were stopped")
         if codes == {143} or failure.exitcode == 143:  # preempted: keep the code for requeueing
             return 143
         return failure.exitcode if failure.exitcode > 0 else 1
     return 0
+
+
+def _kind(failure: Any) -> str:
+    """What a failed process's error file says it was (treadle/distributed/watch.py
+    ERROR_KINDS), or "" when it wrote none (it died without a Python error)."""
+    data = getattr(failure, "error_file_data", None)
+    kind = data.get("treadle") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else ""
+
+
+def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
+    """The process that failed the job, among those the agent saw fail: one ended by
+    the stall watch, else one that failed with an error of its own, else one that died
+    without a Python error, before one that only stopped because another had failed;
+    the earliest of them (then the lowest rank)."""
+    rank_of = {"stall": 0, "error": 1, "": 2, "stopped": 3}
+
+    def order(item: tuple[int, Any]) -> tuple[int, float, int]:
+        rank, failure = item
+        kind = _kind(failure)
+        # Killed by SIGTERM with no word of its own: the agent's closing signal to a survivor.
+        victim = kind == "" and failure.exitcode == -signal.SIGTERM
+        return (4 if victim else rank_of.get(kind, 2), failure.timestamp, rank)
+
+    return min(failures.items(), key=order)
+
+
+def failure_line(rank: int, failure: Any) -> str:
+    """The launcher's line for the process that failed the job: its own line when the
+    stall watch ended it; that its error is above when it printed one; else how it ended
+    (an exit status or a signal) and that it printed no Python error."""
+    kind, code = _kind(failure), failure.exitcode
+    if kind == "stall":
+        message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
+        return f"process of rank {rank} was ended (exit code {code}): {message}"
+    if kind in ("error", "stopped"):
+        return f"process of rank {rank} failed with exit code {code} (its error is shown above)"
+    if code == 143:  # SIGTERM handled: a preemption, saved and stopped (treadle/engine/preemption.py)
+        return f"process of rank {rank} was preempted (exit code 143)"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return (f"process of rank {rank} was killed by {name} and printed no Python error (killed from outside, or "
+                "by the out-of-memory killer?)")
+    return (f"process of rank {rank} exited with status {code} and printed no Python error (os._exit, or a crash in "
+            "native code?)")
 
 
 @contextmanager

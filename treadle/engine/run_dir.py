@@ -225,6 +225,21 @@ class RunDir:
 
         self._by_rank0(check)
 
+    def saved_note(self) -> str:
+        """What a failure leaves saved, as a failure's line says it (this process reads,
+        nothing collective): ``the last checkpoint, <path>, is intact; nothing after it was
+        saved``, or that there is none. A listed checkpoint is complete: each is written
+        aside and renamed into place whole."""
+        from treadle.checkpoint.directory import list_checkpoints
+
+        try:
+            saved = list_checkpoints(self.path / CHECKPOINTS, order="created")
+        except OSError:
+            saved = []
+        if not saved:
+            return f"no checkpoint was saved in {self.path}"
+        return f"the last checkpoint, {saved[-1]}, is intact; nothing after it was saved"
+
     def checkpoint_path(self, name: str, run: str) -> Path:
         """``work_dir/checkpoints/<name>``, or the ``-v1``, ``-v2``... beside it when the
         name holds something run ``run`` did not save (see ``claim_checkpoint_path``)."""

@@ -293,9 +293,14 @@ class HookDispatcher:
                     raised = e
                     continue
                 what = f"{type(getattr(fn, '__self__', None)).__name__}.{point} also failed: {type(e).__name__}: {e}"
-                from treadle.logging.writers import get_logger
+                from treadle.logging.writers import CONSOLE_ONLY, FILE_ONLY, get_logger
 
-                get_logger().error(f"{what} (raising the earlier {type(raised).__name__})", exc_info=e)
+                # Its traceback goes to the text log; the console gets one line, or none when it
+                # is the same OS error as the run's (a full disk met again while closing the logs).
+                line = f"{what} (raising the earlier {type(raised).__name__})"
+                get_logger().error(line, exc_info=e, extra=FILE_ONLY)
+                if not (isinstance(e, OSError) and isinstance(raised, OSError) and e.errno == raised.errno):
+                    get_logger().error(line, extra=CONSOLE_ONLY)
                 raised.add_note(what)
         if raised is not None and raised is not error:
             raise raised

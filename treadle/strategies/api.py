@@ -222,7 +222,19 @@ class StrategyAPI:
             self.param_schedulers = per_name if isinstance(self.optim_wrapper, dict) else per_name["default"]
             items.append(self.param_schedulers)
         self._prepared = True
+        self._watch_steps()
         return items[0] if len(items) == 1 else tuple(items)
+
+    def _watch_steps(self) -> None:
+        """A hand-written loop's progress, for the stall watch (treadle/distributed/watch.py):
+        its optimizer steps, read from the watcher thread (the Trainer follows its own
+        counters instead)."""
+        watch = comm.stall_watch()
+        if watch is None:
+            return
+        wrappers = list(self.optim_wrappers.values())
+        watch.follow(lambda: (None, "train", tuple(ow.step_count for ow in wrappers)))
+        watch.set_active(True)
 
     def prepare_dataloader(self, loader: Any, *, train: bool = True, seed_per_sample: bool | str = True) -> Any:
         """``loader`` (a DataLoader or a config dict) for this process: sharded across

@@ -265,12 +265,41 @@ class Strategy(StrategyAPI):
         return lambda batch: move_to(batch, device, non_blocking)
 
 
+#: Seconds a rank may make no progress, while the others wait for it, before the stall
+#: watch names it with its stack (treadle/distributed/watch.py): long enough that a
+#: normal step never reaches it, short enough to be seen the same hour.
+STALL_WARN_S = 300.0
+
+
+def check_seconds(name: str, value: Any, none: str) -> float | None:
+    """``value`` as a positive number of seconds, or None (``none``: what None means)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value != value \
+            or value == float("inf"):
+        raise ValueError(f"{name}={value!r}; expected a positive number of seconds, or None ({none})")
+    return float(value)
+
+
 class ProcessGroupStrategy(Strategy):
     """Base of the multi-process strategies: the process group from the launcher's
-    environment (treadle/distributed), and the options they share."""
+    environment (treadle/distributed), and the options they share.
+
+    ``timeout_s``: the process group's timeout (a collective waits that long for a peer).
+    ``stall_warn_s`` and ``stall_timeout_s``: the stall watch (treadle/distributed/watch.py,
+    docs/distributed.md "No hangs"): when a rank has made no progress for ``stall_warn_s``
+    seconds while the others wait for it, one warning names it, its phase and iteration,
+    with its Python stack; after ``stall_timeout_s`` seconds the job is ended (exit status
+    1), naming it. ``stall_timeout_s=None`` (default): ended a few seconds before
+    ``timeout_s``, which would end it then anyway, blaming a rank that waits; so a long
+    compile, save or validation is only warned about. Both None: no watch."""
 
     def __init__(self, backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
-                 sync_bn: bool = False) -> None:
+                 sync_bn: bool = False, stall_warn_s: float | None = STALL_WARN_S,
+                 stall_timeout_s: float | None = None) -> None:
+        self.stall_warn_s = check_seconds("stall_warn_s", stall_warn_s, "no warning")
+        self.stall_timeout_s = check_seconds("stall_timeout_s", stall_timeout_s,
+                                             "ended just before the process group's timeout_s")
         if backend not in (None, "gloo", "nccl"):
             raise ValueError(f"backend={backend!r}; expected None (nccl on CUDA, gloo on CPU), 'gloo' or 'nccl'")
         if not isinstance(sync_bn, bool):
@@ -290,6 +319,9 @@ class ProcessGroupStrategy(Strategy):
         self.device = comm.init_distributed(env, backend=self.backend, timeout_s=self.timeout_s)
         self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
         self.local_rank = env.local_rank
+        watching = self.stall_warn_s is not None or self.stall_timeout_s is not None
+        comm.start_watch(warn_s=self.stall_warn_s, timeout_s=self.stall_timeout_s,
+                         group_timeout_s=self.timeout_s if watching else None)
 
     def convert_batchnorm(self, model: nn.Module) -> nn.Module:
         """With ``sync_bn``: every BatchNorm layer of ``model`` made a SyncBatchNorm over

@@ -1,7 +1,8 @@
 """DDPStrategy: one model replica per process, gradients all-reduced by DDP.
 
     strategy = DDPStrategy(find_unused_parameters=False, static_graph=False,
-                           gradient_as_bucket_view=True, sync_buffers=True, timeout_s=1800, sync_bn=False)
+                           gradient_as_bucket_view=True, sync_buffers=True, timeout_s=1800, sync_bn=False,
+                           stall_warn_s=300, stall_timeout_s=None)
 
 ``setup()`` initialises the process group from the launcher's environment (torchrun,
 SLURM, MPI; see treadle/distributed/env.py): gloo on CPU, nccl on CUDA with one GPU per
@@ -11,6 +12,7 @@ backward), so gradients cross the network once per window. Checkpoints hold the
 unwrapped module's state dict, written once by rank 0. ``sync_bn=True`` makes every
 BatchNorm layer a SyncBatchNorm over all processes before wrapping
 (treadle/strategies/sync_batchnorm.py; on the CPU too); one process keeps BatchNorm.
+``stall_warn_s``/``stall_timeout_s``: the stall watch (see ProcessGroupStrategy).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from treadle.compat import ddp_buffer_kwargs
-from treadle.strategies.base import ProcessGroupStrategy, move_model
+from treadle.strategies.base import STALL_WARN_S, ProcessGroupStrategy, move_model
 
 
 class DDPStrategy(ProcessGroupStrategy):
@@ -32,8 +34,10 @@ class DDPStrategy(ProcessGroupStrategy):
     def __init__(self, find_unused_parameters: bool = False, static_graph: bool = False,
                  gradient_as_bucket_view: bool = True, sync_buffers: bool = True,
                  backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
-                 sync_bn: bool = False) -> None:
-        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn)
+                 sync_bn: bool = False, stall_warn_s: float | None = STALL_WARN_S,
+                 stall_timeout_s: float | None = None) -> None:
+        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn,
+                         stall_warn_s=stall_warn_s, stall_timeout_s=stall_timeout_s)
         self.find_unused_parameters = find_unused_parameters
         self.static_graph = static_graph
         self.gradient_as_bucket_view = gradient_as_bucket_view

@@ -36,7 +36,7 @@ from torch import nn
 from treadle.checkpoint.io import CheckpointError
 from treadle.logging.writers import get_logger
 from treadle.strategies.api import DEFAULT_REVISE_KEYS
-from treadle.strategies.base import ProcessGroupStrategy, move_model, move_to
+from treadle.strategies.base import STALL_WARN_S, ProcessGroupStrategy, move_model, move_to
 from treadle.strategies.deepspeed_config import build_config, check_options
 
 
@@ -52,7 +52,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         offload_optimizer: optimizer state and step on the CPU (stages 1-3); None: as
             ``config`` says (off when it says nothing).
         offload_param: parameters on the CPU (stage 3).
-        backend, timeout_s, shard_data: as for DDPStrategy.
+        backend, timeout_s, shard_data, stall_warn_s, stall_timeout_s: as for DDPStrategy.
     """
 
     name = "deepspeed"
@@ -61,13 +61,15 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
 
     def __init__(self, zero_stage: int = 2, config: dict[str, Any] | None = None,
                  offload_optimizer: bool | None = None, offload_param: bool | None = None,
-                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True) -> None:
+                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
+                 stall_warn_s: float | None = STALL_WARN_S, stall_timeout_s: float | None = None) -> None:
         import importlib.util
 
         if importlib.util.find_spec("deepspeed") is None:  # said now, not after the processes started
             raise ModuleNotFoundError("strategy='deepspeed' needs the deepspeed package: pip install "
                                       "'treadle[deepspeed]' (DS_BUILD_OPS=0: no op is compiled)")
-        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data)
+        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, stall_warn_s=stall_warn_s,
+                         stall_timeout_s=stall_timeout_s)
         self.user_config = check_options(zero_stage, config, offload_optimizer, offload_param)
         self.zero_stage = zero_stage
         self.offload_optimizer, self.offload_param = offload_optimizer, offload_param

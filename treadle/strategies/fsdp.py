@@ -53,7 +53,7 @@ from treadle.checkpoint.manifest import STATE_FILE
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 from treadle.compat import fsdp_cpu_problem, mesh_reshard_problem
-from treadle.strategies.base import ProcessGroupStrategy, move_model
+from treadle.strategies.base import STALL_WARN_S, ProcessGroupStrategy, move_model
 from treadle.strategies.mesh import DeviceMesh, MeshShape, new_dp_groups
 from treadle.strategies.tensor_parallel import Plan, check_plan_type
 
@@ -124,7 +124,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         reshard_after_forward: free gathered parameters after forward (less memory,
             one more all-gather in backward).
         cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU.
-        backend, timeout_s, shard_data: as for DDPStrategy.
+        backend, timeout_s, shard_data, stall_warn_s, stall_timeout_s: as for DDPStrategy.
         sync_bn: BatchNorm statistics over all data-parallel processes (each BatchNorm layer
             made a SyncBatchNorm before sharding, treadle/strategies/sync_batchnorm.py).
         dp_replicate: replicas of the sharded model (HSDP when > 1); -1: what
@@ -147,8 +147,10 @@ class FSDPStrategy(ProcessGroupStrategy):
                  reshard_after_forward: bool = True, cpu_offload: bool = False,
                  backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
                  sync_bn: bool = False, *, dp_replicate: int = 1, dp_shard: int | str = -1, tp: int = 1,
-                 tp_plan: Plan = None) -> None:
-        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn)
+                 tp_plan: Plan = None, stall_warn_s: float | None = STALL_WARN_S,
+                 stall_timeout_s: float | None = None) -> None:
+        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn,
+                         stall_warn_s=stall_warn_s, stall_timeout_s=stall_timeout_s)
         self._wrap_pred, self._wrap_items = _wrap_predicate(wrap)
         self.mp_policy = mixed_precision_policy(mixed_precision)  # validated now: errors before any process starts
         self.mixed_precision = mixed_precision
