@@ -280,3 +280,26 @@ def assert_state_equal(a: Any, b: Any, path: str = "") -> None:
             assert_state_equal(x, y, f"{path}/{i}")
     else:
         assert a == b, path
+
+
+def load_module_file(name: str, path: Any, stubs: dict[str, Any]) -> Any:
+    """The module at ``path`` (one file of an installed package), executed as ``name`` while
+    ``stubs`` stand in for the modules it imports (``{module name: module}``); ``sys.modules``
+    is left as it was. For OpenMMLab's classes, whose packages' ``__init__`` needs mmcv's
+    compiled ops that the one file does not."""
+    import importlib.util
+    import sys
+
+    saved = {k: sys.modules.get(k) for k in stubs}
+    sys.modules.update(stubs)
+    try:
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    return module

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import sys
 import types
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 import treadle
-from support import ON_CPU, SizedData, TinyNet, make_sized_data
+from support import ON_CPU, SizedData, TinyNet, load_module_file, make_sized_data
 from treadle.config.build import build_dataloader
 from treadle.config.errors import ConfigError
 from treadle.config.mmengine import translate
@@ -79,18 +78,7 @@ def _mmdet_class():
              "mmdet.datasets.samplers.track_img_sampler": types.ModuleType("track_img_sampler")}
     stubs["mmdet.registry"].DATA_SAMPLERS = registry  # type: ignore[attr-defined]
     stubs["mmdet.datasets.samplers.track_img_sampler"].TrackImgSampler = type("TrackImgSampler", (), {})  # type: ignore[attr-defined]
-    saved = {k: sys.modules.get(k) for k in stubs}
-    sys.modules.update(stubs)
-    try:
-        module_spec = importlib.util.spec_from_file_location("mmdet_batch_sampler", path)
-        module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
-        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
+    module = load_module_file("mmdet_batch_sampler", path, stubs)
     return module.AspectRatioBatchSampler
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import shutil
-import sys
 import types
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import treadle
-from support import ON_CPU, make_data
+from support import ON_CPU, load_module_file, make_data
 from treadle.config.mmengine import translate
 from treadle.hooks.precise_bn import PreciseBNHook
 
@@ -176,15 +175,7 @@ def _mmpretrain_update_bn_stats():
     path = Path(next(iter(spec.submodule_search_locations))) / "engine" / "hooks" / "precise_bn_hook.py"
     stubs = {"mmpretrain": types.ModuleType("mmpretrain"), "mmpretrain.registry": types.ModuleType("mmpretrain.registry")}
     stubs["mmpretrain.registry"].HOOKS = registry.Registry("stub hooks")  # type: ignore[attr-defined]
-    saved = {k: sys.modules.get(k) for k in stubs}
-    sys.modules.update(stubs)
-    try:
-        module_spec = importlib.util.spec_from_file_location("mmpretrain_precise_bn_hook", path)
-        module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
-        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
-    finally:
-        for k, v in saved.items():
-            sys.modules.pop(k, None) if v is None else sys.modules.__setitem__(k, v)
+    module = load_module_file("mmpretrain_precise_bn_hook", path, stubs)
     return module.update_bn_stats
 
 

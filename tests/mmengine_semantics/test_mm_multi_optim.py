@@ -12,7 +12,6 @@ mmengine or mmagic is absent; the translation itself is checked without them."""
 from __future__ import annotations
 
 import importlib.util
-import sys
 import types
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import treadle
-from support import ON_CPU
+from support import ON_CPU, load_module_file
 from treadle.config.errors import ConfigError
 from treadle.config.mmengine import translate
 
@@ -110,15 +109,7 @@ def _mmagic_constructor():
     stubs = {"mmagic": types.ModuleType("mmagic"), "mmagic.registry": types.ModuleType("mmagic.registry")}
     for name in ("OPTIM_WRAPPER_CONSTRUCTORS", "OPTIM_WRAPPERS", "OPTIMIZERS"):
         setattr(stubs["mmagic.registry"], name, getattr(registry, name))
-    saved = {k: sys.modules.get(k) for k in stubs}
-    sys.modules.update(stubs)
-    try:
-        module_spec = importlib.util.spec_from_file_location("mmagic_multi_optimizer_constructor", path)
-        module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
-        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
-    finally:
-        for k, v in saved.items():
-            sys.modules.pop(k, None) if v is None else sys.modules.__setitem__(k, v)
+    module = load_module_file("mmagic_multi_optimizer_constructor", path, stubs)
     return module.MultiOptimWrapperConstructor
 
 
