@@ -166,25 +166,33 @@ def test_torchdata_stateful_dataloader_resumes_from_its_state(tmp_path, workers)
     check_resume(tmp_path, loader, at=3 if workers else 4)
 
 
+def _hf_loader(datasets, read, buffer_size=None):
+    """A DataLoader over a Hugging Face IterableDataset of 3 generator shards of 10 items
+    (counting each item read in ``read``), optionally through a shuffle buffer."""
+    data = make_data(N)
+
+    def items(shards):
+        for s in shards:
+            for i in range(s * 10, s * 10 + 10):
+                with read.get_lock():
+                    read.value += 1
+                yield {"i": i}
+
+    def collate(rows):
+        idx = torch.tensor([r["i"] for r in rows])
+        return data.tensors[0][idx], data.tensors[1][idx]
+
+    ds = datasets.IterableDataset.from_generator(items, gen_kwargs={"shards": [0, 1, 2]})
+    if buffer_size is not None:
+        ds = ds.shuffle(seed=3, buffer_size=buffer_size)
+    return DataLoader(ds, batch_size=BATCH, collate_fn=collate)
+
+
 def test_hugging_face_iterable_dataset_resumes_from_its_state(tmp_path):
     datasets = pytest.importorskip("datasets")
 
     def make(read):
-        data = make_data(N)
-
-        def items(shards):
-            for s in shards:
-                for i in range(s * 10, s * 10 + 10):
-                    with read.get_lock():
-                        read.value += 1
-                    yield {"i": i}
-
-        def collate(rows):
-            idx = torch.tensor([r["i"] for r in rows])
-            return data.tensors[0][idx], data.tensors[1][idx]
-
-        ds = datasets.IterableDataset.from_generator(items, gen_kwargs={"shards": [0, 1, 2]})
-        return DataLoader(ds, batch_size=BATCH, collate_fn=collate)
+        return _hf_loader(datasets, read)
     assert stream_owner(make(Count())) is not None
     # Its state names the shard and the example in it; a generator's shard is run again up
     # to that example (Hugging Face's own skip): the 5 samples of shard 1 taken, not the 15.
@@ -195,21 +203,7 @@ def test_hugging_face_shuffle_buffer_is_read_again_as_its_state_loses_the_buffer
     datasets = pytest.importorskip("datasets")
 
     def make(read):
-        data = make_data(N)
-
-        def items(shards):
-            for s in shards:
-                for i in range(s * 10, s * 10 + 10):
-                    with read.get_lock():
-                        read.value += 1
-                    yield {"i": i}
-
-        def collate(rows):
-            idx = torch.tensor([r["i"] for r in rows])
-            return data.tensors[0][idx], data.tensors[1][idx]
-
-        ds = datasets.IterableDataset.from_generator(items, gen_kwargs={"shards": [0, 1, 2]})
-        return DataLoader(ds.shuffle(seed=3, buffer_size=8), batch_size=BATCH, collate_fn=collate)
+        return _hf_loader(datasets, read, buffer_size=8)
     assert stream_owner(make(Count())) is None
     check_resume(tmp_path, make, at=4, rereads=True, counter=Count)
 
