@@ -365,3 +365,24 @@ def test_a_single_process_run_starts_no_watch(tmp_path):
     trainer.fit()
     assert seen.names and "treadle-stall-watch" not in seen.names, seen.names
     assert comm.stall_watch() is None
+
+
+def test_the_error_file_is_whole_json_or_absent_never_truncated(tmp_path, monkeypatch):
+    """The agent reads the error file after the process ends; a process ended while writing it
+    must not leave a truncated file (the agent then fails with a JSON traceback): it is
+    written aside and renamed, so a failed write leaves the earlier file as it was."""
+    import json
+
+    from treadle.distributed import watch
+
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    watch.write_error_file("rank 1 made no progress", "stall", started=5.0)
+    first = json.loads(path.read_text())
+    assert first["treadle"] == "stall" and first["message"]["extraInfo"]["timestamp"] == "5"
+
+    def dies(*a, **k):  # the process ended between the write and the rename
+        raise OSError("killed mid-write")
+    monkeypatch.setattr(watch.os, "replace", dies)
+    watch.write_error_file("another line", "stopped")
+    assert json.loads(path.read_text()) == first

@@ -549,9 +549,15 @@ def write_error_file(line: str, kind: str = "error", started: float | None = Non
         line = "this process printed its error above (treadle's line)"
     try:
         stamp = str(int(started if started is not None else time.time()))
-        with open(path, "w") as f:  # torchrun shows py_callstack as the failure's "traceback": the line
-            json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": stamp}},
-                       "treadle": kind}, f)
+        # torchrun shows py_callstack as the failure's "traceback": the line. Written aside and
+        # renamed: the process may be ended mid-write (the stall watch's end, the agent's SIGKILL),
+        # and the agent fails on a truncated file with a JSON traceback instead of the line.
+        data = json.dumps({"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": stamp}},
+                           "treadle": kind})
+        aside = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(aside, "w") as f:
+            f.write(data)
+        os.replace(aside, path)
     except OSError:
         pass
 
