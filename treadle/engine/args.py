@@ -27,6 +27,7 @@ from treadle.hooks.logger import LoggerHook
 from treadle.hooks.nan_guard import NaNGuardHook
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.timer import IterTimerHook
+from treadle.optim.builder import check_optimizer_args
 from treadle.engine.loops import Workflow, check_workflow
 from treadle.logging.writers import get_logger
 from treadle.optim.wrapper import check_clip_grad, check_precision
@@ -247,6 +248,9 @@ def build_args(given: TrainerArgs) -> Args:
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable (outputs, targets) -> loss, got {type(loss_fn).__name__}")
     workflow = check_workflow(v.workflow, v.val_dataloader is not None) if v.workflow is not None else None
+    if isinstance(v.work_dir, str) and not v.work_dir.strip():
+        raise ValueError(f"work_dir={v.work_dir!r}; expected a directory path for the run's logs and checkpoints "
+                         "(None: log to the console only)")
     if v.work_dir is not None and Path(v.work_dir).exists() and not Path(v.work_dir).is_dir():
         raise ValueError(f"work_dir={str(v.work_dir)!r} is a file; expected a directory for the run's logs and "
                          "checkpoints, or a path where one can be made")
@@ -308,9 +312,13 @@ def trainer_optim_wrapper(optimizer: Any, precision: str, accumulate: int, clip_
         for name, cfg in optimizer.items():
             if safe:
                 check_optimizer_type(cfg, f"optimizer.{name}")
+            if isinstance(cfg, Mapping):
+                check_optimizer_args({k: a for k, a in cfg.items() if k != "type"}, f"optimizer.{name}")
         return {str(name): {"optimizer": cfg, **extra} for name, cfg in optimizer.items()}
     if safe:
         check_optimizer_type(optimizer, "optimizer")
+    if isinstance(optimizer, Mapping):
+        check_optimizer_args({k: a for k, a in optimizer.items() if k != "type"}, "optimizer")
     return {"optimizer": optimizer, **extra}
 
 
