@@ -98,12 +98,13 @@ def _scan(directory: Path, order: str) -> list[_Found]:
 
 
 def find_latest_checkpoint(directory: str | os.PathLike[str], verify: bool = True,
-                           order: str = "iter") -> Path | None:
+                           order: str = "iter", exclude: Iterable[Path] = ()) -> Path | None:
     """Newest valid checkpoint in ``directory`` (``order`` as in :func:`list_checkpoints`), or None.
 
     Corrupt or partial checkpoints are skipped with a :class:`CheckpointWarning`
     (also logged on the ``treadle`` logger) naming the offending file. With
     ``verify=False`` only the manifest is checked, not the payload hashes.
+    ``exclude``: checkpoints not to consider (ones already found unloadable).
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -112,7 +113,10 @@ def find_latest_checkpoint(directory: str | os.PathLike[str], verify: bool = Tru
         if (not p.name.startswith(".") and p.is_dir() and not (p / MANIFEST_NAME).exists()
                 and any(p.glob("*.pt"))):
             _warn(f"ignoring incomplete checkpoint {p}: {p / MANIFEST_NAME} is missing")
+    excluded = {Path(p) for p in exclude}
     for ckpt in reversed(list_checkpoints(directory, order)):
+        if ckpt in excluded:
+            continue
         try:
             verify_checkpoint(ckpt) if verify else read_manifest(ckpt)
         except (CheckpointError, OSError) as e:
