@@ -32,7 +32,8 @@ def latest_to_resume(ckpt_dir: Path, is_main: bool, exclude: Iterable[Path] = ()
     path, invalid = None, 0
     if is_main and ckpt_dir.is_dir():
         cleanup_stale_tmp(ckpt_dir)
-        path = find_latest_checkpoint(ckpt_dir, order="created", exclude=exclude)
+        path = find_latest_checkpoint(ckpt_dir, order="created", exclude=exclude,
+                                      warn=get_logger().warning)  # printed once, by the log
         invalid = 0 if path is not None or exclude else len(list_checkpoints(ckpt_dir))
     path, invalid = comm.broadcast_object((path, invalid))
     if invalid:
@@ -120,7 +121,7 @@ def _checkpoint_in(path: Path, what: str) -> tuple[str, str, str | None]:
     if ckpt_dir == path and any(f.suffix in (".pt", ".distcp") for f in path.iterdir()):
         return "path", str(path), None  # a checkpoint's payloads without a manifest: loading it says so
     cleanup_stale_tmp(ckpt_dir)
-    latest = find_latest_checkpoint(ckpt_dir, order="created")
+    latest = find_latest_checkpoint(ckpt_dir, order="created", warn=get_logger().warning)
     if latest is not None:
         kind = "run directory" if ckpt_dir != path else "directory of checkpoints"
         return "path", str(latest), f"{named} is a {kind}: using its latest verified checkpoint {latest}"
