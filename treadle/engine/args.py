@@ -225,6 +225,12 @@ def build_args(given: TrainerArgs) -> Args:
     metrics = v.metrics
     if isinstance(metrics, Mapping):
         metrics = {name: from_spec(m, "metric", f"metrics.{name}", safe=safe) for name, m in metrics.items()}
+    if metrics and v.val_dataloader is None and v.test_dataloader is None:
+        # Refusing would break a Trainer built for training whose loaders come in a later run;
+        # one line says that nothing will compute them, where before the table came out empty.
+        get_logger().warning(f"metrics= {sorted(metrics)} will not be computed: there is no val_dataloader or "
+                             "test_dataloader (metrics are computed on those; train_metrics= on the training "
+                             "batches)")
     train_metrics = v.train_metrics
     if isinstance(train_metrics, Mapping):
         train_metrics = {name: from_spec(m, "metric", f"train_metrics.{name}", safe=safe)

@@ -1,5 +1,6 @@
 """A non-finite or negative optimizer argument, or an empty work_dir, is refused when the
-Trainer is built, in one line naming the key as it was written."""
+Trainer is built, in one line naming the key as it was written; metrics= with nothing to
+compute them on is said in one warning."""
 
 from __future__ import annotations
 
@@ -52,3 +53,15 @@ def test_an_empty_work_dir_is_refused_in_one_line(tmp_path, monkeypatch, work_di
     assert str(e.value).splitlines() == [f"work_dir={work_dir!r}; expected a directory path for the run's logs and "
                                          "checkpoints (None: log to the console only)"]
     assert list(tmp_path.iterdir()) == []  # nothing written into the current directory
+
+
+def test_metrics_without_a_val_or_test_loader_warn_once_at_build(caplog):
+    with caplog.at_level("WARNING", logger="treadle"):
+        _trainer(metrics={"acc": treadle.Accuracy()})
+    said = [r.getMessage() for r in caplog.records if "will not be computed" in r.getMessage()]
+    assert said == ["metrics= ['acc'] will not be computed: there is no val_dataloader or test_dataloader "
+                    "(metrics are computed on those; train_metrics= on the training batches)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="treadle"):
+        _trainer(metrics={"acc": treadle.Accuracy()}, val_dataloader=DataLoader(make_data(8), batch_size=8))
+    assert not [r for r in caplog.records if "will not be computed" in r.getMessage()]
