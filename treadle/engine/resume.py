@@ -8,15 +8,26 @@ restoring a checkpoint into the Trainer is treadle/engine/snapshot.py.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Callable, Iterable, TypeVar
 
 from treadle.checkpoint.directory import cleanup_stale_tmp, find_latest_checkpoint, list_checkpoints
-from treadle.checkpoint.io import MANIFEST_NAME, CheckpointError, UnreadableCheckpointError
+from treadle.checkpoint.io import MANIFEST_NAME, CheckpointError, CheckpointWarning, UnreadableCheckpointError
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 
 T = TypeVar("T")
+
+
+def _say(message: str) -> None:
+    """A skipped checkpoint, said once: by the log when it prints somewhere (a Trainer's
+    run), else as a :class:`CheckpointWarning` (before any log is set up)."""
+    logger = get_logger()
+    if logger.hasHandlers():
+        logger.warning(message)
+    else:
+        warnings.warn(message, CheckpointWarning, stacklevel=3)
 
 
 def latest_to_resume(ckpt_dir: Path, is_main: bool, exclude: Iterable[Path] = ()) -> Path | None:
@@ -33,7 +44,7 @@ def latest_to_resume(ckpt_dir: Path, is_main: bool, exclude: Iterable[Path] = ()
     if is_main and ckpt_dir.is_dir():
         cleanup_stale_tmp(ckpt_dir)
         path = find_latest_checkpoint(ckpt_dir, order="created", exclude=exclude,
-                                      warn=get_logger().warning)  # printed once, by the log
+                                      warn=_say)
         invalid = 0 if path is not None or exclude else len(list_checkpoints(ckpt_dir))
     path, invalid = comm.broadcast_object((path, invalid))
     if invalid:
@@ -121,7 +132,7 @@ def _checkpoint_in(path: Path, what: str) -> tuple[str, str, str | None]:
     if ckpt_dir == path and any(f.suffix in (".pt", ".distcp") for f in path.iterdir()):
         return "path", str(path), None  # a checkpoint's payloads without a manifest: loading it says so
     cleanup_stale_tmp(ckpt_dir)
-    latest = find_latest_checkpoint(ckpt_dir, order="created", warn=get_logger().warning)
+    latest = find_latest_checkpoint(ckpt_dir, order="created", warn=_say)
     if latest is not None:
         kind = "run directory" if ckpt_dir != path else "directory of checkpoints"
         return "path", str(latest), f"{named} is a {kind}: using its latest verified checkpoint {latest}"
