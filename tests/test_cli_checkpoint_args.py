@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import stat
 
+import warnings
+
 import pytest
 import torch
 
@@ -43,12 +45,17 @@ def test_validate_and_test_accept_a_run_directory(two_saves, tiny, capsys, comma
     assert rc2 == 0 and value(out) == value(out2)
 
 
-def test_the_latest_that_verifies_is_used(two_saves, capsys):
+def test_the_latest_that_verifies_is_used(two_saves, capsys, caplog):
     work = two_saves
     (work / "checkpoints" / "epoch_0002" / "state.pt").write_bytes(b"garbage")
-    with pytest.warns(Warning, match="epoch_0002"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         rc, out, err = run(capsys, "validate", work / "config.yaml", "--checkpoint", work)
     assert rc == 0, err
+    # The skipped checkpoint is said once: a log line or a warning, not both.
+    skips = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
+    skips += [str(w.message) for w in caught if "skipping checkpoint" in str(w.message)]
+    assert len(skips) == 1 and "epoch_0002" in skips[0], (out + err, caught)
     assert f"latest verified checkpoint {work / 'checkpoints' / 'epoch_0001'}" in out
 
 

@@ -5,6 +5,7 @@ one-line error naming the path and what was expected; nothing on disk changes.""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -34,11 +35,11 @@ SAYS = {
     ("list", "file"): "state dict",
     ("directory", "file"): "directory",
     ("dangling", "file"): "no such",
-    ("text", "in_checkpoint"): "(a symbolic link to {target}): size is 12 bytes but the manifest says",
-    ("empty", "in_checkpoint"): "(a symbolic link to {target}): size is 0 bytes but the manifest says",
-    ("list", "in_checkpoint"): "(a symbolic link to {target}): size is",
-    ("directory", "in_checkpoint"): "(a symbolic link to {target}): not a file; the manifest lists a file of",
-    ("dangling", "in_checkpoint"): "(a symbolic link to {target}): listed in the manifest but missing",
+    ("text", "in_checkpoint"): "is a symbolic link to {target}; a checkpoint's files are never links",
+    ("empty", "in_checkpoint"): "is a symbolic link to {target}; a checkpoint's files are never links",
+    ("list", "in_checkpoint"): "is a symbolic link to {target}; a checkpoint's files are never links",
+    ("directory", "in_checkpoint"): "is a symbolic link to {target}; a checkpoint's files are never links",
+    ("dangling", "in_checkpoint"): "is a symbolic link to {target}; a checkpoint's files are never links",
 }
 
 
@@ -108,3 +109,21 @@ def test_a_state_pt_linked_to_no_checkpoint_is_one_line_naming_it_and_nothing_ch
     if layout == "in_checkpoint" or kind in ("text", "empty"):  # the new wording, everywhere
         assert all(expected in m for m in messages), (expected, messages)
     assert _disk(case) == before
+
+
+def test_a_linked_state_pt_that_the_manifest_vouches_for_is_refused_as_a_link(tmp_path, checkpoint):
+    """A manifest rewritten to the size and sha256 of the file a link points to: the
+    payload verifies byte for byte, yet it is a link; refused as such (not as a torch.load
+    failure), for resume= and load_from= alike."""
+    case, given, link = _case(tmp_path, checkpoint, "list", "in_checkpoint")
+    target = case / "target-list"
+    manifest_path = given / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    data = target.read_bytes()
+    manifest["files"]["state.pt"].update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    manifest_path.write_text(json.dumps(manifest))
+    for option in ("resume", "load_from"):
+        with pytest.raises(CheckpointError) as e:
+            _trainer(tmp_path / f"w-{option}", **{option: str(given)}).fit()
+        assert str(e.value).splitlines() == [f"{link} is a symbolic link to {target}; a checkpoint's files are never "
+                                             "links (treadle does not follow them)"], str(e.value)

@@ -7,6 +7,8 @@ import os
 import signal
 import stat
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -207,13 +209,18 @@ def test_a_new_run_prunes_only_its_own_checkpoints_and_resume_finds_it(tmp_path,
     assert read_manifest(tmp_path / "checkpoints" / "epoch_0004") == first
 
 
-def test_resume_true_refuses_to_start_over_when_every_checkpoint_is_corrupt(tmp_path):
+def test_resume_true_refuses_to_start_over_when_every_checkpoint_is_corrupt(tmp_path, caplog):
     make(tmp_path, max_epochs=1).fit()
     payload = tmp_path / "checkpoints" / "epoch_0001" / "state.pt"
     payload.write_bytes(payload.read_bytes()[:-10])
-    with pytest.warns(treadle.checkpoint.io.CheckpointWarning, match="skipping checkpoint"):
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level("INFO", logger="treadle"):
+        warnings.simplefilter("always")
         with pytest.raises(treadle.checkpoint.io.CheckpointError, match=r"none of the 1 checkpoint\(s\) in .* passed"):
             make(tmp_path, max_epochs=2, resume=True).fit()
+    # Said once, by the log (not again as a CheckpointWarning with its file, line and source line).
+    skips = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
+    assert len(skips) == 1 and str(payload.parent) in skips[0], skips
+    assert not [w for w in caught if issubclass(w.category, treadle.checkpoint.io.CheckpointWarning)], caught
 
 
 @pytest.mark.parametrize("cfg,match", [

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from treadle.fsutil import fsync_dir, new_dirs, sync_later
 
@@ -98,27 +98,35 @@ def _scan(directory: Path, order: str) -> list[_Found]:
 
 
 def find_latest_checkpoint(directory: str | os.PathLike[str], verify: bool = True,
-                           order: str = "iter") -> Path | None:
+                           order: str = "iter", exclude: Iterable[Path] = (),
+                           warn: Callable[[str], None] | None = None) -> Path | None:
     """Newest valid checkpoint in ``directory`` (``order`` as in :func:`list_checkpoints`), or None.
 
     Corrupt or partial checkpoints are skipped with a :class:`CheckpointWarning`
     (also logged on the ``treadle`` logger) naming the offending file. With
     ``verify=False`` only the manifest is checked, not the payload hashes.
+    ``exclude``: checkpoints not to consider (ones already found unloadable). ``warn``:
+    where each skip is said instead (once: no CheckpointWarning then), e.g. a logger's
+    ``warning`` that already prints to the console.
     """
+    say = warn or _warn
     directory = Path(directory)
     if not directory.is_dir():
         return None
     for p in directory.iterdir():  # non-hidden dirs with payloads but no manifest
         if (not p.name.startswith(".") and p.is_dir() and not (p / MANIFEST_NAME).exists()
                 and any(p.glob("*.pt"))):
-            _warn(f"ignoring incomplete checkpoint {p}: {p / MANIFEST_NAME} is missing")
+            say(f"ignoring incomplete checkpoint {p}: {p / MANIFEST_NAME} is missing")
+    excluded = {Path(p) for p in exclude}
     for ckpt in reversed(list_checkpoints(directory, order)):
+        if ckpt in excluded:
+            continue
         try:
             verify_checkpoint(ckpt) if verify else read_manifest(ckpt)
         except (CheckpointError, OSError) as e:
             if not ckpt.exists():  # pruned by a live run while it was read: the next newest
                 continue
-            _warn(f"skipping checkpoint {ckpt}: {e}")
+            say(f"skipping checkpoint {ckpt}: {e}")
             continue
         return ckpt
     return None

@@ -71,19 +71,26 @@ from .manifest import (  # sharded.py, weights.py, dcp_safe.py and tests import 
     _verify_legacy_file,
     link_note,
     read_manifest,
+    refuse_link,
     verify_checkpoint,
 )
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "STATE_FILE", "LEGACY_SUFFIXES", "FOREIGN_FILE_NAMES",
-    "CheckpointError", "CorruptCheckpointError", "UnsafeCheckpointError", "CheckpointWriteError", "CheckpointWarning",
+    "CheckpointError", "CorruptCheckpointError", "UnsafeCheckpointError", "UnreadableCheckpointError",
+    "CheckpointWriteError", "CheckpointWarning",
     "save_checkpoint", "check_save_args", "load_checkpoint", "read_manifest", "verify_checkpoint",
     "is_valid_checkpoint", "list_checkpoints", "find_latest_checkpoint",
     "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",
 ]
 
 
-class UnsafeCheckpointError(CheckpointError):
+class UnreadableCheckpointError(CheckpointError):
+    """A payload of a checkpoint (which may have verified) that ``torch.load`` cannot
+    read: ``resume=True`` falls back from such a checkpoint to the previous verified one."""
+
+
+class UnsafeCheckpointError(UnreadableCheckpointError):
     """A payload holds objects that the weights-only unpickler refuses to build."""
 
 
@@ -415,7 +422,7 @@ def _load_weights_only(fpath: Path, map_location: Any, verified: bool) -> Any:
         ) from None
     except Exception as e:
         if verified:  # bytes match the manifest: not disk corruption (e.g. bad map_location)
-            raise CheckpointError(f"{fpath}: torch.load failed: {e}") from e
+            raise UnreadableCheckpointError(f"{fpath}: torch.load failed: {type(e).__name__}: {e}") from e
         # No manifest vouches for the file: it may be cut short, or something else altogether
         # (a text file, an empty one, behind a symbolic link named state.pt).
         what = "an empty file" if _size(fpath) == 0 else "truncated or unreadable"
@@ -465,5 +472,7 @@ def load_checkpoint(
             raise CheckpointError(f"{path}: no payload {name!r}; it has {sorted(manifest['files'])}")
         if verify:
             _verify_file(path, name, manifest["files"][name])
+        else:
+            refuse_link(path / name)
         out[name] = _load_weights_only(path / name, map_location, verified=verify)
     return out

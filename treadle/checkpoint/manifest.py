@@ -151,8 +151,22 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
+def refuse_link(fpath: Path) -> None:
+    """Raise :class:`CorruptCheckpointError` when a checkpoint's payload ``fpath`` is a
+    symbolic link: treadle never writes one inside a checkpoint, and following one would
+    read whatever file it points to."""
+    if fpath.is_symlink():
+        try:
+            target = f" to {os.readlink(fpath)}"
+        except OSError:
+            target = ""
+        raise CorruptCheckpointError(f"{fpath} is a symbolic link{target}; a checkpoint's files are never links "
+                                     "(treadle does not follow them)")
+
+
 def _verify_file(directory: Path, name: str, entry: Mapping[str, Any]) -> None:
     fpath = directory / name
+    refuse_link(fpath)
     try:
         size = fpath.stat().st_size
     except FileNotFoundError:
@@ -215,5 +229,6 @@ def _verify_legacy_file(path: Path) -> None:
 __all__ = [
     "is_deepspeed_checkpoint",
     "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "STATE_FILE", "LEGACY_SUFFIXES", "FOREIGN_FILE_NAMES",
-    "CheckpointError", "CorruptCheckpointError", "CheckpointWarning", "link_note", "read_manifest", "verify_checkpoint",
+    "CheckpointError", "CorruptCheckpointError", "CheckpointWarning", "link_note", "refuse_link", "read_manifest",
+    "verify_checkpoint",
 ]

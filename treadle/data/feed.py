@@ -132,7 +132,9 @@ class DataFeed:
         if not self._started:
             self._started = True
             if epoch or skip:
-                self._warn_resumed(skip)
+                # A stream resumed from its own state reads nothing again: the global RNGs the
+                # checkpoint restored are where the uninterrupted run's were at that batch.
+                self._warn_resumed(0 if stream is not None and self._stream is not None else skip)
         self.epoch = epoch
         self.batch_idx = skip
         gen = self._seed_epoch(epoch)
@@ -200,6 +202,15 @@ class DataFeed:
                 "RNG, the rest of this epoch is drawn from another state than in an uninterrupted run, so the "
                 "batches differ; give it a `generator` attribute (None) that treadle seeds per epoch, or a "
                 "set_epoch(epoch) that makes its order a function of the epoch")
+        if inside and isinstance(loader.dataset, IterableDataset) and loader.num_workers == 0:
+            # The stream runs in this process: it draws from the global RNGs, which the resume set to where
+            # the interrupted run stopped, not to where this epoch's stream started; the skipped batches are
+            # drawn again from that state. (With workers, each draws from its own stream, seeded per epoch.)
+            get_logger().warning(
+                f"resuming inside an epoch of a {type(loader.dataset).__name__} (an IterableDataset) with "
+                "num_workers=0: if the stream draws from the global RNG (random, numpy, torch), the rest of "
+                "this epoch is drawn from another state than in an uninterrupted run, so the batches differ; "
+                "num_workers >= 1 makes it exact (each worker's RNG is seeded per epoch)")
 
     def __iter__(self) -> "DataFeed":
         return self

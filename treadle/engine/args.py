@@ -28,6 +28,7 @@ from treadle.hooks.nan_guard import NaNGuardHook
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.timer import IterTimerHook
 from treadle.engine.eval_loop import check_set_names, loader_sets
+from treadle.optim.builder import check_optimizer_args
 from treadle.engine.loops import Workflow, check_workflow
 from treadle.logging.writers import get_logger
 from treadle.optim.wrapper import check_clip_grad, check_precision
@@ -225,6 +226,12 @@ def build_args(given: TrainerArgs) -> Args:
     metrics = v.metrics
     if isinstance(metrics, Mapping):
         metrics = {name: from_spec(m, "metric", f"metrics.{name}", safe=safe) for name, m in metrics.items()}
+    if metrics and v.val_dataloader is None and v.test_dataloader is None:
+        # Refusing would break a Trainer built for training whose loaders come in a later run;
+        # one line says that nothing will compute them, where before the table came out empty.
+        get_logger().warning(f"metrics= {sorted(metrics)} will not be computed: there is no val_dataloader or "
+                             "test_dataloader (metrics are computed on those; train_metrics= on the training "
+                             "batches)")
     train_metrics = v.train_metrics
     if isinstance(train_metrics, Mapping):
         train_metrics = {name: from_spec(m, "metric", f"train_metrics.{name}", safe=safe)
@@ -248,6 +255,9 @@ def build_args(given: TrainerArgs) -> Args:
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable (outputs, targets) -> loss, got {type(loss_fn).__name__}")
     workflow = check_workflow(v.workflow, v.val_dataloader is not None) if v.workflow is not None else None
+    if isinstance(v.work_dir, str) and not v.work_dir.strip():
+        raise ValueError(f"work_dir={v.work_dir!r}; expected a directory path for the run's logs and checkpoints "
+                         "(None: log to the console only)")
     if v.work_dir is not None and Path(v.work_dir).exists() and not Path(v.work_dir).is_dir():
         raise ValueError(f"work_dir={str(v.work_dir)!r} is a file; expected a directory for the run's logs and "
                          "checkpoints, or a path where one can be made")
@@ -309,9 +319,13 @@ def trainer_optim_wrapper(optimizer: Any, precision: str, accumulate: int, clip_
         for name, cfg in optimizer.items():
             if safe:
                 check_optimizer_type(cfg, f"optimizer.{name}")
+            if isinstance(cfg, Mapping):
+                check_optimizer_args({k: a for k, a in cfg.items() if k != "type"}, f"optimizer.{name}")
         return {str(name): {"optimizer": cfg, **extra} for name, cfg in optimizer.items()}
     if safe:
         check_optimizer_type(optimizer, "optimizer")
+    if isinstance(optimizer, Mapping):
+        check_optimizer_args({k: a for k, a in optimizer.items() if k != "type"}, "optimizer")
     return {"optimizer": optimizer, **extra}
 
 

@@ -8,39 +8,81 @@ restoring a checkpoint into the Trainer is treadle/engine/snapshot.py.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Iterable, TypeVar
 
 from treadle.checkpoint.directory import cleanup_stale_tmp, find_latest_checkpoint, list_checkpoints
-from treadle.checkpoint.io import MANIFEST_NAME, CheckpointError
+from treadle.checkpoint.io import MANIFEST_NAME, CheckpointError, CheckpointWarning, UnreadableCheckpointError
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 
 T = TypeVar("T")
 
 
-def latest_to_resume(ckpt_dir: Path, is_main: bool) -> Path | None:
+def _say(message: str) -> None:
+    """A skipped checkpoint, said once: by the log when it prints somewhere (a Trainer's
+    run), else as a :class:`CheckpointWarning` (before any log is set up)."""
+    logger = get_logger()
+    if logger.hasHandlers():
+        logger.warning(message)
+    else:
+        warnings.warn(message, CheckpointWarning, stacklevel=3)
+
+
+def latest_to_resume(ckpt_dir: Path, is_main: bool, exclude: Iterable[Path] = ()) -> Path | None:
     """``resume=True``: the last saved verified checkpoint in ``ckpt_dir`` (rank 0 looks,
     every rank gets its choice), or None when there is none.
 
     The last *saved*, not the highest iteration: a new run in the same directory, or
     one started again from an earlier point, continues from its own newest save. When
     checkpoints exist but none verifies, this raises instead of starting over, which
-    would silently throw the run away.
+    would silently throw the run away. ``exclude``: checkpoints found unloadable (see
+    :func:`resume_latest`).
     """
     path, invalid = None, 0
     if is_main and ckpt_dir.is_dir():
         cleanup_stale_tmp(ckpt_dir)
-        path = find_latest_checkpoint(ckpt_dir, order="created")
-        invalid = 0 if path is not None else len(list_checkpoints(ckpt_dir))
+        path = find_latest_checkpoint(ckpt_dir, order="created", exclude=exclude,
+                                      warn=_say)
+        invalid = 0 if path is not None or exclude else len(list_checkpoints(ckpt_dir))
     path, invalid = comm.broadcast_object((path, invalid))
     if invalid:
         raise CheckpointError(f"resume=True: none of the {invalid} checkpoint(s) in {ckpt_dir} passed "
                               "verification (the warnings above say why); move them away to start "
                               "from scratch, or pass resume=<path> of a checkpoint elsewhere")
     if path is None:
-        get_logger().info(f"resume=True: no checkpoint in {ckpt_dir}; starting from scratch")
+        if not exclude:
+            get_logger().info(f"resume=True: no checkpoint in {ckpt_dir}; starting from scratch")
     return path
+
+
+def resume_latest(ckpt_dir: Path, is_main: bool, load: Callable[[Path], None]) -> Path | None:
+    """``resume=True``: ``load`` the last saved verified checkpoint in ``ckpt_dir``; when
+    its files verify but cannot be read (torch.load fails, or refuses what they hold), say
+    so in one line and take the previous verified one. Every rank reads the same files, so
+    every rank falls back alike; the ranks also agree on it. Returns the path loaded, or
+    None when there is no checkpoint; raises the first error when none earlier loads."""
+    tried: list[Path] = []
+    path = latest_to_resume(ckpt_dir, is_main)
+    while path is not None:
+        error: UnreadableCheckpointError | None = None
+        try:
+            load(path)
+        except UnreadableCheckpointError as e:
+            error = e
+        errors = [e for e in comm.all_gather_object(None if error is None else str(error)) if e is not None]
+        if not errors:
+            return path
+        tried.append(path)
+        previous = latest_to_resume(ckpt_dir, is_main, exclude=tried)
+        if previous is None:
+            raise CheckpointError(f"resume=True: {errors[0]}; and no earlier checkpoint in {ckpt_dir} verifies "
+                                  "and loads")
+        get_logger().warning(f"resume=True: {path} verifies but cannot be loaded ({errors[0]}); resuming from the "
+                             f"previous verified checkpoint {previous.name} instead")
+        path = previous
+    return None
 
 
 def use_latest(path: str | Path, what: str, use: Callable[[Path, str | None], T], is_main: bool = True,
@@ -90,7 +132,7 @@ def _checkpoint_in(path: Path, what: str) -> tuple[str, str, str | None]:
     if ckpt_dir == path and any(f.suffix in (".pt", ".distcp") for f in path.iterdir()):
         return "path", str(path), None  # a checkpoint's payloads without a manifest: loading it says so
     cleanup_stale_tmp(ckpt_dir)
-    latest = find_latest_checkpoint(ckpt_dir, order="created")
+    latest = find_latest_checkpoint(ckpt_dir, order="created", warn=_say)
     if latest is not None:
         kind = "run directory" if ckpt_dir != path else "directory of checkpoints"
         return "path", str(latest), f"{named} is a {kind}: using its latest verified checkpoint {latest}"
@@ -126,4 +168,4 @@ def note_other_runs(ckpt_dir: Path) -> None:
 
 
 
-__all__ = ["check_resume_dir", "checkpoint_in", "latest_to_resume", "note_other_runs"]
+__all__ = ["check_resume_dir", "checkpoint_in", "latest_to_resume", "note_other_runs", "resume_latest"]

@@ -36,7 +36,7 @@ from treadle.metrics import sync_over, update_metrics
 from treadle.optim.scheduler_builder import SchedulerError
 from treadle.optim.wrapper import OptimWrapper, make_autocast
 from treadle.engine.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, agree_on_stop, requeue_slurm_job
-from treadle.engine.resume import latest_to_resume, note_other_runs, use_latest
+from treadle.engine.resume import note_other_runs, resume_latest, use_latest
 from treadle.engine.run_dir import RunDir
 from treadle.hooks.state import TrainState
 from treadle.engine.mmengine_model import is_mmengine_model, model_eval_step, model_train_step
@@ -550,16 +550,16 @@ class Trainer:
     def _resume(self) -> Path | None:
         """Load the checkpoint ``resume`` names and return its path; None when
         ``resume=True`` finds none."""
-        if self.resume is True:
-            path = latest_to_resume(self.work_dir / "checkpoints", self.is_main)  # type: ignore[operator]  # resume=True needs a work_dir (args.py)
+        loop = self.train_loop
+        before = resume_changes.settings(self.optim_wrappers, self.state, loop.batch_size if loop else None,
+                                         None if self._seed_drawn else self.seed)
+        if self.resume is True:  # an unloadable latest falls back to the previous verified one (resume.py)
+            path = resume_latest(self.work_dir / "checkpoints", self.is_main, self.load_checkpoint)  # type: ignore[operator]  # resume=True needs a work_dir (args.py)
             if path is None:
                 return None
         else:
             path = Path(self.resume)
-        loop = self.train_loop
-        before = resume_changes.settings(self.optim_wrappers, self.state, loop.batch_size if loop else None,
-                                         None if self._seed_drawn else self.seed)
-        self.load_checkpoint(path)
+            self.load_checkpoint(path)
         self.resume_changes = resume_changes.compare(before, self.optim_wrappers, loop.resume_pos if loop else None)
         return path
 

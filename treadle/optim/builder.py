@@ -63,6 +63,31 @@ def wants_fused(cls: type[torch.optim.Optimizer], kwargs: dict[str, Any], params
     return True
 
 
+# Arguments of torch's optimizers that are rates, decays or small constants: a number >= 0.
+NON_NEGATIVE = ("lr", "weight_decay", "momentum", "dampening", "eps", "lr_decay", "alpha", "rho")
+
+
+def check_optimizer_args(kwargs: dict[str, Any], where: str) -> None:
+    """Refuse, in one line naming ``where.key``, a NaN or infinite number among an
+    optimizer config's arguments (a tuple such as ``betas`` included), and a negative
+    one of :data:`NON_NEGATIVE`: torch accepts ``lr=nan`` and training fails later with a
+    loss that does not name it."""
+    import math
+
+    for key, value in kwargs.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        numbers = value if isinstance(value, (tuple, list)) else (value,)
+        if not all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in numbers):
+            continue
+        several = numbers is value
+        negative = key in NON_NEGATIVE and not several and value < 0
+        if negative or not all(math.isfinite(n) for n in numbers):
+            expected = ("finite numbers" if several else
+                        "a finite number >= 0" if key in NON_NEGATIVE else "a finite number")
+            raise ValueError(f"{where}.{key}={value!r}; expected {expected}")
+
+
 def build_optimizer(cfg: torch.optim.Optimizer | dict[str, Any], params: Iterable[nn.Parameter] | nn.Module,
                     where: str = "optimizer") -> torch.optim.Optimizer:
     """An optimizer as given, or built from ``dict(type=..., **kwargs)`` over ``params``.
@@ -82,6 +107,7 @@ def build_optimizer(cfg: torch.optim.Optimizer | dict[str, Any], params: Iterabl
         raise ValueError(f"{where}={cfg!r} has no 'type'; expected e.g. dict(type='AdamW', lr=1e-3)")
     kwargs = dict(cfg)
     cls = _resolve_type(kwargs.pop("type"), where)
+    check_optimizer_args(kwargs, where)
     paramwise = kwargs.pop("paramwise", kwargs.pop("paramwise_cfg", None))
     module = params if isinstance(params, nn.Module) else None
     if paramwise == {}:  # as MMEngine: empty options build no groups (a tied weight is then simply optimized once)
