@@ -337,3 +337,35 @@ def test_a_full_disk_met_first_by_a_log_writer_is_one_line_saying_what_was_saved
     assert latest.name == "iter_00000005"
     torch.load(latest / "state.pt", weights_only=True)  # intact: it loads
     assert _left(str(work)) == []
+
+
+def test_under_slurm_a_stuck_rank_ends_itself_naming_it_and_the_other_follows(tmp_path):
+    """srun starts each task itself (no TorchElastic agent): rank 1 stuck in its step ends
+    with status 1 and its own line after stall_timeout_s; rank 0, whose peer is gone, stops
+    naming rank 1; both within the deadline, no process left."""
+    import socket
+
+    work = tmp_path / "run"
+    config = _hang_config(tmp_path, "sleep", STALL)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in (0, 1):
+        env = {**_env(), "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
+               "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "127.0.0.1", "MASTER_PORT": str(port)}
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_ERROR_FILE"):
+            env.pop(key, None)
+        procs.append(subprocess.Popen([sys.executable, "-m", "treadle", "train", str(config), "--work-dir", str(work)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                                      env=env, start_new_session=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    ended = time.time()
+    fault = float((tmp_path / "fault.rank1").read_text())
+    assert ended - fault < 8 + 15, (ended - fault, outs[1][-2000:])
+    assert [p.returncode for p in procs] == [1, 1], [o[-2000:] for o in outs]
+    last = [[line for line in o.splitlines() if line.strip()][-1] for o in outs]
+    assert "rank 1 made no progress for" in last[1], outs[1][-2000:]
+    assert "stopped on rank 0: rank 1 made no progress" in last[0], outs[0][-2000:]
+    assert "Traceback" not in outs[0] + outs[1]
+    assert _left(str(work)) == []
