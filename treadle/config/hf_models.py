@@ -109,13 +109,19 @@ def build_hf_model(cls: type, spec: Mapping[str, Any], path: str = "model") -> n
         except Exception as e:
             raise ConfigError(path, f"{cls.__name__} from its config failed: {type(e).__name__}: {e}".split("\n")[0]) from e
     else:
-        model = _from_pretrained(cls, pretrained, values, path)
+        from treadle.strategies.empty_init import recording
+
+        # On the meta device (a sharding strategy builds it): the saved config's skeleton now,
+        # the weights read shard by shard when it is materialized.
+        model = (_skeleton(cls, pretrained, values, path) if recording()
+                 else _from_pretrained(cls, pretrained, values, path))
     if not isinstance(model, nn.Module):
         raise ConfigError(path, f"{cls.__name__} built a {type(model).__name__}, not a torch.nn.Module")
     return model
 
 
-def _from_pretrained(cls: type, pretrained: Any, values: Any, path: str) -> nn.Module:
+def _pretrained_args(pretrained: Any, values: Any, path: str) -> dict[str, Any]:
+    """The config overrides beside ``pretrained:``, once the path is checked."""
     where = join_path(path, "pretrained")
     if not isinstance(pretrained, str) or not pretrained:
         raise ConfigError(where, "not a path", value=pretrained, expected="a directory written by save_pretrained")
@@ -124,11 +130,46 @@ def _from_pretrained(cls: type, pretrained: Any, values: Any, path: str) -> nn.M
                           expected="a directory written by save_pretrained",
                           hint="treadle downloads nothing: fetch a hub model first (e.g. huggingface-cli download "
                                "NAME --local-dir DIR) and give DIR.")
-    overrides: dict[str, Any] = {}
-    if values is not None:
-        if not isinstance(values, Mapping):
-            raise ConfigError(join_path(path, "config"), "not a mapping of the config's arguments", value=values)
-        overrides = dict(values)
+    if values is not None and not isinstance(values, Mapping):
+        raise ConfigError(join_path(path, "config"), "not a mapping of the config's arguments", value=values)
+    return dict(values or {})
+
+
+def _skeleton(cls: type, pretrained: Any, values: Any, path: str) -> nn.Module:
+    """The model ``from_pretrained`` would build (its saved config, with the overrides;
+    the dtype it gives), with every weight on the meta device: its weights are named for
+    materialization (treadle/strategies/empty_init.py), which reads each process's share."""
+    from transformers import AutoConfig, GenerationConfig
+
+    from treadle.checkpoint.safetensors_files import INDEX_FILE, SINGLE_FILE
+    from treadle.strategies.empty_init import add_weights
+
+    overrides = _pretrained_args(pretrained, values, path)
+    where = join_path(path, "pretrained")
+    folder = Path(pretrained)
+    if folder.is_dir() and not ((folder / SINGLE_FILE).is_file() or (folder / INDEX_FILE).is_file()):
+        raise ConfigError(where, f"no {SINGLE_FILE} or {INDEX_FILE} in the folder", value=pretrained,
+                          expected="a folder written by save_pretrained with safetensors weights (the weights are "
+                                   "then read shard by shard)")
+    auto = _is_auto(cls)
+    try:
+        reader = AutoConfig if auto else cls.config_class  # type: ignore[attr-defined]  # is_hf_model_class checked it
+        config = reader.from_pretrained(pretrained, local_files_only=True, **({"trust_remote_code": False} if auto else {}),
+                                        **overrides)
+        model = cls.from_config(config) if auto else cls._from_config(config)  # type: ignore[attr-defined]  # the dtype from_pretrained gives
+    except Exception as e:
+        first = str(e).strip().split("\n")[0]
+        raise ConfigError(where, f"{cls.__name__} from its saved config failed: {type(e).__name__}: {first}",
+                          value=pretrained) from e
+    if (folder / "generation_config.json").is_file() and getattr(model, "generation_config", None) is not None:
+        model.generation_config = GenerationConfig.from_pretrained(pretrained, local_files_only=True)
+    add_weights(pretrained)
+    return model.eval()  # as from_pretrained returns it
+
+
+def _from_pretrained(cls: type, pretrained: Any, values: Any, path: str) -> nn.Module:
+    where = join_path(path, "pretrained")
+    overrides = _pretrained_args(pretrained, values, path)
     extra = {"trust_remote_code": False} if _is_auto(cls) else {}
     try:
         return cls.from_pretrained(pretrained, local_files_only=True, weights_only=True, **extra, **overrides)  # type: ignore[attr-defined]  # is_hf_model_class checked it

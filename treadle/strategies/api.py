@@ -143,9 +143,18 @@ class StrategyAPI:
     def prepare(self, model: nn.Module | Mapping[str, Any], *, optim_wrapper: Any = None,
                 param_scheduler: Any = None, compile: bool | dict[str, Any] = False,
                 dispatch_kwargs: dict[str, Any] | None = None, auto_scale_lr: dict[str, Any] | None = None,
-                activation_checkpointing: Any = None) -> Any:
+                activation_checkpointing: Any = None, load_from: str | Path | Mapping[str, Any] | None = None) -> Any:
         """Place and wrap ``model`` (a module or a config dict), build the optimizer over
         the wrapped parameters and the schedulers over that optimizer.
+
+        A config dict (``dict(type=MyModel, width=1024)``, or a Hugging Face model's
+        ``dict(type=LlamaForCausalLM, pretrained=DIR)``) is built by the strategy: when it
+        shards the model over several processes (:attr:`empty_init`), on the meta device,
+        each process then materializing only its shards, from the pretrained weights read
+        box by box or by the model's own initialization (treadle/strategies/empty_init.py).
+        ``load_from``: weights to start from (a checkpoint, ``.pt``, ``.safetensors`` file or
+        Hugging Face folder), every key and shape checked; read shard by shard into a model
+        built on the meta device.
 
         ``activation_checkpointing``: ``"full"``, ``"selective"``, module classes, class
         names or submodule paths to checkpoint, a predicate (or ``{"check_fn": fn}``), or
@@ -179,10 +188,7 @@ class StrategyAPI:
         length, epochs = kwargs.get("epoch_length"), kwargs.get("max_epochs")
         if kwargs.get("max_iters") is None and length and epochs:  # an epoch-based loop's length in iterations
             kwargs["max_iters"] = length * epochs
-        if isinstance(model, Mapping):
-            from treadle.config.build import build_model  # the config layer: only for a config dict
-
-            model = build_model(dict(model))
+        model = self._build_model(model, load_from)
         if not isinstance(model, nn.Module):
             raise TypeError(f"prepare(model=...) needs a torch.nn.Module or a config dict, got {type(model).__name__}")
         if activation_checkpointing is not None and activation_checkpointing is not False:
@@ -224,6 +230,40 @@ class StrategyAPI:
         self._prepared = True
         self._watch_steps()
         return items[0] if len(items) == 1 else tuple(items)
+
+    def _build_model(self, model: Any, load_from: Any) -> Any:
+        """The module to prepare: a config dict built (on the meta device when
+        :attr:`empty_init`), a recorded :class:`EmptyModel` unwrapped; what the meta tensors
+        will be filled from noted for ``materialize_model``; ``load_from`` loaded into a
+        module built whole."""
+        from treadle.strategies.empty_init import EmptyModel, record
+
+        empty = None
+        if isinstance(model, Mapping):
+            from treadle.config.build import build_model  # the config layer: only for a config dict
+
+            spec = dict(model)
+            if self.empty_init:  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
+                empty = record(lambda: build_model(spec), what=str(spec.get("type", "the model")))
+                model = empty.module if isinstance(empty, EmptyModel) else empty
+            else:
+                model = build_model(spec)
+        elif isinstance(model, EmptyModel):  # recorded before (the Trainer's build): the generator is left as it is
+            empty, model = model, model.module
+            self._pending_init = (empty, empty.weights, load_from, False)
+            return model
+        if not isinstance(model, nn.Module):
+            return model
+        from treadle.strategies.materialize import has_meta
+
+        if has_meta(model):  # recorded here: the generator then goes on as after a whole build
+            recorded = empty if isinstance(empty, EmptyModel) else None
+            self._pending_init = (recorded, recorded.weights if recorded else [], load_from, True)
+        elif load_from is not None:  # the module itself, before it is placed and wrapped
+            from treadle.checkpoint.weights import load_weights
+
+            get_logger().info(f"load_from: {load_weights(model, load_from, strict=True)}")
+        return model
 
     def _watch_steps(self) -> None:
         """A hand-written loop's progress, for the stall watch (treadle/distributed/watch.py):

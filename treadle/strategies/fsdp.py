@@ -125,6 +125,9 @@ class FSDPStrategy(ProcessGroupStrategy):
             one more all-gather in backward).
         cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU.
         backend, timeout_s, shard_data, stall_warn_s, stall_timeout_s: as for DDPStrategy.
+        empty_init: a model given as a spec is built on the meta device, split and sharded
+            there, and each process materializes only its shards (None, the default: on
+            several processes; treadle/strategies/materialize.py).
         sync_bn: BatchNorm statistics over all data-parallel processes (each BatchNorm layer
             made a SyncBatchNorm before sharding, treadle/strategies/sync_batchnorm.py).
         dp_replicate: replicas of the sharded model (HSDP when > 1); -1: what
@@ -148,9 +151,9 @@ class FSDPStrategy(ProcessGroupStrategy):
                  backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
                  sync_bn: bool = False, *, dp_replicate: int = 1, dp_shard: int | str = -1, tp: int = 1,
                  tp_plan: Plan = None, stall_warn_s: float | None = STALL_WARN_S,
-                 stall_timeout_s: float | None = None) -> None:
+                 stall_timeout_s: float | None = None, empty_init: bool | None = None) -> None:
         super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn,
-                         stall_warn_s=stall_warn_s, stall_timeout_s=stall_timeout_s)
+                         stall_warn_s=stall_warn_s, stall_timeout_s=stall_timeout_s, empty_init=empty_init)
         self._wrap_pred, self._wrap_items = _wrap_predicate(wrap)
         self.mp_policy = mixed_precision_policy(mixed_precision)  # validated now: errors before any process starts
         self.mixed_precision = mixed_precision
@@ -219,10 +222,15 @@ class FSDPStrategy(ProcessGroupStrategy):
             from treadle.strategies.tensor_parallel import resolve_plan
 
             resolve_plan(model, self.tp_plan, 1)
+        if not self.distributed:  # one process: nothing to shard
+            model = self.materialize_model(model)
+        elif self.cpu_offload and self._pending_init is not None:  # the offloaded shards start on the CPU
+            raise ValueError("FSDPStrategy(cpu_offload=True) with a model built on the meta device is not supported "
+                             "yet; pass empty_init=False (the model is then built whole on each process)")
         if not self.cpu_offload:
             model = move_model(model, self.device)
         model = self.convert_batchnorm(model)  # sync_bn: before fully_shard
-        if not self.distributed:  # one process: nothing to shard
+        if not self.distributed:
             return model
         if self.device.type == "cpu":
             mixed = self.mp_policy.param_dtype not in (None, torch.float32)
@@ -244,7 +252,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         # Bottom-up: reversed pre-order puts every descendant before its ancestors.
         for m in [*reversed(targets), model]:
             fully_shard(m, reshard_after_forward=self.reshard_after_forward, **kwargs)
-        return model
+        return self.materialize_model(model)  # built on the meta device: each rank's shards now
 
     def _check_wrap_matched(self, model: nn.Module) -> None:
         seen = {type(m) for m in model.modules()}
