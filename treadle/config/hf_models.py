@@ -151,11 +151,13 @@ def _skeleton(cls: type, pretrained: Any, values: Any, path: str) -> nn.Module:
         raise ConfigError(where, f"no {SINGLE_FILE} or {INDEX_FILE} in the folder", value=pretrained,
                           expected="a folder written by save_pretrained with safetensors weights (the weights are "
                                    "then read shard by shard)")
+    add_weights(pretrained)  # before the constructor: its random draws are not made, the weights replace them
     auto = _is_auto(cls)
     try:
         reader = AutoConfig if auto else cls.config_class  # type: ignore[attr-defined]  # is_hf_model_class checked it
         config = reader.from_pretrained(pretrained, local_files_only=True, **({"trust_remote_code": False} if auto else {}),
                                         **overrides)
+        config.name_or_path = pretrained  # as from_pretrained sets it (an export finds the base there)
         model = cls.from_config(config) if auto else cls._from_config(config)  # type: ignore[attr-defined]  # the dtype from_pretrained gives
     except Exception as e:
         first = str(e).strip().split("\n")[0]
@@ -163,7 +165,6 @@ def _skeleton(cls: type, pretrained: Any, values: Any, path: str) -> nn.Module:
                           value=pretrained) from e
     if (folder / "generation_config.json").is_file() and getattr(model, "generation_config", None) is not None:
         model.generation_config = GenerationConfig.from_pretrained(pretrained, local_files_only=True)
-    add_weights(pretrained)
     return model.eval()  # as from_pretrained returns it
 
 

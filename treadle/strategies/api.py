@@ -248,17 +248,14 @@ class StrategyAPI:
                 model = empty.module if isinstance(empty, EmptyModel) else empty
             else:
                 model = build_model(spec)
-        elif isinstance(model, EmptyModel):  # recorded before (the Trainer's build): the generator is left as it is
+        elif isinstance(model, EmptyModel):  # recorded before (the Trainer's build)
             empty, model = model, model.module
-            self._pending_init = (empty, empty.weights, load_from, False)
-            return model
         if not isinstance(model, nn.Module):
             return model
         from treadle.strategies.materialize import has_meta
 
-        if has_meta(model):  # recorded here: the generator then goes on as after a whole build
-            recorded = empty if isinstance(empty, EmptyModel) else None
-            self._pending_init = (recorded, recorded.weights if recorded else [], load_from, True)
+        if has_meta(model):
+            self._pending_init = (empty if isinstance(empty, EmptyModel) else None, load_from)
         elif load_from is not None:  # the module itself, before it is placed and wrapped
             from treadle.checkpoint.weights import load_weights
 

@@ -89,7 +89,7 @@ class Strategy(StrategyAPI):
     #: its share only (treadle/strategies/empty_init.py); None: when this strategy shards
     #: the model over several processes.
     empty_init_option: bool | None = None
-    _pending_init: Any = None  # (EmptyModel or None, weights, load_from, advance_rng): set by prepare
+    _pending_init: Any = None  # (EmptyModel or None, load_from): what prepare has the meta tensors filled from
 
     @property
     def empty_init(self) -> bool:
@@ -272,9 +272,9 @@ class Strategy(StrategyAPI):
         pending, self._pending_init = self._pending_init, None
         if not has_meta(model):
             return model
-        empty, weights, load_from, advance_rng = pending if pending is not None else (None, [], None, False)
-        materialize(model, self.device, empty=empty, weights=weights, load_from=load_from,
-                    what=type(model).__name__, advance_rng=advance_rng)
+        empty, load_from = pending if pending is not None else (None, None)
+        materialize(model, self.device, empty=empty, weights=empty.weights if empty is not None else (),
+                    load_from=load_from, what=type(model).__name__)
         return model
 
     def unwrap(self, model: nn.Module) -> nn.Module:

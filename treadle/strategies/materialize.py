@@ -47,16 +47,13 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else t
 
 
-def _targets(module: nn.Module) -> dict[str, list[torch.Tensor]]:
-    """Every parameter, buffer and meta tensor attribute by name (a tied one under each name)."""
+def _targets(module: nn.Module, attributes: dict[str, torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    """Every parameter, buffer and allocated tensor attribute by name (a tied one under each name)."""
     out: dict[str, list[torch.Tensor]] = {}
     for name, t in (*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)):
         out.setdefault(name.replace(_WRAPPED, ""), []).append(t)
-    for mod_name, mod in module.named_modules(remove_duplicate=False):
-        for attr, value in list(mod.__dict__.items()):
-            if isinstance(value, torch.Tensor) and value.is_meta and not attr.startswith("_"):
-                name = f"{mod_name}.{attr}" if mod_name else attr
-                out.setdefault(name.replace(_WRAPPED, ""), []).append(value)
+    for name, t in attributes.items():
+        out.setdefault(name.replace(_WRAPPED, ""), []).append(t)
     return out
 
 
@@ -70,9 +67,10 @@ def _ties(module: nn.Module) -> list[list[tuple[nn.Module, str]]]:
     return [g for g in groups.values() if len(g) > 1]
 
 
-def _allocate(module: nn.Module, device: torch.device) -> None:
+def _allocate(module: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
     """Every meta tensor made an empty one on ``device``, ties kept (``to_empty`` replaces
-    each module's parameters one by one, which unties them; FSDP keeps its own)."""
+    each module's parameters one by one, which unties them; FSDP keeps its own); returns
+    the tensor attributes so allocated, by name."""
     ties = _ties(module)
     module.to_empty(device=device)
     for group in ties:
@@ -80,10 +78,16 @@ def _allocate(module: nn.Module, device: torch.device) -> None:
         for mod, name in group[1:]:
             if mod._parameters[name] is not first_mod._parameters[first_name]:
                 mod._parameters[name] = first_mod._parameters[first_name]
-    for mod in module.modules():  # tensor attributes (a rotary table's copy): to_empty leaves them
+    attributes = {}
+    made: dict[int, torch.Tensor] = {}  # one allocation per meta tensor, however many attributes hold it
+    for mod_name, mod in module.named_modules(remove_duplicate=False):  # to_empty leaves tensor attributes
         for attr, value in list(mod.__dict__.items()):
             if isinstance(value, torch.Tensor) and value.is_meta and not attr.startswith("_"):
-                setattr(mod, attr, torch.empty_like(value, device=device))
+                if id(value) not in made:
+                    made[id(value)] = torch.empty_like(value, device=device)
+                setattr(mod, attr, made[id(value)])
+                attributes[f"{mod_name}.{attr}" if mod_name else attr] = made[id(value)]
+    return attributes
 
 
 def put(target: torch.Tensor, value: torch.Tensor) -> None:
@@ -193,20 +197,16 @@ def _full_shape(t: torch.Tensor) -> tuple[int, ...]:
 
 
 def materialize(module: nn.Module, device: torch.device, *, empty: EmptyModel | None = None,
-                weights: Iterable[Any] = (), load_from: Any = None, what: str = "the model",
-                advance_rng: bool = False) -> None:
+                weights: Iterable[Any] = (), load_from: Any = None, what: str = "the model") -> None:
     """Allocate ``module``'s meta tensors on ``device`` and fill them (see the module
     docstring); every process calls it. ``weights``: pretrained files (a key the model
     lacks is warned about); ``load_from``: weights every key of which must be the model's.
     Raises CheckpointError naming a tensor whose shape differs between a weights file and
-    the model, a ``load_from`` key the model lacks, or a tensor that nothing can fill.
-    ``advance_rng``: the CPU generator is left where a whole build would have left it
-    (else as it was)."""
+    the model, a ``load_from`` key the model lacks, or a tensor that nothing can fill."""
     sources = [open_weights(w, strict=False) for w in weights]
     if load_from is not None:
         sources.append(open_weights(load_from, strict=True))
-    _allocate(module, device)
-    targets = _targets(module)
+    targets = _targets(module, _allocate(module, device))
     storage = {n: empty.tensors[n].key for n in targets if empty is not None and n in empty.tensors}
     prefix = str(getattr(module, "base_model_prefix", "") or "")
     filled: set[str] = set()
@@ -239,18 +239,17 @@ def materialize(module: nn.Module, device: torch.device, *, empty: EmptyModel | 
     strict = load_from is not None and not weights
     missing = [n for n in rest if empty is None or (strict and n in persistent)]
     if missing:
-        where = f"load_from {load_from}" if load_from is not None else "no weights"
+        why = f"load_from {load_from} does not hold it" if load_from is not None else "no weights were given"
         raise CheckpointError(f"{what}: {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1
-                              else "") + f" is on the meta device, and {where} gives it; give load_from= weights "
-                              "that hold every tensor, or the model as a spec (dict(type=..., ...)) so that "
-                              "treadle builds it")
+                              else "") + f" is on the meta device and {why}; give load_from= weights that hold "
+                              "every tensor, or the model as a spec (dict(type=..., ...)) so that treadle builds it")
     if rest:
         assert empty is not None  # else every one is missing, above
         unknown = [n for n in rest if n not in empty.tensors]
         if unknown:
             raise CheckpointError(f"{what}: {unknown[0]!r} is on the meta device but was not made by the model's "
                                   "constructor (added after it?); give its value through load_from=")
-        empty.fill(rest, put, exact_rng=not sources, advance_rng=advance_rng)
+        empty.fill(rest, put)
         _say_new(module, sources, [n for n in rest if n in persistent])
 
 
