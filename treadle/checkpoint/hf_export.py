@@ -154,8 +154,12 @@ def full_plan(info: Mapping[str, Any], source: Any, checkpoint: Path, base: Any)
         # A frozen weight, as the model held it: the base's, in the model's dtype.
         return folder.read(key).to(missing[key].dtype)  # type: ignore[union-attr]  # missing keys: a folder
 
+    def done(key: str) -> None:
+        if key in source.specs:
+            source.done(key)
+
     class_name = str(info.get("class", "")).rsplit(".", 1)[-1]
-    return FolderPlan(_hf_files(info, class_name, specs), "model", specs, read, source.done)
+    return FolderPlan(_hf_files(info, class_name, specs), "model", specs, read, done)
 
 
 def adapter_plan(info: Mapping[str, Any], source: Any, checkpoint: Path) -> FolderPlan:

@@ -7,7 +7,7 @@ strategy puts its result under ``"model"`` in every checkpoint's manifest meta (
      "tensors": {"model.embed_tokens.weight": ["float32", [32000, 4096]], ...},  # every state-dict tensor
      "tied": {"lm_head.weight": "model.embed_tokens.weight"},  # an alias -> the key kept in its place
      "pretrained": "/abs/path/of/the/folder/it/was/loaded/from",  # when that is a local folder
-     "hf": {"config": {...config.to_dict()...}, "generation_config": {...}},  # a Hugging Face model
+     "hf": {"config": {...}, "generation_config": {...}},  # a Hugging Face model's, as save_pretrained writes them
      "peft": {"adapter": "default", "config": {...adapter_config.json...},      # a PEFT model
               "base_class": "transformers....LlamaForCausalLM",
               "keys": {"base_model.model....lora_A.default.weight": "base_model.model....lora_A.weight"}}}
@@ -48,10 +48,10 @@ def class_path(obj: Any) -> str:
 def json_safe(obj: Any) -> Any:
     """``obj`` as JSON can hold it: dtypes and enums by name, sets and tuples as lists,
     non-finite floats as their names; other objects by ``str``."""
+    if isinstance(obj, enum.Enum):  # before str: PEFT's enums are strs too
+        return json_safe(obj.value)
     if obj is None or isinstance(obj, (bool, int, str)):
         return obj
-    if isinstance(obj, enum.Enum):
-        return json_safe(obj.value)
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else str(obj)
     if isinstance(obj, torch.dtype):
@@ -122,7 +122,8 @@ def _hf_part(module: nn.Module) -> dict[str, Any] | None:
     config = getattr(module, "config", None)
     if not callable(getattr(config, "to_dict", None)):
         return None
-    part: dict[str, Any] = {"config": json_safe(config.to_dict())}
+    as_dict = getattr(config, "to_diff_dict", None) or config.to_dict  # what save_pretrained writes
+    part: dict[str, Any] = {"config": json_safe(as_dict())}
     generation = getattr(module, "generation_config", None)
     can_generate = getattr(module, "can_generate", None)
     if generation is not None and callable(can_generate) and can_generate():
@@ -177,7 +178,7 @@ def describe_model(module: nn.Module) -> dict[str, Any]:
         hf = _hf_part(module)
         if hf is not None:
             info["hf"] = hf
-            source = hf["config"].get("_name_or_path")
+            source = getattr(getattr(module, "config", None), "_name_or_path", None)
             if isinstance(source, str) and source and os.path.isdir(source):
                 info["pretrained"] = os.path.abspath(source)
         if _is_peft(module):

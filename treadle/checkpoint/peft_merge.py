@@ -61,6 +61,7 @@ def _rebuild(info: Mapping[str, Any]) -> tuple[nn.Module, dict[str, TensorSpec],
     tied = tied_keys(base)
     to_base = _identities(base)
     settings = {k: v for k, v in peft_info["config"].items() if k != "auto_mapping"}
+    settings["base_model_name_or_path"] = None  # the meta model comes from no folder: no warning that it differs
     peft_config = peft.PeftConfig.from_peft_type(**settings)
     for name in _INIT_SETTINGS:
         if hasattr(peft_config, name):
