@@ -77,7 +77,7 @@ def test_a_sharded_dcp_checkpoint_exports_tensor_by_tensor(tmp_path):
 def _frozen_run(tmp_path, model):
     """``model`` with its embeddings and first layer frozen, trained and saved without them."""
     for name, p in model.named_parameters():
-        p.requires_grad = not (name.startswith("model.embed_tokens") or name.startswith("model.layers.0."))
+        p.requires_grad = not name.startswith(("model.embed_tokens", "model.layers.0."))
     frozen = {k: v.clone() for k, v in model.state_dict().items()}
     model = train_and_save(model, tmp_path / "ckpt", callback=drop_frozen(model))
     saved = load_checkpoint(tmp_path / "ckpt", files=["state.pt"])["state.pt"]["model"]
