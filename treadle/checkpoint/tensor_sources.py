@@ -142,6 +142,7 @@ class ShardedWeights:
             raise CheckpointError(f"{path}: no {entry!r} tensors in its sharded state")
 
     def read(self, key: str) -> torch.Tensor:
+        from torch.distributed.checkpoint import CheckpointException
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
         from .dcp_safe import _SafeLoadPlanner
@@ -153,9 +154,7 @@ class ShardedWeights:
         try:
             _load_state_dict({self.entry: {key: t}}, storage_reader=self.reader, planner=_SafeLoadPlanner(),
                              no_dist=True)
-        except BaseException as e:
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
+        except (Exception, CheckpointException) as e:  # DCP's exception is a BaseException
             raise _as_checkpoint_error(e, self.path, f"reading {key!r}") from None
         return t
 
