@@ -19,8 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,32 +28,15 @@ import torch
 from treadle.fsutil import fsync_dir
 
 from .durable import _scratch_name
-from .manifest import CheckpointError, read_manifest
+from .export_plan import ExportError, FolderPlan, dtype_of, hf_files, open_base
+from .manifest import read_manifest
 from .safetensors_stream import TensorSpec, parse_size, plan_shards, write_safetensors
-from .tensor_sources import SAFE_INDEX, FolderWeights, open_checkpoint_weights
+from .tensor_sources import SAFE_INDEX, open_checkpoint_weights
 
 __all__ = ["ExportError", "DEFAULT_MAX_SHARD_SIZE", "export_folder", "read_model_info", "check_out_dir"]
 
 #: ``save_pretrained``'s default shard size (transformers 5).
 DEFAULT_MAX_SHARD_SIZE = "50GB"
-
-
-class ExportError(CheckpointError):
-    """An export that cannot be done as asked (one line: what, and what to do)."""
-
-
-@dataclass
-class FolderPlan:
-    """What goes into the folder: small JSON files, and the weights file(s) ``weights``
-    (``model`` or ``adapter_model``) of ``specs``, each tensor from ``read``."""
-
-    files: dict[str, Any]
-    weights: str
-    specs: list[TensorSpec]
-    read: Callable[[str], torch.Tensor]
-    done: Callable[[str], None] = lambda key: None
-    shard: bool = True
-    closers: list[Callable[[], None]] = field(default_factory=list)
 
 
 def read_model_info(checkpoint: Path) -> dict[str, Any] | None:
@@ -80,70 +62,13 @@ def check_out_dir(out: Path) -> None:
             break
 
 
-def _shape(shape: Any) -> str:
-    return "(" + ", ".join(map(str, shape)) + ")"
-
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, str(name), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ExportError(f"the checkpoint records a tensor of dtype {name!r}, which this torch does not have")
-    return dtype
-
-
-def open_base(info: Mapping[str, Any], base: str | os.PathLike[str] | None, checkpoint: Path,
-              needed: Mapping[str, TensorSpec]) -> FolderWeights:
-    """The base folder the weights ``needed`` (the model's keys there -> the model's
-    spec) are read from: ``base``, or where the model was loaded from; each tensor there
-    checked for its shape first."""
-    what = "--base"
-    if base is None:
-        peft_cfg = (info.get("peft") or {}).get("config") or {}
-        base = info.get("pretrained") or peft_cfg.get("base_model_name_or_path")
-        first = next(iter(needed))
-        if not base or not Path(base).is_dir():
-            loaded = f"; the model was loaded from {str(base)!r}, not a local folder" if base else ""
-            raise ExportError(f"{checkpoint} leaves out {len(needed)} of the model's weights (frozen ones, e.g. "
-                              f"{first!r}); they are read from the base model: pass --base DIR (a folder "
-                              f"save_pretrained wrote){loaded}")
-        what = "the base"
-    folder = FolderWeights(base, what)
-    for key, spec in needed.items():
-        have = folder.specs.get(key)
-        if have is None:
-            raise ExportError(f"{what} {folder.path}: no tensor {key!r}, which the model has {_shape(spec.shape)}; "
-                              "is it the folder this model was loaded from?")
-        if have.shape != spec.shape:
-            raise ExportError(f"{what} {folder.path}: tensor {key!r} has shape {_shape(have.shape)}, the model's is "
-                              f"{_shape(spec.shape)}; it is not this model's base")
-    return folder
-
-
-def hf_config(info: Mapping[str, Any], class_name: str, specs: list[TensorSpec]) -> dict[str, Any]:
-    """``config.json``'s content as ``save_pretrained`` writes it: the recorded config with the
-    model's class as its architecture and the dtype of its first floating-point weights."""
-    config = dict(info["hf"]["config"])
-    config["architectures"] = [class_name]
-    floating = next((s.dtype for s in specs if s.dtype.is_floating_point), None)
-    if floating is not None:
-        config["torch_dtype" if "torch_dtype" in config else "dtype"] = str(floating).removeprefix("torch.")
-    return config
-
-
-def _hf_files(info: Mapping[str, Any], class_name: str, specs: list[TensorSpec]) -> dict[str, Any]:
-    files: dict[str, Any] = {"config.json": hf_config(info, class_name, specs)}
-    if info["hf"].get("generation_config") is not None:
-        files["generation_config.json"] = info["hf"]["generation_config"]
-    return files
-
-
 def full_plan(info: Mapping[str, Any], source: Any, checkpoint: Path, base: Any) -> FolderPlan:
     """The model's weights under its own keys, tied aliases dropped; the ones the
     checkpoint left out read from the base folder."""
     recorded = info.get("tensors") or {k: [str(s.dtype).removeprefix("torch."), list(s.shape)]
                                        for k, s in source.specs.items()}
     tied = info.get("tied") or {}
-    specs = [source.specs.get(k) or TensorSpec(k, _dtype(d), tuple(shape)) for k, (d, shape) in recorded.items()
+    specs = [source.specs.get(k) or TensorSpec(k, dtype_of(d), tuple(shape)) for k, (d, shape) in recorded.items()
              if k not in tied]
     missing = {s.name: s for s in specs if s.name not in source.specs}
     folder = open_base(info, base, checkpoint, missing) if missing else None
@@ -159,7 +84,7 @@ def full_plan(info: Mapping[str, Any], source: Any, checkpoint: Path, base: Any)
             source.done(key)
 
     class_name = str(info.get("class", "")).rsplit(".", 1)[-1]
-    return FolderPlan(_hf_files(info, class_name, specs), "model", specs, read, done)
+    return FolderPlan(hf_files(info, class_name, specs), "model", specs, read, done)
 
 
 def adapter_plan(info: Mapping[str, Any], source: Any, checkpoint: Path) -> FolderPlan:
@@ -248,7 +173,6 @@ def export_folder(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str
     if peft is not None and not merge and base is not None:
         raise ExportError("--base: an adapter export reads nothing from the base; --base goes with --merge")
     source = open_checkpoint_weights(checkpoint, ema=ema)
-    plan: FolderPlan | None = None
     try:
         if peft is None:
             plan = full_plan(info, source, checkpoint, base)
@@ -260,6 +184,4 @@ def export_folder(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str
             plan = adapter_plan(info, source, checkpoint)
         return write_folder(out, plan, max_shard_size)
     finally:
-        for close in (plan.closers if plan is not None else []):
-            close()
         source.close()

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hf_export import ExportError, FolderPlan, _dtype, _hf_files, open_base
+from .export_plan import ExportError, FolderPlan, dtype_of, hf_files, open_base
 from .model_info import tied_keys
 from .safetensors_stream import TensorSpec
 
@@ -77,7 +77,7 @@ def _rebuild(info: Mapping[str, Any]) -> tuple[nn.Module, dict[str, TensorSpec],
     # The dtype each tensor had in training (the meta model's are the default dtype's).
     for key, base_key in peft_to_base.items():
         if key in recorded and base_key in base_specs:
-            base_specs[base_key] = TensorSpec(base_key, _dtype(recorded[key][0]), base_specs[base_key].shape)
+            base_specs[base_key] = TensorSpec(base_key, dtype_of(recorded[key][0]), base_specs[base_key].shape)
     return model, base_specs, tied, peft_to_base
 
 
@@ -131,7 +131,7 @@ class _Merger:
                 state[local] = self.source.read(key).clone()
                 self.source.done(key)
             else:
-                dtype = _dtype(self.recorded[key][0]) if key in self.recorded else None
+                dtype = dtype_of(self.recorded[key][0]) if key in self.recorded else None
                 t = folder.read(self.to_base[key])
                 state[local] = t.to(dtype) if dtype is not None else t
         layer.load_state_dict(state, assign=True)
@@ -179,4 +179,4 @@ def merged_plan(info: Mapping[str, Any], source: Any, checkpoint: Path, base: An
             source.done(peft_key)
 
     class_name = info["peft"]["base_class"].rsplit(".", 1)[-1]
-    return FolderPlan(_hf_files(info, class_name, specs), "model", specs, lambda k: merger.read(k, folder), done)
+    return FolderPlan(hf_files(info, class_name, specs), "model", specs, lambda k: merger.read(k, folder), done)
