@@ -137,6 +137,7 @@ def test_the_ema_weights_export_as_a_folder(tmp_path, capsys):
 
 def test_the_command_line(tmp_path, capsys):
     model = train_and_save(llama(tied=True), tmp_path / "ckpt")
+    (tmp_path / "out").mkdir()  # an empty folder is written in place
     rc, out, err = run(capsys, "export", tmp_path / "ckpt", "--out", tmp_path / "out", "--max-shard-size", "20KB")
     assert rc == 0 and out.strip() == str(tmp_path / "out"), err
     assert len(list((tmp_path / "out").glob("model-0000*-of-0000*.safetensors"))) > 2

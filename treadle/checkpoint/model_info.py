@@ -95,16 +95,15 @@ def tied_keys(module: nn.Module) -> dict[str, str]:
     """``{alias: kept}`` for the state-dict keys that name one tensor (the same Parameter
     or buffer): per group, the declared-tied keys are dropped as long as one key is left,
     then all but the first of the others (state-dict order)."""
-    keys = set(module.state_dict())
+    order = {k: i for i, k in enumerate(module.state_dict())}
     groups: dict[int, list[str]] = {}
     owners: dict[int, Any] = {}
     named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
     for name, t in named:
-        if name in keys:
+        if name in order:
             groups.setdefault(id(t), []).append(name)
             owners[id(t)] = t  # keep the object alive: ids stay unique
     patterns = _declared_tied(module)
-    order = {k: i for i, k in enumerate(module.state_dict())}
     out: dict[str, str] = {}
     for names in groups.values():
         names = sorted(set(names), key=order.__getitem__)
