@@ -266,3 +266,21 @@ def test_hand_written_loop_equals_ddp_and_resumes_exactly_after_sigkill(tmp_path
     for i, entries in a["optim_state"].items():
         for key, t in entries.items():
             assert torch.equal(t, b["optim_state"][i][key]), (i, key)
+
+
+def test_a_hugging_face_model_s_checkpoint_exports_as_a_folder(one_process_group, tmp_path):
+    """The checkpoint of a DeepSpeed run records the model as the others do: the folder loads
+    to the trained weights bit for bit."""
+    transformers = pytest.importorskip("transformers")
+    from export_support import TokenBatches, llama
+    from treadle.checkpoint.hf_export import export_folder
+    from treadle.checkpoint.io import find_latest_checkpoint
+
+    trainer = _trainer(llama(tied=True), train_dataloader=DataLoader(TokenBatches(), batch_size=4), loss_fn=None,
+                       max_epochs=None, max_iters=2, work_dir=tmp_path / "ds",
+                       checkpoint=dict(interval=2, by_epoch=False))
+    trainer.fit()
+    export_folder(find_latest_checkpoint(tmp_path / "ds" / "checkpoints"), tmp_path / "out")
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    trained = trainer.module.state_dict()
+    assert set(loaded) == set(trained) and all(torch.equal(loaded[k], v.cpu()) for k, v in trained.items())

@@ -169,8 +169,8 @@ class CheckpointHook(Hook):
         if trainer.ema is not None:
             weights["ema"] = trainer.ema.state_dict()
         try:  # the one checkpointer: its atomic write, its non-finite check (rank 0 holds the full weights)
-            trainer.checkpointer.save_weights(path, weights, meta={"iter": s.iter, "epoch": s.epoch, self.best: value},
-                                              run=trainer.run_id)
+            meta = {"iter": s.iter, "epoch": s.epoch, self.best: value, "model": trainer.strategy.model_info}
+            trainer.checkpointer.save_weights(path, weights, meta=meta, run=trainer.run_id)
         except FloatingPointError as e:  # not a best worth keeping, whatever the metric says
             get_logger().warning(f"best {self.best} = {value:.6g}: not saved: {e}")
             return

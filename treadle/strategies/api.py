@@ -49,6 +49,7 @@ from torch import nn
 
 from treadle.checkpoint.checkpointer import Checkpointer
 from treadle.checkpoint.io import CheckpointError
+from treadle.checkpoint.model_info import describe_model
 from treadle.checkpoint.rng import set_rng_state
 from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.data.resumable import ResumableLoader
@@ -94,6 +95,9 @@ class StrategyAPI:
     deterministic: bool = False
     _env_ready: bool = False
     _prepared: bool = False
+    #: What ``treadle export`` needs of the model (treadle/checkpoint/model_info.py): described
+    #: once by :meth:`prepare`, recorded as ``"model"`` in every checkpoint's manifest meta.
+    model_info: dict[str, Any] | None = None
 
     # -- environment ---------------------------------------------------------------------
     def setup_env(self, *, work_dir: str | Path | None = None, seed: int | None = None,
@@ -196,6 +200,7 @@ class StrategyAPI:
 
             apply_activation_checkpointing(model, activation_checkpointing)  # before wrapping: fully_shard sees the blocks
         self.module = model
+        self.model_info = describe_model(model)
         wrapped = self.setup_model(model)  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
         wrappers = build_optim_wrappers(optim_wrapper, model, device_type=self.device.type) if optim_wrapper is not None else {}
         # DeepSpeed: the engine (made from the model and the optimizer) is what the loop calls.
@@ -424,9 +429,9 @@ class StrategyAPI:
         states, rank_states = self.checkpoint_states(parts, rank_parts, save_optimizer=save_optimizer,
                                                      save_param_scheduler=save_param_scheduler, extra_ckpt=extra_ckpt)
         describe = states["optim"].describe_nonfinite if explain_nonfinite is not None else None
-        path = self.checkpointer.save(filename, states, rank_states=rank_states, meta={**(meta or {}), "kind": "strategy"},
-                                      run=self.run_id, writer=writer, callback=callback, describe=describe,
-                                      hint=explain_nonfinite or "")
+        meta = {**(meta or {}), "kind": "strategy", "model": self.model_info}
+        path = self.checkpointer.save(filename, states, rank_states=rank_states, meta=meta, run=self.run_id,
+                                      writer=writer, callback=callback, describe=describe, hint=explain_nonfinite or "")
         get_logger().debug(f"saved checkpoint {path}")
         return Path(path)
 
