@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 
 import torch
@@ -23,6 +22,15 @@ from transformers import LlamaForCausalLM
 
 LLAMA = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=16, tie_word_embeddings=False)
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory in bytes (Linux's VmHWM: unlike ``ru_maxrss``,
+    not inherited from the process that started this one)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def tokens(vocab: int) -> list[dict[str, torch.Tensor]]:
@@ -37,7 +45,7 @@ class PeakMemory(treadle.Hook):
         self.out = out
 
     def before_train(self, trainer) -> None:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        peak = peak_rss()
         with open(os.path.join(self.out, f"rss_rank{trainer.strategy.rank}.json"), "w") as f:
             json.dump(peak, f)
 

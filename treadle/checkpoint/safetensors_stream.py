@@ -10,9 +10,11 @@ written from the tensors' dtypes and shapes first, then each tensor's bytes as
     specs = [TensorSpec("w", torch.float32, (4, 2)), ...]
     write_safetensors(path, specs, read=lambda name: tensors[name])
     f = SafetensorsFile(path); f.specs["w"]; f.read("w")   # one tensor, read into its own buffer
+    f.read_box("w", (2, 0), (2, 2), out)                    # rows 2..3: a process's shard of it
 
-Reading goes through ``readinto`` of one tensor's buffer, not a mapping of the file: the
-pages of tensors already read do not stay in the process.
+Reading goes through ``readinto`` of one tensor's buffer (or of a block of the rows a box
+spans), not a mapping of the file: the pages of tensors already read do not stay in the
+process, and a process reading its shard never reads the whole tensor.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 import os
 import struct
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,8 @@ _NAMES: dict[str, str] = {
 DTYPES: dict[torch.dtype, str] = {getattr(torch, n): s for n, s in _NAMES.items() if hasattr(torch, n)}
 _BY_NAME = {s: d for d, s in DTYPES.items()}
 _CHUNK = 64 << 20  # bytes handed to one write() call
+#: At most this many bytes are read at once beyond the box :meth:`SafetensorsFile.read_box` keeps.
+BOX_BLOCK = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,41 @@ class SafetensorsFile:
                 self.specs[name], self._offsets[name] = spec, (begin, end)
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise CorruptCheckpointError(f"{self.path}: not a safetensors file (a malformed header: {e})") from None
+
+    def read_box(self, name: str, offsets: Sequence[int], sizes: Sequence[int], out: torch.Tensor) -> None:
+        """Copy ``tensor[offsets : offsets + sizes]`` (a box, per dimension: a process's
+        shard) into ``out`` (any device and dtype, of shape ``sizes``), reading only the rows
+        it spans, :data:`BOX_BLOCK` bytes at a time at most beyond the box itself."""
+        spec = self.specs[name]
+        if len(offsets) != len(spec.shape) or any(o < 0 or o + s > n for o, s, n in zip(offsets, sizes, spec.shape)):
+            raise ValueError(f"{name}: the box at {list(offsets)} of size {list(sizes)} is outside its shape "
+                             f"{list(spec.shape)}")
+        if tuple(out.shape) != tuple(sizes):
+            raise ValueError(f"{name}: out has shape {list(out.shape)}, the box {list(sizes)}")
+        if not spec.shape:  # a scalar
+            out.copy_(self._rows(name, 0, 1).reshape(()))
+            return
+        if out.numel() == 0:
+            return
+        row_shape = spec.shape[1:]
+        row_bytes = TensorSpec(name, spec.dtype, row_shape).nbytes
+        inner = tuple(slice(o, o + s) for o, s in zip(offsets[1:], sizes[1:]))
+        step = max(1, BOX_BLOCK // max(row_bytes, 1))
+        for done in range(0, sizes[0], step):
+            n = min(step, sizes[0] - done)
+            rows = self._rows(name, offsets[0] + done, n).view(n, *row_shape)
+            out[done:done + n].copy_(rows[(slice(None), *inner)])
+
+    def _rows(self, name: str, first: int, count: int) -> torch.Tensor:
+        """Rows ``first .. first + count`` of ``name`` as a flat tensor of its dtype (one read)."""
+        spec = self.specs[name]
+        per_row = TensorSpec(name, spec.dtype, spec.shape[1:]).nbytes
+        buf = torch.empty(count * per_row, dtype=torch.uint8)
+        with open(self.path, "rb") as f:
+            f.seek(self._start + self._offsets[name][0] + first * per_row)
+            if f.readinto(tensor_bytes(buf)) != buf.numel():
+                raise CorruptCheckpointError(f"{self.path}: {name!r} is cut short")
+        return buf.view(spec.dtype)
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor ``name``, read into a new CPU tensor."""

@@ -1,4 +1,4 @@
-"""Where an export reads tensors from, one at a time.
+"""Where an export, or a model built on the meta device, reads tensors from, one at a time.
 
 Each source has ``specs`` (``{key: TensorSpec}``, known before any tensor is read),
 ``read(key)`` and ``done(key)`` (the tensor was written: its memory may go):
@@ -10,7 +10,8 @@ Each source has ``specs`` (``{key: TensorSpec}``, known before any tensor is rea
 * :class:`ShardedWeights`: the ``model`` of a sharded (DCP) checkpoint; each tensor is
   read whole through DCP, with treadle's safe reader and planner (dcp_safe.py).
 * :class:`FolderWeights`: a Hugging Face folder (``model.safetensors``, or shards and
-  ``model.safetensors.index.json``), read tensor by tensor.
+  ``model.safetensors.index.json``) or a ``.safetensors`` file, read tensor by tensor, or a
+  process's box of each (a model built on the meta device: treadle/strategies/materialize.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 from .manifest import STATE_FILE, CheckpointError, CorruptCheckpointError, verify_checkpoint
 from .safetensors_stream import SafetensorsFile, TensorSpec
 
-__all__ = ["MappedWeights", "ShardedWeights", "FolderWeights", "ema_weights", "open_checkpoint_weights"]
+__all__ = ["MappedWeights", "ShardedWeights", "FolderWeights", "ema_weights", "is_hf_folder", "open_checkpoint_weights"]
 
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
@@ -165,21 +166,36 @@ class ShardedWeights:
         """Nothing held open."""
 
 
+def is_hf_folder(path: str | os.PathLike[str]) -> bool:
+    """A folder ``save_pretrained`` wrote: its weights as safetensors, one file or shards with an index."""
+    path = Path(path)
+    return (path / SAFE_WEIGHTS).is_file() or (path / SAFE_INDEX).is_file()
+
+
 class FolderWeights:
-    """The weights of a Hugging Face folder (``save_pretrained``'s safetensors files)."""
+    """The weights of a Hugging Face folder (``save_pretrained``'s safetensors files: one
+    file, or the shards its index lists), or of one ``.safetensors`` file, read tensor by
+    tensor (:meth:`read`) or a process's box of one (:meth:`read_box`)."""
 
     def __init__(self, path: str | os.PathLike[str], what: str = "base") -> None:
         self.path = Path(path)
-        if not self.path.is_dir():
+        index = self.path / SAFE_INDEX
+        if self.path.is_file():
+            names = [self.path.name]
+            self.path = self.path.parent
+        elif not self.path.is_dir():
             raise CheckpointError(f"{what} {self.path}: no such folder; expected a Hugging Face model folder "
                                   "(save_pretrained's, with model.safetensors)")
-        index = self.path / SAFE_INDEX
-        if index.is_file():
+        elif index.is_file():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
                 names = sorted(set(weight_map.values()))
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
                 raise CorruptCheckpointError(f"{index}: not a safetensors index ({e})") from None
+            missing = [n for n in names if not (self.path / n).is_file()]
+            if missing:
+                raise CheckpointError(f"{what} {self.path}: the shard {missing[0]} that {SAFE_INDEX} lists is missing"
+                                      + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
         elif (self.path / SAFE_WEIGHTS).is_file():
             names = [SAFE_WEIGHTS]
         else:
@@ -197,6 +213,10 @@ class FolderWeights:
 
     def read(self, key: str) -> torch.Tensor:
         return self.files[key].read(key)
+
+    def read_box(self, key: str, offsets: Any, sizes: Any, out: torch.Tensor) -> None:
+        """This process's box of ``key`` into ``out`` (:meth:`SafetensorsFile.read_box`)."""
+        self.files[key].read_box(key, offsets, sizes, out)
 
     def done(self, key: str) -> None:
         """Nothing kept: each read is a new tensor."""

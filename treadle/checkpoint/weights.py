@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from treadle.checkpoint.safetensors_files import SafetensorsFiles, is_hf_folder
+from treadle.checkpoint.tensor_sources import FolderWeights, is_hf_folder
 from treadle.fsutil import fsync_dir
 
 from .io import (
@@ -129,8 +129,8 @@ def _read_source(source: Source, key: str | None) -> tuple[dict[str, Any], str]:
     if path.is_dir() and is_hf_folder(path):  # save_pretrained's: model.safetensors, or shards and their index
         if key is not None:
             raise CheckpointError(f"{path}: a Hugging Face folder holds one state dict; key={key!r} does not apply")
-        files = SafetensorsFiles.open(path)
-        return {k: files.read(k) for k in files.keys()}, str(path)
+        files = FolderWeights(path, "load_from")
+        return {k: files.read(k) for k in files.specs}, str(path)
     if path.is_dir():
         state = load_checkpoint(path, files=[STATE_FILE])[STATE_FILE]
         return _pick_state_dict(state, key or "model", str(path / STATE_FILE)), str(path)

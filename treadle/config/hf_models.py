@@ -141,14 +141,14 @@ def _skeleton(cls: type, pretrained: Any, values: Any, path: str) -> nn.Module:
     materialization (treadle/strategies/empty_init.py), which reads each process's share."""
     from transformers import AutoConfig, GenerationConfig
 
-    from treadle.checkpoint.safetensors_files import INDEX_FILE, SINGLE_FILE
+    from treadle.checkpoint.tensor_sources import SAFE_INDEX, SAFE_WEIGHTS, is_hf_folder
     from treadle.strategies.empty_init import add_weights
 
     overrides = _pretrained_args(pretrained, values, path)
     where = join_path(path, "pretrained")
     folder = Path(pretrained)
-    if folder.is_dir() and not ((folder / SINGLE_FILE).is_file() or (folder / INDEX_FILE).is_file()):
-        raise ConfigError(where, f"no {SINGLE_FILE} or {INDEX_FILE} in the folder", value=pretrained,
+    if folder.is_dir() and not is_hf_folder(folder):
+        raise ConfigError(where, f"no {SAFE_WEIGHTS} or {SAFE_INDEX} in the folder", value=pretrained,
                           expected="a folder written by save_pretrained with safetensors weights (the weights are "
                                    "then read shard by shard)")
     add_weights(pretrained)  # before the constructor: its random draws are not made, the weights replace them

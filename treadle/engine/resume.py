@@ -14,7 +14,7 @@ from typing import Callable, Iterable, TypeVar
 
 from treadle.checkpoint.directory import cleanup_stale_tmp, find_latest_checkpoint, list_checkpoints
 from treadle.checkpoint.io import MANIFEST_NAME, CheckpointError, CheckpointWarning, UnreadableCheckpointError
-from treadle.checkpoint.safetensors_files import is_hf_folder
+from treadle.checkpoint.tensor_sources import is_hf_folder
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 

@@ -9,7 +9,7 @@ is still empty). :func:`materialize` allocates the local shards on ``device``
 
 1. from the weights files, in order (``pretrained:`` of a Hugging Face model spec, then
    ``load_from=``): each process reads the box of each tensor that it holds
-   (treadle/checkpoint/safetensors_files.py; a sharded treadle checkpoint through DCP,
+   (treadle/checkpoint/tensor_sources.py; a sharded treadle checkpoint through DCP,
    which reshards), after every shape was checked against the model;
 2. the rest from the record of the model's constructor (treadle/strategies/empty_init.py):
    a tensor the files lack (a new head, a LoRA adapter) gets the value the model's own
@@ -155,14 +155,14 @@ def open_weights(source: Any, strict: bool = True) -> Weights:
     ``.safetensors`` file (read box by box), a sharded treadle checkpoint (through DCP),
     a mapping of tensors, or any other file ``load_from=`` takes (read whole: ``.pt``/``.pth``,
     a treadle checkpoint of one process)."""
-    from treadle.checkpoint.safetensors_files import SafetensorsFiles, is_hf_folder
+    from treadle.checkpoint.tensor_sources import FolderWeights, is_hf_folder
     from treadle.checkpoint.sharded import is_sharded_checkpoint
 
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.suffix == ".safetensors" or (path.is_dir() and is_hf_folder(path)):
-            files = SafetensorsFiles.open(path)
-            return Weights(str(path), files.keys(), files.shape, files.read_box, strict)
+            files = FolderWeights(path, "load_from" if strict else "pretrained")
+            return Weights(str(path), files.specs, lambda k: files.specs[k].shape, files.read_box, strict)
         if path.is_dir() and is_sharded_checkpoint(path):
             return _ShardedCheckpoint(path, strict)
         from treadle.checkpoint.weights import read_weights
