@@ -101,3 +101,27 @@ def test_sizes_are_read_as_huggingface_writes_them():
     for bad in ("lots", "0", "-5MB"):
         with pytest.raises(ValueError):
             parse_size(bad)
+
+
+def test_a_box_is_read_block_by_block_whatever_its_dtype_and_shape(tmp_path, monkeypatch):
+    """A process's shard of a tensor (a box: a range per dimension), read a few rows at a
+    time, equals the slice of the tensor; into another dtype too."""
+    import treadle.checkpoint.safetensors_stream as stream
+
+    tensors = {"a": torch.randn(37, 11), "b": torch.randn(5, 3, 4).bfloat16(), "c": torch.tensor(3.5),
+               "d": torch.arange(10), "e": torch.rand(4) > 0.5}
+    save_file(tensors, tmp_path / "x.safetensors")
+    f = SafetensorsFile(tmp_path / "x.safetensors")
+    monkeypatch.setattr(stream, "BOX_BLOCK", 50)  # a few rows per read: the blocks' seams are crossed
+    out = torch.empty(10, 4)
+    f.read_box("a", (3, 5), (10, 4), out)
+    assert torch.equal(out, tensors["a"][3:13, 5:9])
+    out = torch.empty(2, 2, 3)  # bfloat16 read into float32
+    f.read_box("b", (1, 1, 1), (2, 2, 3), out)
+    assert torch.equal(out, tensors["b"][1:3, 1:3, 1:4].float())
+    for key in ("c", "d", "e"):
+        whole = torch.empty(tensors[key].shape, dtype=tensors[key].dtype)
+        f.read_box(key, (0,) * whole.dim(), tuple(whole.shape), whole)
+        assert torch.equal(whole, tensors[key])
+    with pytest.raises(ValueError, match=r"a: the box at \[30, 0\] of size \[10, 11\] is outside its shape \[37, 11\]"):
+        f.read_box("a", (30, 0), (10, 11), torch.empty(10, 11))
