@@ -5,7 +5,8 @@ with torchrun's environment.
     python empty_init_script.py OUT train DIR STRATEGY_JSON   # the Trainer on {pretrained: DIR}, a few steps
 
 ``train`` writes OUT/rss_rank<r>.json (the process's peak resident memory at ``before_train``,
-in bytes) and OUT/final.pt (the trained weights, gathered on rank 0).
+in bytes), OUT/final.pt (the trained weights, gathered on rank 0) and the run in OUT/run
+(its final checkpoint).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def main() -> None:
         return
     folder, strategy = sys.argv[3], json.loads(sys.argv[4])
     vocab = json.load(open(os.path.join(folder, "config.json")))["vocab_size"]
-    trainer = treadle.Trainer(dict(type=LlamaForCausalLM, pretrained=folder), train_dataloader=DataLoader(
+    trainer = treadle.Trainer(dict(type=LlamaForCausalLM, pretrained=folder), work_dir=os.path.join(out, "run"),
+                              train_dataloader=DataLoader(
         tokens(vocab), batch_size=2), optimizer=dict(type="SGD", lr=0.5), max_iters=3, strategy=strategy,
         hooks=[PeakMemory(out)], progress=False, seed=0, log_interval=1)
     trainer.fit()

@@ -1,7 +1,8 @@
 """Models built on the meta device over several gloo processes: a fresh spec equals its
 whole-built twin bit for bit under DDP, FSDP and FSDP x tensor parallel (2 x 2); a
 pretrained Llama on 2 shards x tp 2 holds about a quarter of it per rank before training,
-and trains as one process does on the whole model from the same weights."""
+trains as one process does on the whole model from the same weights, and exports to a
+folder that ``from_pretrained`` loads bit for bit."""
 
 from __future__ import annotations
 
@@ -88,6 +89,17 @@ def test_a_pretrained_llama_on_2_shards_x_tp_2_is_read_shard_by_shard(tmp_path) 
         loss.backward()
         opt.step()
     got = torch.load(tmp_path / "run-big" / "final.pt", weights_only=True)
+    # Exported as a Hugging Face folder, tensor by tensor from the sharded checkpoint: from_pretrained loads it.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "treadle", "export", str(tmp_path / "run-big" / "run"), "--out",
+                           str(tmp_path / "exported")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    exported = hf.LlamaForCausalLM.from_pretrained(tmp_path / "exported").state_dict()
+    assert exported.keys() == got.keys()
+    for name, value in got.items():
+        assert torch.equal(exported[name], value), name
     for name, value in model.state_dict().items():
         assert not torch.equal(value, reference[name]), name  # it trained
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=name)
