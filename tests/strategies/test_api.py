@@ -135,7 +135,8 @@ def test_checkpoint_layout_and_manifest(tmp_path):
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["meta"] == {"kind": "strategy", "run": s.run_id}
     state = torch.load(path / "state.pt", weights_only=True)
-    assert set(state) == {"model", "optim", "param_schedulers", "data", "extra", "strategy"}
+    assert set(state) == {"model", "frozen", "optim", "param_schedulers", "data", "extra", "strategy"}
+    assert state["frozen"] == {"saved": False, "digest": "sha256", "tensors": {}}  # nothing frozen: nothing described
     assert state["data"] == [{"epoch": 0, "batch_idx": 3, "seed": loader.seed}]
     rank = torch.load(path / "rng_rank0.pt", weights_only=True)
     assert len(rank["rank_state"]["optim"]["default"]["grads"]) == 4  # iteration 3 left a window open: its gradients

@@ -72,6 +72,8 @@ class LoadReport:
     mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
     loaded: int = 0
     source: str = ""
+    #: Frozen weights the checkpoint left out, kept as the model has them (their digests match).
+    frozen: int = 0
 
     @property
     def ok(self) -> bool:
@@ -81,6 +83,8 @@ class LoadReport:
     def __str__(self) -> str:
         src = f" from {self.source}" if self.source else ""
         lines = [f"loaded {self.loaded} entries{src}"]
+        if self.frozen:
+            lines[0] += f"; {self.frozen} frozen weights kept as the model has them (they match the checkpoint's digests)"
         if self.missing:
             lines.append(f"  missing in checkpoint ({len(self.missing)}):")
             lines += _listing(self.missing)
@@ -116,29 +120,39 @@ def _pick_state_dict(obj: Any, key: str | None, where: str) -> dict[str, Any]:
 
 
 def _read_source(source: Source, key: str | None) -> tuple[dict[str, Any], str]:
+    sd, where, _ = _read_source_and_frozen(source, key)
+    return sd, where
+
+
+def _read_source_and_frozen(source: Source, key: str | None) -> tuple[dict[str, Any], str, Any]:
+    """``(state dict, where, frozen)``: as :func:`_read_source`, with a training checkpoint's
+    ``frozen`` entry (treadle/checkpoint/frozen.py; None for anything else)."""
     if isinstance(source, Mapping):
-        return _pick_state_dict(source, key, "state dict"), "<state dict>"
+        return _pick_state_dict(source, key, "state dict"), "<state dict>", None
     path = Path(source)
     if path.is_dir() and (path / ".metadata").is_file():  # a sharded (FSDP, DCP) checkpoint
         from treadle.checkpoint.sharded import consolidate  # loads DCP: only when needed
 
         if key not in (None, "model"):
             raise CheckpointError(f"{path}: a sharded checkpoint's weights are under 'model'; key={key!r} is not there")
-        return consolidate(path, key="model"), str(path)
+        sd = consolidate(path, key="model")  # verifies every file first
+        state = load_checkpoint(path, files=[STATE_FILE])[STATE_FILE] if (path / STATE_FILE).is_file() else {}
+        return sd, str(path), state.get("frozen") if isinstance(state, dict) else None
     if path.is_dir():
         state = load_checkpoint(path, files=[STATE_FILE])[STATE_FILE]
-        return _pick_state_dict(state, key or "model", str(path / STATE_FILE)), str(path)
+        frozen = state.get("frozen") if isinstance(state, dict) and key in (None, "model") else None
+        return _pick_state_dict(state, key or "model", str(path / STATE_FILE)), str(path), frozen
     if path.suffix == ".safetensors":
         if key is not None:
             raise CheckpointError(f"{path}: a safetensors file holds one state dict; key={key!r} does not apply")
-        return read_safetensors(path), str(path)
+        return read_safetensors(path), str(path), None
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint")
     try:
         state = load_checkpoint(path)[STATE_FILE]
     except UnsafeCheckpointError as refused:
-        return _foreign_weights(path, key, refused), str(path)
-    return _pick_state_dict(state, key, str(path)), str(path)
+        return _foreign_weights(path, key, refused), str(path), None
+    return _pick_state_dict(state, key, str(path)), str(path), None
 
 
 def _foreign_weights(path: Path, key: str | None, refused: UnsafeCheckpointError) -> dict[str, Any]:
@@ -227,8 +241,13 @@ def load_weights(
     :class:`WeightsMismatchError` (before touching the model) on any difference;
     ``strict=False`` loads what matches, logs a warning and returns the report.
     ``key`` selects an entry such as ``"ema"`` (default ``"model"`` for checkpoint dirs).
+
+    A training checkpoint that left out the frozen weights (treadle/checkpoint/frozen.py):
+    the model's own weights of those names stay, once their digests match the
+    checkpoint's; another base is refused (a CheckpointError naming the first tensor that
+    differs) before anything is loaded.
     """
-    raw, where = _read_source(source, key)
+    raw, where, frozen = _read_source_and_frozen(source, key)
     sd = _revise(raw, revise_keys)
     model_sd = model.state_dict()
     report = LoadReport(source=where)
@@ -236,6 +255,9 @@ def load_weights(
     # aliases is in the checkpoint: exporters that de-duplicate keep only one name.
     present = {_alias_id(model_sd[k]) for k in sd if k in model_sd}
     report.missing = [k for k in model_sd if k not in sd and _alias_id(model_sd[k]) not in present]
+    kept = _frozen_left_out(frozen, model_sd, report.missing, where)
+    report.missing = [k for k in report.missing if k not in kept]
+    report.frozen = len(kept)
     report.unexpected = [k for k in sd if k not in model_sd]
     to_load: dict[str, Any] = {}
     for k, v in sd.items():
@@ -254,6 +276,24 @@ def load_weights(
     if not report.ok:
         logger.warning("partial weight load:\n%s", report)
     return report
+
+
+def _frozen_left_out(frozen: Any, model_sd: Mapping[str, Any], missing: list[str], where: str) -> set[str]:
+    """The ``missing`` keys a checkpoint's ``frozen`` entry describes (left out of its
+    weights), once the model's tensors of those names match the digests; a one-line
+    CheckpointError naming the first that differs."""
+    from treadle.checkpoint.frozen import ADVICE, check_entry, describe, first_difference
+
+    if frozen is None or not missing:
+        return set()
+    entry = check_entry(frozen, where)
+    listed = [k for k in missing if k in entry["tensors"]] if not entry["saved"] else []
+    if not listed:
+        return set()
+    problem = first_difference(entry["tensors"], describe(model_sd, listed), names=listed)
+    if problem is not None:
+        raise CheckpointError(f"{where}: nothing was loaded: frozen weight {problem}; {ADVICE}")
+    return set(listed)
 
 
 def _exportable(sd: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:

@@ -16,7 +16,11 @@ directory (atomic, verified, ``weights_only``), written by
 :class:`treadle.checkpoint.checkpointer.Checkpointer`. ``state.pt`` holds (each entry's
 owner: treadle/strategies/states.py)::
 
-    model             the module's state (FSDP: sharded, in DCP files)
+    model             the module's state (FSDP: sharded, in DCP files): a flat state dict
+                      of every parameter and persistent buffer, less the parameters that
+                      do not train unless saved with ``save_frozen=True``
+    frozen            the digests of the parameters that do not train, and whether
+                      ``model`` holds them (treadle/checkpoint/frozen.py)
     optim             {"default": OptimWrapper state}  (optimizer, scaler, accumulation;
                       by name for several wrappers)
     param_schedulers  [scheduler.state_dict(), ...]    (a dict of lists by name for several)
@@ -59,11 +63,13 @@ from treadle.optim.wrapper import OptimWrapper
 from treadle.optim.wrapper_builder import build_optim_wrappers, by_name, scale_lr
 from treadle.seeding import derive_seed, seed_everything, set_deterministic
 from treadle.strategies.search import find_latest_saved
-from treadle.strategies.states import LoaderPlaces, ModelState, OptimStates, RunState, SchedulerStates, plain_state
+from treadle.checkpoint.frozen import FrozenDigests
+from treadle.strategies.states import (FrozenWeights, LoaderPlaces, ModelState, OptimStates, RunState, SchedulerStates,
+                                       plain_state)
 
 DEFAULT_REVISE_KEYS = [(r"^module\.", "")]
 #: The entries of ``state.pt`` the strategy owns; a caller's parts take other names.
-STRATEGY_ENTRIES = ("model", "optim", "param_schedulers", "data", "extra", "strategy")
+STRATEGY_ENTRIES = ("model", "frozen", "optim", "param_schedulers", "data", "extra", "strategy")
 #: What ``prepare(dispatch_kwargs=...)`` takes (MMEngine's names).
 DISPATCH_KEYS = ("epoch_length", "max_epochs", "max_iters", "train_micro_batch_size_per_gpu")
 
@@ -94,6 +100,7 @@ class StrategyAPI:
     deterministic: bool = False
     _env_ready: bool = False
     _prepared: bool = False
+    _frozen_digests: FrozenDigests | None = None  # the frozen weights' digests, kept across saves
 
     # -- environment ---------------------------------------------------------------------
     def setup_env(self, *, work_dir: str | Path | None = None, seed: int | None = None,
@@ -344,11 +351,12 @@ class StrategyAPI:
 
     def checkpoint_states(self, parts: Mapping[str, Any] | None = None, rank_parts: Mapping[str, Any] | None = None,
                           *, save_optimizer: bool = True, save_param_scheduler: bool = True,
+                          save_frozen: bool = False,
                           extra_ckpt: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(states, rank_states)``: the owners of a checkpoint by name, as
         :meth:`save_checkpoint` hands them to the checkpointer (the layout: the module
         docstring). ``parts``/``rank_parts``: the caller's own Statefuls (or plain dicts),
-        by names other than the strategy's entries."""
+        by names other than the strategy's entries. ``save_frozen``: see :meth:`save_checkpoint`."""
         self._need("checkpoint_states()")
         parts, rank_parts = dict(parts or {}), dict(rank_parts or {})
         taken = sorted(set(parts) & set(STRATEGY_ENTRIES)) + sorted(set(rank_parts) & {"optim", "data"})
@@ -361,14 +369,17 @@ class StrategyAPI:
             raise ValueError(f"extra_ckpt keys {clash} are also names of checkpoint parts; resume hands both "
                              "back in one dict, so give them other names")
         optim = OptimStates(self, self.module, self.optim_wrappers if save_optimizer else {})  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
-        states: dict[str, Any] = {"model": ModelState(self, self.module), "optim": optim}  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
+        if self._frozen_digests is None:
+            self._frozen_digests = FrozenDigests()
+        frozen = FrozenWeights(self, self.module, self._frozen_digests, saved=save_frozen)  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
+        states: dict[str, Any] = {"model": ModelState(self, self.module, frozen), "frozen": frozen, "optim": optim}  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
         if save_param_scheduler:
             states["param_schedulers"] = SchedulerStates(self)
         states.update({"data": self._places, "extra": extra, "strategy": RunState(self), **parts})  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
         return states, {"optim": optim.local, "data": self._places.local, **rank_parts}
 
     def save_checkpoint(self, filename: str | Path, *, save_optimizer: bool = True, save_param_scheduler: bool = True,
-                        extra_ckpt: dict[str, Any] | None = None,
+                        save_frozen: bool = False, extra_ckpt: dict[str, Any] | None = None,
                         callback: Callable[[dict[str, Any]], None] | None = None,
                         parts: Mapping[str, Any] | None = None, rank_parts: Mapping[str, Any] | None = None,
                         meta: Mapping[str, Any] | None = None, writer: Callable[..., Path] | None = None,
@@ -378,6 +389,11 @@ class StrategyAPI:
         dicts of them) handed back by :meth:`resume`. ``callback(state)`` may edit the
         state before it is written. Refuses to replace what another run saved.
 
+        ``save_frozen``: the parameters that do not train (``requires_grad=False``: a PEFT
+        model's base, a frozen backbone) are written too, so that the checkpoint is
+        self-contained; by default only their digests are (``state.pt["frozen"]``), computed
+        once per run, and a resume needs the same frozen weights (another base is refused).
+
         For a caller with state of its own (the Trainer): ``parts`` / ``rank_parts`` are
         Statefuls saved by name in ``state.pt`` / this rank's file (see
         :meth:`checkpoint_states`); ``meta`` goes to the manifest; ``writer`` replaces
@@ -385,7 +401,8 @@ class StrategyAPI:
         by model weight and optimizer entry, and end that error with this advice."""
         self._need("save_checkpoint()")
         states, rank_states = self.checkpoint_states(parts, rank_parts, save_optimizer=save_optimizer,
-                                                     save_param_scheduler=save_param_scheduler, extra_ckpt=extra_ckpt)
+                                                     save_param_scheduler=save_param_scheduler,
+                                                     save_frozen=save_frozen, extra_ckpt=extra_ckpt)
         describe = states["optim"].describe_nonfinite if explain_nonfinite is not None else None
         path = self.checkpointer.save(filename, states, rank_states=rank_states, meta={**(meta or {}), "kind": "strategy"},
                                       run=self.run_id, writer=writer, callback=callback, describe=describe,
@@ -417,6 +434,8 @@ class StrategyAPI:
         _check_fits(self, state, filename, resume_optimizer)
         where = f"resume({str(filename)!r})"
         del states["extra"]  # plain data, handed back
+        if "frozen" not in state:  # an earlier treadle's: its model entry holds every weight
+            del states["frozen"]
         if not states["optim"].wrappers:  # resume_optimizer=False, or no optimizer prepared
             del states["optim"]
         if not resume_param_scheduler or "param_schedulers" not in state:  # saved with save_param_scheduler=False

@@ -146,8 +146,10 @@ class Strategy(StrategyAPI):
     def get_model_state(self, module: nn.Module) -> dict[str, Any]:
         return module.state_dict()
 
-    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None:
-        module.load_state_dict(state)
+    def set_model_state(self, module: nn.Module, state: dict[str, Any], *, strict: bool = True) -> None:
+        """``state`` into ``module``; ``strict=False``: keys it lacks are left as they are
+        (the caller checked which: ``ModelState``, for frozen weights a checkpoint left out)."""
+        module.load_state_dict(state, strict=strict)
 
     def full_shapes(self, module: nn.Module) -> dict[str, tuple[int, ...]]:
         """The whole shape of each entry of ``module``'s state dict (DeepSpeed stage 3:

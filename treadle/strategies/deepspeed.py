@@ -200,11 +200,11 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
 
     get_full_model_state = get_model_state
 
-    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None:
+    def set_model_state(self, module: nn.Module, state: dict[str, Any], *, strict: bool = True) -> None:
         """Full weights into the module (stage 3: into every rank's partition), then the fp32
         masters refreshed from them."""
         with self._gathered(module, modifier_rank=0):
-            module.load_state_dict(state)
+            module.load_state_dict(state, strict=strict)
         self._refresh_masters()
 
     def load_full_model_state(self, module: nn.Module, state: Any, *, strict: bool = False,

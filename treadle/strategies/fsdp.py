@@ -294,9 +294,9 @@ class FSDPStrategy(ProcessGroupStrategy):
         """Sharded: this rank's DTensor shards, for ``treadle.checkpoint.sharded``."""
         return get_model_state_dict(module)
 
-    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None:
-        """Load a sharded (or full) model state dict (strict)."""
-        set_model_state_dict(module, state, options=StateDictOptions(strict=True))
+    def set_model_state(self, module: nn.Module, state: dict[str, Any], *, strict: bool = True) -> None:
+        """Load a sharded (or full) model state dict (``strict=False``: see Strategy.set_model_state)."""
+        set_model_state_dict(module, state, options=StateDictOptions(strict=strict))
 
     def load_full_model_state(self, module: nn.Module, state: Any, *, strict: bool = False,
                               revise_keys: Any = ((r"^module\\.", ""),)) -> None:
@@ -398,9 +398,11 @@ class FSDPStrategy(ProcessGroupStrategy):
             raise CheckpointError(f"{path}: a sharded checkpoint of format version 1 (an earlier treadle) cannot be "
                                   "resumed by this treadle (format 2 stores the optimizer shards differently); "
                                   "load_from= still takes its weights")
-        wanted = template()
-        tensors, _ = split_tensors(wanted, wanted)
-        loaded, payloads = self.load_sharded_checkpoint(path, tensors)
+
+        def wanted(saved: set[str]) -> dict[str, Any]:  # the entries the checkpoint holds of what may be left out
+            state = template(saved)
+            return split_tensors(state, state)[0]
+        loaded, payloads = self.load_sharded_checkpoint(path, wanted)
         return {**payloads, STATE_FILE: merge_tensors(payloads[STATE_FILE], loaded)}
 
     def save_sharded_checkpoint(self, path: str | Path, sharded_state: dict[str, Any], payloads: dict[str, Any],
@@ -412,7 +414,8 @@ class FSDPStrategy(ProcessGroupStrategy):
 
         return save_sharded(path, sharded_state, self.gather_rank_files(payloads), meta, async_=async_)
 
-    def load_sharded_checkpoint(self, path: str | Path, template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def load_sharded_checkpoint(self, path: str | Path, template: dict[str, Any] | Callable[[set[str]], dict[str, Any]]
+                                ) -> tuple[dict[str, Any], dict[str, Any]]:
         """:func:`treadle.checkpoint.sharded.load_sharded`: ``(state, small payloads)``."""
         from treadle.checkpoint.sharded import load_sharded
 
