@@ -69,13 +69,13 @@ def describe(tensors: Mapping[str, torch.Tensor], names: Iterable[str], *, rank:
     from torch.distributed.tensor import DTensor
 
     names = list(names)
-    first: dict[int, str] = {}  # id of a tensor -> the first name it had
+    first: dict[Any, str] = {}  # a tensor's identity -> the first name it had
     mine: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(names):
         t = tensors[name]
-        if id(t) in first:
+        if _identity(t) in first:
             continue
-        first[id(t)] = name
+        first[_identity(t)] = name
         if isinstance(t, DTensor):
             t = t.full_tensor()  # every rank, in the same order
         if gather is None or i % world_size == rank:
@@ -84,7 +84,17 @@ def describe(tensors: Mapping[str, torch.Tensor], names: Iterable[str], *, rank:
     if gather is not None:
         for share in gather(mine):
             mine.update(share)
-    return {name: mine[first[id(tensors[name])]] for name in names}
+    return {name: mine[first[_identity(tensors[name])]] for name in names}
+
+
+def _identity(t: torch.Tensor) -> Any:
+    """The same for two names of one tensor (a tied weight): a DTensor's object (every rank
+    decides alike, as each makes the collective for it), a tensor's memory."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor) or t.numel() == 0:
+        return id(t)
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
 
 
 class FrozenDigests:
