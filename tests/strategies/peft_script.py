@@ -3,12 +3,13 @@ tests/strategies/test_peft_resume.py (one process, or each rank of 2 with torchr
 environment variables).
 
     python peft_script.py WORK_DIR [--strategy single|ddp|fsdp] [--adapter lora|ia3] [--max-iters N]
-        [--interval K] [--kill-at N] [--resume [PATH]] [--init-range R] [--save-frozen]
+        [--interval K] [--kill-at N] [--resume [PATH]] [--init-range R] [--save-frozen] [--load-checkpoint PATH]
 
 The model is the config dict a YAML file would hold (``type``, ``config``, ``peft``), built
 by the Trainer after seeding: the same base in every run unless ``--init-range`` changes
 it. ``--kill-at N``: every rank SIGKILLs itself once N iterations are done (after the
-checkpoint hook).
+checkpoint hook). ``--load-checkpoint PATH``: the weights of PATH loaded through the
+strategy's ``load_checkpoint`` (strict) before training, as a hand-written loop loads them.
 """
 
 from __future__ import annotations
@@ -58,14 +59,19 @@ def main() -> None:
     p.add_argument("--resume", nargs="?", const=True, default=False)  # alone: the latest checkpoint in WORK_DIR
     p.add_argument("--init-range", type=float, default=0.02)  # LlamaConfig's default: the base of every run
     p.add_argument("--save-frozen", action="store_true")
+    p.add_argument("--load-checkpoint")
     a = p.parse_args()
     model = dict(type="transformers.LlamaForCausalLM", config=dict(LLAMA, initializer_range=a.init_range),
                  peft=ADAPTERS[a.adapter])
-    treadle.Trainer(model, work_dir=a.work_dir, strategy=STRATEGIES[a.strategy], seed=0,
-                    train_dataloader=DataLoader(make_token_batches(n=48), batch_size=4, shuffle=True),
-                    optimizer=dict(type="AdamW", lr=1e-2), max_iters=a.max_iters, log_interval=2,
-                    checkpoint=dict(interval=a.interval, by_epoch=False, keep=None, save_frozen=a.save_frozen),
-                    resume=a.resume, hooks=[KillAt(a.kill_at)], progress=False).fit()
+    trainer = treadle.Trainer(
+        model, work_dir=a.work_dir, strategy=STRATEGIES[a.strategy], seed=0,
+        train_dataloader=DataLoader(make_token_batches(n=48), batch_size=4, shuffle=True),
+        optimizer=dict(type="AdamW", lr=1e-2), max_iters=a.max_iters, log_interval=2,
+        checkpoint=dict(interval=a.interval, by_epoch=False, keep=None, save_frozen=a.save_frozen),
+        resume=a.resume, hooks=[KillAt(a.kill_at)], progress=False)
+    if a.load_checkpoint:
+        trainer.strategy.load_checkpoint(a.load_checkpoint, strict=True)
+    trainer.fit()
 
 
 if __name__ == "__main__":

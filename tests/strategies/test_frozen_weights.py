@@ -185,3 +185,18 @@ def test_load_from_takes_the_trained_weights_over_the_same_base_and_refuses_anot
         _trainer(tmp_path / "c", base_seed=1, load_from=saved)
     assert "\n" not in str(e.value)
     assert str(e.value).startswith(f"{saved}: nothing was loaded: frozen weight 'backbone.0.weight' differs (sha256 ")
+
+
+def test_a_hand_written_loops_load_checkpoint_checks_the_frozen_weights_too(tmp_path):
+    s, model, _, path = _saved(tmp_path)
+    s2, model2, _, _ = _setup(tmp_path / "b")
+    s2.load_checkpoint(path, strict=True)  # the frozen weights left out are the model's own: nothing is missing
+    for k in TRAINED:
+        assert torch.equal(model2.state_dict()[k], load_checkpoint(path)["state.pt"]["model"][k]), k
+    s3, model3, _, _ = _setup(tmp_path / "c", base_seed=1)
+    before = {k: v.clone() for k, v in model3.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"^the checkpoint: nothing was loaded: frozen weight 'backbone.0.weight' "
+                                              r"differs") as e:
+        s3.load_checkpoint(path)
+    assert "\n" not in str(e.value)
+    assert_state_equal(model3.state_dict(), before)

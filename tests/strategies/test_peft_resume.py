@@ -92,3 +92,15 @@ def test_the_frozen_digests_do_not_depend_on_the_mesh(tmp_path):
     two = load_checkpoint(saved, files=["state.pt"])["state.pt"]
     assert one["frozen"] == two["frozen"]
     _ok(_run("fsdp", tmp_path / "two", "--resume", str(saved), "--max-iters", str(INTERVAL + 2), nproc=1))
+
+
+@fsdp_on_cpu
+def test_a_hand_written_loops_load_checkpoint_under_fsdp_checks_the_frozen_weights(tmp_path):
+    """strategy.load_checkpoint (strict) of a checkpoint without the base, on 2 FSDP shards:
+    the model's own base is kept, once its digests match; another base is refused."""
+    _ok(_run("single", tmp_path / "one", "--max-iters", str(INTERVAL)))
+    saved = str(tmp_path / "one" / "checkpoints" / f"iter_{INTERVAL:08d}")
+    _ok(_run("fsdp", tmp_path / "two", "--load-checkpoint", saved, "--max-iters", "1"))
+    for code, output in _run("fsdp", tmp_path / "three", "--load-checkpoint", saved, "--init-range", "0.05"):
+        assert code != 0 and "the checkpoint: nothing was loaded: frozen weight 'base_model.model.model.embed_tokens." \
+            "weight' differs (sha256 " in output, output[-3000:]

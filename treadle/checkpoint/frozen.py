@@ -165,8 +165,27 @@ def first_difference(saved: Mapping[str, Mapping[str, Any]], current: Mapping[st
     return None
 
 
+def verify_left_out(entry: Any, missing: Iterable[str], where: str,
+                    digests: Callable[[list[str]], Mapping[str, Mapping[str, Any]]]) -> set[str]:
+    """The ``missing`` weights (a model's keys a checkpoint's weights lack) that the
+    checkpoint's ``frozen`` ``entry`` describes as left out, once ``digests(names)`` (the
+    model's own tensors of those names, described) match it; a one-line CheckpointError
+    naming ``where`` and the first tensor that differs otherwise. None: nothing left out."""
+    if entry is None:
+        return set()
+    entry = check_entry(entry, where)
+    listed = [k for k in missing if k in entry["tensors"]] if not entry["saved"] else []
+    if not listed:
+        return set()
+    problem = first_difference(entry["tensors"], digests(listed), names=listed)
+    if problem is not None:
+        raise CheckpointError(f"{where}: nothing was loaded: frozen weight {problem}; {ADVICE}")
+    return set(listed)
+
+
 #: What to do about a base that differs, for the one-line errors.
 ADVICE = ("the checkpoint holds the trained weights only: give the model the base it was trained over, or save "
           "with save_frozen=True to keep the frozen weights in the checkpoint")
 
-__all__ = ["ADVICE", "DIGEST", "FrozenDigests", "check_entry", "describe", "first_difference", "frozen_keys", "tensor_sha256"]
+__all__ = ["ADVICE", "DIGEST", "FrozenDigests", "check_entry", "describe", "first_difference", "frozen_keys",
+           "tensor_sha256", "verify_left_out"]

@@ -33,7 +33,8 @@ from .io import (
     load_checkpoint,
 )
 
-__all__ = ["LoadReport", "WeightsMismatchError", "load_weights", "export_safetensors", "read_safetensors"]
+__all__ = ["LoadReport", "WeightsMismatchError", "load_weights", "export_safetensors", "read_safetensors",
+           "read_weights", "read_weights_and_frozen"]
 
 logger = logging.getLogger("treadle")
 
@@ -206,6 +207,14 @@ def read_weights(source: Source, key: str | None = None) -> dict[str, Any]:
     return _read_source(source, key)[0]
 
 
+def read_weights_and_frozen(source: Source) -> tuple[dict[str, Any], Any]:
+    """``(weights, frozen)``: :func:`read_weights`'s, and the ``frozen`` entry of a training
+    checkpoint (the digests of the frozen weights it may have left out,
+    treadle/checkpoint/frozen.py), None for anything else."""
+    sd, _, frozen = _read_source_and_frozen(source, None)
+    return sd, frozen
+
+
 def _revise(sd: Mapping[str, Any], revise_keys: Iterable[tuple[str, str]]) -> dict[str, Any]:
     rules = [(re.compile(p), r) for p, r in revise_keys]
     out: dict[str, Any] = {}
@@ -232,6 +241,7 @@ def load_weights(
     strict: bool = True,
     revise_keys: Iterable[tuple[str, str]] = DEFAULT_REVISE_KEYS,
     key: str | None = None,
+    frozen: Any = None,
 ) -> LoadReport:
     """Load model weights from a checkpoint dir, ``.pt``/``.pth``, ``.safetensors`` or a state dict.
 
@@ -245,9 +255,13 @@ def load_weights(
     A training checkpoint that left out the frozen weights (treadle/checkpoint/frozen.py):
     the model's own weights of those names stay, once their digests match the
     checkpoint's; another base is refused (a CheckpointError naming the first tensor that
-    differs) before anything is loaded.
+    differs) before anything is loaded. ``frozen``: that entry, for a ``source`` given as a
+    state dict (:func:`read_weights_and_frozen`).
     """
-    raw, where, frozen = _read_source_and_frozen(source, key)
+    from treadle.checkpoint.frozen import describe, verify_left_out
+
+    raw, where, own = _read_source_and_frozen(source, key)
+    frozen = own if own is not None else frozen
     sd = _revise(raw, revise_keys)
     model_sd = model.state_dict()
     report = LoadReport(source=where)
@@ -255,7 +269,8 @@ def load_weights(
     # aliases is in the checkpoint: exporters that de-duplicate keep only one name.
     present = {_alias_id(model_sd[k]) for k in sd if k in model_sd}
     report.missing = [k for k in model_sd if k not in sd and _alias_id(model_sd[k]) not in present]
-    kept = _frozen_left_out(frozen, model_sd, report.missing, where)
+    kept = verify_left_out(frozen, report.missing, where if own is not None else "the checkpoint",
+                           lambda names: describe(model_sd, names))
     report.missing = [k for k in report.missing if k not in kept]
     report.frozen = len(kept)
     report.unexpected = [k for k in sd if k not in model_sd]
@@ -276,24 +291,6 @@ def load_weights(
     if not report.ok:
         logger.warning("partial weight load:\n%s", report)
     return report
-
-
-def _frozen_left_out(frozen: Any, model_sd: Mapping[str, Any], missing: list[str], where: str) -> set[str]:
-    """The ``missing`` keys a checkpoint's ``frozen`` entry describes (left out of its
-    weights), once the model's tensors of those names match the digests; a one-line
-    CheckpointError naming the first that differs."""
-    from treadle.checkpoint.frozen import ADVICE, check_entry, describe, first_difference
-
-    if frozen is None or not missing:
-        return set()
-    entry = check_entry(frozen, where)
-    listed = [k for k in missing if k in entry["tensors"]] if not entry["saved"] else []
-    if not listed:
-        return set()
-    problem = first_difference(entry["tensors"], describe(model_sd, listed), names=listed)
-    if problem is not None:
-        raise CheckpointError(f"{where}: nothing was loaded: frozen weight {problem}; {ADVICE}")
-    return set(listed)
 
 
 def _exportable(sd: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:

@@ -319,11 +319,15 @@ class StrategyAPI:
         return [s.state_dict() for s in self.param_schedulers]
 
     def load_model_state_dict(self, state_dict: Mapping[str, Any], *, strict: bool = False,
-                              revise_keys: list[tuple[str, str]] | None = None) -> None:
-        """Full weights into the model, keys rewritten by ``revise_keys`` (regex, repl)."""
+                              revise_keys: list[tuple[str, str]] | None = None, frozen: Any = None) -> None:
+        """Full weights into the model, keys rewritten by ``revise_keys`` (regex, repl).
+        ``frozen``: a training checkpoint's ``frozen`` entry: the frozen weights it left out
+        of ``state_dict`` are checked against the model's by digest (another base is
+        refused, naming the first that differs) and kept."""
         self._need("load_model_state_dict()")
         self.load_full_model_state(self.module, state_dict, strict=strict,  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
-                                   revise_keys=DEFAULT_REVISE_KEYS if revise_keys is None else revise_keys)
+                                   revise_keys=DEFAULT_REVISE_KEYS if revise_keys is None else revise_keys,
+                                   frozen=frozen)
 
     def load_optim_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Inverse of :meth:`optim_state_dict`."""
@@ -474,14 +478,17 @@ class StrategyAPI:
                         callback: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Weights only, from a checkpoint directory, a ``.pt``/``.pth`` or a
         ``.safetensors`` file (always ``weights_only``); returns ``{"state_dict": ...}``
-        after ``callback`` (which may edit it) and loading."""
-        from treadle.checkpoint.weights import read_weights
+        after ``callback`` (which may edit it) and loading. A training checkpoint that left
+        out the frozen weights: the model's own stay, once their digests match the
+        checkpoint's (another base is refused, naming the first tensor that differs)."""
+        from treadle.checkpoint.weights import read_weights_and_frozen
 
         self._need("load_checkpoint()")
-        checkpoint = {"state_dict": read_weights(filename)}
+        weights, frozen = read_weights_and_frozen(filename)
+        checkpoint = {"state_dict": weights}
         if callback is not None:
             callback(checkpoint)
-        self.load_model_state_dict(checkpoint["state_dict"], strict=strict, revise_keys=revise_keys)
+        self.load_model_state_dict(checkpoint["state_dict"], strict=strict, revise_keys=revise_keys, frozen=frozen)
         get_logger().info(f"loaded weights from {filename}")
         return checkpoint
 

@@ -208,9 +208,10 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         self._refresh_masters()
 
     def load_full_model_state(self, module: nn.Module, state: Any, *, strict: bool = False,
-                              revise_keys: Any = DEFAULT_REVISE_KEYS) -> Any:
+                              revise_keys: Any = DEFAULT_REVISE_KEYS, frozen: Any = None) -> Any:
         with self._gathered(module, modifier_rank=0):
-            report = super().load_full_model_state(module, state, strict=strict, revise_keys=revise_keys)
+            report = super().load_full_model_state(module, state, strict=strict, revise_keys=revise_keys,
+                                                   frozen=frozen)
         self._refresh_masters()
         return report
 

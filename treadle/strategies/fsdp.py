@@ -299,11 +299,14 @@ class FSDPStrategy(ProcessGroupStrategy):
         set_model_state_dict(module, state, options=StateDictOptions(strict=strict))
 
     def load_full_model_state(self, module: nn.Module, state: Any, *, strict: bool = False,
-                              revise_keys: Any = ((r"^module\\.", ""),)) -> None:
+                              revise_keys: Any = ((r"^module\\.", ""),), frozen: Any = None) -> None:
         """Full weights into the sharded model, as :meth:`get_full_model_state` gives them:
         rank 0's are broadcast (the other ranks' ``state`` is not read). Keys are rewritten
         by ``revise_keys`` and shapes checked first; ``strict``: missing or unexpected keys
-        raise. A collective; every rank raises alike."""
+        raise; ``frozen`` (rank 0's): the checkpoint's ``frozen`` entry, whose frozen weights
+        left out are checked against the model's by digest and kept. A collective; every
+        rank raises alike."""
+        from treadle.checkpoint.frozen import describe, verify_left_out
         from treadle.checkpoint.weights import LoadReport, WeightsMismatchError, compare_weights, read_weights, revise_state_keys
 
         sd: dict[str, Any] = {}
@@ -315,7 +318,11 @@ class FSDPStrategy(ProcessGroupStrategy):
             sd = {k: v for k, v in sd.items() if k in full}
         else:
             get_model_state_dict(module)  # the collective rank 0 runs above
-        report = comm.broadcast_object(report)
+        report, frozen = comm.broadcast_object((report, frozen))
+        kept = verify_left_out(frozen, report.missing, "the checkpoint", lambda names: describe(
+            get_model_state_dict(module), names, rank=self.rank, world_size=self.world_size,
+            gather=comm.all_gather_object))
+        report.missing, report.frozen = [k for k in report.missing if k not in kept], len(kept)
         if report.mismatched or (strict and not report.ok):
             raise WeightsMismatchError(report)
         set_model_state_dict(module, sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
