@@ -4,6 +4,7 @@ environment variables).
 
     python peft_script.py WORK_DIR [--strategy single|ddp|fsdp] [--adapter lora|ia3] [--max-iters N]
         [--interval K] [--kill-at N] [--resume [PATH]] [--init-range R] [--save-frozen] [--load-checkpoint PATH]
+        [--async-save]
 
 The model is the config dict a YAML file would hold (``type``, ``config``, ``peft``), built
 by the Trainer after seeding: the same base in every run unless ``--init-range`` changes
@@ -60,6 +61,7 @@ def main() -> None:
     p.add_argument("--init-range", type=float, default=0.02)  # LlamaConfig's default: the base of every run
     p.add_argument("--save-frozen", action="store_true")
     p.add_argument("--load-checkpoint")
+    p.add_argument("--async-save", action="store_true")
     a = p.parse_args()
     model = dict(type="transformers.LlamaForCausalLM", config=dict(LLAMA, initializer_range=a.init_range),
                  peft=ADAPTERS[a.adapter])
@@ -67,7 +69,8 @@ def main() -> None:
         model, work_dir=a.work_dir, strategy=STRATEGIES[a.strategy], seed=0,
         train_dataloader=DataLoader(make_token_batches(n=48), batch_size=4, shuffle=True),
         optimizer=dict(type="AdamW", lr=1e-2), max_iters=a.max_iters, log_interval=2,
-        checkpoint=dict(interval=a.interval, by_epoch=False, keep=None, save_frozen=a.save_frozen),
+        checkpoint=dict(interval=a.interval, by_epoch=False, keep=None, save_frozen=a.save_frozen,
+                        async_save=a.async_save),
         resume=a.resume, hooks=[KillAt(a.kill_at)], progress=False)
     if a.load_checkpoint:
         trainer.strategy.load_checkpoint(a.load_checkpoint, strict=True)

@@ -139,11 +139,15 @@ class FrozenWeights:
         self.strategy, self.module, self.digests, self.saved = strategy, module, digests, saved
 
     def current(self) -> dict[str, dict[str, Any]]:
-        """``{name: {"shape", "dtype", "sha256"}}`` of this model's frozen weights (a
-        collective the first time, and when the set of frozen parameters changes)."""
+        """``{name: {"shape", "dtype", "sha256"}}`` of this model's frozen weights, made the
+        first time and when the set of frozen parameters changes. A sharding strategy's
+        ranks gather each tensor and hash a share (a collective: every rank saves and
+        resumes together); the others' hash their own whole copy, with no collective (rank
+        0 alone may collect a state, to reserve an asynchronous save's buffers)."""
         s = self.strategy
+        share = s.distributed and s.shards_state
         return self.digests.get(self.module, lambda: s.get_model_state(self.module), rank=s.rank,
-                                world_size=s.world_size, gather=comm.all_gather_object if s.distributed else None)
+                                world_size=s.world_size, gather=comm.all_gather_object if share else None)
 
     def state_dict(self) -> dict[str, Any]:
         return {"saved": self.saved, "digest": DIGEST, "tensors": self.current()}
