@@ -109,3 +109,16 @@ def test_a_hand_written_loops_load_checkpoint_under_fsdp_checks_the_frozen_weigh
     for code, output in _run("fsdp", tmp_path / "three", "--load-checkpoint", saved, "--init-range", "0.05"):
         assert code != 0 and "the checkpoint: nothing was loaded: frozen weight 'base_model.model.model.embed_tokens." \
             "weight' differs (sha256 " in output, output[-3000:]
+
+
+@fsdp_on_cpu
+def test_a_self_contained_sharded_checkpoint_resumes_over_another_base(tmp_path):
+    """save_frozen=True on 2 FSDP shards: the base is in the checkpoint, and a resume over
+    another base reads it back (its DCP keys are read where the checkpoint holds them)."""
+    whole = tmp_path / "whole"
+    _ok(_run("fsdp", whole, "--save-frozen"))
+    expected = _final(whole)
+    assert expected["frozen"]["saved"] and set(expected["frozen"]["tensors"]) < set(expected["model"])
+    saved = whole / "checkpoints" / f"iter_{INTERVAL:08d}"
+    _ok(_run("fsdp", tmp_path / "other", "--save-frozen", "--resume", str(saved), "--init-range", "0.05"))
+    assert_state_equal(_final(tmp_path / "other"), expected)
