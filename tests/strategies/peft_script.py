@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from faults import SigkillAt
 from support import make_token_batches
 
 import treadle
@@ -36,17 +36,6 @@ ADAPTERS = {
                 task_type="CAUSAL_LM"),
 }
 STRATEGIES = {"single": "single", "ddp": "ddp", "fsdp": dict(type="fsdp", wrap=["LlamaDecoderLayer"])}
-
-
-class KillAt(treadle.Hook):
-    priority = "LOWEST"  # after the checkpoint hook
-
-    def __init__(self, at: int | None) -> None:
-        self.at = at
-
-    def after_train_iter(self, trainer, batch, outputs) -> None:
-        if self.at is not None and trainer.state.iter + 1 == self.at:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> None:
@@ -71,7 +60,7 @@ def main() -> None:
         optimizer=dict(type="AdamW", lr=1e-2), max_iters=a.max_iters, log_interval=2,
         checkpoint=dict(interval=a.interval, by_epoch=False, keep=None, save_frozen=a.save_frozen,
                         async_save=a.async_save),
-        resume=a.resume, hooks=[KillAt(a.kill_at)], progress=False)
+        resume=a.resume, hooks=[SigkillAt(None, a.kill_at)] if a.kill_at else [], progress=False)
     if a.load_checkpoint:
         trainer.strategy.load_checkpoint(a.load_checkpoint, strict=True)
     trainer.fit()
