@@ -4,7 +4,6 @@ treadle checkpoints: what the export tests start from (tests/ is on sys.path).""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -40,19 +39,9 @@ def llama(tied: bool = True, seed: int = 0) -> nn.Module:
     return LlamaForCausalLM(config)
 
 
-def drop_frozen(module: nn.Module) -> Callable[[dict[str, Any]], None]:
-    """A save callback that leaves the frozen parameters out of the checkpoint's weights."""
-    frozen = {name for name, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
-
-    def callback(state: dict[str, Any]) -> None:
-        state["model"] = {k: v for k, v in state["model"].items() if k not in frozen}
-    return callback
-
-
-def train_and_save(model: nn.Module, path: Path, *, iters: int = 3,
-                   callback: Callable[[dict[str, Any]], None] | None = None) -> nn.Module:
-    """Train ``model`` ``iters`` AdamW steps in one process and save a checkpoint at ``path``;
-    returns the trained module."""
+def train_and_save(model: nn.Module, path: Path, *, iters: int = 3, save_frozen: bool = False) -> nn.Module:
+    """Train ``model`` ``iters`` AdamW steps in one process and save a checkpoint at ``path``
+    (its frozen weights left out unless ``save_frozen``); returns the trained module."""
     strategy = treadle.build_strategy("single", work_dir=path.parent, seed=0)
     prepared, ow = strategy.prepare(model, optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-2)))
     loader = strategy.prepare_dataloader(DataLoader(TokenBatches(), batch_size=4))
@@ -60,7 +49,7 @@ def train_and_save(model: nn.Module, path: Path, *, iters: int = 3,
         if i == iters:
             break
         ow.update_params(prepared(**batch).loss)
-    strategy.save_checkpoint(path, callback=callback)
+    strategy.save_checkpoint(path, save_frozen=save_frozen)
     return model
 
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from cli_support import run
-from export_support import TokenBatches, drop_frozen, llama, logits, train_and_save
+from export_support import TokenBatches, llama, logits, train_and_save
 from treadle.checkpoint.hf_export import ExportError, export_folder
 from treadle.checkpoint.io import load_checkpoint
 
@@ -79,7 +79,7 @@ def _frozen_run(tmp_path, model):
     for name, p in model.named_parameters():
         p.requires_grad = not name.startswith(("model.embed_tokens", "model.layers.0."))
     frozen = {k: v.clone() for k, v in model.state_dict().items()}
-    model = train_and_save(model, tmp_path / "ckpt", callback=drop_frozen(model))
+    model = train_and_save(model, tmp_path / "ckpt")
     saved = load_checkpoint(tmp_path / "ckpt", files=["state.pt"])["state.pt"]["model"]
     assert "model.embed_tokens.weight" not in saved and "model.layers.1.mlp.up_proj.weight" in saved
     assert torch.equal(model.state_dict()["model.layers.0.mlp.up_proj.weight"], frozen["model.layers.0.mlp.up_proj.weight"])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from export_support import drop_frozen, llama, logits, train_and_save
+from export_support import llama, logits, train_and_save
 from treadle.checkpoint.hf_export import ExportError, export_folder
 from treadle.checkpoint.io import load_checkpoint, read_manifest
 
@@ -30,14 +30,14 @@ def _base(tmp_path):
     return transformers.LlamaForCausalLM.from_pretrained(tmp_path / "base")
 
 
-# LoRA saved as by default without its frozen base weights; IA3 saved whole (self-contained).
+# LoRA saved as by default, without its frozen base weights; IA3 saved whole (save_frozen=True).
 CASES = [("lora", True), ("ia3", False)]
 
 
 @pytest.mark.parametrize("kind,leave_out_base", CASES)
 def test_the_adapter_folder_is_peft_s_own_and_loads_to_the_same_outputs(tmp_path, kind, leave_out_base):
     model = peft.get_peft_model(_base(tmp_path), _adapter(kind))
-    model = train_and_save(model, tmp_path / "ckpt", callback=drop_frozen(model) if leave_out_base else None)
+    model = train_and_save(model, tmp_path / "ckpt", save_frozen=not leave_out_base)
     saved = load_checkpoint(tmp_path / "ckpt", files=["state.pt"])["state.pt"]["model"]
     assert ("base_model.model.model.norm.weight" in saved) is not leave_out_base
     export_folder(tmp_path / "ckpt", tmp_path / "adapter")
@@ -58,7 +58,7 @@ def test_the_adapter_folder_is_peft_s_own_and_loads_to_the_same_outputs(tmp_path
 @pytest.mark.parametrize("kind,leave_out_base", CASES)
 def test_the_merged_folder_is_merge_and_unload_s(tmp_path, kind, leave_out_base):
     model = peft.get_peft_model(_base(tmp_path), _adapter(kind))
-    model = train_and_save(model, tmp_path / "ckpt", callback=drop_frozen(model) if leave_out_base else None)
+    model = train_and_save(model, tmp_path / "ckpt", save_frozen=not leave_out_base)
     export_folder(tmp_path / "ckpt", tmp_path / "merged", merge=True)  # the base: where the model came from
     merged = model.merge_and_unload()
     loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "merged")
@@ -71,7 +71,7 @@ def test_the_merged_folder_is_merge_and_unload_s(tmp_path, kind, leave_out_base)
 
 def test_a_merge_over_a_base_of_other_shapes_is_refused_naming_the_tensor(tmp_path):
     model = peft.get_peft_model(_base(tmp_path), _adapter("lora"))
-    train_and_save(model, tmp_path / "ckpt", callback=drop_frozen(model))
+    train_and_save(model, tmp_path / "ckpt")
     other = llama(tied=False)
     other.resize_token_embeddings(80)
     other.save_pretrained(tmp_path / "other")

@@ -138,7 +138,8 @@ def test_checkpoint_layout_and_manifest(tmp_path):
     assert manifest["meta"] == {"kind": "strategy", "run": s.run_id,
                                 "model": {"class": "torch.nn.modules.container.Sequential", "tensors": tensors, "tied": {}}}
     state = torch.load(path / "state.pt", weights_only=True)
-    assert set(state) == {"model", "optim", "param_schedulers", "data", "extra", "strategy"}
+    assert set(state) == {"model", "frozen", "optim", "param_schedulers", "data", "extra", "strategy"}
+    assert state["frozen"] == {"saved": False, "digest": "sha256", "tensors": {}}  # nothing frozen: nothing described
     assert state["data"] == [{"epoch": 0, "batch_idx": 3, "seed": loader.seed}]
     rank = torch.load(path / "rng_rank0.pt", weights_only=True)
     assert len(rank["rank_state"]["optim"]["default"]["grads"]) == 4  # iteration 3 left a window open: its gradients

@@ -159,8 +159,10 @@ class Strategy(StrategyAPI):
     def get_model_state(self, module: nn.Module) -> dict[str, Any]:
         return module.state_dict()
 
-    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None:
-        module.load_state_dict(state)
+    def set_model_state(self, module: nn.Module, state: dict[str, Any], *, strict: bool = True) -> None:
+        """``state`` into ``module``; ``strict=False``: keys it lacks are left as they are
+        (the caller checked which: ``ModelState``, for frozen weights a checkpoint left out)."""
+        module.load_state_dict(state, strict=strict)
 
     def full_shapes(self, module: nn.Module) -> dict[str, tuple[int, ...]]:
         """The whole shape of each entry of ``module``'s state dict (DeepSpeed stage 3:
@@ -173,12 +175,14 @@ class Strategy(StrategyAPI):
         return module.state_dict()
 
     def load_full_model_state(self, module: nn.Module, state: Any, *, strict: bool = False,
-                              revise_keys: Any = DEFAULT_REVISE_KEYS) -> Any:
+                              revise_keys: Any = DEFAULT_REVISE_KEYS, frozen: Any = None) -> Any:
         """Full (unsharded) weights into ``module``, keys rewritten by ``revise_keys``;
-        shapes that differ are never loaded; ``strict``: any difference raises first."""
+        shapes that differ are never loaded; ``strict``: any difference raises first.
+        ``frozen``: the checkpoint's ``frozen`` entry (the frozen weights it left out are
+        checked against ``module``'s by digest, and kept)."""
         from treadle.checkpoint.weights import load_weights
 
-        return load_weights(module, state, strict=strict, revise_keys=revise_keys)
+        return load_weights(module, state, strict=strict, revise_keys=revise_keys, frozen=frozen)
 
     def get_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         return optimizer.state_dict()

@@ -203,17 +203,18 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
 
     get_full_model_state = get_model_state
 
-    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None:
+    def set_model_state(self, module: nn.Module, state: dict[str, Any], *, strict: bool = True) -> None:
         """Full weights into the module (stage 3: into every rank's partition), then the fp32
         masters refreshed from them."""
         with self._gathered(module, modifier_rank=0):
-            module.load_state_dict(state)
+            module.load_state_dict(state, strict=strict)
         self._refresh_masters()
 
     def load_full_model_state(self, module: nn.Module, state: Any, *, strict: bool = False,
-                              revise_keys: Any = DEFAULT_REVISE_KEYS) -> Any:
+                              revise_keys: Any = DEFAULT_REVISE_KEYS, frozen: Any = None) -> Any:
         with self._gathered(module, modifier_rank=0):
-            report = super().load_full_model_state(module, state, strict=strict, revise_keys=revise_keys)
+            report = super().load_full_model_state(module, state, strict=strict, revise_keys=revise_keys,
+                                                   frozen=frozen)
         self._refresh_masters()
         return report
 

@@ -302,16 +302,19 @@ class FSDPStrategy(ProcessGroupStrategy):
         """Sharded: this rank's DTensor shards, for ``treadle.checkpoint.sharded``."""
         return get_model_state_dict(module)
 
-    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None:
-        """Load a sharded (or full) model state dict (strict)."""
-        set_model_state_dict(module, state, options=StateDictOptions(strict=True))
+    def set_model_state(self, module: nn.Module, state: dict[str, Any], *, strict: bool = True) -> None:
+        """Load a sharded (or full) model state dict (``strict=False``: see Strategy.set_model_state)."""
+        set_model_state_dict(module, state, options=StateDictOptions(strict=strict))
 
     def load_full_model_state(self, module: nn.Module, state: Any, *, strict: bool = False,
-                              revise_keys: Any = ((r"^module\\.", ""),)) -> None:
+                              revise_keys: Any = ((r"^module\\.", ""),), frozen: Any = None) -> None:
         """Full weights into the sharded model, as :meth:`get_full_model_state` gives them:
         rank 0's are broadcast (the other ranks' ``state`` is not read). Keys are rewritten
         by ``revise_keys`` and shapes checked first; ``strict``: missing or unexpected keys
-        raise. A collective; every rank raises alike."""
+        raise; ``frozen`` (rank 0's): the checkpoint's ``frozen`` entry, whose frozen weights
+        left out are checked against the model's by digest and kept. A collective; every
+        rank raises alike."""
+        from treadle.checkpoint.frozen import describe, verify_left_out
         from treadle.checkpoint.weights import LoadReport, WeightsMismatchError, compare_weights, read_weights, revise_state_keys
 
         sd: dict[str, Any] = {}
@@ -323,7 +326,11 @@ class FSDPStrategy(ProcessGroupStrategy):
             sd = {k: v for k, v in sd.items() if k in full}
         else:
             get_model_state_dict(module)  # the collective rank 0 runs above
-        report = comm.broadcast_object(report)
+        report, frozen = comm.broadcast_object((report, frozen))
+        kept = verify_left_out(frozen, report.missing, "the checkpoint", lambda names: describe(
+            get_model_state_dict(module), names, rank=self.rank, world_size=self.world_size,
+            gather=comm.all_gather_object))
+        report.missing, report.frozen = [k for k in report.missing if k not in kept], len(kept)
         if report.mismatched or (strict and not report.ok):
             raise WeightsMismatchError(report)
         set_model_state_dict(module, sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
@@ -406,9 +413,11 @@ class FSDPStrategy(ProcessGroupStrategy):
             raise CheckpointError(f"{path}: a sharded checkpoint of format version 1 (an earlier treadle) cannot be "
                                   "resumed by this treadle (format 2 stores the optimizer shards differently); "
                                   "load_from= still takes its weights")
-        wanted = template()
-        tensors, _ = split_tensors(wanted, wanted)
-        loaded, payloads = self.load_sharded_checkpoint(path, tensors)
+
+        def wanted(saved: set[str]) -> dict[str, Any]:  # the entries the checkpoint holds of what may be left out
+            state = template(saved)
+            return split_tensors(state, state)[0]
+        loaded, payloads = self.load_sharded_checkpoint(path, wanted)
         return {**payloads, STATE_FILE: merge_tensors(payloads[STATE_FILE], loaded)}
 
     def save_sharded_checkpoint(self, path: str | Path, sharded_state: dict[str, Any], payloads: dict[str, Any],
@@ -420,7 +429,8 @@ class FSDPStrategy(ProcessGroupStrategy):
 
         return save_sharded(path, sharded_state, self.gather_rank_files(payloads), meta, async_=async_)
 
-    def load_sharded_checkpoint(self, path: str | Path, template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def load_sharded_checkpoint(self, path: str | Path, template: dict[str, Any] | Callable[[set[str]], dict[str, Any]]
+                                ) -> tuple[dict[str, Any], dict[str, Any]]:
         """:func:`treadle.checkpoint.sharded.load_sharded`: ``(state, small payloads)``."""
         from treadle.checkpoint.sharded import load_sharded
 
