@@ -282,3 +282,18 @@ def test_load_from_a_hugging_face_folder_into_a_model_built_whole(saved_llama) -
     strategy = treadle.build_strategy("single", seed=0)
     strategy.prepare(fresh, load_from=str(root / "shards"))
     _assert_equal(fresh, model)
+
+
+def test_a_lora_spec_over_a_pretrained_base_is_from_pretrained_then_get_peft_model(saved_llama) -> None:
+    """Built on meta, the base read from the folder and the adapter initialized from the
+    record: the model ``from_pretrained`` then ``get_peft_model`` give from the same seed."""
+    peft = pytest.importorskip("peft")
+    root, _ = saved_llama
+    lora = dict(peft_type="LORA", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    model = _prepared(dict(type=hf.LlamaForCausalLM, pretrained=str(root / "one"), peft=lora))
+    treadle.seeding.seed_everything(0)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    whole = peft.get_peft_model(hf.LlamaForCausalLM.from_pretrained(root / "one"), config)
+    _assert_equal(model, whole)
+    assert not torch.equal(model.base_model.model.model.layers[0].self_attn.q_proj.lora_A.default.weight,
+                           model.base_model.model.model.layers[1].self_attn.q_proj.lora_A.default.weight)

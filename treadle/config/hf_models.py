@@ -156,7 +156,7 @@ def _skeleton(cls: type, pretrained: Any, values: Any, path: str) -> nn.Module:
     from transformers import AutoConfig, GenerationConfig
 
     from treadle.checkpoint.tensor_sources import SAFE_INDEX, SAFE_WEIGHTS, is_hf_folder
-    from treadle.strategies.empty_init import add_weights
+    from treadle.strategies.empty_init import from_weights
 
     overrides = _pretrained_args(pretrained, values, path)
     where = join_path(path, "pretrained")
@@ -165,14 +165,14 @@ def _skeleton(cls: type, pretrained: Any, values: Any, path: str) -> nn.Module:
         raise ConfigError(where, f"no {SAFE_WEIGHTS} or {SAFE_INDEX} in the folder", value=pretrained,
                           expected="a folder written by save_pretrained with safetensors weights (the weights are "
                                    "then read shard by shard)")
-    add_weights(pretrained)  # before the constructor: its random draws are not made, the weights replace them
     auto = _is_auto(cls)
     try:
         reader = AutoConfig if auto else cls.config_class  # type: ignore[attr-defined]  # is_hf_model_class checked it
         config = reader.from_pretrained(pretrained, local_files_only=True, **({"trust_remote_code": False} if auto else {}),
                                         **overrides)
         config.name_or_path = pretrained  # as from_pretrained sets it (an export finds the base there)
-        model = cls.from_config(config) if auto else cls._from_config(config)  # type: ignore[attr-defined]  # the dtype from_pretrained gives
+        with from_weights(pretrained):  # the constructor's draws are not made: the weights replace them
+            model = cls.from_config(config) if auto else cls._from_config(config)  # type: ignore[attr-defined]  # the dtype from_pretrained gives
     except Exception as e:
         first = str(e).strip().split("\n")[0]
         raise ConfigError(where, f"{cls.__name__} from its saved config failed: {type(e).__name__}: {first}",

@@ -18,9 +18,9 @@ generator moves as in a whole build, and a draw on a real tensor meanwhile (``ra
 ``nn.init.sparse_``) gives what it would have given. At :meth:`EmptyModel.fill` each draw
 wanted starts from its kept state: the values are bit for bit those of the model built
 whole on the CPU from the same random state, while a process holds its shards and about
-one tensor besides. A model whose weights come from files (:func:`add_weights`, called by a
-Hugging Face spec with ``pretrained:``) skips that: the few tensors the files lack draw in
-order at fill time.
+one tensor besides. A model whose weights come from files (:func:`from_weights`, around a
+Hugging Face spec's ``pretrained:`` skeleton) skips that: the few tensors the files lack
+draw in order at fill time.
 
 The constructor sees an ordinary CPU environment: the empty tensors say they are on the
 CPU (``torch.nn.init`` skips a tensor that says it is on the meta device, and a Hugging
@@ -35,9 +35,10 @@ A constructor that reads the value of a tensor it allocated (``.item()``) cannot
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -334,18 +335,24 @@ _RECORDERS: list[_Recorder] = []  # the constructors being recorded, innermost l
 
 def recording() -> bool:
     """Whether a constructor runs under :func:`record` now (a model spec then leaves its
-    pretrained weights to be read at materialization: :func:`add_weights`)."""
+    pretrained weights to be read at materialization: :func:`from_weights`)."""
     return bool(_RECORDERS)
 
 
-def add_weights(source: Any) -> None:
-    """Under :func:`record`: ``source`` (a Hugging Face folder, a ``.safetensors`` file)
-    holds the model's weights, to be read shard by shard when it is materialized; the
-    constructor's random draws are then not made while recording (call it before them)."""
+@contextlib.contextmanager
+def from_weights(source: Any) -> Iterator[None]:
+    """Under :func:`record`: the model built inside takes its weights from ``source`` (a
+    Hugging Face folder, a ``.safetensors`` file), read shard by shard when it is
+    materialized. Its constructor's random draws are then not made while recording (the
+    weights replace them; a tensor the files lack draws in order at materialization, as
+    ``from_pretrained`` draws for it); what is built after (a PEFT adapter) draws as usual."""
     recorder = _RECORDERS[-1]
     recorder.weights.append(source)
-    if not any(op.rng is not None for op in recorder.ops):
-        recorder.exact = False
+    exact, recorder.exact = recorder.exact, False
+    try:
+        yield
+    finally:
+        recorder.exact = exact
 
 
 def record(factory: Callable[[], Any], what: str = "the model") -> Any:
@@ -423,4 +430,4 @@ def _cannot(error: Exception, what: str) -> str:
             "model whole: pass the module itself rather than its spec, or empty_init=False to the strategy")
 
 
-__all__ = ["EmptyInitError", "EmptyModel", "add_weights", "record", "recording"]
+__all__ = ["EmptyInitError", "EmptyModel", "from_weights", "record", "recording"]
