@@ -52,7 +52,7 @@ from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
-from treadle.compat import fsdp_cpu_problem, mesh_reshard_problem
+from treadle.compat import fsdp_cpu_problem, gloo_sums_average, mesh_reshard_problem
 from treadle.strategies.base import STALL_WARN_S, ProcessGroupStrategy, move_model
 from treadle.strategies.mesh import DeviceMesh, MeshShape, new_dp_groups
 from treadle.strategies.tensor_parallel import Plan, check_plan_type
@@ -252,6 +252,8 @@ class FSDPStrategy(ProcessGroupStrategy):
         # Bottom-up: reversed pre-order puts every descendant before its ancestors.
         for m in [*reversed(targets), model]:
             fully_shard(m, reshard_after_forward=self.reshard_after_forward, **kwargs)
+        if self.device.type == "cpu":  # gloo: averaged by FSDP itself where gloo would sum (treadle/compat.py)
+            gloo_sums_average([*reversed(targets), model])
         return self.materialize_model(model)  # built on the meta device: each rank's shards now
 
     def _check_wrap_matched(self, model: nn.Module) -> None:
