@@ -11,14 +11,14 @@ from treadle.distributed.env import restart_count
 
 
 class SigkillAt(treadle.Hook):
-    """Rank ``rank`` kills itself with SIGKILL once ``at_iter`` iterations are done (after
-    the checkpoint hook has saved), in attempt ``attempt`` of an elastic job only."""
+    """Rank ``rank`` (None: every rank) kills itself with SIGKILL once ``at_iter`` iterations
+    are done (after the checkpoint hook has saved), in attempt ``attempt`` of an elastic job only."""
 
     priority = "LOWEST"
 
-    def __init__(self, rank: int, at_iter: int, attempt: int = 0) -> None:
+    def __init__(self, rank: int | None, at_iter: int, attempt: int = 0) -> None:
         self.rank, self.at_iter, self.armed = rank, at_iter, restart_count() == attempt
 
     def after_train_iter(self, trainer, batch, outputs) -> None:
-        if self.armed and trainer.state.iter + 1 == self.at_iter and trainer.strategy.rank == self.rank:
+        if self.armed and trainer.state.iter + 1 == self.at_iter and self.rank in (None, trainer.strategy.rank):
             os.kill(os.getpid(), signal.SIGKILL)

@@ -194,6 +194,14 @@ def make_tokens(n: int = 32, length: int = 8, vocab: int = 64, seed: int = 0) ->
     return TensorDataset(ids[:, :-1], ids[:, 1:])
 
 
+def make_token_batches(n: int = 32, length: int = 8, vocab: int = 64, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """``n`` sequences as a Hugging Face causal LM takes them: ``input_ids`` and ``labels``
+    (the same ids; the model shifts them)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (n, length), generator=g)
+    return [{"input_ids": row, "labels": row} for row in ids]
+
+
 def labelled_texts(n: int = 16, length: int = 8, vocab: int = 40, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     """``n`` tokenized "texts" as a Hugging Face classifier takes them: ``input_ids``,
     ``attention_mask`` and ``labels`` (1 when the first token is even)."""

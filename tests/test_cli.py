@@ -356,21 +356,30 @@ def test_export_errors(tiny, trained, tmp_path, capsys):
     assert rc == 2 and "the run had no EMA" in err and not (tmp_path / "x.safetensors").exists()
 
 
-def test_export_out_must_be_a_file_it_can_create(trained, tmp_path, capsys):
+def test_export_out_must_be_a_file_or_folder_it_can_create(trained, tmp_path, capsys):
     _, ckpt = trained
     out_dir = tmp_path / "exports"
     out_dir.mkdir()
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("k")
     (tmp_path / "afile").write_text("x")
-    for out, error in [(out_dir, f"--out {out_dir}: is a directory; expected the path of the file to write"),
+    for out, error in [(out_dir, f"{ckpt}: records no Hugging Face config (the model is a support.TinyNet), which a "
+                                 "folder export needs; export the weights alone with --out FILE.safetensors"),
+                       (full, f"--out {full}: the folder exists and is not empty; export into a new or empty folder"),
+                       (tmp_path / "afile", f"--out {tmp_path / 'afile'}: exists and is not a folder"),
                        (tmp_path / "afile" / "m.safetensors", f"{tmp_path / 'afile'} is not a directory"),
-                       (tmp_path / "afile" / "sub" / "m.safetensors", f"{tmp_path / 'afile'} is not a directory")]:
+                       (tmp_path / "afile" / "sub" / "m.safetensors", f"{tmp_path / 'afile'} is not a directory"),
+                       (tmp_path / "m.safetensors", "--merge applies to a folder export")]:
         before = sorted(p.name for p in tmp_path.iterdir())
-        rc, out_text, err = run(capsys, "export", ckpt, "--out", out)
+        flags = ["--merge"] if str(out).endswith("m.safetensors") and out.parent == tmp_path else []
+        rc, out_text, err = run(capsys, "export", ckpt, "--out", out, *flags)
         assert rc == 2, err
-        assert err.startswith(f"treadle export: error: --out {out}: ") and error in err
+        assert err.startswith("treadle export: error: ") and error in err, err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and out_text == ""
         assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no scratch file
         assert list(out_dir.iterdir()) == [] and (tmp_path / "afile").read_text() == "x"
+        assert [p.name for p in full.iterdir()] == ["keep.txt"]
     # A missing parent directory is created, as by export_safetensors.
     rc, out_text, _ = run(capsys, "export", ckpt, "--out", tmp_path / "new" / "m.safetensors")
     assert rc == 0 and read_safetensors(tmp_path / "new" / "m.safetensors")

@@ -66,24 +66,33 @@ def test_storage_data_is_read_back_when_the_save_returned_none():
 
 
 @pytest.mark.parametrize("version,plain,mixed", [
-    ("2.6.0", False, False), ("2.7.1", True, False), ("2.11.0", True, False), ("2.12.1", True, True),
-    ("2.14.1", True, True),
+    ("2.6.0", False, False), ("2.7.1", False, False), ("2.8.0", True, False), ("2.11.0", True, False),
+    ("2.12.1", True, True), ("2.14.1", True, True),
 ])
 def test_fsdp_on_the_cpu_is_refused_where_that_release_cannot_train_it(version, plain, mixed):
     assert (compat.fsdp_cpu_problem(False, version) is None) is plain
+    assert (compat.fsdp_cpu_problem(False, version, replicas=True) is None) is plain  # HSDP: the same average
     assert (compat.fsdp_cpu_problem(True, version) is None) is mixed
     if not mixed:
         assert compat.fsdp_cpu_problem(True, version) == (
             f"FSDP with a 16-bit param_dtype on the CPU (gloo) needs torch>=2.12, but torch {version} is installed; "
             "on CUDA (nccl), FSDP runs from torch 2.6")
+    if not plain:
+        assert compat.fsdp_cpu_problem(False, version) == (
+            f"FSDP on the CPU (gloo) needs torch>=2.8, but torch {version} is installed (older releases sum the "
+            "gradients of the processes where they should average them); on CUDA (nccl), FSDP runs from torch 2.6")
 
 
-def test_hsdp_on_gloo_is_refused_before_2_8():
-    assert compat.fsdp_cpu_problem(False, "2.8.0", replicas=True) is None
-    assert compat.fsdp_cpu_problem(False, "2.7.1", replicas=False) is None
-    assert compat.fsdp_cpu_problem(False, "2.7.1", replicas=True) == (
-        "HSDP (dp_replicate > 1) on the CPU (gloo) needs torch>=2.8, but torch 2.7.1 is installed; the limit is "
-        "gloo's (it lacks the average HSDP reduces with), not nccl's")
+@pytest.mark.parametrize("version,forced", [("2.8.0", True), ("2.9.1", False), ("2.14.1", False)])
+def test_fsdp_averages_itself_where_gloo_would_sum(version, forced):
+    """2.8's gloo sums what FSDP asks it to average: FSDP is told to sum and divide itself."""
+    calls = []
+
+    class Sharded:
+        def set_force_sum_reduction_for_comms(self, enable):
+            calls.append(enable)
+    compat.gloo_sums_average([Sharded(), Sharded()], version)
+    assert calls == ([True, True] if forced else [])
 
 
 def test_sync_bn_with_fsdp_on_gloo_is_refused_before_2_9():

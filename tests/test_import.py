@@ -14,9 +14,9 @@ pytestmark = pytest.mark.slow  # each test imports treadle in a fresh interprete
 ROOT = Path(__file__).resolve().parent.parent
 
 # Each is needed by one feature only (TensorBoard writer, report plots, progress bar,
-# config files, safetensors export, trackers, the DeepSpeed strategy).
+# config files, safetensors export, trackers, the DeepSpeed strategy, a model spec's peft: key).
 LAZY = ("tensorboard", "torch.utils.tensorboard", "matplotlib", "rich", "yaml", "safetensors", "mlflow", "wandb",
-        "deepspeed")
+        "deepspeed", "peft")
 
 
 def _modules_after(code: str) -> list[str]:

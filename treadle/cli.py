@@ -153,11 +153,21 @@ def _parser() -> argparse.ArgumentParser:
     p = add("report", "plots and a summary of one or more runs", "treadle report runs/a runs/b --out runs/compare")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with log.jsonl)")
     p.add_argument("--out", help="output directory (default: FIRST_RUN_DIR/report)")
-    p = add("export", "export a checkpoint's weights to safetensors",
-            "treadle export runs/d/checkpoints/epoch_0003 --out model.safetensors")
+    p = add("export", "export a checkpoint as a Hugging Face folder (a PEFT model: its adapter) or one .safetensors file",
+            "treadle export runs/d/checkpoints/epoch_0003 --out exported/")
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory or file")
-    p.add_argument("--out", required=True, help="the .safetensors file to write")
+    p.add_argument("--out", required=True,
+                   help="a folder to create: config.json and the weights, as from_pretrained loads them (a PEFT model: "
+                        "adapter_config.json and adapter_model.safetensors); or FILE.safetensors: the weights alone")
     p.add_argument("--ema", action="store_true", help="export the EMA weights instead of the model's")
+    p.add_argument("--merge", action="store_true",
+                   help="a PEFT model: the base model with the adapter merged in, as a Hugging Face folder")
+    p.add_argument("--base", metavar="DIR",
+                   help="the base model's Hugging Face folder, for the frozen weights the checkpoint left out "
+                        "(default: the folder the model was loaded from)")
+    p.add_argument("--max-shard-size", metavar="SIZE",
+                   help="split the weights into files of at most SIZE, e.g. 5GB or 500MB (default: 50GB, as "
+                        "save_pretrained)")
     add("env", "print versions and devices (paste it into bug reports)", "treadle env")
     return parser
 
@@ -333,14 +343,34 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from treadle.checkpoint.hf_export import DEFAULT_MAX_SHARD_SIZE, check_out_dir, export_folder
     from treadle.checkpoint.io import CheckpointError
+    from treadle.checkpoint.safetensors_stream import parse_size
     from treadle.checkpoint.weights import export_safetensors
 
-    _check_out_file(args.out)
+    to_file = str(args.out).endswith(".safetensors")
+    try:
+        if to_file:
+            given = [flag for flag, value in (("--merge", args.merge), ("--base", args.base),
+                                              ("--max-shard-size", args.max_shard_size)) if value]
+            if given:
+                raise UsageError(f"{given[0]} applies to a folder export; --out {args.out} is one .safetensors file")
+            _check_out_file(args.out)
+        else:
+            check_out_dir(Path(args.out))
+            if args.max_shard_size is not None:
+                parse_size(args.max_shard_size)
+    except ValueError as e:
+        raise UsageError(f"--max-shard-size {e}") from None
+    except CheckpointError as e:
+        raise UsageError(str(e)) from None
 
     def export(checkpoint: Path, note: str | None) -> Path:
         if note:
             print(f"treadle export: {note}")
+        if not to_file:
+            return export_folder(checkpoint, args.out, ema=args.ema, merge=args.merge, base=args.base,
+                                 max_shard_size=args.max_shard_size or DEFAULT_MAX_SHARD_SIZE)
         source = _ema_source(checkpoint, "", "export without --ema for the model's weights") if args.ema else checkpoint
         return export_safetensors(source, args.out, key="ema" if args.ema else "model")
 
@@ -389,15 +419,14 @@ def _ema_source(checkpoint: Path, what: str, instead: str) -> Any:
     best-weights checkpoint under a top-level "ema" entry, a file as it may. A
     checkpoint directory of a run trained without EMA is a UsageError that says so."""
     from treadle.checkpoint.io import STATE_FILE, load_checkpoint
+    from treadle.checkpoint.tensor_sources import ema_weights
 
     if not checkpoint.is_dir() or (checkpoint / ".metadata").is_file():  # a file, or sharded: read as it is
         return checkpoint
     state = load_checkpoint(checkpoint, files=[STATE_FILE])[STATE_FILE]
-    if isinstance(state, dict) and "ema" in state:
-        return checkpoint
-    hook = state.get("hooks", {}).get("EMAHook") if isinstance(state, dict) else None
-    if isinstance(hook, dict) and isinstance(hook.get("ema"), dict) and "module" in hook["ema"]:
-        return {"ema": hook["ema"]["module"]}
+    weights = ema_weights(state) if isinstance(state, dict) else None
+    if weights is not None:
+        return checkpoint if weights is state.get("ema") else {"ema": weights}
     named = f"{what} {checkpoint}".strip()
     raise UsageError(f"{named}: the run had no EMA (it was trained without ema=), so there are no EMA weights; "
                      f"{instead}")

@@ -65,8 +65,10 @@ def ddp_buffer_kwargs(sync_buffers: bool) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- FSDP
 
 # Judged by release: these failures show only once training runs, some as wrong numbers.
-FSDP_ON_CPU = (2, 7)  # 2.6: fully_shard cannot run on the CPU ('Stream' has no 'record_event')
-HSDP_ON_CPU = (2, 8)  # 2.7: HSDP's all-reduce across replicas asks gloo for ReduceOp.AVG, which it lacks
+FSDP_ON_CPU = (2, 8)  # 2.6: fully_shard cannot run on the CPU ('Stream' has no 'record_event'); 2.7: it asks gloo
+#   to reduce-scatter the gradients with ReduceOp.AVG, which gloo sums: N times too large on N processes, and
+#   2.7 has no way to ask for the sum and divide itself (2.8: gloo_sums_average below)
+GLOO_AVERAGE = (2, 9)  # 2.7, 2.8: gloo's reduce-scatter takes ReduceOp.AVG for a sum (2 processes: gradients x2)
 SYNC_BN_FSDP_ON_CPU = (2, 9)  # 2.7, 2.8: an FSDP model whose BatchNorm is synchronized on the CPU trains
 #   away from one process on the whole batch (tests/strategies/test_sync_batchnorm.py); DDP's is right
 FSDP_MIXED_ON_CPU = (2, 12)  # 2.7-2.11: backward fails with a 16-bit param_dtype over gloo
@@ -85,22 +87,34 @@ def _needs(need: tuple[int, int], version: str | None) -> str | None:
 def fsdp_cpu_problem(mixed_precision: bool, version: str | None = None, replicas: bool = False,
                      sync_bn: bool = False) -> str | None:
     """Why FSDP cannot train on several CPU processes (gloo) with this torch, or None
-    (``replicas``: HSDP, more than one replica; ``sync_bn``: BatchNorm synchronized)."""
+    (``replicas``: HSDP, more than one replica, whose all-reduce across replicas is gloo's
+    average too: the same release as FSDP's; ``sync_bn``: BatchNorm synchronized)."""
     need = _needs(FSDP_MIXED_ON_CPU if mixed_precision else FSDP_ON_CPU, version)
     if need is None and sync_bn:
         need = _needs(SYNC_BN_FSDP_ON_CPU, version)
         if need is not None:
             return (f"FSDP with sync_bn=True on the CPU (gloo) needs {need}; with DDP (strategy='ddp', "
                     "sync_bn=True) it trains on this release")
-    if need is None and replicas:
-        need = _needs(HSDP_ON_CPU, version)
-        if need is not None:
-            return (f"HSDP (dp_replicate > 1) on the CPU (gloo) needs {need}; the limit is gloo's (it lacks the "
-                    "average HSDP reduces with), not nccl's")
     if need is None:
         return None
-    what = "FSDP with a 16-bit param_dtype" if mixed_precision else "FSDP"
-    return f"{what} on the CPU (gloo) needs {need}; on CUDA (nccl), FSDP runs from torch {TORCH_FLOOR_TEXT}"
+    if mixed_precision:
+        return f"FSDP with a 16-bit param_dtype on the CPU (gloo) needs {need}; on CUDA (nccl), FSDP runs from torch " \
+               f"{TORCH_FLOOR_TEXT}"
+    return (f"FSDP on the CPU (gloo) needs {need} (older releases sum the gradients of the processes where they "
+            f"should average them); on CUDA (nccl), FSDP runs from torch {TORCH_FLOOR_TEXT}")
+
+
+def gloo_sums_average(modules: Any, version: str | None = None) -> None:
+    """On releases whose gloo sums what FSDP asks it to average (2.8; :data:`GLOO_AVERAGE`):
+    each ``fully_shard``-ed module of ``modules`` sums and divides by the number of
+    processes itself (FSDP's ``set_force_sum_reduction_for_comms``), as it does for float16.
+    Nothing to do from 2.9, nor on CUDA (nccl averages)."""
+    if _needs(GLOO_AVERAGE, version) is None:
+        return
+    for module in modules:
+        force = getattr(module, "set_force_sum_reduction_for_comms", None)
+        if callable(force):
+            force(True)
 
 
 def mesh_reshard_problem(saved_mesh: dict[str, int], mesh: dict[str, int], version: str | None = None) -> str | None:

@@ -255,8 +255,8 @@ def _hf_models():
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_hugging_face_decoders_train_the_same(mode) -> None:
     """A tiny GPT-2 (dropout on by default) and Llama (attention dropout) built from configs:
-    the blocks are found, loss, logits and gradients bitwise equal; the key/value cache,
-    which recomputation would fill twice, is turned off."""
+    the blocks are found, loss and logits bitwise equal, gradients within float32 rounding
+    (MKL); the key/value cache, which recomputation would fill twice, is turned off."""
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     for block, model in _hf_models().items():
         model.train()
@@ -271,7 +271,12 @@ def test_hugging_face_decoders_train_the_same(mode) -> None:
             out = m(input_ids=ids, labels=ids)
             out.loss.backward()
             results.append((out.logits.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}))
-        assert_same(results[1], results[0])
+        assert torch.equal(results[1][0], results[0][0])
+        assert results[1][1].keys() == results[0][1].keys()
+        for name, grad in results[0][1].items():
+            # Bitwise on most CPUs; on some AVX-512 ones MKL's GEMM sums a recomputed input (another
+            # buffer, another alignment) in another order: up to 4e-9 apart on gradients of 0.2.
+            torch.testing.assert_close(results[1][1][name], grad, rtol=1e-6, atol=1e-8)
         assert list(ac.state_dict()) == list(model.state_dict())
 
 

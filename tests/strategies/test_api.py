@@ -133,9 +133,13 @@ def test_checkpoint_layout_and_manifest(tmp_path):
     _train(s, model, ow, scheds, loader, epochs=1, save_at=(3,))
     path = tmp_path / "ckpt" / "iter_3"
     manifest = json.loads((path / "manifest.json").read_text())
-    assert manifest["meta"] == {"kind": "strategy", "run": s.run_id}
+    # "model": what treadle export needs (treadle/checkpoint/model_info.py): here, a plain module's class and tensors
+    tensors = {k: [str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in model.state_dict().items()}
+    assert manifest["meta"] == {"kind": "strategy", "run": s.run_id,
+                                "model": {"class": "torch.nn.modules.container.Sequential", "tensors": tensors, "tied": {}}}
     state = torch.load(path / "state.pt", weights_only=True)
-    assert set(state) == {"model", "optim", "param_schedulers", "data", "extra", "strategy"}
+    assert set(state) == {"model", "frozen", "optim", "param_schedulers", "data", "extra", "strategy"}
+    assert state["frozen"] == {"saved": False, "digest": "sha256", "tensors": {}}  # nothing frozen: nothing described
     assert state["data"] == [{"epoch": 0, "batch_idx": 3, "seed": loader.seed}]
     rank = torch.load(path / "rng_rank0.pt", weights_only=True)
     assert len(rank["rank_state"]["optim"]["default"]["grads"]) == 4  # iteration 3 left a window open: its gradients

@@ -54,13 +54,22 @@ class StorageBackend(Protocol):
                          writer: Callable[..., Path] | None = None, sharded: Iterable[str] = ()) -> Path: ...
 
     def read_checkpoint(self, path: str | Path,
-                        template: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]: ...
+                        template: Callable[[set[str] | None], dict[str, Any]] | None = None) -> dict[str, Any]: ...
 
     def all_gather_object(self, obj: Any) -> list[Any]: ...
 
 
 def _state_of(obj: Any) -> Any:
     return obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
+
+
+def _template_of(obj: Any, name: str, saved: set[str] | None) -> Any:
+    """What a sharded load reads into for ``obj``: its ``load_template(has)`` where it has
+    one and the checkpoint's keys are known (``saved``: DCP's flattened keys), else its state."""
+    template = getattr(obj, "load_template", None)
+    if saved is None or not callable(template):
+        return _state_of(obj)
+    return template(lambda key: f"{name}.{key}" in saved)
 
 
 class Checkpointer:
@@ -140,12 +149,16 @@ class Checkpointer:
              ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """``(state, this rank's RNG file)`` of the checkpoint at ``path``, verified first;
         a sharded checkpoint's tensors are read into the current states of the owners in
-        ``states`` marked sharded (DCP reshards them). A checkpoint of format 1 comes back
+        ``states`` marked sharded (DCP reshards them), or into what the owner's
+        ``load_template(has)`` gives, given which keys the checkpoint holds (``ModelState``:
+        no frozen weight the checkpoint left out). A checkpoint of format 1 comes back
         migrated (treadle/checkpoint/migrate.py). The RNG file is None when this rank has
         none (saved by fewer processes)."""
         names = sharded_names(states or {})
-        template = (lambda: {n: _state_of(states[n]) for n in names}) if names else None  # type: ignore[index]  # names come from states: none without it
-        payloads = self.backend.read_checkpoint(path, template=template)
+        def template(saved: set[str] | None = None) -> dict[str, Any]:  # saved: the checkpoint's keys, if known
+            return {n: _template_of(states[n], n, saved) for n in names}  # type: ignore[index]  # names come from states: none without it
+
+        payloads = self.backend.read_checkpoint(path, template=template if names else None)
         state = payloads.get(STATE_FILE)
         if not isinstance(state, dict):
             raise CheckpointError(f"{path}: not a training checkpoint (it has no {STATE_FILE} dict of states)")

@@ -410,9 +410,9 @@ def _refusal(message: str) -> str:
     return "it holds something other than tensors and plain containers."
 
 
-def _load_weights_only(fpath: Path, map_location: Any, verified: bool) -> Any:
+def _load_weights_only(fpath: Path, map_location: Any, verified: bool, mmap: bool = False) -> Any:
     try:
-        return torch.load(fpath, map_location=map_location, weights_only=True)
+        return torch.load(fpath, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         note = " The file was not hash-verified, so it may also be corrupt." if not verified else ""
         raise UnsafeCheckpointError(
@@ -443,12 +443,15 @@ def load_checkpoint(
     files: Iterable[str] | None = None,
     map_location: Any = "cpu",
     verify: bool = True,
+    mmap: bool = False,
 ) -> dict[str, Any]:
     """Load payloads of a checkpoint as ``{file name: object}``.
 
     With ``verify`` each requested file's size and sha256 are checked against the
     manifest before unpickling. ``files`` selects a subset (default: all). Loading
-    always uses ``torch.load(weights_only=True)``; there is no unsafe fallback.
+    always uses ``torch.load(weights_only=True)``; there is no unsafe fallback. ``mmap``:
+    the tensors are mapped from the files (``torch.load(mmap=True)``), read from disk only
+    as they are used.
 
     ``path`` may also be a legacy single ``.pt``/``.pth`` file written by
     ``torch.save``: it has no manifest, so only its zip CRCs are checked; the
@@ -461,7 +464,7 @@ def load_checkpoint(
             raise CheckpointError(f"{path}: a single-file checkpoint only has {STATE_FILE!r}, asked for {wanted}")
         if verify:
             _verify_legacy_file(path)
-        return {STATE_FILE: _load_weights_only(path, map_location, verified=False)}
+        return {STATE_FILE: _load_weights_only(path, map_location, verified=False, mmap=mmap)}
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint")
     manifest = read_manifest(path)
@@ -474,5 +477,5 @@ def load_checkpoint(
             _verify_file(path, name, manifest["files"][name])
         else:
             refuse_link(path / name)
-        out[name] = _load_weights_only(path / name, map_location, verified=verify)
+        out[name] = _load_weights_only(path / name, map_location, verified=verify, mmap=mmap)
     return out

@@ -430,13 +430,16 @@ def _read_sharded_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def load_sharded(path: str | os.PathLike[str], sharded_state_template: dict[str, Any],
+def load_sharded(path: str | os.PathLike[str],
+                 sharded_state_template: dict[str, Any] | Callable[[set[str]], dict[str, Any]],
                  payloads: list[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read a sharded checkpoint into ``sharded_state_template``; a collective.
 
     The template has the keys, shapes and shardings wanted on this run (e.g. a fresh
     model's and optimizer's sharded state dicts); its tensors are filled in place
-    and plain values replaced, whatever the world size of the save. Every file is
+    and plain values replaced, whatever the world size of the save. It may be a function
+    of the keys the checkpoint holds (DCP's flattened keys, ``"model.layer.weight"``),
+    called once the files are verified: for entries that may be left out. Every file is
     verified against the manifest first. Returns ``(state, small_payloads)``, the
     payloads (default: all) read with ``torch.load(weights_only=True)`` on every rank.
     Raises :class:`CorruptCheckpointError` naming the damaged or missing file.
@@ -449,6 +452,9 @@ def load_sharded(path: str | os.PathLike[str], sharded_state_template: dict[str,
     _verify_distributed(path, manifest)
     dcp_files = set(manifest["dcp"]["files"])
     names = [n for n in manifest["files"] if n not in dcp_files] if payloads is None else list(payloads)
+    if callable(sharded_state_template):
+        saved = set(read_metadata_safely(path / DCP_METADATA).state_dict_metadata)  # verified above
+        sharded_state_template = sharded_state_template(saved)
     try:
         _quiet_single_process()
         dcp.load(sharded_state_template, storage_reader=_SafeReader(path), planner=_SafeLoadPlanner(),

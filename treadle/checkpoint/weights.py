@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from treadle.checkpoint.tensor_sources import FolderWeights, is_hf_folder
 from treadle.fsutil import fsync_dir
 
 from .io import (
@@ -33,7 +34,8 @@ from .io import (
     load_checkpoint,
 )
 
-__all__ = ["LoadReport", "WeightsMismatchError", "load_weights", "export_safetensors", "read_safetensors"]
+__all__ = ["LoadReport", "WeightsMismatchError", "load_weights", "export_safetensors", "read_safetensors",
+           "read_weights", "read_weights_and_frozen"]
 
 logger = logging.getLogger("treadle")
 
@@ -72,6 +74,8 @@ class LoadReport:
     mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
     loaded: int = 0
     source: str = ""
+    #: Frozen weights the checkpoint left out, kept as the model has them (their digests match).
+    frozen: int = 0
 
     @property
     def ok(self) -> bool:
@@ -81,6 +85,8 @@ class LoadReport:
     def __str__(self) -> str:
         src = f" from {self.source}" if self.source else ""
         lines = [f"loaded {self.loaded} entries{src}"]
+        if self.frozen:
+            lines[0] += f"; {self.frozen} frozen weights kept as the model has them (they match the checkpoint's digests)"
         if self.missing:
             lines.append(f"  missing in checkpoint ({len(self.missing)}):")
             lines += _listing(self.missing)
@@ -116,29 +122,44 @@ def _pick_state_dict(obj: Any, key: str | None, where: str) -> dict[str, Any]:
 
 
 def _read_source(source: Source, key: str | None) -> tuple[dict[str, Any], str]:
+    sd, where, _ = _read_source_and_frozen(source, key)
+    return sd, where
+
+
+def _read_source_and_frozen(source: Source, key: str | None) -> tuple[dict[str, Any], str, Any]:
+    """``(state dict, where, frozen)``: as :func:`_read_source`, with a training checkpoint's
+    ``frozen`` entry (treadle/checkpoint/frozen.py; None for anything else)."""
     if isinstance(source, Mapping):
-        return _pick_state_dict(source, key, "state dict"), "<state dict>"
+        return _pick_state_dict(source, key, "state dict"), "<state dict>", None
     path = Path(source)
     if path.is_dir() and (path / ".metadata").is_file():  # a sharded (FSDP, DCP) checkpoint
         from treadle.checkpoint.sharded import consolidate  # loads DCP: only when needed
 
         if key not in (None, "model"):
             raise CheckpointError(f"{path}: a sharded checkpoint's weights are under 'model'; key={key!r} is not there")
-        return consolidate(path, key="model"), str(path)
+        sd = consolidate(path, key="model")  # verifies every file first
+        state = load_checkpoint(path, files=[STATE_FILE])[STATE_FILE] if (path / STATE_FILE).is_file() else {}
+        return sd, str(path), state.get("frozen") if isinstance(state, dict) else None
+    if path.is_dir() and is_hf_folder(path):  # save_pretrained's: model.safetensors, or shards and their index
+        if key is not None:
+            raise CheckpointError(f"{path}: a Hugging Face folder holds one state dict; key={key!r} does not apply")
+        files = FolderWeights(path, "load_from")
+        return {k: files.read(k) for k in files.specs}, str(path), None
     if path.is_dir():
         state = load_checkpoint(path, files=[STATE_FILE])[STATE_FILE]
-        return _pick_state_dict(state, key or "model", str(path / STATE_FILE)), str(path)
+        frozen = state.get("frozen") if isinstance(state, dict) and key in (None, "model") else None
+        return _pick_state_dict(state, key or "model", str(path / STATE_FILE)), str(path), frozen
     if path.suffix == ".safetensors":
         if key is not None:
             raise CheckpointError(f"{path}: a safetensors file holds one state dict; key={key!r} does not apply")
-        return read_safetensors(path), str(path)
+        return read_safetensors(path), str(path), None
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint")
     try:
         state = load_checkpoint(path)[STATE_FILE]
     except UnsafeCheckpointError as refused:
-        return _foreign_weights(path, key, refused), str(path)
-    return _pick_state_dict(state, key, str(path)), str(path)
+        return _foreign_weights(path, key, refused), str(path), None
+    return _pick_state_dict(state, key, str(path)), str(path), None
 
 
 def _foreign_weights(path: Path, key: str | None, refused: UnsafeCheckpointError) -> dict[str, Any]:
@@ -192,6 +213,14 @@ def read_weights(source: Source, key: str | None = None) -> dict[str, Any]:
     return _read_source(source, key)[0]
 
 
+def read_weights_and_frozen(source: Source) -> tuple[dict[str, Any], Any]:
+    """``(weights, frozen)``: :func:`read_weights`'s, and the ``frozen`` entry of a training
+    checkpoint (the digests of the frozen weights it may have left out,
+    treadle/checkpoint/frozen.py), None for anything else."""
+    sd, _, frozen = _read_source_and_frozen(source, None)
+    return sd, frozen
+
+
 def _revise(sd: Mapping[str, Any], revise_keys: Iterable[tuple[str, str]]) -> dict[str, Any]:
     rules = [(re.compile(p), r) for p, r in revise_keys]
     out: dict[str, Any] = {}
@@ -218,6 +247,7 @@ def load_weights(
     strict: bool = True,
     revise_keys: Iterable[tuple[str, str]] = DEFAULT_REVISE_KEYS,
     key: str | None = None,
+    frozen: Any = None,
 ) -> LoadReport:
     """Load model weights from a checkpoint dir, ``.pt``/``.pth``, ``.safetensors`` or a state dict.
 
@@ -227,8 +257,17 @@ def load_weights(
     :class:`WeightsMismatchError` (before touching the model) on any difference;
     ``strict=False`` loads what matches, logs a warning and returns the report.
     ``key`` selects an entry such as ``"ema"`` (default ``"model"`` for checkpoint dirs).
+
+    A training checkpoint that left out the frozen weights (treadle/checkpoint/frozen.py):
+    the model's own weights of those names stay, once their digests match the
+    checkpoint's; another base is refused (a CheckpointError naming the first tensor that
+    differs) before anything is loaded. ``frozen``: that entry, for a ``source`` given as a
+    state dict (:func:`read_weights_and_frozen`).
     """
-    raw, where = _read_source(source, key)
+    from treadle.checkpoint.frozen import describe, verify_left_out
+
+    raw, where, own = _read_source_and_frozen(source, key)
+    frozen = own if own is not None else frozen
     sd = _revise(raw, revise_keys)
     model_sd = model.state_dict()
     report = LoadReport(source=where)
@@ -236,6 +275,10 @@ def load_weights(
     # aliases is in the checkpoint: exporters that de-duplicate keep only one name.
     present = {_alias_id(model_sd[k]) for k in sd if k in model_sd}
     report.missing = [k for k in model_sd if k not in sd and _alias_id(model_sd[k]) not in present]
+    kept = verify_left_out(frozen, report.missing, where if own is not None else "the checkpoint",
+                           lambda names: describe(model_sd, names))
+    report.missing = [k for k in report.missing if k not in kept]
+    report.frozen = len(kept)
     report.unexpected = [k for k in sd if k not in model_sd]
     to_load: dict[str, Any] = {}
     for k, v in sd.items():

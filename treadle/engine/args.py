@@ -37,6 +37,7 @@ from treadle.engine.preemption import PreemptionConfig
 from treadle.engine.resume import check_resume_dir
 from treadle.engine.spec import TrainerArgs, check_args
 from treadle.seeding import seed_everything
+from treadle.strategies.empty_init import EmptyModel, record
 from treadle.hooks.phase_timer import PhaseTimerHook
 from treadle.hooks.train_metrics import TrainMetrics, TrainMetricsHook
 
@@ -344,19 +345,12 @@ def build_model_and_data(a: Args, strategy: Any, *, safe: bool = False) -> tuple
         isinstance(x, Mapping) for x, named in ((val, sets["val_dataloader"]), (test, sets["test_dataloader"]))
         if named is None) or any(isinstance(x, Mapping) for named in sets.values() for x in (named or {}).values())
     if specs:
-        model = from_spec(model, "model", "model", safe=safe)
+        model = _model(model, v.init_weights, strategy, safe)
         train = from_spec(train, "dataloader", "train_dataloader", safe=safe)
         val = _loaders(val, sets["val_dataloader"], "val_dataloader", safe)
         test = _loaders(test, sets["test_dataloader"], "test_dataloader", safe)
-    if v.init_weights:  # before the RNGs are seeded again: its draws do not move training's streams
-        from treadle.config.build import call_init_weights
-
-        if call_init_weights(model):
-            get_logger().info(f"init_weights: called {type(model).__name__}.init_weights()")
-        else:
-            # As MMEngine's runner, whose configs set it (a translated config's default): no method, nothing to do.
-            get_logger().info(f"init_weights: {type(model).__name__} has no init_weights(): its constructor's "
-                              "weights stand, as under MMEngine's runner")
+    if v.init_weights and not isinstance(model, EmptyModel):  # before the RNGs are seeded again (not moving training's streams)
+        _init_weights(model)
     if specs:
         if strategy.seed is not None:
             seed_everything(strategy.seed, rank=strategy.rank, per_rank=strategy.seed_per_rank)
@@ -366,6 +360,32 @@ def build_model_and_data(a: Args, strategy: Any, *, safe: bool = False) -> tuple
                   if named is not None else strategy.shard_dataloader(x, train=False))
                  for x, named in ((val, sets["val_dataloader"]), (test, sets["test_dataloader"])))
     return model, (train, val, test)
+
+
+def _init_weights(model: nn.Module) -> None:
+    from treadle.config.build import call_init_weights
+
+    if call_init_weights(model):
+        get_logger().info(f"init_weights: called {type(model).__name__}.init_weights()")
+    else:
+        # As MMEngine's runner, whose configs set it (a translated config's default): no method, nothing to do.
+        get_logger().info(f"init_weights: {type(model).__name__} has no init_weights(): its constructor's "
+                          "weights stand, as under MMEngine's runner")
+
+
+def _model(value: Any, init_weights: bool, strategy: Any, safe: bool) -> Any:
+    """The model a spec describes; under a strategy that builds on the meta device
+    (``strategy.empty_init``), an :class:`EmptyModel` (its constructor and ``init_weights``
+    recorded, not run: the strategy materializes each process's share)."""
+    if not isinstance(value, Mapping) or not strategy.empty_init:
+        return from_spec(value, "model", "model", safe=safe)
+
+    def build() -> Any:
+        model = from_spec(value, "model", "model", safe=safe)
+        if init_weights and isinstance(model, nn.Module):
+            _init_weights(model)
+        return model
+    return record(build, what=str(value.get("type", "the model")))
 
 
 def _loaders(value: Any, sets: dict[str, Any] | None, arg: str, safe: bool) -> Any:

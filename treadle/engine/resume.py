@@ -14,6 +14,7 @@ from typing import Callable, Iterable, TypeVar
 
 from treadle.checkpoint.directory import cleanup_stale_tmp, find_latest_checkpoint, list_checkpoints
 from treadle.checkpoint.io import MANIFEST_NAME, CheckpointError, CheckpointWarning, UnreadableCheckpointError
+from treadle.checkpoint.tensor_sources import is_hf_folder
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 
@@ -126,8 +127,8 @@ def _checkpoint_in(path: Path, what: str) -> tuple[str, str, str | None]:
     named = f"{what} {path}".strip()
     if not path.exists():
         return "missing", f"{named}: no such checkpoint (no such file or directory)", None
-    if not path.is_dir() or (path / MANIFEST_NAME).is_file():
-        return "path", str(path), None  # a checkpoint or a file: loading it says what is wrong with it
+    if not path.is_dir() or (path / MANIFEST_NAME).is_file() or is_hf_folder(path):
+        return "path", str(path), None  # a checkpoint, a file or a Hugging Face folder: loading it says what is wrong
     ckpt_dir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     if ckpt_dir == path and any(f.suffix in (".pt", ".distcp") for f in path.iterdir()):
         return "path", str(path), None  # a checkpoint's payloads without a manifest: loading it says so

@@ -6,7 +6,9 @@ and ``Trainer.load_checkpoint`` is ``strategy.resume(path, parts=..., rank_parts
 the calls a hand-written loop makes. ``state.pt`` (format 3) holds each owner's
 ``state_dict()``::
 
-    model             ModelState      the module's state, as the strategy gives it (FSDP: sharded)
+    model             ModelState      the module's state, as the strategy gives it (FSDP: sharded),
+                                      less the frozen parameters unless checkpoint=dict(save_frozen=True)
+    frozen            FrozenWeights   the digests of the frozen parameters (treadle/checkpoint/frozen.py)
     optim             OptimStates     {name: OptimWrapper state}: optimizer, GradScaler, accumulation
     param_schedulers  SchedulerStates the schedulers' states (a dict of lists by optimizer
                                       name for several); ParamSchedulerHook steps them
@@ -51,6 +53,7 @@ from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
 from treadle.data.resumable import place_of
 from treadle.hooks.base import HookStates
+from treadle.hooks.checkpoint import CheckpointHook
 from treadle.engine.loops import LoopCounters, TrainLoop
 
 if TYPE_CHECKING:
@@ -78,7 +81,7 @@ class Trainer(Protocol):
 
 
 #: The entries of a Trainer checkpoint's ``state.pt``: the strategy's, then the Trainer's parts.
-ENTRIES = ("model", "optim", "param_schedulers", "data", "extra", "strategy", "loop", "hooks", "results")
+ENTRIES = ("model", "frozen", "optim", "param_schedulers", "data", "extra", "strategy", "loop", "hooks", "results")
 #: The Trainer's own parts (the rest are the strategy's).
 PARTS = ("loop", "hooks", "results")
 
@@ -100,6 +103,8 @@ def check_training_checkpoint(state: Any) -> None:
     for part in ENTRIES:
         if part == "param_schedulers" and part not in state:
             continue  # saved with save_param_scheduler=False: the schedulers start afresh
+        if part == "frozen" and part not in state:
+            continue  # an earlier treadle's: its model entry holds every weight
         kind = list if part == "data" else (dict, list) if part == "param_schedulers" else dict
         if not isinstance(state.get(part), kind):
             what = "list" if kind is list else "dict"
@@ -154,10 +159,16 @@ def trainer_parts(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
     return parts, rank_parts
 
 
+def save_frozen(trainer: "Trainer") -> bool:
+    """Whether the Trainer's checkpoints hold the frozen weights: ``checkpoint=dict(save_frozen=True)``,
+    for every save of the run (the CheckpointHook's setting; a preemption's save follows it)."""
+    return any(h.save_frozen for h in trainer.hooks if isinstance(h, CheckpointHook))
+
+
 def trainer_states(trainer: "Trainer") -> tuple[dict[str, Any], dict[str, Any]]:
     """``(states, rank_states)``: every owner of ``trainer``'s training state, by name, as
     the strategy hands them to its checkpointer."""
-    return trainer.strategy.checkpoint_states(*trainer_parts(trainer))
+    return trainer.strategy.checkpoint_states(*trainer_parts(trainer), save_frozen=save_frozen(trainer))
 
 
 def save(trainer: "Trainer", path: str | Path, writer: Callable[..., Path] | None = None) -> Path:
@@ -168,7 +179,7 @@ def save(trainer: "Trainer", path: str | Path, writer: Callable[..., Path] | Non
     meta = {"epoch": pos["epoch"], "iter": pos["iter"], "finished": finished(pos, s.max_epochs, s.max_iters, s.by_epoch)}
     # Checked on every rank (FSDP: each its shards), agreed on, raised everywhere alike.
     return trainer.strategy.save_checkpoint(
-        path, parts=parts, rank_parts=rank_parts, meta=meta, writer=writer,
+        path, parts=parts, rank_parts=rank_parts, meta=meta, writer=writer, save_frozen=save_frozen(trainer),
         callback=functools.partial(trainer.call_hook, "before_save_checkpoint"), explain_nonfinite=_NONFINITE)
 
 
@@ -196,5 +207,5 @@ def load(trainer: "Trainer", path: str | Path) -> None:
     trainer.call_hook("after_load_checkpoint", seen["state"])
 
 
-__all__ = ["ENTRIES", "PARTS", "LoopPlace", "check_training_checkpoint", "finished", "load", "save",
+__all__ = ["ENTRIES", "PARTS", "LoopPlace", "check_training_checkpoint", "finished", "load", "save", "save_frozen",
            "trainer_parts", "trainer_states"]

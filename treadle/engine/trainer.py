@@ -36,13 +36,14 @@ from treadle.metrics import sync_over, update_metrics
 from treadle.optim.scheduler_builder import SchedulerError
 from treadle.optim.wrapper import OptimWrapper, make_autocast
 from treadle.engine.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, agree_on_stop, requeue_slurm_job
-from treadle.engine.resume import note_other_runs, resume_latest, use_latest
+from treadle.engine.resume import checkpoint_in, note_other_runs, resume_latest, use_latest
 from treadle.engine.run_dir import RunDir
 from treadle.hooks.state import TrainState
 from treadle.engine.mmengine_model import is_mmengine_model, model_eval_step, model_train_step
 from treadle.engine.monitored import check_monitored, eval_values
 from treadle.engine.step import make_eval_step, make_train_step, tell_if_outside_autocast
 from treadle.strategies.build import resolve_strategy
+from treadle.strategies.empty_init import EmptyModel
 from treadle.hooks.phase_timer import PhaseTimer
 from treadle.engine.args import (build_args, build_model_and_data, default_hooks, warn_if_unpinned,
                                   warn_without_validation)
@@ -119,14 +120,20 @@ class Trainer:
         if self.train_dataloader is not None:
             self.state.set_epoch_length(DataFeed(self.train_dataloader, limit=args.limit_train_batches).length)
         self.store = MetricStore()
-        self.module = model  # the user's module, unwrapped
+        # The user's module, unwrapped (built on the meta device: its shards are made by prepare).
+        self.module = model.module if isinstance(model, EmptyModel) else model
         self._resume_loaded = False  # validate/test load `resume` too, unless fit already did
         self._summarized = False  # the model's summary is logged at the first run
-        if args.load_from is not None:
+        load_from = None  # a model built on the meta device reads it shard by shard (prepare)
+        if args.load_from is not None and isinstance(model, EmptyModel):
+            load_from, note = checkpoint_in(args.load_from, "load_from", self.is_main)
+            if note:
+                get_logger().info(note)
+        elif args.load_from is not None:
             self._load_weights(args.load_from)
 
         # -- placed, wrapped and optimized through the public Strategy API -------------
-        self._prepare(a, args.schedulers, args.compile, args.auto_scale_lr)
+        self._prepare(a, model, args.schedulers, args.compile, args.auto_scale_lr, load_from)
         self._set_steps(a)
         watch = comm.stall_watch()  # the stall watch judges this trainer's runs (see _run)
         if watch is not None:
@@ -155,13 +162,15 @@ class Trainer:
             self.strategy.track_loader(snapshot.LoopPlace(self.train_loop))
 
     # -- construction helpers ------------------------------------------------------
-    def _prepare(self, a: Any, schedulers: Any, compile: bool, auto_scale_lr: Any) -> None:
+    def _prepare(self, a: Any, model: Any, schedulers: Any, compile: bool, auto_scale_lr: Any,
+                 load_from: Any) -> None:
         """``strategy.prepare``, as a hand-written loop calls it: the model placed, wrapped
-        (and compiled), the optimizer wrappers and schedulers built over it."""
+        (and compiled; a model built on the meta device materialized, ``load_from`` read
+        into its shards), the optimizer wrappers and schedulers built over it."""
         s, strategy = self.state, self.strategy
         try:
             strategy.prepare(
-                self.module, optim_wrapper=a.optim_wrapper,
+                model, optim_wrapper=a.optim_wrapper, load_from=load_from,
                 param_scheduler=(schedulers or None) if a.optim_wrapper else None, compile=compile,
                 auto_scale_lr=auto_scale_lr if a.optim_wrapper else None,
                 activation_checkpointing=a.activation_checkpointing,

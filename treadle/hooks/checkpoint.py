@@ -44,6 +44,12 @@ class CheckpointHook(Hook):
             One save at a time: the next save, any other save (e.g. on preemption)
             and the end of the run wait for it; its error is raised there. Pruning
             (``keep``) runs after the write, in that thread. Best-K saves stay synchronous.
+        save_frozen: the parameters that do not train (``requires_grad=False``: a PEFT
+            model's base, a frozen backbone) go into every checkpoint too, which is then
+            self-contained (``Strategy.save_checkpoint(save_frozen=True)``). By default a
+            checkpoint holds their digests only, and a resume needs the same frozen
+            weights (another base is refused). Every save of the run follows it (a
+            preemption's too).
     Checkpoints go to ``work_dir/checkpoints/{epoch_0003,iter_00000120}/``. A run never
     replaces or deletes what it did not save: a name that holds another run's checkpoint
     (or anything else) gets ``-v1``, ``-v2``... (see ``Trainer.checkpoint_path``); best-K
@@ -55,7 +61,8 @@ class CheckpointHook(Hook):
     priority = Priority.VERY_LOW
 
     def __init__(self, interval: int | None = 1, by_epoch: bool = True, keep: int | None = 3, best: str | None = None,
-                 rule: str | None = None, keep_best: int = 1, save_last: bool = True, async_save: bool = False) -> None:
+                 rule: str | None = None, keep_best: int = 1, save_last: bool = True, async_save: bool = False,
+                 save_frozen: bool = False) -> None:
         if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int) or interval < 1):
             raise ValueError(f"checkpoint interval must be an int >= 1 or None, got {interval!r}")
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
@@ -67,7 +74,7 @@ class CheckpointHook(Hook):
         if best is not None and (not isinstance(best, str) or not best):
             raise TypeError(f"checkpoint best={best!r}; expected the name of a validation result such as 'val/acc', "
                             "or None")
-        for name, flag in (("by_epoch", by_epoch), ("save_last", save_last)):
+        for name, flag in (("by_epoch", by_epoch), ("save_last", save_last), ("save_frozen", save_frozen)):
             if not isinstance(flag, bool):
                 raise TypeError(f"checkpoint {name}={flag!r}; expected True or False")
         self.interval = interval
@@ -84,6 +91,7 @@ class CheckpointHook(Hook):
         self.rule = rule or "max"
         self.keep_best = keep_best
         self.save_last = save_last
+        self.save_frozen = save_frozen
         if (by_epoch or not interval) and not async_save:  # nothing to do per iteration: not even a call
             self.disabled_points = frozenset({"after_train_iter"})
         if not isinstance(async_save, bool):
@@ -169,8 +177,8 @@ class CheckpointHook(Hook):
         if trainer.ema is not None:
             weights["ema"] = trainer.ema.state_dict()
         try:  # the one checkpointer: its atomic write, its non-finite check (rank 0 holds the full weights)
-            trainer.checkpointer.save_weights(path, weights, meta={"iter": s.iter, "epoch": s.epoch, self.best: value},
-                                              run=trainer.run_id)
+            meta = {"iter": s.iter, "epoch": s.epoch, self.best: value, "model": trainer.strategy.model_info}
+            trainer.checkpointer.save_weights(path, weights, meta=meta, run=trainer.run_id)
         except FloatingPointError as e:  # not a best worth keeping, whatever the metric says
             get_logger().warning(f"best {self.best} = {value:.6g}: not saved: {e}")
             return

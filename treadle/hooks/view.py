@@ -49,6 +49,8 @@ class StrategyView(Protocol):
     #: The data shards the processes read (the world size without tensor parallelism).
     dp_size: int
     async_saves: bool
+    #: What ``treadle export`` needs of the model, recorded in every checkpoint's meta.
+    model_info: dict[str, Any] | None
 
     def reduce_log_values(self, values: dict[str, float]) -> dict[str, float]:
         """Several processes: each logged value reduced over the ranks (every rank calls it)."""

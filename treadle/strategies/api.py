@@ -16,7 +16,11 @@ directory (atomic, verified, ``weights_only``), written by
 :class:`treadle.checkpoint.checkpointer.Checkpointer`. ``state.pt`` holds (each entry's
 owner: treadle/strategies/states.py)::
 
-    model             the module's state (FSDP: sharded, in DCP files)
+    model             the module's state (FSDP: sharded, in DCP files): a flat state dict
+                      of every parameter and persistent buffer, less the parameters that
+                      do not train unless saved with ``save_frozen=True``
+    frozen            the digests of the parameters that do not train, and whether
+                      ``model`` holds them (treadle/checkpoint/frozen.py)
     optim             {"default": OptimWrapper state}  (optimizer, scaler, accumulation;
                       by name for several wrappers)
     param_schedulers  [scheduler.state_dict(), ...]    (a dict of lists by name for several)
@@ -49,6 +53,7 @@ from torch import nn
 
 from treadle.checkpoint.checkpointer import Checkpointer
 from treadle.checkpoint.io import CheckpointError
+from treadle.checkpoint.model_info import describe_model
 from treadle.checkpoint.rng import set_rng_state
 from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.data.resumable import ResumableLoader
@@ -59,11 +64,13 @@ from treadle.optim.wrapper import OptimWrapper
 from treadle.optim.wrapper_builder import build_optim_wrappers, by_name, scale_lr
 from treadle.seeding import derive_seed, seed_everything, set_deterministic
 from treadle.strategies.search import find_latest_saved
-from treadle.strategies.states import LoaderPlaces, ModelState, OptimStates, RunState, SchedulerStates, plain_state
+from treadle.checkpoint.frozen import FrozenDigests
+from treadle.strategies.states import (FrozenWeights, LoaderPlaces, ModelState, OptimStates, RunState, SchedulerStates,
+                                       plain_state)
 
 DEFAULT_REVISE_KEYS = [(r"^module\.", "")]
 #: The entries of ``state.pt`` the strategy owns; a caller's parts take other names.
-STRATEGY_ENTRIES = ("model", "optim", "param_schedulers", "data", "extra", "strategy")
+STRATEGY_ENTRIES = ("model", "frozen", "optim", "param_schedulers", "data", "extra", "strategy")
 #: What ``prepare(dispatch_kwargs=...)`` takes (MMEngine's names).
 DISPATCH_KEYS = ("epoch_length", "max_epochs", "max_iters", "train_micro_batch_size_per_gpu")
 
@@ -94,6 +101,10 @@ class StrategyAPI:
     deterministic: bool = False
     _env_ready: bool = False
     _prepared: bool = False
+    #: What ``treadle export`` needs of the model (treadle/checkpoint/model_info.py): described
+    #: once by :meth:`prepare`, recorded as ``"model"`` in every checkpoint's manifest meta.
+    model_info: dict[str, Any] | None = None
+    _frozen_digests: FrozenDigests | None = None  # the frozen weights' digests, kept across saves
 
     # -- environment ---------------------------------------------------------------------
     def setup_env(self, *, work_dir: str | Path | None = None, seed: int | None = None,
@@ -143,9 +154,18 @@ class StrategyAPI:
     def prepare(self, model: nn.Module | Mapping[str, Any], *, optim_wrapper: Any = None,
                 param_scheduler: Any = None, compile: bool | dict[str, Any] = False,
                 dispatch_kwargs: dict[str, Any] | None = None, auto_scale_lr: dict[str, Any] | None = None,
-                activation_checkpointing: Any = None) -> Any:
+                activation_checkpointing: Any = None, load_from: str | Path | Mapping[str, Any] | None = None) -> Any:
         """Place and wrap ``model`` (a module or a config dict), build the optimizer over
         the wrapped parameters and the schedulers over that optimizer.
+
+        A config dict (``dict(type=MyModel, width=1024)``, or a Hugging Face model's
+        ``dict(type=LlamaForCausalLM, pretrained=DIR)``) is built by the strategy: when it
+        shards the model over several processes (:attr:`empty_init`), on the meta device,
+        each process then materializing only its shards, from the pretrained weights read
+        box by box or by the model's own initialization (treadle/strategies/empty_init.py).
+        ``load_from``: weights to start from (a checkpoint, ``.pt``, ``.safetensors`` file or
+        Hugging Face folder), every key and shape checked; read shard by shard into a model
+        built on the meta device.
 
         ``activation_checkpointing``: ``"full"``, ``"selective"``, module classes, class
         names or submodule paths to checkpoint, a predicate (or ``{"check_fn": fn}``), or
@@ -179,10 +199,7 @@ class StrategyAPI:
         length, epochs = kwargs.get("epoch_length"), kwargs.get("max_epochs")
         if kwargs.get("max_iters") is None and length and epochs:  # an epoch-based loop's length in iterations
             kwargs["max_iters"] = length * epochs
-        if isinstance(model, Mapping):
-            from treadle.config.build import build_model  # the config layer: only for a config dict
-
-            model = build_model(dict(model))
+        model = self._build_model(model, load_from)
         if not isinstance(model, nn.Module):
             raise TypeError(f"prepare(model=...) needs a torch.nn.Module or a config dict, got {type(model).__name__}")
         if activation_checkpointing is not None and activation_checkpointing is not False:
@@ -190,6 +207,7 @@ class StrategyAPI:
 
             apply_activation_checkpointing(model, activation_checkpointing)  # before wrapping: fully_shard sees the blocks
         self.module = model
+        self.model_info = describe_model(model)
         wrapped = self.setup_model(model)  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
         wrappers = build_optim_wrappers(optim_wrapper, model, device_type=self.device.type) if optim_wrapper is not None else {}
         # DeepSpeed: the engine (made from the model and the optimizer) is what the loop calls.
@@ -224,6 +242,37 @@ class StrategyAPI:
         self._prepared = True
         self._watch_steps()
         return items[0] if len(items) == 1 else tuple(items)
+
+    def _build_model(self, model: Any, load_from: Any) -> Any:
+        """The module to prepare: a config dict built (on the meta device when
+        :attr:`empty_init`), a recorded :class:`EmptyModel` unwrapped; what the meta tensors
+        will be filled from noted for ``materialize_model``; ``load_from`` loaded into a
+        module built whole."""
+        from treadle.strategies.empty_init import EmptyModel, record
+
+        empty = None
+        if isinstance(model, Mapping):
+            from treadle.config.build import build_model  # the config layer: only for a config dict
+
+            spec = dict(model)
+            if self.empty_init:  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
+                empty = record(lambda: build_model(spec), what=str(spec.get("type", "the model")))
+                model = empty.module if isinstance(empty, EmptyModel) else empty
+            else:
+                model = build_model(spec)
+        elif isinstance(model, EmptyModel):  # recorded before (the Trainer's build)
+            empty, model = model, model.module
+        if not isinstance(model, nn.Module):
+            return model
+        from treadle.strategies.materialize import has_meta
+
+        if has_meta(model):
+            self._pending_init = (empty if isinstance(empty, EmptyModel) else None, load_from)
+        elif load_from is not None:  # the module itself, before it is placed and wrapped
+            from treadle.checkpoint.weights import load_weights
+
+            get_logger().info(f"load_from: {load_weights(model, load_from, strict=True)}")
+        return model
 
     def _watch_steps(self) -> None:
         """A hand-written loop's progress, for the stall watch (treadle/distributed/watch.py):
@@ -312,11 +361,15 @@ class StrategyAPI:
         return [s.state_dict() for s in self.param_schedulers]
 
     def load_model_state_dict(self, state_dict: Mapping[str, Any], *, strict: bool = False,
-                              revise_keys: list[tuple[str, str]] | None = None) -> None:
-        """Full weights into the model, keys rewritten by ``revise_keys`` (regex, repl)."""
+                              revise_keys: list[tuple[str, str]] | None = None, frozen: Any = None) -> None:
+        """Full weights into the model, keys rewritten by ``revise_keys`` (regex, repl).
+        ``frozen``: a training checkpoint's ``frozen`` entry: the frozen weights it left out
+        of ``state_dict`` are checked against the model's by digest (another base is
+        refused, naming the first that differs) and kept."""
         self._need("load_model_state_dict()")
         self.load_full_model_state(self.module, state_dict, strict=strict,  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
-                                   revise_keys=DEFAULT_REVISE_KEYS if revise_keys is None else revise_keys)
+                                   revise_keys=DEFAULT_REVISE_KEYS if revise_keys is None else revise_keys,
+                                   frozen=frozen)
 
     def load_optim_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Inverse of :meth:`optim_state_dict`."""
@@ -344,11 +397,12 @@ class StrategyAPI:
 
     def checkpoint_states(self, parts: Mapping[str, Any] | None = None, rank_parts: Mapping[str, Any] | None = None,
                           *, save_optimizer: bool = True, save_param_scheduler: bool = True,
+                          save_frozen: bool = False,
                           extra_ckpt: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(states, rank_states)``: the owners of a checkpoint by name, as
         :meth:`save_checkpoint` hands them to the checkpointer (the layout: the module
         docstring). ``parts``/``rank_parts``: the caller's own Statefuls (or plain dicts),
-        by names other than the strategy's entries."""
+        by names other than the strategy's entries. ``save_frozen``: see :meth:`save_checkpoint`."""
         self._need("checkpoint_states()")
         parts, rank_parts = dict(parts or {}), dict(rank_parts or {})
         taken = sorted(set(parts) & set(STRATEGY_ENTRIES)) + sorted(set(rank_parts) & {"optim", "data"})
@@ -361,14 +415,17 @@ class StrategyAPI:
             raise ValueError(f"extra_ckpt keys {clash} are also names of checkpoint parts; resume hands both "
                              "back in one dict, so give them other names")
         optim = OptimStates(self, self.module, self.optim_wrappers if save_optimizer else {})  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
-        states: dict[str, Any] = {"model": ModelState(self, self.module), "optim": optim}  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
+        if self._frozen_digests is None:
+            self._frozen_digests = FrozenDigests()
+        frozen = FrozenWeights(self, self.module, self._frozen_digests, saved=save_frozen)  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
+        states: dict[str, Any] = {"model": ModelState(self, self.module, frozen), "frozen": frozen, "optim": optim}  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
         if save_param_scheduler:
             states["param_schedulers"] = SchedulerStates(self)
         states.update({"data": self._places, "extra": extra, "strategy": RunState(self), **parts})  # type: ignore[arg-type]  # self is a Strategy (StrategyAPI is its mixin)
         return states, {"optim": optim.local, "data": self._places.local, **rank_parts}
 
     def save_checkpoint(self, filename: str | Path, *, save_optimizer: bool = True, save_param_scheduler: bool = True,
-                        extra_ckpt: dict[str, Any] | None = None,
+                        save_frozen: bool = False, extra_ckpt: dict[str, Any] | None = None,
                         callback: Callable[[dict[str, Any]], None] | None = None,
                         parts: Mapping[str, Any] | None = None, rank_parts: Mapping[str, Any] | None = None,
                         meta: Mapping[str, Any] | None = None, writer: Callable[..., Path] | None = None,
@@ -378,6 +435,11 @@ class StrategyAPI:
         dicts of them) handed back by :meth:`resume`. ``callback(state)`` may edit the
         state before it is written. Refuses to replace what another run saved.
 
+        ``save_frozen``: the parameters that do not train (``requires_grad=False``: a PEFT
+        model's base, a frozen backbone) are written too, so that the checkpoint is
+        self-contained; by default only their digests are (``state.pt["frozen"]``), computed
+        once per run, and a resume needs the same frozen weights (another base is refused).
+
         For a caller with state of its own (the Trainer): ``parts`` / ``rank_parts`` are
         Statefuls saved by name in ``state.pt`` / this rank's file (see
         :meth:`checkpoint_states`); ``meta`` goes to the manifest; ``writer`` replaces
@@ -385,11 +447,12 @@ class StrategyAPI:
         by model weight and optimizer entry, and end that error with this advice."""
         self._need("save_checkpoint()")
         states, rank_states = self.checkpoint_states(parts, rank_parts, save_optimizer=save_optimizer,
-                                                     save_param_scheduler=save_param_scheduler, extra_ckpt=extra_ckpt)
+                                                     save_param_scheduler=save_param_scheduler,
+                                                     save_frozen=save_frozen, extra_ckpt=extra_ckpt)
         describe = states["optim"].describe_nonfinite if explain_nonfinite is not None else None
-        path = self.checkpointer.save(filename, states, rank_states=rank_states, meta={**(meta or {}), "kind": "strategy"},
-                                      run=self.run_id, writer=writer, callback=callback, describe=describe,
-                                      hint=explain_nonfinite or "")
+        meta = {**(meta or {}), "kind": "strategy", "model": self.model_info}
+        path = self.checkpointer.save(filename, states, rank_states=rank_states, meta=meta, run=self.run_id,
+                                      writer=writer, callback=callback, describe=describe, hint=explain_nonfinite or "")
         get_logger().debug(f"saved checkpoint {path}")
         return Path(path)
 
@@ -417,6 +480,8 @@ class StrategyAPI:
         _check_fits(self, state, filename, resume_optimizer)
         where = f"resume({str(filename)!r})"
         del states["extra"]  # plain data, handed back
+        if "frozen" not in state:  # an earlier treadle's: its model entry holds every weight
+            del states["frozen"]
         if not states["optim"].wrappers:  # resume_optimizer=False, or no optimizer prepared
             del states["optim"]
         if not resume_param_scheduler or "param_schedulers" not in state:  # saved with save_param_scheduler=False
@@ -455,14 +520,17 @@ class StrategyAPI:
                         callback: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Weights only, from a checkpoint directory, a ``.pt``/``.pth`` or a
         ``.safetensors`` file (always ``weights_only``); returns ``{"state_dict": ...}``
-        after ``callback`` (which may edit it) and loading."""
-        from treadle.checkpoint.weights import read_weights
+        after ``callback`` (which may edit it) and loading. A training checkpoint that left
+        out the frozen weights: the model's own stay, once their digests match the
+        checkpoint's (another base is refused, naming the first tensor that differs)."""
+        from treadle.checkpoint.weights import read_weights_and_frozen
 
         self._need("load_checkpoint()")
-        checkpoint = {"state_dict": read_weights(filename)}
+        weights, frozen = read_weights_and_frozen(filename)
+        checkpoint = {"state_dict": weights}
         if callback is not None:
             callback(checkpoint)
-        self.load_model_state_dict(checkpoint["state_dict"], strict=strict, revise_keys=revise_keys)
+        self.load_model_state_dict(checkpoint["state_dict"], strict=strict, revise_keys=revise_keys, frozen=frozen)
         get_logger().info(f"loaded weights from {filename}")
         return checkpoint
 

@@ -85,6 +85,19 @@ class Strategy(StrategyAPI):
     #: style): the default steps run inside torch's ``loss_parallel()``.
     loss_parallel: bool = False
 
+    #: A model given as a spec is built on the meta device and each process materializes
+    #: its share only (treadle/strategies/empty_init.py); None: when this strategy shards
+    #: the model over several processes.
+    empty_init_option: bool | None = None
+    _pending_init: Any = None  # (EmptyModel or None, load_from): what prepare has the meta tensors filled from
+
+    @property
+    def empty_init(self) -> bool:
+        """Whether a model spec is built on the meta device (see ``empty_init_option``)."""
+        if self.empty_init_option is not None:
+            return self.empty_init_option
+        return self.shards_state and self.distributed
+
     @property
     def is_main(self) -> bool:
         """True on the process that writes logs and checkpoints."""
@@ -146,8 +159,10 @@ class Strategy(StrategyAPI):
     def get_model_state(self, module: nn.Module) -> dict[str, Any]:
         return module.state_dict()
 
-    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None:
-        module.load_state_dict(state)
+    def set_model_state(self, module: nn.Module, state: dict[str, Any], *, strict: bool = True) -> None:
+        """``state`` into ``module``; ``strict=False``: keys it lacks are left as they are
+        (the caller checked which: ``ModelState``, for frozen weights a checkpoint left out)."""
+        module.load_state_dict(state, strict=strict)
 
     def full_shapes(self, module: nn.Module) -> dict[str, tuple[int, ...]]:
         """The whole shape of each entry of ``module``'s state dict (DeepSpeed stage 3:
@@ -160,12 +175,14 @@ class Strategy(StrategyAPI):
         return module.state_dict()
 
     def load_full_model_state(self, module: nn.Module, state: Any, *, strict: bool = False,
-                              revise_keys: Any = DEFAULT_REVISE_KEYS) -> Any:
+                              revise_keys: Any = DEFAULT_REVISE_KEYS, frozen: Any = None) -> Any:
         """Full (unsharded) weights into ``module``, keys rewritten by ``revise_keys``;
-        shapes that differ are never loaded; ``strict``: any difference raises first."""
+        shapes that differ are never loaded; ``strict``: any difference raises first.
+        ``frozen``: the checkpoint's ``frozen`` entry (the frozen weights it left out are
+        checked against ``module``'s by digest, and kept)."""
         from treadle.checkpoint.weights import load_weights
 
-        return load_weights(module, state, strict=strict, revise_keys=revise_keys)
+        return load_weights(module, state, strict=strict, revise_keys=revise_keys, frozen=frozen)
 
     def get_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         return optimizer.state_dict()
@@ -244,8 +261,25 @@ class Strategy(StrategyAPI):
         return out
 
     def setup_model(self, model: nn.Module) -> nn.Module:
-        """Place (and wrap) the model; returns what the loop should call."""
+        """Place (and wrap) the model; returns what the loop should call. A model on the
+        meta device is materialized here (:meth:`materialize_model`): by a sharding
+        strategy after it split the model, by the others before they place it."""
         raise NotImplementedError
+
+    def materialize_model(self, model: nn.Module) -> nn.Module:
+        """The tensors of ``model`` still on the meta device allocated on this process's
+        device and filled: from the weights ``prepare`` was given, the rest from the record
+        of the model's constructor (treadle/strategies/materialize.py); a sharded parameter
+        gets this process's shard only. Nothing to do for a model built whole."""
+        from treadle.strategies.materialize import has_meta, materialize
+
+        pending, self._pending_init = self._pending_init, None
+        if not has_meta(model):
+            return model
+        empty, load_from = pending if pending is not None else (None, None)
+        materialize(model, self.device, empty=empty, weights=empty.weights if empty is not None else (),
+                    load_from=load_from, what=type(model).__name__)
+        return model
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module under any wrapper."""
@@ -292,12 +326,19 @@ class ProcessGroupStrategy(Strategy):
     with its Python stack; after ``stall_timeout_s`` seconds the job is ended (exit status
     1), naming it. ``stall_timeout_s=None`` (default): ended a few seconds before
     ``timeout_s``, which would end it then anyway, blaming a rank that waits; so a long
-    compile, save or validation is only warned about. Both None: no watch."""
+    compile, save or validation is only warned about. Both None: no watch.
+    ``empty_init``: a model given as a spec is built on the meta device and each process
+    materializes only what it holds (None: when the strategy shards the model over
+    several processes; see ``Strategy.empty_init_option``)."""
 
     def __init__(self, backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
                  sync_bn: bool = False, stall_warn_s: float | None = STALL_WARN_S,
-                 stall_timeout_s: float | None = None) -> None:
+                 stall_timeout_s: float | None = None, empty_init: bool | None = None) -> None:
         self.stall_warn_s = check_seconds("stall_warn_s", stall_warn_s, "no warning")
+        if empty_init is not None and not isinstance(empty_init, bool):
+            raise TypeError(f"empty_init={empty_init!r}; expected True (a model spec built on the meta device, each "
+                            "process materializing its share), False (built whole) or None (when the model is sharded)")
+        self.empty_init_option = empty_init
         self.stall_timeout_s = check_seconds("stall_timeout_s", stall_timeout_s,
                                              "ended just before the process group's timeout_s")
         if backend not in (None, "gloo", "nccl"):
@@ -383,9 +424,10 @@ def check_device(device: Any) -> torch.device:
 
 def move_model(model: nn.Module, device: torch.device) -> nn.Module:
     """``model.to(device)``, skipped when every parameter and buffer is there already
-    (the usual CPU case: torch's walk over the modules costs 0.2 ms at a process's first run)."""
-    tensors = itertools.chain(model.parameters(), model.buffers())
-    return model if all(t.device == device for t in tensors) else model.to(device)
+    (the usual CPU case: torch's walk over the modules costs 0.2 ms at a process's first run)
+    or on the meta device (materialized on ``device`` later: :meth:`Strategy.materialize_model`)."""
+    tensors = list(itertools.chain(model.parameters(), model.buffers()))
+    return model if all(t.device == device or t.is_meta for t in tensors) else model.to(device)
 
 
 class SingleDevice(Strategy):
@@ -398,4 +440,4 @@ class SingleDevice(Strategy):
         self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
 
     def setup_model(self, model: nn.Module) -> nn.Module:
-        return move_model(model, self.device)
+        return move_model(self.materialize_model(model), self.device)

@@ -12,7 +12,8 @@ backward), so gradients cross the network once per window. Checkpoints hold the
 unwrapped module's state dict, written once by rank 0. ``sync_bn=True`` makes every
 BatchNorm layer a SyncBatchNorm over all processes before wrapping
 (treadle/strategies/sync_batchnorm.py; on the CPU too); one process keeps BatchNorm.
-``stall_warn_s``/``stall_timeout_s``: the stall watch (see ProcessGroupStrategy).
+``stall_warn_s``/``stall_timeout_s``: the stall watch, ``empty_init``: a model spec built on
+the meta device, each replica materialized whole (see ProcessGroupStrategy).
 """
 
 from __future__ import annotations
@@ -35,16 +36,16 @@ class DDPStrategy(ProcessGroupStrategy):
                  gradient_as_bucket_view: bool = True, sync_buffers: bool = True,
                  backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
                  sync_bn: bool = False, stall_warn_s: float | None = STALL_WARN_S,
-                 stall_timeout_s: float | None = None) -> None:
+                 stall_timeout_s: float | None = None, empty_init: bool | None = None) -> None:
         super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn,
-                         stall_warn_s=stall_warn_s, stall_timeout_s=stall_timeout_s)
+                         stall_warn_s=stall_warn_s, stall_timeout_s=stall_timeout_s, empty_init=empty_init)
         self.find_unused_parameters = find_unused_parameters
         self.static_graph = static_graph
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.sync_buffers = sync_buffers  # BatchNorm stats etc. from rank 0 before each forward
 
     def setup_model(self, model: nn.Module) -> nn.Module:
-        model = self.convert_batchnorm(move_model(model, self.device))  # sync_bn
+        model = self.convert_batchnorm(move_model(self.materialize_model(model), self.device))  # sync_bn
         if not self.distributed:  # one process: DDP would only add overhead
             return model
         device_ids = [self.device.index] if self.device.type == "cuda" else None

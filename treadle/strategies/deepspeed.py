@@ -52,7 +52,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         offload_optimizer: optimizer state and step on the CPU (stages 1-3); None: as
             ``config`` says (off when it says nothing).
         offload_param: parameters on the CPU (stage 3).
-        backend, timeout_s, shard_data, stall_warn_s, stall_timeout_s: as for DDPStrategy.
+        backend, timeout_s, shard_data, stall_warn_s, stall_timeout_s, empty_init: as for DDPStrategy.
     """
 
     name = "deepspeed"
@@ -62,14 +62,15 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     def __init__(self, zero_stage: int = 2, config: dict[str, Any] | None = None,
                  offload_optimizer: bool | None = None, offload_param: bool | None = None,
                  backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
-                 stall_warn_s: float | None = STALL_WARN_S, stall_timeout_s: float | None = None) -> None:
+                 stall_warn_s: float | None = STALL_WARN_S, stall_timeout_s: float | None = None,
+                 empty_init: bool | None = None) -> None:
         import importlib.util
 
         if importlib.util.find_spec("deepspeed") is None:  # said now, not after the processes started
             raise ModuleNotFoundError("strategy='deepspeed' needs the deepspeed package: pip install "
                                       "'treadle[deepspeed]' (DS_BUILD_OPS=0: no op is compiled)")
         super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, stall_warn_s=stall_warn_s,
-                         stall_timeout_s=stall_timeout_s)
+                         stall_timeout_s=stall_timeout_s, empty_init=empty_init)
         self.user_config = check_options(zero_stage, config, offload_optimizer, offload_param)
         self.zero_stage = zero_stage
         self.offload_optimizer, self.offload_param = offload_optimizer, offload_param
@@ -119,8 +120,10 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
     def setup_model(self, model: nn.Module) -> nn.Module:
-        """Placed on the device; :meth:`setup_optim_wrappers` makes the engine."""
-        return move_model(model, self.device)
+        """Placed on the device (a model built on the meta device materialized whole
+        first: DeepSpeed partitions it when the engine is made); :meth:`setup_optim_wrappers`
+        makes the engine."""
+        return move_model(self.materialize_model(model), self.device)
 
     def setup_optim_wrappers(self, model: nn.Module, wrappers: dict[str, Any], *,
                              micro_batch: int | None = None) -> tuple[nn.Module, dict[str, Any]]:
@@ -200,17 +203,18 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
 
     get_full_model_state = get_model_state
 
-    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None:
+    def set_model_state(self, module: nn.Module, state: dict[str, Any], *, strict: bool = True) -> None:
         """Full weights into the module (stage 3: into every rank's partition), then the fp32
         masters refreshed from them."""
         with self._gathered(module, modifier_rank=0):
-            module.load_state_dict(state)
+            module.load_state_dict(state, strict=strict)
         self._refresh_masters()
 
     def load_full_model_state(self, module: nn.Module, state: Any, *, strict: bool = False,
-                              revise_keys: Any = DEFAULT_REVISE_KEYS) -> Any:
+                              revise_keys: Any = DEFAULT_REVISE_KEYS, frozen: Any = None) -> Any:
         with self._gathered(module, modifier_rank=0):
-            report = super().load_full_model_state(module, state, strict=strict, revise_keys=revise_keys)
+            report = super().load_full_model_state(module, state, strict=strict, revise_keys=revise_keys,
+                                                   frozen=frozen)
         self._refresh_masters()
         return report
 

@@ -52,7 +52,7 @@ from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
-from treadle.compat import fsdp_cpu_problem, mesh_reshard_problem
+from treadle.compat import fsdp_cpu_problem, gloo_sums_average, mesh_reshard_problem
 from treadle.strategies.base import STALL_WARN_S, ProcessGroupStrategy, move_model
 from treadle.strategies.mesh import DeviceMesh, MeshShape, new_dp_groups
 from treadle.strategies.tensor_parallel import Plan, check_plan_type
@@ -125,6 +125,9 @@ class FSDPStrategy(ProcessGroupStrategy):
             one more all-gather in backward).
         cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU.
         backend, timeout_s, shard_data, stall_warn_s, stall_timeout_s: as for DDPStrategy.
+        empty_init: a model given as a spec is built on the meta device, split and sharded
+            there, and each process materializes only its shards (None, the default: on
+            several processes; treadle/strategies/materialize.py).
         sync_bn: BatchNorm statistics over all data-parallel processes (each BatchNorm layer
             made a SyncBatchNorm before sharding, treadle/strategies/sync_batchnorm.py).
         dp_replicate: replicas of the sharded model (HSDP when > 1); -1: what
@@ -148,9 +151,9 @@ class FSDPStrategy(ProcessGroupStrategy):
                  backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
                  sync_bn: bool = False, *, dp_replicate: int = 1, dp_shard: int | str = -1, tp: int = 1,
                  tp_plan: Plan = None, stall_warn_s: float | None = STALL_WARN_S,
-                 stall_timeout_s: float | None = None) -> None:
+                 stall_timeout_s: float | None = None, empty_init: bool | None = None) -> None:
         super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn,
-                         stall_warn_s=stall_warn_s, stall_timeout_s=stall_timeout_s)
+                         stall_warn_s=stall_warn_s, stall_timeout_s=stall_timeout_s, empty_init=empty_init)
         self._wrap_pred, self._wrap_items = _wrap_predicate(wrap)
         self.mp_policy = mixed_precision_policy(mixed_precision)  # validated now: errors before any process starts
         self.mixed_precision = mixed_precision
@@ -219,10 +222,15 @@ class FSDPStrategy(ProcessGroupStrategy):
             from treadle.strategies.tensor_parallel import resolve_plan
 
             resolve_plan(model, self.tp_plan, 1)
+        if not self.distributed:  # one process: nothing to shard
+            model = self.materialize_model(model)
+        elif self.cpu_offload and self._pending_init is not None:  # the offloaded shards start on the CPU
+            raise ValueError("FSDPStrategy(cpu_offload=True) with a model built on the meta device is not supported "
+                             "yet; pass empty_init=False (the model is then built whole on each process)")
         if not self.cpu_offload:
             model = move_model(model, self.device)
         model = self.convert_batchnorm(model)  # sync_bn: before fully_shard
-        if not self.distributed:  # one process: nothing to shard
+        if not self.distributed:
             return model
         if self.device.type == "cpu":
             mixed = self.mp_policy.param_dtype not in (None, torch.float32)
@@ -244,7 +252,9 @@ class FSDPStrategy(ProcessGroupStrategy):
         # Bottom-up: reversed pre-order puts every descendant before its ancestors.
         for m in [*reversed(targets), model]:
             fully_shard(m, reshard_after_forward=self.reshard_after_forward, **kwargs)
-        return model
+        if self.device.type == "cpu":  # gloo: averaged by FSDP itself where gloo would sum (treadle/compat.py)
+            gloo_sums_average([*reversed(targets), model])
+        return self.materialize_model(model)  # built on the meta device: each rank's shards now
 
     def _check_wrap_matched(self, model: nn.Module) -> None:
         seen = {type(m) for m in model.modules()}
@@ -294,16 +304,19 @@ class FSDPStrategy(ProcessGroupStrategy):
         """Sharded: this rank's DTensor shards, for ``treadle.checkpoint.sharded``."""
         return get_model_state_dict(module)
 
-    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None:
-        """Load a sharded (or full) model state dict (strict)."""
-        set_model_state_dict(module, state, options=StateDictOptions(strict=True))
+    def set_model_state(self, module: nn.Module, state: dict[str, Any], *, strict: bool = True) -> None:
+        """Load a sharded (or full) model state dict (``strict=False``: see Strategy.set_model_state)."""
+        set_model_state_dict(module, state, options=StateDictOptions(strict=strict))
 
     def load_full_model_state(self, module: nn.Module, state: Any, *, strict: bool = False,
-                              revise_keys: Any = ((r"^module\\.", ""),)) -> None:
+                              revise_keys: Any = ((r"^module\\.", ""),), frozen: Any = None) -> None:
         """Full weights into the sharded model, as :meth:`get_full_model_state` gives them:
         rank 0's are broadcast (the other ranks' ``state`` is not read). Keys are rewritten
         by ``revise_keys`` and shapes checked first; ``strict``: missing or unexpected keys
-        raise. A collective; every rank raises alike."""
+        raise; ``frozen`` (rank 0's): the checkpoint's ``frozen`` entry, whose frozen weights
+        left out are checked against the model's by digest and kept. A collective; every
+        rank raises alike."""
+        from treadle.checkpoint.frozen import describe, verify_left_out
         from treadle.checkpoint.weights import LoadReport, WeightsMismatchError, compare_weights, read_weights, revise_state_keys
 
         sd: dict[str, Any] = {}
@@ -315,7 +328,11 @@ class FSDPStrategy(ProcessGroupStrategy):
             sd = {k: v for k, v in sd.items() if k in full}
         else:
             get_model_state_dict(module)  # the collective rank 0 runs above
-        report = comm.broadcast_object(report)
+        report, frozen = comm.broadcast_object((report, frozen))
+        kept = verify_left_out(frozen, report.missing, "the checkpoint", lambda names: describe(
+            get_model_state_dict(module), names, rank=self.rank, world_size=self.world_size,
+            gather=comm.all_gather_object))
+        report.missing, report.frozen = [k for k in report.missing if k not in kept], len(kept)
         if report.mismatched or (strict and not report.ok):
             raise WeightsMismatchError(report)
         set_model_state_dict(module, sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
@@ -398,9 +415,11 @@ class FSDPStrategy(ProcessGroupStrategy):
             raise CheckpointError(f"{path}: a sharded checkpoint of format version 1 (an earlier treadle) cannot be "
                                   "resumed by this treadle (format 2 stores the optimizer shards differently); "
                                   "load_from= still takes its weights")
-        wanted = template()
-        tensors, _ = split_tensors(wanted, wanted)
-        loaded, payloads = self.load_sharded_checkpoint(path, tensors)
+
+        def wanted(saved: set[str]) -> dict[str, Any]:  # the entries the checkpoint holds of what may be left out
+            state = template(saved)
+            return split_tensors(state, state)[0]
+        loaded, payloads = self.load_sharded_checkpoint(path, wanted)
         return {**payloads, STATE_FILE: merge_tensors(payloads[STATE_FILE], loaded)}
 
     def save_sharded_checkpoint(self, path: str | Path, sharded_state: dict[str, Any], payloads: dict[str, Any],
@@ -412,7 +431,8 @@ class FSDPStrategy(ProcessGroupStrategy):
 
         return save_sharded(path, sharded_state, self.gather_rank_files(payloads), meta, async_=async_)
 
-    def load_sharded_checkpoint(self, path: str | Path, template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def load_sharded_checkpoint(self, path: str | Path, template: dict[str, Any] | Callable[[set[str]], dict[str, Any]]
+                                ) -> tuple[dict[str, Any], dict[str, Any]]:
         """:func:`treadle.checkpoint.sharded.load_sharded`: ``(state, small payloads)``."""
         from treadle.checkpoint.sharded import load_sharded
 

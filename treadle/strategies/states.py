@@ -1,11 +1,13 @@
-"""The owners of what a strategy places: the model, the optimizers, the schedulers, the
-loaders' places, the run's identity.
+"""The owners of what a strategy places: the model, its frozen weights' digests, the
+optimizers, the schedulers, the loaders' places, the run's identity.
 
 Each is a *Stateful* (``state_dict`` / ``load_state_dict``) that the checkpointer is
 handed by name (``Strategy.checkpoint_states``, for the Trainer and a hand-written loop
 alike)::
 
-    states = {"model": ModelState(strategy, module),
+    frozen = FrozenWeights(strategy, module, digests, saved=False)  # what does not train: digests only
+    states = {"model": ModelState(strategy, module, frozen),
+              "frozen": frozen,
               "optim": OptimStates(strategy, module, {"default": optim_wrapper}),
               "param_schedulers": SchedulerStates(strategy),
               "data": LoaderPlaces(strategy, loaders),
@@ -20,14 +22,16 @@ marks an owner whose tensors a sharding strategy (FSDP) writes through DCP.
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, TYPE_CHECKING, Protocol
+from typing import Any, Callable, Mapping, TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
 import treadle
 from treadle.checkpoint.finite import first_nonfinite, named_tensors
+from treadle.checkpoint.frozen import ADVICE, DIGEST, FrozenDigests, check_entry, first_difference, frozen_keys
 from treadle.checkpoint.io import CheckpointError
+from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
@@ -40,7 +44,9 @@ class StrategyOfStates(Protocol):
     import it)."""
 
     name: str
+    rank: int
     world_size: int
+    distributed: bool
     tp_size: int
     run_id: str
     shards_state: bool
@@ -48,7 +54,7 @@ class StrategyOfStates(Protocol):
     param_schedulers: Any
 
     def get_model_state(self, module: nn.Module) -> dict[str, Any]: ...
-    def set_model_state(self, module: nn.Module, state: dict[str, Any]) -> None: ...
+    def set_model_state(self, module: nn.Module, state: dict[str, Any], *, strict: bool = True) -> None: ...
     def full_shapes(self, module: nn.Module) -> dict[str, tuple[int, ...]]: ...
     def get_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]: ...
     def set_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None: ...
@@ -58,33 +64,105 @@ class StrategyOfStates(Protocol):
 
 
 class ModelState:
-    """The model's state as the strategy gives it (FSDP: sharded DTensors)."""
+    """The model's state as the strategy gives it (FSDP: sharded DTensors): a flat state
+    dict of every parameter and persistent buffer, less the parameters that do not train
+    when ``frozen`` (the checkpoint's :class:`FrozenWeights`) does not keep them."""
 
-    def __init__(self, strategy: "StrategyOfStates", module: nn.Module) -> None:
-        self.strategy, self.module = strategy, module
+    def __init__(self, strategy: "StrategyOfStates", module: nn.Module, frozen: "FrozenWeights | None" = None) -> None:
+        self.strategy, self.module, self.frozen = strategy, module, frozen
         self.sharded = strategy.shards_state
 
+    def _left_out(self, kept: Callable[[str], bool] = lambda key: False) -> set[str]:
+        """The frozen keys this state leaves out (none when the frozen weights are saved),
+        less those ``kept`` says to keep."""
+        if self.frozen is None or self.frozen.saved:
+            return set()
+        return {k for k in frozen_keys(self.module) if not kept(k)}
+
     def state_dict(self) -> dict[str, Any]:
-        return self.strategy.get_model_state(self.module)
+        state = self.strategy.get_model_state(self.module)
+        left_out = self._left_out()
+        return {k: v for k, v in state.items() if k not in left_out} if left_out else state
+
+    def load_template(self, saved: Callable[[str], bool]) -> dict[str, Any]:
+        """What a sharded load reads into (``saved(key)``: the checkpoint holds ``key``):
+        every entry but the frozen weights the checkpoint left out."""
+        state = self.strategy.get_model_state(self.module)
+        left_out = set(frozen_keys(self.module)) - {k for k in state if saved(k)}
+        return {k: v for k, v in state.items() if k not in left_out}
 
     def check_state_dict(self, state: Any) -> None:
         """The saved weights are this model's: same keys, same shapes (sharded states:
-        DCP checks them as it reads)."""
+        DCP checks them as it reads); a frozen parameter may be missing (its digest, in the
+        ``frozen`` entry, is checked by its owner), no other."""
         from treadle.checkpoint.weights import WeightsMismatchError, compare_weights
 
         if not isinstance(state, dict):
             raise CheckpointError(f"the checkpoint's model state is a {type(state).__name__}, not a dict")
         model_sd = self.module.state_dict()
+        frozen = set(frozen_keys(self.module))
         if all(type(v) is torch.Tensor for v in (*model_sd.values(), *state.values())):
             report = compare_weights(self.strategy.full_shapes(self.module), state)
+            report.missing = [k for k in report.missing if k not in frozen]
             if not report.ok:
                 err = WeightsMismatchError(report)
                 details = "\n".join(str(report).splitlines()[1:])  # without the "loaded 0 entries" line
                 err.args = (f"resume needs the model the checkpoint was saved from; nothing was loaded:\n{details}",)
                 raise err
+        trained = [k for k in model_sd if k not in state and k not in frozen]
+        if trained:
+            raise CheckpointError(f"resume needs the model the checkpoint was saved from; nothing was loaded: the "
+                                  f"checkpoint has no weights for {trained[0]!r}, which trains here")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.strategy.set_model_state(self.module, state)
+        """Strict, but for the frozen parameters the checkpoint left out (they stay as built)."""
+        missing = {k for k in self.module.state_dict() if k not in state}
+        partial = bool(missing) and missing <= set(frozen_keys(self.module))
+        self.strategy.set_model_state(self.module, state, strict=not partial)
+
+
+class FrozenWeights:
+    """``state.pt["frozen"]``: the parameters that do not train, described by their digests
+    (the layout: treadle/checkpoint/frozen.py); ``saved``: their tensors are in the
+    ``model`` entry too (``save_frozen=True``), else that entry leaves them out.
+
+    A checkpoint that left them out resumes only over the same frozen weights: the check
+    compares digests and refuses another base in one line naming the first tensor that
+    differs. One that kept them loads them from its ``model`` entry. The digests are
+    computed once (``digests``, held by the strategy across saves)."""
+
+    def __init__(self, strategy: "StrategyOfStates", module: nn.Module, digests: FrozenDigests,
+                 saved: bool = False) -> None:
+        if not isinstance(saved, bool):
+            raise TypeError(f"save_frozen={saved!r}; expected True (the frozen weights in every checkpoint) or False "
+                            "(their digests only)")
+        self.strategy, self.module, self.digests, self.saved = strategy, module, digests, saved
+
+    def current(self) -> dict[str, dict[str, Any]]:
+        """``{name: {"shape", "dtype", "sha256"}}`` of this model's frozen weights, made the
+        first time and when the set of frozen parameters changes. A sharding strategy's
+        ranks gather each tensor and hash a share (a collective: every rank saves and
+        resumes together); the others' hash their own whole copy, with no collective (rank
+        0 alone may collect a state, to reserve an asynchronous save's buffers)."""
+        s = self.strategy
+        share = s.distributed and s.shards_state
+        return self.digests.get(self.module, lambda: s.get_model_state(self.module), rank=s.rank,
+                                world_size=s.world_size, gather=comm.all_gather_object if share else None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"saved": self.saved, "digest": DIGEST, "tensors": self.current()}
+
+    def check_state_dict(self, state: Any) -> None:
+        entry = check_entry(state, "the checkpoint")
+        if entry["saved"]:
+            return  # its model entry holds them: they load from there
+        problem = first_difference(entry["tensors"], self.current())
+        if problem is not None:
+            raise CheckpointError(f"resume refused, nothing was loaded: frozen weight {problem}; {ADVICE}")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["saved"]:  # the model's frozen weights are now the checkpoint's
+            self.digests.forget()
 
 
 class OptimStates:
@@ -321,4 +399,5 @@ def plain_state(obj: Any, where: str) -> Any:
                     "and lists and dicts of them (it is read back with weights_only=True)")
 
 
-__all__ = ["LoaderPlaces", "ModelState", "OptimStates", "RunState", "SchedulerStates", "check_optimizer", "plain_state"]
+__all__ = ["FrozenWeights", "LoaderPlaces", "ModelState", "OptimStates", "RunState", "SchedulerStates", "check_optimizer",
+           "plain_state"]
