@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -126,6 +127,17 @@ def test_the_readme_commands_after_make_demo_run(tmp_path):
     assert "resume: optimizer.lr = 0.001 from the checkpoint, not 0.002 as configured" in outputs[1]
     assert yaml.safe_load((tmp_path / "runs" / "first" / "config.yaml").read_text())["optimizer"]["lr"] == 0.001
     assert (tmp_path / "runs" / "first" / "report" / "summary.md").is_file()
+    # `treadle --help`'s examples hold on that run (the first one is the README's own first line, run above);
+    # the demo's runs/digits, which one of them reads, stands in as a copy of it.
+    from treadle.cli import EPILOG
+
+    shutil.copytree(tmp_path / "runs" / "first", tmp_path / "runs" / "digits")
+    examples = [line.split("#")[0].strip() for line in EPILOG.splitlines() if line.startswith("  treadle ")]
+    assert examples[0] == commands[0].replace(".venv/bin/", ""), examples[0]
+    for example in examples[1:]:
+        proc = subprocess.run(bin_dir + example, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, (example, proc.stdout[-2000:], proc.stderr[-2000:])
 
 
 @pytest.mark.slow  # about a minute: the snippet trains as it is
