@@ -67,7 +67,7 @@ import peers_run  # noqa: E402
 
 RUNNERS = tuple(peers_run.RUNNERS)
 NAMES = {"hand": "hand loop", "treadle": "treadle", "lightning": "Lightning", "accelerate": "Accelerate",
-         "mmengine": "MMEngine"}
+         "mmengine": "MMEngine", "ignite": "Ignite"}
 # (warmup, timed steps) by workload and device type; --quick's are the second pair.
 STEPS = {"cuda": {"mlp": ((50, 500), (30, 200)), "cnn": ((20, 100), (10, 40)), "gpt2": ((5, 30), (3, 10))},
          "cpu": {"mlp": ((50, 1000), (10, 60)), "cnn": ((3, 30), (2, 6)), "gpt2": ((10, 200), (5, 30))}}
