@@ -214,6 +214,68 @@ def speed_cell(r: dict[str, Any]) -> str:
     return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
+def short_cells(results: dict[str, Any], engines: list[str]) -> dict[str, dict[str, str]]:
+    """The README's cells: the same verdicts in a few words (the page has them in full)."""
+    out: dict[str, dict[str, str]] = {}
+
+    def put(row: str, cell: Any) -> None:
+        if all(row in results[e] for e in engines):
+            out[row] = {e: cell(results[e][row]) for e in engines}
+
+    def resume(r: dict[str, Any]) -> str:
+        ok = [t for t in r.get("trials", []) if "error" not in t]
+        if not ok:
+            return "no resume"
+        n, equal = len(r["trials"]), sum(t["equal"] for t in ok)
+        text = f"bit-equal ({equal}/{n})" if equal == n else f"differs by up to {g(max(t['max_diff'] for t in ok))} " \
+                                                                 f"({n - equal}/{n})"
+        return text + (" *" if any("default_load" in t for t in r["trials"]) else "")
+
+    def ended(jobs: list[dict[str, Any]], hang: bool = False) -> str:
+        done = [j for j in jobs if j["ended"]]
+        if not done:
+            text = f"not within {jobs[0]['cap_s']:g} s"
+        else:
+            left = max(j["left"] for j in done)
+            status = "/".join(str(x) for x in sorted({j["status"] for j in done}))
+            text = f"ends in {statistics.median(j['seconds'] for j in done):.0f} s, status {status}, " + (
+                "none left" if not left else f"{left} left running")
+        if hang:
+            named = [j for j in jobs if j.get("named")]
+            text += f"; rank 1 named at {named[0]['named_after_s']:.0f} s" if named else "; not named"
+        return text
+
+    def pickle_(r: dict[str, Any]) -> str:
+        plain = [t for t in r.get("trials", []) if not t["env"]]
+        if any(t["ran_code"] for t in plain):
+            return "runs it"
+        return "refused" + (" * (runs it with the switch)" if any(t["ran_code"] for t in r.get("trials", [])) else "")
+
+    put("resume", resume)
+    put("fail", ended)
+    if all("hang" in results[e] for e in engines):
+        out["hang"] = {e: ended([results[e]["hang"]["default"]], hang=True) for e in engines}
+        out["hang_short"] = {e: ended([results[e]["hang"]["short"]], hang=True) for e in engines}
+    put("pickle", pickle_)
+    if "speed" in results and "error" not in results["speed"]:
+        out["speed"] = {e: speed_cell(results["speed"][e]) for e in engines}
+    return out
+
+
+def short_table(cells: dict[str, dict[str, str]], engines: list[str], args: argparse.Namespace) -> list[str]:
+    """The README's rows (its header is the page's)."""
+    titles = {
+        "resume": f"killed with SIGKILL inside an epoch, then resumed ({args.trials} kill points): final weights "
+                  "against an uninterrupted run's",
+        "fail": f"one process of two raises ({args.fail_trials} job{'s' if args.fail_trials > 1 else ''}): the job",
+        "hang": f"one process of two hangs in its step, defaults (watched {args.cap:g} s)",
+        "hang_short": f"the same, the timeout for a stuck process at {args.short_timeout:g} s",
+        "pickle": "a checkpoint with a pickled call, resumed from",
+        "speed": f"CPU time per step over a hand-written loop's, launch-bound MLP ({args.reps} repetitions)",
+    }
+    return [f"| {titles[row]} | " + " | ".join(cells[row][e] for e in engines) + " |" for row in titles if row in cells]
+
+
 def table(results: dict[str, Any], engines: list[str], args: argparse.Namespace) -> list[str]:
     rows = ["| | " + " | ".join(NAMES[e] for e in engines) + " |", "| --- |" + " --- |" * len(engines)]
 
@@ -221,17 +283,22 @@ def table(results: dict[str, Any], engines: list[str], args: argparse.Namespace)
         rows.append(f"| {title} | " + " | ".join(cell(e).replace("|", "/") for e in engines) + " |")
 
     if "resume" in args.rows:
-        row("killed with SIGKILL inside an epoch, then resumed: final weights against an uninterrupted run's",
+        row(f"killed with SIGKILL inside an epoch, then resumed ({args.trials} kill points): final weights against an "
+            "uninterrupted run's",
             lambda e: resume_cell(results[e]["resume"]))
     if "fail" in args.rows:
-        row("one process of two raises: the job ends", lambda e: job_cell(results[e]["fail"]))
+        row(f"one process of two raises ({args.fail_trials} jobs): the job ends", lambda e: job_cell(results[e]["fail"]))
     if "hang" in args.rows:
-        row("one process of two hangs, defaults", lambda e: job_cell([results[e]["hang"]["default"]], hang=True))
-        row(f"the same, timeout {args.short_timeout:g} s", lambda e: job_cell([results[e]["hang"]["short"]], hang=True))
+        row(f"one process of two hangs (1 job), defaults, watched {args.cap:g} s",
+            lambda e: job_cell([results[e]["hang"]["default"]], hang=True))
+        row(f"the same, the timeout for a stuck process at {args.short_timeout:g} s",
+            lambda e: job_cell([results[e]["hang"]["short"]], hang=True))
     if "pickle" in args.rows:
-        row("a checkpoint with a pickled call, resumed from", lambda e: pickle_cell(results[e]["pickle"]))
+        row("a checkpoint with a pickled call (each pickled file in turn), resumed from",
+            lambda e: pickle_cell(results[e]["pickle"]))
     if "speed" in args.rows and "error" not in results.get("speed", {"error": 1}):
-        row("CPU time per step over a hand-written loop's, MLP", lambda e: speed_cell(results["speed"][e]))
+        row(f"CPU time per step over a hand-written loop's, launch-bound MLP ({args.reps} repetitions)",
+            lambda e: speed_cell(results["speed"][e]))
     return rows
 
 
@@ -248,7 +315,20 @@ def main() -> None:
     p.add_argument("--json", help="write the results here")
     p.add_argument("--keep", help="keep the runs' directories and logs here (default: a temporary directory)")
     p.add_argument("--silent", action="store_true", help="print only the table")
+    p.add_argument("--render", metavar="JSON", help="no runs: the tables again from a results file, which is updated")
     args = p.parse_args()
+    if args.render:
+        saved = json.loads(Path(args.render).read_text())
+        for key, value in saved["settings"].items():
+            setattr(args, key, value)
+        args.engines, args.rows = saved.get("engines", list(NAMES)), saved.get("rows", list(ROWS))
+        saved.update(engines=args.engines, rows=args.rows)
+        cells = short_cells(saved["results"], args.engines)
+        saved.update(table=table(saved["results"], args.engines, args), readme=cells,
+                     readme_table=short_table(cells, args.engines, args))
+        Path(args.render).write_text(json.dumps(saved, indent=1) + "\n")
+        print("\n".join(saved["table"]))
+        return
     args.engines, args.rows = args.engines.split(","), args.rows.split(",")
     for value, known, what in ((args.engines, NAMES, "--engines"), (args.rows, ROWS, "--rows")):
         bad = [v for v in value if v not in known]
@@ -266,13 +346,17 @@ def main() -> None:
     seconds = time.time() - begun
     settings = {k: getattr(args, k) for k in ("quick", "trials", "fail_trials", "cap", "short_timeout", "reps")}
     info = {"machine": machine(), "versions": versions(args.engines), "seconds": round(seconds),
-            "command": " ".join(["benchmarks/peers_compare.py", *sys.argv[1:]]), "settings": settings}
+            "command": " ".join(["benchmarks/peers_compare.py", *sys.argv[1:]]), "settings": settings,
+            "engines": args.engines, "rows": args.rows}
     lines = table(results, args.engines, args)
     print("\n" + "\n".join(lines))
     print(f"\n{info['command']}: {seconds / 60:.1f} min on {info['machine']}; " +
           ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
     if args.json:
-        Path(args.json).write_text(json.dumps({**info, "table": lines, "results": results}, indent=1) + "\n")
+        cells = short_cells(results, args.engines)
+        Path(args.json).write_text(json.dumps({**info, "table": lines, "readme": cells,
+                                               "readme_table": short_table(cells, args.engines, args),
+                                               "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
