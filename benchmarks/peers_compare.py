@@ -27,7 +27,8 @@ docstrings name the pages), on the CPU, 2 processes on gloo where there are two
     .venv-peers/bin/python benchmarks/peers_compare.py --json docs/comparison.json   # the full run
 
 ``--quick``: one uninterrupted run and 2 kill trials per engine, 1 failing job, the hang
-with defaults watched for 120 s, 3 speed repetitions. The full run: two uninterrupted runs
+with defaults watched for 120 s, 3 speed repetitions of ``peers.py --quick``'s 60 steps
+(the engines' order, with higher ratios for those that log: not the full run's figures). The full run: two uninterrupted runs
 (compared with each other), 5 kill trials, 3 failing jobs, 600 s, 10 repetitions.
 """
 
@@ -149,6 +150,10 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 
 # -- the verdicts -------------------------------------------------------------------------
+def plural(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
+
+
 def g(x: float) -> str:
     return f"{x:.2g}" if x < 0.01 else f"{x:.3g}"
 
@@ -172,21 +177,31 @@ def resume_cell(r: dict[str, Any]) -> str:
     return text
 
 
-def job_cell(jobs: list[dict[str, Any]], hang: bool = False) -> str:
+def job_cell(jobs: list[dict[str, Any]], hang: bool = False, short: bool = False) -> str:
+    """The verdict of a failing or hung job (``hang``: whether the stuck rank was named);
+    ``short``: in the README's few words."""
     ended = [j for j in jobs if j["ended"]]
     if not ended:
-        text = f"not ended within {jobs[0]['cap_s']:g} s"
+        text = f"not{'' if short else ' ended'} within {jobs[0]['cap_s']:g} s"
     else:
         secs = sorted(j["seconds"] for j in ended)
-        when = f"{secs[0]:g} s" if len(secs) == 1 else f"{statistics.median(secs):g} s ({secs[0]:g}-{secs[-1]:g})"
-        statuses = sorted({j["status"] for j in ended})
+        statuses = "/".join(str(x) for x in sorted({j["status"] for j in ended}))
         left = max(j["left"] for j in ended)
-        text = f"ended in {when}, status {'/'.join(map(str, statuses))}, {left} process{'es' if left != 1 else ''} left"
-        if len(ended) < len(jobs):
-            text += f"; {len(jobs) - len(ended)} of {len(jobs)} not within {jobs[0]['cap_s']:g} s"
+        if short:
+            text = f"ends in {statistics.median(secs):.0f} s, status {statuses}, " + (
+                "none left" if not left else f"{left} left running")
+        else:
+            when = f"{secs[0]:g} s" if len(secs) == 1 else \
+                f"{statistics.median(secs):g} s ({secs[0]:g}-{secs[-1]:g})"
+            text = f"ended in {when}, status {statuses}, {left} process{'es' if left != 1 else ''} left"
+            if len(ended) < len(jobs):
+                text += f"; {len(jobs) - len(ended)} of {len(jobs)} not within {jobs[0]['cap_s']:g} s"
     if hang:
         named = [j for j in jobs if j.get("named")]
-        text += f"; rank 1 named after {named[0]['named_after_s']:g} s" if named else "; the stuck rank not named"
+        if short:
+            text += f"; rank 1 named at {named[0]['named_after_s']:.0f} s" if named else "; not named"
+        else:
+            text += f"; rank 1 named after {named[0]['named_after_s']:g} s" if named else "; the stuck rank not named"
     return text
 
 
@@ -231,20 +246,6 @@ def short_cells(results: dict[str, Any], engines: list[str]) -> dict[str, dict[s
                                                                  f"({n - equal}/{n})"
         return text + (" *" if any("default_load" in t for t in r["trials"]) else "")
 
-    def ended(jobs: list[dict[str, Any]], hang: bool = False) -> str:
-        done = [j for j in jobs if j["ended"]]
-        if not done:
-            text = f"not within {jobs[0]['cap_s']:g} s"
-        else:
-            left = max(j["left"] for j in done)
-            status = "/".join(str(x) for x in sorted({j["status"] for j in done}))
-            text = f"ends in {statistics.median(j['seconds'] for j in done):.0f} s, status {status}, " + (
-                "none left" if not left else f"{left} left running")
-        if hang:
-            named = [j for j in jobs if j.get("named")]
-            text += f"; rank 1 named at {named[0]['named_after_s']:.0f} s" if named else "; not named"
-        return text
-
     def pickle_(r: dict[str, Any]) -> str:
         plain = [t for t in r.get("trials", []) if not t["env"]]
         if any(t["ran_code"] for t in plain):
@@ -252,10 +253,10 @@ def short_cells(results: dict[str, Any], engines: list[str]) -> dict[str, dict[s
         return "refused" + (" * (runs it with the switch)" if any(t["ran_code"] for t in r.get("trials", [])) else "")
 
     put("resume", resume)
-    put("fail", ended)
+    put("fail", lambda jobs: job_cell(jobs, short=True))
     if all("hang" in results[e] for e in engines):
-        out["hang"] = {e: ended([results[e]["hang"]["default"]], hang=True) for e in engines}
-        out["hang_short"] = {e: ended([results[e]["hang"]["short"]], hang=True) for e in engines}
+        out["hang"] = {e: job_cell([results[e]["hang"]["default"]], hang=True, short=True) for e in engines}
+        out["hang_short"] = {e: job_cell([results[e]["hang"]["short"]], hang=True, short=True) for e in engines}
     put("pickle", pickle_)
     if "speed" in results and "error" not in results["speed"]:
         out["speed"] = {e: speed_cell(results["speed"][e]) for e in engines}
@@ -265,9 +266,9 @@ def short_cells(results: dict[str, Any], engines: list[str]) -> dict[str, dict[s
 def short_table(cells: dict[str, dict[str, str]], engines: list[str], args: argparse.Namespace) -> list[str]:
     """The README's rows (its header is the page's)."""
     titles = {
-        "resume": f"killed with SIGKILL inside an epoch, then resumed ({args.trials} kill points): final weights "
+        "resume": f"killed with SIGKILL inside an epoch, then resumed ({plural(args.trials, 'kill point')}): final weights "
                   "against an uninterrupted run's",
-        "fail": f"one process of two raises ({args.fail_trials} job{'s' if args.fail_trials > 1 else ''}): the job",
+        "fail": f"one process of two raises ({plural(args.fail_trials, 'job')}): the job",
         "hang": f"one process of two hangs in its step, defaults (watched {args.cap:g} s)",
         "hang_short": f"the same, the timeout for a stuck process at {args.short_timeout:g} s",
         "pickle": "a checkpoint with a pickled call, resumed from",
@@ -283,11 +284,13 @@ def table(results: dict[str, Any], engines: list[str], args: argparse.Namespace)
         rows.append(f"| {title} | " + " | ".join(cell(e).replace("|", "/") for e in engines) + " |")
 
     if "resume" in args.rows:
-        row(f"killed with SIGKILL inside an epoch, then resumed ({args.trials} kill points): final weights against an "
+        row(f"killed with SIGKILL inside an epoch, then resumed ({plural(args.trials, 'kill point')}): final weights "
+            "against an "
             "uninterrupted run's",
             lambda e: resume_cell(results[e]["resume"]))
     if "fail" in args.rows:
-        row(f"one process of two raises ({args.fail_trials} jobs): the job ends", lambda e: job_cell(results[e]["fail"]))
+        row(f"one process of two raises ({plural(args.fail_trials, 'job')}): the job ends",
+            lambda e: job_cell(results[e]["fail"]))
     if "hang" in args.rows:
         row(f"one process of two hangs (1 job), defaults, watched {args.cap:g} s",
             lambda e: job_cell([results[e]["hang"]["default"]], hang=True))

@@ -57,9 +57,10 @@ def test_make_demo_is_said_to_take_the_digits_run_s_time():
     assert f"`runs/digits`, in under {time:g} s of CPU time after the install" in text
 
 
-def test_the_readme_snippets_state_a_cpu_time():
+def test_the_snippets_state_a_cpu_time():
     for marker in ("## In Python\n", "A Hugging Face model needs no wrapper"):
         assert claims.readme_snippet(marker)[1] is not None, marker
+    assert claims.readme_snippet("## A first run in Python\n", claims.GETTING_STARTED)[1] is not None
 
 
 @pytest.mark.parametrize("value, figure, text, ok", [

@@ -148,14 +148,15 @@ def test_the_readme_commands_after_make_demo_run(tmp_path):
 
 
 @pytest.mark.slow  # the snippet trains as it is
-def test_the_readme_python_snippet_runs_as_typed(tmp_path, monkeypatch):
-    code = README.split("## In Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+@pytest.mark.parametrize("page, title", [("README.md", "## In Python"),
+                                         ("docs/getting-started.md", "## A first run in Python")])
+def test_the_python_snippet_runs_as_typed(tmp_path, monkeypatch, page, title):
+    code = (ROOT / page).read_text().split(title, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})
-    vals = [json.loads(line) for line in (tmp_path / "runs" / "exp" / "log.jsonl").read_text().splitlines()
-            if '"mode": "val"' in line]
+    exec(compile(code, page, "exec"), {})
+    work = tmp_path / re.search(r'work_dir="([^"]+)"', code).group(1)
+    vals = [json.loads(line) for line in (work / "log.jsonl").read_text().splitlines() if '"mode": "val"' in line]
     assert vals and vals[-1]["val/acc"] > 0.6  # chance: 0.25
-    assert (tmp_path / "runs" / "exp" / "checkpoints" / "best").is_dir()
 
 
 @pytest.mark.slow  # the snippet trains as it is

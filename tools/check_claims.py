@@ -85,9 +85,9 @@ def stated(name: str) -> tuple[float | None, tuple[str, float] | None]:
     return (float(t.group(1)) if t else None), ((r.group(1), float(r.group(2))) if r else None)
 
 
-def readme_snippet(marker: str) -> tuple[str, float | None]:
-    """The code of the README's python block after ``marker``, and the CPU time said before it."""
-    before, _, after = README.read_text().partition(marker)
+def readme_snippet(marker: str, page: Path = README) -> tuple[str, float | None]:
+    """The code of the page's python block after ``marker``, and the CPU time said before it."""
+    before, _, after = page.read_text().partition(marker)
     head = after.split("```python\n", 1)[0]
     code = after.split("```python\n", 1)[1].split("```", 1)[0]
     t = TIME.search(marker + head)
@@ -145,7 +145,8 @@ def check(name: str, status: int, out: str, cpu: float, budget: float | None, re
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", help="comma-separated names (examples' folders, readme-python, readme-hf)")
+    p.add_argument("--only", help="comma-separated names (examples' folders, readme-python, readme-hf, "
+                                  "getting-started-python)")
     args = p.parse_args()
     only = set(args.only.split(",")) if args.only else None
     bin_dir = f"{Path(sys.executable).parent}/"
@@ -168,10 +169,13 @@ def main() -> int:
             if result is None or result[0] != r.key:
                 problems.append(f"no '{r.key} X' stated")
             rows.append((r.name, wall, cpu, value, problems))
-        for name, marker in (("readme-python", "## In Python\n"), ("readme-hf", "A Hugging Face model needs no wrapper")):
+        snippets = (("readme-python", "## In Python\n", README),
+                    ("readme-hf", "A Hugging Face model needs no wrapper", README),
+                    ("getting-started-python", "## A first run in Python\n", GETTING_STARTED))
+        for name, marker, page in snippets:
             if only and name not in only:
                 continue
-            code, budget = readme_snippet(marker)
+            code, budget = readme_snippet(marker, page)
             status, out, wall, cpu = run([sys.executable, "-c", code], clone)
             rows.append((name, wall, cpu, None, check(name, status, out, cpu, budget, None, None)))
         for name, wall, cpu, value, problems in rows:

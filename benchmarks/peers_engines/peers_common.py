@@ -19,6 +19,7 @@ Faults come through the environment, which every launcher passes to its processe
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import signal
@@ -115,3 +116,17 @@ def done_marker(path: str | Path | None) -> None:
     """Writes ``path`` (when given): the run reached its end."""
     if path:
         Path(path).write_text("done")
+
+
+def arguments(doc: str, modes: tuple[str, ...] = ("train", "dist"), **extra: str) -> argparse.Namespace:
+    """The command line of every engine's script: ``MODE --work-dir D [--out W] [--resume]
+    [--timeout S]``, and ``extra`` options (name: default)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("mode", choices=modes)
+    p.add_argument("--work-dir", required=True)
+    p.add_argument("--out", help="the final weights (train)")
+    p.add_argument("--resume", action="store_true", help="resume the engine's documented way (train)")
+    p.add_argument("--timeout", type=float, default=None, help="the process group's timeout, seconds (dist)")
+    for name, default in extra.items():
+        p.add_argument(f"--{name}", default=default)
+    return p.parse_args()

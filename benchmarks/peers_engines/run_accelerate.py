@@ -25,7 +25,7 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, set_seed
 from torch.nn import functional as F
 
-from peers_common import CKPT_EVERY, EPOCHS, LR, SEED, Net, kill_if_due, loader, save_weights
+from peers_common import CKPT_EVERY, EPOCHS, LR, Net, SEED, arguments, kill_if_due, loader, save_weights
 
 
 def run(args: argparse.Namespace) -> None:
@@ -63,13 +63,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=("train", "dist"))
-    p.add_argument("--work-dir", required=True)
-    p.add_argument("--out", help="the final weights (train)")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--timeout", type=float, default=None, help="the process group's timeout, seconds (dist)")
-    run(p.parse_args())
+    run(arguments(__doc__))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ from ignite.handlers import Checkpoint, DiskSaver
 from ignite.utils import manual_seed
 from torch.nn import functional as F
 
-from peers_common import BATCH, CKPT_EVERY, EPOCHS, LR, SEED, WORKERS, Net, Noisy, kill_if_due, loader, save_weights
+from peers_common import (BATCH, CKPT_EVERY, EPOCHS, LR, Net, Noisy, SEED,
+                          WORKERS, arguments, kill_if_due, loader, save_weights)
 
 
 def build(args: argparse.Namespace, distributed: bool) -> tuple[Any, torch.nn.Module, Any, dict[str, Any]]:
@@ -66,13 +67,7 @@ def dist_training(local_rank: int, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=("train", "dist"))
-    p.add_argument("--work-dir", required=True)
-    p.add_argument("--out", help="the final weights (train)")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--timeout", type=float, default=None, help="the process group's timeout, seconds (dist)")
-    args = p.parse_args()
+    args = arguments(__doc__)
     if args.mode == "train":
         train(args)
         return

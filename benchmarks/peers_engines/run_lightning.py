@@ -26,7 +26,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 from torch.nn import functional as F
 
-from peers_common import CKPT_EVERY, EPOCHS, LR, SEED, Net, kill_if_due, loader, save_weights
+from peers_common import CKPT_EVERY, EPOCHS, LR, Net, SEED, arguments, kill_if_due, loader, save_weights
 
 
 class Module(L.LightningModule):
@@ -58,13 +58,7 @@ def trainer(args: argparse.Namespace, **options: Any) -> L.Trainer:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=("train", "dist"))
-    p.add_argument("--work-dir", required=True)
-    p.add_argument("--out", help="the final weights (train)")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--timeout", type=float, default=None, help="the process group's timeout, seconds (dist)")
-    args = p.parse_args()
+    args = arguments(__doc__)
     L.seed_everything(SEED, workers=True)
     module = Module()
     if args.mode == "train":

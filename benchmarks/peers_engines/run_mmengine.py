@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import argparse
 from datetime import timedelta
 from typing import Any
 
@@ -32,7 +31,8 @@ from mmengine.registry import HOOKS, MODELS
 from mmengine.runner import Runner
 from torch.nn import functional as F
 
-from peers_common import BATCH, CKPT_EVERY, EPOCHS, LR, SEED, WORKERS, Net, Noisy, kill_if_due, save_weights
+from peers_common import (BATCH, CKPT_EVERY, EPOCHS, LR, Net, Noisy, SEED,
+                          WORKERS, arguments, kill_if_due, save_weights)
 
 
 @MODELS.register_module()
@@ -55,14 +55,7 @@ class KillHook(Hook):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=("train", "dist"))
-    p.add_argument("--work-dir", required=True)
-    p.add_argument("--out", help="the final weights (train)")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--launcher", default="none")
-    p.add_argument("--timeout", type=float, default=None, help="the process group's timeout, seconds (dist)")
-    args = p.parse_args()
+    args = arguments(__doc__, launcher="none")
     dist_cfg: dict[str, Any] = dict(backend="gloo")
     if args.timeout:
         dist_cfg["timeout"] = int(args.timeout)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from peers_common import CKPT_EVERY, EPOCHS, LR, SEED, Net, kill_if_due, loader, save_weights
+from peers_common import CKPT_EVERY, EPOCHS, LR, Net, SEED, arguments, kill_if_due, loader, save_weights
 
 
 def train(args: argparse.Namespace) -> None:
@@ -39,12 +39,7 @@ def train(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=("train",))
-    p.add_argument("--work-dir", required=True)
-    p.add_argument("--out", required=True, help="the final weights")
-    p.add_argument("--resume", action="store_true")
-    train(p.parse_args())
+    train(arguments(__doc__, modes=("train",)))
 
 
 if __name__ == "__main__":
