@@ -345,6 +345,7 @@ def main() -> None:
     begun = time.time()
     with tempfile.TemporaryDirectory(prefix="peers-compare-") as tmp:
         root = Path(args.keep or tmp)
+        root.mkdir(parents=True, exist_ok=True)
         results = run(args, root)
     seconds = time.time() - begun
     settings = {k: getattr(args, k) for k in ("quick", "trials", "fail_trials", "cap", "short_timeout", "reps")}
