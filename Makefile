@@ -117,10 +117,10 @@ docs: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 
-# benchmarks/peers.py's peers (Lightning, Accelerate, MMEngine) in a venv of their own, never treadle's
-# dependencies: torch as in .venv, treadle editable, the pins of benchmarks/peers-requirements.txt,
-# all with constraints.txt, so torch stays the pinned CPU build.
-#   make peers-venv && .venv-peers/bin/python benchmarks/peers.py --quick
+# The peers of benchmarks/peers.py and benchmarks/peers_compare.py (Lightning, Accelerate, MMEngine,
+# Ignite) in a venv of their own, never treadle's dependencies: torch as in .venv, treadle editable, the
+# pins of benchmarks/peers-requirements.txt, all with constraints.txt, so torch stays the pinned CPU build.
+#   make peers-venv && .venv-peers/bin/python benchmarks/peers_compare.py --quick
 PVENV := .venv-peers
 PPY := $(PVENV)/bin/python
 PSTAMP := $(PVENV)/.installed-stamp

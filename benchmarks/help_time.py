@@ -1,4 +1,5 @@
-"""How long ``treadle --help`` and ``treadle train --help`` take, as a user types them.
+"""How long ``treadle --help``, ``treadle train --help`` and a config error
+(``treadle train`` of a YAML file with a misspelt key) take, as a user types them.
 
 Each sample is a fresh process running the installed ``treadle`` command (the console
 script next to this Python, else ``python -m treadle``), timed from start to exit; the
@@ -16,11 +17,13 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = (["--help"], ["train", "--help"])
+BAD_CONFIG = "_base_: {base}\nmax_epoch: 3\n"  # a misspelt key: status 2, said before torch is imported
+COMMANDS = ((["--help"], 0), (["train", "--help"], 0), (["train", "{bad}"], 2))
 PROBE = "import sys; from treadle.cli import main; main({argv!r}); print('torch' in sys.modules)"
 
 
@@ -33,10 +36,13 @@ def command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "treadle"]
 
 
-def sample(argv: list[str]) -> float:
+def sample(argv: list[str], status: int) -> float:
     start = time.perf_counter()
-    subprocess.run([*command(), *argv], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - start
+    p = subprocess.run([*command(), *argv], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    elapsed = time.perf_counter() - start
+    if p.returncode != status:
+        raise SystemExit(f"treadle {' '.join(argv)}: exit {p.returncode}, expected {status}")
+    return elapsed
 
 
 def imports_torch(argv: list[str]) -> bool:
@@ -49,15 +55,23 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=9)
     args = parser.parse_args()
     status = 0
-    for argv in COMMANDS:
-        sample(argv)  # a first run warms the file cache
-        times = [sample(argv) for _ in range(args.runs)]
-        torch_loaded = imports_torch(argv)
-        status |= torch_loaded
-        print(f"treadle {' '.join(argv)}: median {statistics.median(times) * 1000:.0f} ms "
-              f"(min {min(times) * 1000:.0f}, max {max(times) * 1000:.0f}, {args.runs} runs); "
-              f"torch imported: {'yes' if torch_loaded else 'no'}")
+    with tempfile.TemporaryDirectory() as tmp:
+        bad = Path(tmp) / "bad.yaml"
+        bad.write_text(BAD_CONFIG.format(base=ROOT / "examples" / "digits" / "digits.yaml"))
+        for argv, expected in COMMANDS:
+            status |= measure([a.format(bad=bad) for a in argv], expected, args.runs)
     return status
+
+
+def measure(argv: list[str], expected: int, runs: int) -> int:
+    """Print the command's times; 1 when it imported torch."""
+    sample(argv, expected)  # a first run warms the file cache
+    times = [sample(argv, expected) for _ in range(runs)]
+    torch_loaded = imports_torch(argv)
+    print(f"treadle {' '.join(argv)}: median {statistics.median(times) * 1000:.0f} ms "
+          f"(min {min(times) * 1000:.0f}, max {max(times) * 1000:.0f}, {runs} runs); "
+          f"torch imported: {'yes' if torch_loaded else 'no'}")
+    return int(torch_loaded)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""treadle beside its peers: a hand-written loop, treadle, Lightning, Accelerate and MMEngine
-train the same model on the same data with the same settings; one table of the figures.
+"""treadle beside its peers: a hand-written loop, treadle, Lightning, Accelerate, MMEngine and
+Ignite train the same model on the same data with the same settings; one table of the figures.
 
 Every run is a fresh process (``benchmarks/peers_run.py``, which holds the workloads and the
 runners); the runners alternate (hand, treadle, ..., then the reverse order in the next
@@ -22,7 +22,7 @@ The same settings everywhere: the model built under ``torch.manual_seed(0)``; Ad
 the same arguments (``fused=True`` on CUDA, given to every runner); fp32 on the CPU
 (``--threads`` torch threads, 1 by default), bf16 autocast on CUDA (Lightning
 ``bf16-mixed``, Accelerate ``mixed_precision="bf16"``, MMEngine ``AmpOptimWrapper``, which
-keeps its GradScaler); no gradient clipping or accumulation; the data a custom map-style
+keeps its GradScaler; Ignite through ``model_fn``); no gradient clipping or accumulation; the data a custom map-style
 Dataset through a DataLoader, in order (no shuffle, so every runner sees the same batches),
 no workers, one epoch. By default each item is a whole batch made ahead (pinned on CUDA:
 the engine's work is what is left to time); ``--per-sample`` makes items samples that the
@@ -30,7 +30,9 @@ loader collates. Each framework as its user gets it, with its default logging on
 logger every 50 steps into a work_dir (log.txt, log.jsonl, log.csv, TensorBoard), timer, NaN
 guard; Lightning's default logger with ``self.log("loss", ...)`` every step (written every
 50); MMEngine's default hooks (logger every 10 steps, with its console output; a
-``.item()`` per step in its runtime-info hook); Accelerate and the hand loop log nothing.
+``.item()`` per step in its runtime-info hook); Ignite's ``create_supervised_trainer`` with its
+default ``output_transform`` (the loss's ``.item()`` every step); Accelerate and the hand loop log
+nothing.
 Progress bars off, checkpointing off (treadle ``checkpoint=False``, Lightning
 ``enable_checkpointing=False``, MMEngine's checkpoint hook None). How batches reach the
 device is each framework's default: ``non_blocking=True`` in the hand loop, treadle and
@@ -67,7 +69,7 @@ import peers_run  # noqa: E402
 
 RUNNERS = tuple(peers_run.RUNNERS)
 NAMES = {"hand": "hand loop", "treadle": "treadle", "lightning": "Lightning", "accelerate": "Accelerate",
-         "mmengine": "MMEngine"}
+         "mmengine": "MMEngine", "ignite": "Ignite"}
 # (warmup, timed steps) by workload and device type; --quick's are the second pair.
 STEPS = {"cuda": {"mlp": ((50, 500), (30, 200)), "cnn": ((20, 100), (10, 40)), "gpt2": ((5, 30), (3, 10))},
          "cpu": {"mlp": ((50, 1000), (10, 60)), "cnn": ((3, 30), (2, 6)), "gpt2": ((10, 200), (5, 30))}}

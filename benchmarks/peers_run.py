@@ -32,7 +32,7 @@ import gpt2  # the decoder of benchmarks/gpt2.py, reused as it is
 
 # The package each runner needs, imported before the clocks start (None: torch only).
 PACKAGES = {"hand": None, "treadle": "treadle", "lightning": "lightning", "accelerate": "accelerate",
-            "mmengine": "mmengine"}
+            "mmengine": "mmengine", "ignite": "ignite"}
 
 # Sizes by workload and device type: launch-bound on the GPU, and small enough on one CPU thread.
 #   mlp: widths, batch;  cnn: base width, image side, batch;  gpt2: Config fields, batch.
@@ -342,9 +342,28 @@ def run_mmengine(w: Workload, marks: Marks, work_dir: str) -> None:
     runner.train()
 
 
+def run_ignite(w: Workload, marks: Marks, work_dir: str) -> None:
+    from ignite.engine import Events, create_supervised_trainer
+
+    model = w.model.to(w.device).train()
+    opt = torch.optim.AdamW(model.parameters(), **w.optim)
+    # Ignite's amp_mode autocasts to float16: bf16 goes through model_fn. Its default
+    # output_transform reads the loss with .item() every step, as its users get it.
+    trainer = create_supervised_trainer(model, opt, w.loss_fn, device=w.device, non_blocking=True,
+                                        model_fn=lambda m, x: _bf16(m, x, w.bf16))
+    trainer.add_event_handler(Events.ITERATION_STARTED, lambda e: marks.before(e.state.iteration - 1))
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: marks.after(e.state.iteration - 1, e.state.output))
+    trainer.run(w.loader(), max_epochs=1)
+
+
+def _bf16(model: nn.Module, x: torch.Tensor, enabled: bool) -> torch.Tensor:
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=enabled):
+        return model(x)
+
+
 RUNNERS: dict[str, Callable[[Workload, Marks, str], None]] = {
     "hand": run_hand, "treadle": run_treadle, "lightning": run_lightning, "accelerate": run_accelerate,
-    "mmengine": run_mmengine}
+    "mmengine": run_mmengine, "ignite": run_ignite}
 
 
 def main() -> None:

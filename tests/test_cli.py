@@ -47,7 +47,7 @@ def test_no_command_prints_help_and_fails(capsys):
 
 def test_help_shows_examples(capsys):
     rc, out, _ = run(capsys, "--help")
-    assert rc == 0 and "examples:" in out and "treadle train examples/digits/digits.yaml" in out
+    assert rc == 0 and "examples (on the run the README makes" in out and "treadle train examples/digits/digits.yaml" in out
     for command in ("train", "validate", "test", "report", "export", "env"):
         rc, out, _ = run(capsys, command, "--help")
         assert rc == 0 and "example:" in out and f"treadle {command}" in out
@@ -430,6 +430,23 @@ def test_train_nproc_2_launches_two_ddp_processes(tiny, tmp_path):
     assert {"rng_rank0.pt", "rng_rank1.pt"} <= {p.name for p in latest.iterdir()}
     assert saved(work)["max_epochs"] == 2
     assert proc.stdout.count("final metrics") == 1  # printed by rank 0 only
+    assert proc.stdout.count("treadle train: --nproc 2: each process reads batches of 8, so an optimizer step "
+                             "trains on a global batch of 16") == 1  # said once, by the launcher
+
+
+def test_nproc_note_says_the_global_batch_and_the_shared_cores(monkeypatch):
+    import torch
+
+    from treadle.cli import _nproc_note
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    line = _nproc_note({"train_dataloader": {"batch_size": 32}, "accumulate": 2}, 2)
+    assert "a global batch of 128 (32 x 2 processes x accumulate 2; the learning rate is as configured)" in line
+    assert "2 processes x 2 torch threads share 2 cores" in line and "OMP_NUM_THREADS=1 gives each process 1" in line
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert "share" not in _nproc_note({"train_dataloader": {"batch_size": 32}}, 2)
 
 
 def test_worker_argv_drops_the_launch_options():

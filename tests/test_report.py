@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 import treadle
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.early_stopping import EarlyStoppingHook
+from treadle.hooks.logger import format_value
 from treadle.logging import read_jsonl
 from treadle.report import best_and_final, epoch_times, make_report
 
@@ -63,13 +64,13 @@ def test_one_run_best_final_and_times(tmp_path):
     assert summary == tmp_path / "out" / "summary.md"
     assert_pngs(tmp_path / "out")
     text = summary.read_text()
-    assert metric_row(text, "a", "val/acc") == ["val/acc", "0.7", "0.6", "epoch 2, iter 8"]  # best = max
-    assert metric_row(text, "a", "val/loss") == ["val/loss", "0.8", "0.9", "epoch 2, iter 8"]  # best = min
+    assert metric_row(text, "a", "val/acc") == ["val/acc", "0.7000", "0.6000", "epoch 2, iter 8"]  # best = max
+    assert metric_row(text, "a", "val/loss") == ["val/loss", "0.8000", "0.9000", "epoch 2, iter 8"]  # best = min
     # estimate: each record covers (iter - previous iter) x 0.5 s; epoch 3 has 3 iterations
     assert epoch_times(RUN_A)[:2] == ({1: 2.0, 2: 2.0, 3: 1.5}, 5.5)
     assert "total time: 5.5 s (estimated" in text and "mean 1.8 s" in text
-    assert "iterations: 11, epochs: 3" in text and "final train loss: 0.8" in text
-    assert "- learning rate: 0.1 throughout" in text
+    assert "iterations: 11, epochs: 3" in text and "final train loss: 0.8000" in text
+    assert "- learning rate: 1.00e-01 throughout" in text
 
 
 def test_two_runs_one_without_validation_and_with_timestamps(tmp_path):
@@ -79,7 +80,7 @@ def test_two_runs_one_without_validation_and_with_timestamps(tmp_path):
     write_log(tmp_path / "b", b)
     text = make_report([tmp_path / "a", tmp_path / "b"], tmp_path / "out").read_text()
     assert_pngs(tmp_path / "out")  # b has no validation: a's panels only
-    assert "Runs: a, b" in text and metric_row(text, "a", "val/acc")[1:3] == ["0.7", "0.6"]
+    assert "Runs: a, b" in text and metric_row(text, "a", "val/acc")[1:3] == ["0.7000", "0.6000"]
     part_b = text.split("## b")[1]
     assert "No validation records." in part_b
     assert "total time: 10.0 s (timestamps)" in part_b and "epoch 1: 4.0 s, epoch 2: 6.0 s" in part_b
@@ -96,10 +97,10 @@ def test_real_run_and_nan_values(tmp_path):
     vals = [r for r in read_jsonl(tmp_path / "run" / "log.jsonl") if r["mode"] == "val"]
     text = make_report([tmp_path / "run"], tmp_path / "out").read_text()
     assert_pngs(tmp_path / "out")
-    assert "- learning rate: 0.1 throughout" in text
+    assert "- learning rate: 1.00e-01 throughout" in text
     best_loss = min(r["val/loss"] for r in vals[:-1])
-    assert metric_row(text, "run", "val/loss")[1:3] == [f"{best_loss:.6g}", "nan"]
-    assert metric_row(text, "run", "val/acc")[1:3] == [f"{max(r['val/acc'] for r in vals):.6g}", "0"]
+    assert metric_row(text, "run", "val/loss")[1:3] == [format_value("val/loss", best_loss), "nan"]
+    assert metric_row(text, "run", "val/acc")[1:3] == [format_value("val/acc", max(r["val/acc"] for r in vals)), "0.000"]
 
 
 def errors(epoch, it, mae, mystery):
@@ -113,30 +114,30 @@ RUN_MAE = [train(1, 2, 2.0), errors(1, 2, 0.9, 5.0), train(2, 4, 1.0), errors(2,
 def test_error_metric_best_is_the_minimum(tmp_path):
     write_log(tmp_path / "a", RUN_MAE)
     text = make_report([tmp_path / "a"], tmp_path / "out").read_text()
-    assert metric_row(text, "a", "val/mae") == ["val/mae", "0.3", "0.5", "epoch 2, iter 4"]
+    assert metric_row(text, "a", "val/mae") == ["val/mae", "0.3000", "0.5000", "epoch 2, iter 4"]
     assert best_and_final(RUN_MAE, "val/mae")[0] == 0.3
 
 
 def test_a_name_that_does_not_say_gets_no_best_and_a_note(tmp_path):
     write_log(tmp_path / "a", RUN_MAE)
     text = make_report([tmp_path / "a"], tmp_path / "out").read_text()
-    assert metric_row(text, "a", "val/mystery") == ["val/mystery", "n/a", "6", "n/a"]
+    assert metric_row(text, "a", "val/mystery") == ["val/mystery", "n/a", "6.000", "n/a"]
     assert "- val/mystery: no best, its name does not say whether higher or lower is better" in text
     assert "val/mae:" not in text  # the name says: no note
     assert best_and_final(RUN_MAE, "val/mystery") == (None, 6.0, None)
     assert best_and_final(RUN_MAE, "val/mystery", higher=True)[0] == 7.0
 
 
-@pytest.mark.parametrize("rule,best,at", [("max", "7", "epoch 2, iter 4"), ("min", "5", "epoch 1, iter 2")])
+@pytest.mark.parametrize("rule,best,at", [("max", "7.000", "epoch 2, iter 4"), ("min", "5.000", "epoch 1, iter 2")])
 def test_the_runs_checkpoint_rule_decides(tmp_path, rule, best, at):
     write_log(tmp_path / "a", RUN_MAE)
     (tmp_path / "a" / "config.yaml").write_text(f"# resolved by treadle\nmax_epochs: 3\n"
                                                  f"checkpoint:\n  best: val/mystery\n  rule: {rule}\n")
     text = make_report([tmp_path / "a"], tmp_path / "out").read_text()
-    assert metric_row(text, "a", "val/mystery") == ["val/mystery", best, "6", at]
+    assert metric_row(text, "a", "val/mystery") == ["val/mystery", best, "6.000", at]
     word = "maximum" if rule == "max" else "minimum"
     assert f"- val/mystery: best is the {word}, as the checkpoint rule in config.yaml says" in text
-    assert metric_row(text, "a", "val/mae")[1] == "0.3"
+    assert metric_row(text, "a", "val/mae")[1] == "0.3000"
 
 
 def test_an_unreadable_config_is_no_rule(tmp_path):
@@ -227,7 +228,7 @@ def test_every_logged_loss_and_every_train_metric_gets_a_panel(tmp_path, monkeyp
     assert list(metrics[0].get_lines()[0].get_ydata()) == pytest.approx([0.1, 0.2, 0.3])
     assert_pngs(tmp_path / "out", ("loss.png", "train_metrics.png"))  # no timing, no validation, a constant lr
     assert IMAGES == ("loss", "train_metrics", "lr", "metrics", "throughput")
-    assert "- learning rate: 0.1 throughout" in summary.read_text()
+    assert "- learning rate: 1.00e-01 throughout" in summary.read_text()
     assert [k for k in ("loss", "loss_gen", "gen_loss", "loss_scale", "loss_scale/gen", "val/acc") if is_loss_key(k)] \
         == ["loss", "loss_gen", "gen_loss"]
 
@@ -261,9 +262,9 @@ def test_a_changing_lr_is_drawn_and_a_constant_one_said_in_words(tmp_path, monke
     assert [ln.get_label() for ln in lines] == ["a lr/gen"]  # the changing one alone
     assert list(lines[0].get_ydata()) == pytest.approx([0.1, 0.05, 0.1 / 3])
     part_a, part_b = text.split("## a")[1].split("## b")
-    assert "- learning rate disc: 0.001 throughout" in part_a and "gen" not in part_a.split("learning rate")[1]
-    assert "- learning rate: 0.001 throughout" in part_b
-    assert "- learning rate: 0.1 throughout" in part_a  # "lr" of train(): also constant
+    assert "- learning rate disc: 1.00e-03 throughout" in part_a and "gen" not in part_a.split("learning rate")[1]
+    assert "- learning rate: 1.00e-03 throughout" in part_b
+    assert "- learning rate: 1.00e-01 throughout" in part_a  # "lr" of train(): also constant
 
 
 def test_the_pause_before_a_resume_is_no_epochs_time(tmp_path):
@@ -298,3 +299,17 @@ def test_a_real_resumed_run_marks_its_first_record(tmp_path, caplog):
     assert len(marked) == 1 and marked[0] is records[2]  # the first record the resumed fit wrote
     assert records[1]["timestamp"] <= marked[0]["resumed_at"] <= marked[0]["timestamp"]
     assert not [m for m in messages if "resumed_at" in m]  # bookkeeping: not on the console
+    text = make_report([tmp_path / "run"], tmp_path / "out").read_text()
+    assert text.count("- resumed once: ") == 1
+    assert f"(its first record: epoch {marked[0]['epoch']}, iter {marked[0]['iter']})" in text
+
+
+def test_values_are_printed_as_the_console_prints_them(tmp_path):
+    records = [train(1, 2, 2.0123456), train(1, 4, 0.049823456, lr=0.002),
+               val(1, 4, 0.98765432, 0.052087654)]
+    write_log(tmp_path / "a", records)
+    text = make_report([tmp_path / "a"], tmp_path / "out").read_text()
+    assert "final train loss: 0.04982" in text and format_value("loss", 0.049823456) == "0.04982"
+    assert metric_row(text, "a", "val/acc")[1:3] == ["0.9877", "0.9877"]
+    assert metric_row(text, "a", "val/loss")[1:3] == ["0.05209", "0.05209"]
+    assert "resumed" not in text

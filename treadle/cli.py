@@ -16,13 +16,12 @@ from typing import Any, Callable, Sequence, TypeVar
 
 T = TypeVar("T")
 
-EPILOG = """examples:
-  treadle train examples/digits/digits.yaml
-  treadle train examples/digits/digits.yaml --work-dir runs/d --set max_epochs=3 optimizer.lr=1e-3
-  treadle train runs/d/config.yaml --resume                  # continue from the latest checkpoint
-  treadle validate runs/d/config.yaml --checkpoint runs/d/checkpoints/epoch_0003
-  treadle report runs/d runs/e --out runs/compare
-  treadle export runs/d/checkpoints/epoch_0003 --out model.safetensors --ema
+EPILOG = """examples (on the run the README makes after `make demo`: runs/first, beside the demo's runs/digits):
+  treadle train examples/digits/digits.yaml --work-dir runs/first --set max_epochs=3 optimizer.lr=1e-3
+  treadle train runs/first/config.yaml --resume --set max_epochs=14   # on from its latest checkpoint
+  treadle validate runs/first/config.yaml --checkpoint runs/first     # the run's latest checkpoint
+  treadle report runs/digits runs/first --out runs/compare
+  treadle export runs/first --out model.safetensors
   treadle env
 
 --set takes KEY=VALUE pairs (values read as YAML: 3, 1e-3, true, null, [1, 2]); nested
@@ -129,7 +128,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="for configs from less trusted places: run no code they name (refuse .py "
                             "configs and bases, collate_fn paths, dotted types but torch.nn/torch.optim classes)")
 
-    p = add("train", "train a model from a config", "treadle train examples/digits/digits.yaml --set max_epochs=3")
+    p = add("train", "train a model from a config",
+            "treadle train examples/digits/digits.yaml --work-dir runs/first --set max_epochs=3")
     config_args(p)
     p.add_argument("--work-dir", help="run directory (default: the config's work_dir, else runs/<config name>)")
     p.add_argument("--resume", nargs="?", const=True, default=None, metavar="PATH",
@@ -143,18 +143,18 @@ def _parser() -> argparse.ArgumentParser:
                         "--max-restarts); each restart resumes from the latest verified checkpoint by itself")
     for name in ("validate", "test"):
         p = add(name, f"evaluate a checkpoint on the config's {'val' if name == 'validate' else 'test'}_dataloader",
-                f"treadle {name} runs/d/config.yaml --checkpoint runs/d/checkpoints/epoch_0003")
+                f"treadle {name} runs/first/config.yaml --checkpoint runs/first")
         config_args(p)
         p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint directory or weights file")
         p.add_argument("--work-dir", help="write logs here (default: console only)")
         p.add_argument("--ema", action=argparse.BooleanOptionalAction, default=None,
                        help="evaluate the checkpoint's EMA weights (default: when the config has `ema` with "
                             "use_for_val, as validation during training does)")
-    p = add("report", "plots and a summary of one or more runs", "treadle report runs/a runs/b --out runs/compare")
+    p = add("report", "plots and a summary of one or more runs", "treadle report runs/digits runs/first --out runs/compare")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with log.jsonl)")
     p.add_argument("--out", help="output directory (default: FIRST_RUN_DIR/report)")
     p = add("export", "export a checkpoint as a Hugging Face folder (a PEFT model: its adapter) or one .safetensors file",
-            "treadle export runs/d/checkpoints/epoch_0003 --out exported/")
+            "treadle export runs/first --out model.safetensors")
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory or file")
     p.add_argument("--out", required=True,
                    help="a folder to create: config.json and the weights, as from_pretrained loads them (a PEFT model: "
@@ -194,6 +194,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.nproc > 1:  # the config is checked above; each process builds its own trainer
         from treadle.distributed.launch import launch_local
 
+        print(_nproc_note(cfg, args.nproc))
+
         argv = _worker_argv(sys.argv[1:] if args.argv is None else args.argv)
         return launch_local(args.nproc, ["-m", "treadle", *argv], max_restarts=args.max_restarts)
     _resume_on_restart(cfg)
@@ -213,6 +215,28 @@ def _train(args: argparse.Namespace) -> int:
         print(f"final metrics ({cfg['work_dir']}): none, no validation ran (a val_dataloader gives one); the "
               "training losses are in the log lines above and in the run directory's log files")
     return 0
+
+
+def _nproc_note(cfg: dict[str, Any], nproc: int) -> str:
+    """The line said once before ``--nproc N`` starts its processes: the global batch a
+    step trains on and, on the CPU, how many threads share the cores."""
+    import torch
+
+    loader, accumulate = cfg.get("train_dataloader"), cfg.get("accumulate") or 1
+    batch = loader.get("batch_size") if isinstance(loader, dict) else None
+    line = f"treadle train: --nproc {nproc}"
+    if isinstance(batch, int):
+        times = f" x accumulate {accumulate}" if accumulate > 1 else ""
+        line += (f": each process reads batches of {batch}, so an optimizer step trains on a global batch of "
+                 f"{batch * nproc * accumulate} ({batch} x {nproc} processes{times}; the learning rate is as configured)")
+    if not torch.cuda.is_available():
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = torch.get_num_threads()
+        if nproc * threads > cores:
+            line += (f"; on the CPU, {nproc} processes x {threads} torch thread{'s' if threads > 1 else ''} share "
+                     f"{cores} core{'s' if cores > 1 else ''}, which slows every step: OMP_NUM_THREADS="
+                     f"{max(1, cores // nproc)} gives each process {max(1, cores // nproc)}")
+    return line
 
 
 def _check_resume(path: Path) -> None:
@@ -467,7 +491,7 @@ def _full_traceback(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "debug", False)) or os.environ.get(FULL_TRACEBACK_ENV, "") not in ("", "0")
 
 
-def _fail(args: argparse.Namespace, err: Exception, status: int = 2) -> int:
+def _fail(args: argparse.Namespace, err: Exception, status: int = 2, tell_peers: bool = True) -> int:
     from treadle.config import ConfigError
 
     if _full_traceback(args):
@@ -477,7 +501,8 @@ def _fail(args: argparse.Namespace, err: Exception, status: int = 2) -> int:
     kind = "config error" if isinstance(err, ConfigError) else "error"
     line = f"treadle {args.command}: {kind}: {where}{err}"
     print(line, file=sys.stderr)
-    _tell_peers(line)
+    if tell_peers:
+        _tell_peers(line)
     return status
 
 
@@ -540,7 +565,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return _run_command(args)
+    return _early_config_error(args) or _run_command(args)
+
+
+def _early_config_error(args: argparse.Namespace) -> int:
+    """The config's errors that show without torch (treadle/config/early.py), said as
+    fast as --help answers: their status, else 0. Every process of a job finds the same."""
+    if args.command not in ("train", "validate", "test"):
+        return 0
+    from treadle.config.early import check_early
+    from treadle.config.errors import ConfigError
+
+    try:
+        check_early(args.config, args.overrides, safe=args.safe)
+    except ConfigError as e:
+        return _fail(args, e, tell_peers=False)
+    return 0
 
 
 def _run_command(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
+from treadle.hooks.logger import format_value
 from treadle.logging import read_jsonl
 from treadle.metrics import higher_is_better
 
@@ -57,8 +58,14 @@ def _num(value: Any) -> float | None:
     return None
 
 
-def _fmt(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.6g}"
+def _fmt(v: float | None, key: str = "") -> str:
+    """As the console prints a value of ``key`` (4 significant digits, lr as 2.00e-03)."""
+    return "n/a" if v is None else format_value(key, float(v))
+
+
+def resumes(records: Records) -> Records:
+    """The first record after each resume of the run (it carries ``resumed_at``)."""
+    return [r for r in records if _num(r.get("resumed_at")) is not None]
 
 
 def _seconds(v: float) -> str:
@@ -285,6 +292,9 @@ def _plot_train_panels(runs: list[Records], labels: list[str], keys: list[str], 
             xs, ys = _series(records, "train", key)
             if xs:
                 ax.plot(xs, ys, label=label, color=run_color(i))
+            for n, r in enumerate(resumes(records)):  # where the run went on after a stop
+                ax.axvline(r.get("iter", 0), color=run_color(i), linestyle="--", linewidth=0.8,
+                           label="resumed" if n == 0 and len(runs) == 1 else None)
         ax.set(title=f"train {key}" if "/" not in key else key, xlabel="iteration", ylabel=key.rsplit("/", 1)[-1])
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
@@ -394,9 +404,15 @@ def _run_summary(records: Records, label: str, run_dir: Path) -> list[str]:
         lines.append(f"- iterations: {last.get('iter')}, epochs: {last.get('epoch')}")
         xs, ys = _series(records, "train", "loss")
         if ys:
-            lines.append(f"- final train loss: {_fmt(ys[-1])}")
+            lines.append(f"- final train loss: {_fmt(ys[-1], 'loss')}")
         for key, value in constant_lrs(records).items():
-            lines.append(f"- learning rate{'' if key == 'lr' else ' ' + key[3:]}: {_fmt(value)} throughout")
+            lines.append(f"- learning rate{'' if key == 'lr' else ' ' + key[3:]}: {_fmt(value, 'lr')} throughout")
+    went_on = resumes(records)
+    if went_on:
+        when = ", ".join(f"{datetime.fromtimestamp(r['resumed_at']).strftime('%Y-%m-%d %H:%M')} (its first record: "
+                         f"epoch {r.get('epoch')}, iter {r.get('iter')})" for r in went_on)
+        lines.append(f"- resumed {'once' if len(went_on) == 1 else f'{len(went_on)} times'}: {when}; the plots "
+                     "mark it with a dashed line")
     times, total, how = epoch_times(records)
     if times:
         per = list(times.values())
@@ -416,7 +432,7 @@ def _run_summary(records: Records, label: str, run_dir: Path) -> list[str]:
         higher, note = _direction(key, rules)
         best, final, rec = best_and_final(records, key, higher=higher)
         where = f"epoch {rec.get('epoch')}, iter {rec.get('iter')}" if rec is not None else "n/a"
-        lines.append(f"| {key} | {_fmt(best)} | {_fmt(final)} | {where} |")
+        lines.append(f"| {key} | {_fmt(best, key)} | {_fmt(final, key)} | {where} |")
         if note:
             notes.append(f"- {note}")
     return lines + [""] + (notes + [""] if notes else [])
@@ -459,4 +475,4 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
 
 
 __all__ = ["IMAGES", "best_and_final", "constant_lrs", "epoch_times", "is_loss_key", "load_run", "make_report",
-           "run_color"]
+           "resumes", "run_color"]

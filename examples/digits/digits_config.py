@@ -2,7 +2,7 @@
 
     treadle train examples/digits/digits_config.py
 
-Under 30 s on a 2-core CPU; val/acc about 0.98 after its 4 epochs.
+Under 15 s of CPU time on a 2-core CPU; val/acc 0.98 after its 4 epochs.
 
 Module-level names become config keys; names starting with "_", modules, classes and
 functions do not. The result must be plain data (it is saved as config.yaml), but a

@@ -25,7 +25,8 @@ def test_example_translates_to_treadle_keys():
     assert cfg["log_interval"] == 15
     assert cfg["checkpoint"] == {"interval": 1, "keep": 2, "best": "val/acc", "rule": "max"}
     assert cfg["ema"] == {"momentum": 0.99, "gamma": 100, "convention": "mmengine"}  # ExpMomentumEMA
-    assert cfg["hooks"] == [{"type": "EarlyStoppingHook", "monitor": "val/acc", "rule": "greater", "patience": 3}]
+    assert cfg["hooks"] == [{"type": "EarlyStoppingHook", "monitor": "val/acc", "rule": "greater", "patience": 3},
+                            {"type": "RuntimeEnvHook", "torch_num_threads": 1}]
     assert cfg["seed"] == 0 and cfg["deterministic"] is False
     assert cfg["train_dataloader"]["shuffle"] is True and "sampler" not in cfg["train_dataloader"]
     assert not is_mmengine_style(cfg)

@@ -330,14 +330,17 @@ def test_runtime_env_hook_sets_and_restores(monkeypatch):
     fake_cv2 = types.SimpleNamespace(getNumThreads=lambda: 8, setNumThreads=calls.append)
     monkeypatch.setitem(sys.modules, "cv2", fake_cv2)
     logger = logging.getLogger(LOGGER_NAME)
-    before = (torch.backends.cudnn.benchmark, multiprocessing.get_start_method(allow_none=True), logger.level)
+    before = (torch.backends.cudnn.benchmark, multiprocessing.get_start_method(allow_none=True), logger.level,
+              torch.get_num_threads())
+    threads = 1 if before[3] > 1 else 2
     hook = RuntimeEnvHook(cudnn_benchmark=not before[0], mp_start_method="spawn", opencv_num_threads=0,
-                          log_level="WARNING", open_files=64)
+                          log_level="WARNING", open_files=64, torch_num_threads=threads)
     hook.before_run(None)
     assert torch.backends.cudnn.benchmark is (not before[0]) and multiprocessing.get_start_method() == "spawn"
-    assert logger.level == logging.WARNING and calls == [0]
+    assert logger.level == logging.WARNING and calls == [0] and torch.get_num_threads() == threads
     hook.after_run(None)
-    assert (torch.backends.cudnn.benchmark, multiprocessing.get_start_method(allow_none=True), logger.level) == before
+    assert (torch.backends.cudnn.benchmark, multiprocessing.get_start_method(allow_none=True), logger.level,
+            torch.get_num_threads()) == before
     assert calls == [0, 8]
 
 
@@ -346,6 +349,7 @@ def test_runtime_env_hook_sets_and_restores(monkeypatch):
     ({"opencv_num_threads": -1}, "opencv_num_threads must be an int >= 0"),
     ({"log_level": "debug"}, "log_level='debug'; expected one of"),
     ({"cudnn_benchmark": 1}, "cudnn_benchmark must be true, false or null"),
+    ({"torch_num_threads": 0}, "torch_num_threads must be an int >= 1"),
 ])
 def test_runtime_env_hook_errors(kwargs, match):
     with pytest.raises((TypeError, ValueError), match=match):

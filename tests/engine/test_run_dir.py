@@ -56,6 +56,27 @@ def test_the_lock_of_a_killed_process_is_free_with_no_cleanup(tmp_path):
         pass
 
 
+@pytest.mark.slow
+def test_a_child_forked_while_the_lock_is_held_does_not_keep_it_after_its_parent_is_killed(tmp_path):
+    # A loader worker outlives a SIGKILLed run by up to 5 s: the resume started right after must find the lock free.
+    code = ("import os, sys, time; from treadle.engine.run_dir import WorkDirLock; "
+            "lock = WorkDirLock(sys.argv[1], 'dead'); lock.acquire(); "
+            "pid = os.fork()\nif pid == 0:\n    time.sleep(60); os._exit(0)\n"
+            "print(pid, flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    try:
+        with pytest.raises(WorkDirBusyError, match=f"pid {proc.pid}"):
+            WorkDirLock(tmp_path).acquire()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        os.kill(child, 0)  # the child still runs
+        with WorkDirLock(tmp_path, run="next") as lock:
+            assert lock.held
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 def test_fit_validate_and_test_in_a_locked_work_dir_refuse_before_writing_anything(tmp_path):
     t = make(tmp_path / "run", test_dataloader=DataLoader(make_data(4), batch_size=4))
     with WorkDirLock(tmp_path / "run", run="other"):

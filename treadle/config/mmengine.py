@@ -96,27 +96,15 @@ from typing import Any
 from treadle.config.errors import ConfigError, join_path
 from treadle.config.mmengine_checkpoint import translate_best
 from treadle.config.mmengine_common import take
+from treadle.config.mmengine_keys import MMENGINE_KEYS, NOT_TRANSLATED
 from treadle.config.mmengine_data import set_names, translate_dataloader
 from treadle.config.mmengine_loop import val_schedule
 from treadle.config.mmengine_optim import MULTI, is_multi, multi_optim_wrapper, schedulers_by_name
-from treadle.config.mmengine_runtime import RUNTIME_KEYS, helper_names, translate_runtime, visualization_hook
+from treadle.config.mmengine_runtime import helper_names, translate_runtime, visualization_hook
 from treadle.config.mmengine_strategy import (is_mmengine_strategy, strategy_settings, sync_bn_option,
                                               translate_strategy)
 from treadle.config.registry import REGISTRIES
 from treadle.config.schema import SCHEMA, trainer_defaults
-
-#: Keys that mark a config as MMEngine-style.
-MMENGINE_KEYS = ("optim_wrapper", "param_scheduler", "train_cfg", "val_cfg", "test_cfg", "default_hooks",
-                 "custom_hooks", "randomness", "default_scope", *RUNTIME_KEYS)
-
-#: MMEngine keys with no translation, and what to write instead.
-NOT_TRANSLATED = {
-    "val_evaluator": "MMEngine evaluators are not translated; use metrics: {name: {type: ...}} (update/compute/reset)",
-    "test_evaluator": "MMEngine evaluators are not translated; use metrics: {name: {type: ...}}",
-    # MMEngine imports these modules while reading the config; treadle never imports for a key.
-    "custom_imports": "treadle imports no modules for a config; name classes by dotted type paths (trusted configs) "
-                      "or register them from Python (treadle.config.registry) and remove custom_imports",
-}
 
 #: mmpretrain's PreciseBNHook as configs name it: treadle's takes its arguments (num_samples, interval).
 _PRECISE_BN = ("mmpretrain.PreciseBNHook", "mmcls.PreciseBNHook")

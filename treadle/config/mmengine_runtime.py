@@ -53,10 +53,10 @@ from typing import Any, Iterable
 
 from treadle.config.errors import ConfigError, join_path
 from treadle.config.mmengine_common import take
+from treadle.config.mmengine_keys import RUNTIME_KEYS
 from treadle.hooks.runtime_env import LOG_LEVELS, RuntimeEnvHook
 
 #: Top-level runtime keys this module translates.
-RUNTIME_KEYS = ("env_cfg", "log_level", "visualizer", "launcher", "log_processor", "tta_model", "tta_pipeline")
 
 LAUNCHERS = ("none", "pytorch", "slurm", "mpi")
 DEFAULT_TIMEOUT_S = 1800  # torch's process-group timeout, MMEngine's and treadle's default

@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -58,14 +59,33 @@ def read_holder(work_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+_HELD: "weakref.WeakSet[WorkDirLock]" = weakref.WeakSet()
+
+
+def _drop_in_child() -> None:
+    """In a forked child: close this process's copy of every held lock's file, so that the
+    lock stays with the process that took it (and goes when it dies), not with its children."""
+    for lock in list(_HELD):
+        f, lock._file = lock._file, None
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_in_child)
+
+
 class WorkDirLock:
     """An exclusive, non-blocking lock on a run directory.
 
     ``flock`` locks belong to the open file: a second ``WorkDirLock`` on the same
     directory fails even in the same process, and the lock goes away with the process.
-    (Loader workers forked while it is held share it until they exit, which they do
-    with their parent.) On file systems without ``flock`` the run goes on unlocked, with
-    a warning.
+    A process forked while it is held (a loader worker) closes its copy of the file at
+    once (:func:`_drop_in_child`): otherwise the lock would last until the last worker
+    exits, up to 5 s after a SIGKILLed run, and refuse the resume started right after it.
+    On file systems without ``flock`` the run goes on unlocked, with a warning.
     """
 
     def __init__(self, work_dir: str | os.PathLike[str], run: str = "") -> None:
@@ -102,6 +122,7 @@ class WorkDirLock:
                    "since": time.strftime("%Y-%m-%d %H:%M:%S")}, f)
         f.flush()
         self._file = f
+        _HELD.add(self)
 
     def _busy_message(self) -> str:
         holder = None
@@ -120,6 +141,7 @@ class WorkDirLock:
 
     def release(self) -> None:
         f, self._file = self._file, None
+        _HELD.discard(self)
         if f is not None:
             f.close()  # closing the file releases the lock
 

@@ -1,6 +1,6 @@
-"""RuntimeEnvHook: process settings for a run (cuDNN autotuning, the start method of
-data-loader workers, OpenCV's threads, the open-file limit, the level of treadle's
-logger), set before it and put
+"""RuntimeEnvHook: process settings for a run (cuDNN autotuning, torch's CPU threads, the
+start method of data-loader workers, OpenCV's threads, the open-file limit, the level of
+treadle's logger), set before it and put
 back after it (the open-file limit stays raised). MMEngine's ``env_cfg`` is
 translated to this hook."""
 
@@ -32,6 +32,9 @@ class RuntimeEnvHook(Hook):
         cudnn_benchmark: ``torch.backends.cudnn.benchmark`` (cuDNN picks the fastest
             convolution algorithm for each input shape; results may then differ run to
             run). None: left as it is.
+        torch_num_threads: ``torch.set_num_threads`` (the threads of CPU operators): 1
+            for a model too small to gain from more, which on a machine shared with other
+            work also stops idle threads from spinning. None: left as it is.
         mp_start_method: how data-loader workers start: "fork", "spawn" or
             "forkserver" (``multiprocessing.set_start_method``). None: left as it is.
         opencv_num_threads: ``cv2.setNumThreads`` when OpenCV is installed (0: no
@@ -47,7 +50,7 @@ class RuntimeEnvHook(Hook):
 
     def __init__(self, cudnn_benchmark: bool | None = None, mp_start_method: str | None = None,
                  opencv_num_threads: int | None = None, open_files: int | None = None,
-                 log_level: str | None = None) -> None:
+                 log_level: str | None = None, torch_num_threads: int | None = None) -> None:
         if cudnn_benchmark is not None and not isinstance(cudnn_benchmark, bool):
             raise TypeError(f"RuntimeEnvHook cudnn_benchmark must be true, false or null, got {cudnn_benchmark!r}")
         if mp_start_method is not None and mp_start_method not in START_METHODS:
@@ -55,6 +58,10 @@ class RuntimeEnvHook(Hook):
         for name, value in (("opencv_num_threads", opencv_num_threads), ("open_files", open_files)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"RuntimeEnvHook {name} must be an int >= 0 or null, got {value!r}")
+        if torch_num_threads is not None and (isinstance(torch_num_threads, bool) or not isinstance(torch_num_threads, int)
+                                              or torch_num_threads < 1):
+            raise ValueError(f"RuntimeEnvHook torch_num_threads must be an int >= 1 or null, got {torch_num_threads!r}")
+        self.torch_num_threads = torch_num_threads
         if mp_start_method is not None and mp_start_method not in multiprocessing.get_all_start_methods():
             raise ValueError(f"RuntimeEnvHook mp_start_method={mp_start_method!r} is not available on "
                              f"{sys.platform}; expected one of {multiprocessing.get_all_start_methods()}")
@@ -73,6 +80,9 @@ class RuntimeEnvHook(Hook):
             logger = logging.getLogger(LOGGER_NAME)
             saved["log_level"] = logger.level
             logger.setLevel(self.log_level)
+        if self.torch_num_threads is not None:
+            saved["torch_num_threads"] = torch.get_num_threads()
+            torch.set_num_threads(self.torch_num_threads)
         if self.cudnn_benchmark is not None:
             saved["cudnn_benchmark"] = torch.backends.cudnn.benchmark
             torch.backends.cudnn.benchmark = self.cudnn_benchmark
@@ -95,6 +105,8 @@ class RuntimeEnvHook(Hook):
         saved, self._saved = self._saved, {}
         if "log_level" in saved:
             logging.getLogger(LOGGER_NAME).setLevel(saved["log_level"])
+        if "torch_num_threads" in saved:
+            torch.set_num_threads(saved["torch_num_threads"])
         if "cudnn_benchmark" in saved:
             torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
         if "mp_start_method" in saved:
