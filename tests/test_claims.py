@@ -29,6 +29,7 @@ SOURCES = {
     "huggingface-gpt2": ("examples/huggingface/train.py", "--model gpt2:"),
     "custom_loop": ("examples/custom_loop/train.py", ""),
     "mmengine_style": ("examples/mmengine_style/digits_mmengine.yaml", ""),
+    "lora": ("examples/lora/finetune.py", ""),
 }
 TIME = re.compile(claims.TIME.pattern, re.IGNORECASE)
 

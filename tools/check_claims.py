@@ -65,6 +65,7 @@ RUNS = [
         printed=r"val/acc (\d\.\d+)\s*$"),
     Run("mmengine_style", ".venv/bin/treadle train examples/mmengine_style/digits_mmengine.yaml", "val/acc",
         "runs/digits_mmengine"),
+    Run("lora", ".venv/bin/python examples/lora/finetune.py", "val/loss", "runs/lora/run"),
 ]
 
 
