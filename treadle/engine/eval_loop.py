@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from treadle.data.feed import DataFeed
+from treadle.distributed.board import EVAL, PHASE, TEST, VALIDATION, board
 from treadle.hooks.base import HookDispatcher
 from treadle.metrics import flatten_results, to_python, update_metrics
 from treadle.engine.step import batch_size_of
@@ -127,6 +128,8 @@ class EvalLoop:
         state = self.state
         prev_mode = state.mode
         state.mode = mode
+        place = board()  # where this rank is, for the stall watch
+        phase_before, place[PHASE], place[EVAL] = place[PHASE], VALIDATION if mode == "val" else TEST, 0
         hooks.call(f"before_{mode}", t)
         hooks.call(f"before_{mode}_epoch", t)
         model = self.model
@@ -145,6 +148,7 @@ class EvalLoop:
         hooks.call(f"after_{mode}_epoch", t, results)
         hooks.call(f"after_{mode}", t, results)
         state.mode = prev_mode
+        place[PHASE] = phase_before
         return results
 
     def _pass(self, feed: DataFeed, prefix: str, num_iters: int | None) -> dict[str, Any]:
@@ -161,8 +165,10 @@ class EvalLoop:
         lockstep = num_iters is None and self.comm is not None and self.comm.lockstep
         target = _most_batches(feed.length) if lockstep else 0  # before any forward: collectives pair up
         batch = None
+        place = board()
         with torch.no_grad():
             for batch in self._batches(feed, num_iters):
+                place[EVAL] += 1
                 for fn in before_iter:
                     fn(t, batch)
                 if custom_step is not None:

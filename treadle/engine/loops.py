@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from treadle.checkpoint.rng import set_rng_state
 from treadle.data.feed import DataFeed
+from treadle.distributed.board import COLLECTIVE, DATA, EPOCH_END, EPOCH_START, HOOKS, ITER, PHASE, RUN, STEP, board
 from treadle.engine.eval_loop import EvalLoop
 from treadle.hooks.base import HookDispatcher
 from treadle.logging.writers import get_logger
@@ -175,6 +176,8 @@ class TrainLoop:
         if self.windows_span_epochs and not (self.resume_pos and s.iter):  # windows run on to max_iters
             for ow in self.optim_wrappers.values():
                 ow.start_run(s.max_iters - s.iter if s.max_iters else None)
+        place = board()
+        place[ITER], place[PHASE] = s.iter, RUN
         self.hooks.call("before_train", t)
         if self.resume_pos and not self.resume_pos["open"]:
             self._restore_rng(self.resume_pos)  # resuming between epochs: the next batch is near
@@ -206,6 +209,7 @@ class TrainLoop:
             self._close_epoch(complete=feed.length is not None and feed.batch_idx >= feed.length)
         if self._done():  # nothing left but after_train (a stop keeps its place: a due validation stays due)
             self.phase, self.phase_base = len(self.workflow), self._units_done()
+        place[PHASE] = RUN
         self.hooks.call("after_train", t)
         s.mode = "idle"
 
@@ -358,6 +362,7 @@ class TrainLoop:
         s = self.state
         pos, self.resume_pos = self.resume_pos, None
         self._stopped_inside_epoch = False
+        board()[PHASE] = EPOCH_START
         skip = pos["batch_idx"] if pos and pos["open"] and pos["epoch"] == s.epoch else 0
         s.inner_iter = skip
         self.feed.start_epoch(s.epoch, skip=skip, stream=pos.get("stream") if skip else None)  # type: ignore[union-attr]  # skip > 0 only with a pos
@@ -379,6 +384,7 @@ class TrainLoop:
         self._epoch_open = False
         self._closing_complete = complete
         self._stopped_inside_epoch = not complete
+        board()[PHASE] = EPOCH_END
         self.hooks.call("after_train_epoch", self.owner)
         self._closing_complete = False
         if complete:
@@ -400,15 +406,19 @@ class TrainLoop:
         next_due = self.hooks.next_due
         record, record_time = self.store.recorders()
         end = s.iter + limit if limit is not None else -1
+        place = board()  # where this rank is, for the stall watch: one store per phase change
+        place[ITER], place[PHASE] = s.iter, DATA
         clock = perf_counter
         tic = clock()
         for batch in self.feed:
             toc = clock()
             s.data_time = data_time = toc - tic
             s.iter_start_time = toc
+            place[PHASE] = STEP
             for fn in before:
                 fn(t, batch)
             outputs = step(batch)
+            place[PHASE] = HOOKS
             if record is not None:
                 record((s.iter, s.epoch, outputs))
             if s.iter == due:
@@ -422,8 +432,11 @@ class TrainLoop:
                     fn(t, batch, outputs)
                 s.iter += 1
                 s.inner_iter += 1
+            place[ITER] = s.iter
             if agree is not None:
+                place[PHASE] = COLLECTIVE
                 agree()
+            place[PHASE] = DATA
             tic = clock()
             if record_time is not None:  # the whole iteration, its hooks included
                 record_time((data_time, tic - toc))
