@@ -233,7 +233,7 @@ class StrategyAPI:
         if watch is None:
             return
         wrappers = list(self.optim_wrappers.values())
-        watch.follow(lambda: (None, "train", tuple(ow.step_count for ow in wrappers)))
+        watch.follow(lambda: tuple(ow.step_count for ow in wrappers), work_dir=self.work_dir)
         watch.set_active(True)
 
     def prepare_dataloader(self, loader: Any, *, train: bool = True, seed_per_sample: bool | str = True) -> Any:
