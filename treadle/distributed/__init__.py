@@ -5,6 +5,9 @@
     comm.all_gather_object(x)          # small objects over a CPU (gloo) group: no device sync
 """
 
+from typing import Any
+
+from treadle.lazy import import_submodule
 from treadle.distributed.env import DistEnv, detect_launcher
 from treadle.distributed.comm import (
     all_gather_object,
@@ -18,3 +21,8 @@ from treadle.distributed.comm import (
 
 __all__ = ["DistEnv", "detect_launcher", "init_distributed", "is_distributed", "get_rank", "get_world_size",
            "barrier", "broadcast_object", "all_gather_object"]
+
+
+def __getattr__(name: str) -> Any:
+    """A submodule on first use (``treadle.distributed.<module>`` after a bare ``import treadle``)."""
+    return import_submodule(__name__, name)
