@@ -81,3 +81,33 @@ def test_in_a_job_a_loader_worker_terminated_by_the_launcher_reads_as_a_lost_pee
     assert comm.peer_lost(RuntimeError("DataLoader worker (pid 22765) is killed by signal: Terminated. "))
     assert comm.peer_lost(RuntimeError("[gloo] Connection closed by peer"))
     assert not comm.peer_lost(RuntimeError("DataLoader worker (pid 1) is killed by signal: Segmentation fault. "))
+
+
+def test_a_torchrun_restart_that_cannot_connect_is_named_with_its_workaround_not_as_a_config_error(
+        monkeypatch, tmp_path, capsys):
+    """A restart under torchrun --max-restarts, whose rendezvous store is shared with the
+    workers, fails to connect the process group (the failed attempt's stale address): the
+    command line says so with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, status 1; no "config
+    error" (what torch raises is a RuntimeError, which a config's build took for one)."""
+    import torch.distributed as dist
+
+    from cli_support import TINY, run
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("Gloo connectFullMesh failed with [pair.cc:152] timed out connecting: SO_ERROR: "
+                           "Connection refused, remote=[127.0.0.1]:24478")
+    monkeypatch.setattr(dist, "init_process_group", refused)
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29555", "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "1",
+                       "TORCHELASTIC_USE_AGENT_STORE": "True"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    rc, _, err = run(capsys, "train", config, "--work-dir", tmp_path / "run", "--set", "strategy.type=ddp")
+    lines = [line for line in err.splitlines() if line.startswith("treadle train:")]
+    assert rc == 1 and len(lines) == 1, err
+    assert lines[0].startswith("treadle train: error: rank 0 could not connect the process group of 2 processes "
+                               "(Gloo connectFullMesh failed"), lines
+    assert "this is restart 1 of an elastic job" in lines[0] and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in lines[0]
+    assert "config error" not in err

@@ -99,12 +99,34 @@ def init_distributed(env: DistEnv | None = None, *, backend: str | None = None,
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
         kwargs["device_id"] = device  # binds the communicator eagerly: no lazy first-collective init
-    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    try:
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    except RuntimeError as e:  # the processes could not connect: not a configuration error
+        raise ProcessGroupError(_connect_failure(e, env)) from e
     # Free the group before the interpreter tears itself down (see shutdown()).
     atexit.register(_shutdown_at_exit)
     _control_group = dist.new_group(backend="gloo") if backend != "gloo" else None
     return device
+
+
+class ProcessGroupError(ConnectionError):
+    """The processes of the job could not connect into a process group (an OSError: a
+    failure of the run, status 1, not of its configuration)."""
+
+
+def _connect_failure(error: RuntimeError, env: DistEnv) -> str:
+    """The line for a process group that could not connect: the error's first line and,
+    on a restart of torchrun's that shares its rendezvous store, that known cause and its
+    workaround (treadle/distributed/env.py restart_store_hazard)."""
+    from treadle.distributed.env import restart_count
+
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    line = f"rank {env.rank} could not connect the process group of {env.world_size} processes ({first})"
+    hazard = restart_store_hazard()
+    if restart_count() > 0 and hazard is not None:
+        line += f"; this is restart {restart_count()} of an elastic job, and {hazard}"
+    return line
 
 
 def control_group() -> Any:
