@@ -143,6 +143,17 @@ def follow_on(line: str) -> int:
     return 1
 
 
+def job_warning(text: str) -> None:
+    """A warning every process of the job meets alike (a resume onto another layout of the
+    processes): said once, by rank 0."""
+    from treadle.distributed import comm
+
+    if (comm.get_rank() if comm.is_distributed() else _env_rank()) == 0:
+        from treadle.logging.writers import get_logger
+
+        get_logger().warning(text)
+
+
 def elsewhere() -> str | None:
     """Why another process's failure made this one stop, when the job knows: the stall
     the watch ended (its line), or the rank that failed first; None when no process said
@@ -215,4 +226,4 @@ def write_error_file(line: str, kind: str = "error", started: float | None = Non
 
 
 __all__ = ["AGENT_ENV", "KINDS", "agent_speaks", "claim", "elsewhere", "fail", "follow_on", "hear_from",
-           "install_excepthook", "spoken", "status_of", "use_store", "write_error_file"]
+           "install_excepthook", "job_warning", "spoken", "status_of", "use_store", "write_error_file"]

@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from treadle.checkpoint.rng import set_rng_state
 from treadle.data.feed import DataFeed
 from treadle.distributed.board import COLLECTIVE, DATA, EPOCH_END, EPOCH_START, HOOKS, ITER, PHASE, RUN, STEP, board
+from treadle.distributed.voice import job_warning
 from treadle.engine.eval_loop import EvalLoop
 from treadle.hooks.base import HookDispatcher
-from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
     from treadle.optim.wrapper import OptimWrapper
@@ -115,6 +115,21 @@ def _layout(pos: dict[str, Any]) -> tuple[int, int, int]:
     """``(processes, data shards, tp ranks per shard)`` of a saved position."""
     world = int(pos.get("world_size") or 1)
     return world, int(pos.get("data_world") or world), int(pos.get("tp") or 1)
+
+
+def epochs_by_iterations(state: "TrainState", pos: dict[str, Any]) -> int | None:
+    """An iteration-based run's ``max_epochs`` once resumed at ``pos``: the epochs done,
+    the open one, and those the iterations left take at this run's epoch length. (From
+    ``max_iters`` alone it would count the epochs done at another length as this one's:
+    a run saved by 2 processes and resumed by 1 read ``epoch 3/2``.)"""
+    length, max_iters = state.iters_per_epoch, state.max_iters
+    if not length or max_iters is None:
+        return state.max_epochs
+    left = max(max_iters - int(pos["iter"]), 0)
+    if pos.get("open"):
+        in_open = max(length - int(pos["batch_idx"]), 0)
+        return int(pos["epoch"]) + 1 + (-(-(left - in_open) // length) if left > in_open else 0)
+    return int(pos["epoch"]) + -(-left // length)
 
 
 def check_position(state: Any) -> None:
@@ -291,17 +306,17 @@ class TrainLoop:
         s = self.state
         s.epoch, s.iter, s.inner_iter = int(pos["epoch"]), int(pos["iter"]), int(pos["inner_iter"])
         saved_world, saved_data, saved_tp = _layout(pos)
+        # Every rank finds it alike: said once, by rank 0 (treadle/distributed/voice.py).
         if saved_world != self.world_size:
             # The sampler splits the data differently: keep the number of samples taken.
-            get_logger().warning(f"resuming a run saved by {saved_world} process(es) on {self.world_size}: "
-                                 "weights, optimizer and counters are exact; the rest of the open epoch's "
-                                 "order and the per-rank RNG streams cannot be, so they restart from the "
-                                 "same number of samples with fresh streams")
+            job_warning(f"resuming a run saved by {saved_world} process(es) on {self.world_size}: weights, optimizer "
+                        "and counters are exact; the rest of the open epoch's order and the per-rank RNG streams "
+                        "cannot be, so they restart from the same number of samples with fresh streams")
         elif (saved_data, saved_tp) != (self.data_world, self.tp):
-            get_logger().warning(f"resuming a run saved with {saved_data} data shard(s) x tp {saved_tp} on "
-                                 f"{self.data_world} x tp {self.tp}: weights, optimizer and counters are exact; the "
-                                 "rest of the open epoch's order and the per-rank RNG streams cannot be, so they "
-                                 "restart from the same number of samples with fresh streams")
+            job_warning(f"resuming a run saved with {saved_data} data shard(s) x tp {saved_tp} on {self.data_world} x "
+                        f"tp {self.tp}: weights, optimizer and counters are exact; the rest of the open epoch's "
+                        "order and the per-rank RNG streams cannot be, so they restart from the same number of "
+                        "samples with fresh streams")
         saved_batch, batch = pos.get("batch_size"), self.batch_size
         if not (isinstance(saved_batch, int) and isinstance(batch, int) and saved_batch > 0 and batch > 0):
             saved_batch = batch = 1  # unknown (older checkpoints): the per-process batch is assumed unchanged
@@ -312,6 +327,8 @@ class TrainLoop:
             self.feed.seed = int(pos["seed"])
         pos["rng"] = None
         self.resume_pos = pos
+        if not self.by_epoch:  # the epochs left, in this run's epoch length (another layout or batch size: another)
+            s.max_epochs = epochs_by_iterations(s, pos)
 
     def resume_rng(self, rng: dict[str, Any] | None) -> None:
         """The RNG states (a rank file's) to set exactly where the interrupted run took its
