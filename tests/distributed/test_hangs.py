@@ -72,3 +72,21 @@ def test_every_rank_stuck_ends_the_job_saying_where_each_is_and_blaming_none(tmp
     assert "forward, fail_fast_faults.py:" in verdicts[0], verdicts  # Net.forward when its Python runs
     assert "none is blamed: the job is ended (stall_timeout_s=8)" in verdicts[0], verdicts
     assert "process of rank" not in ours(out) and "Traceback" not in ours(out), out[-3000:]
+
+
+def test_the_flight_recorder_of_each_rank_is_dumped_and_named_in_the_line(tmp_path, monkeypatch):
+    """With torch's flight recorder on (switched on for NCCL; here for gloo, by its variable),
+    each rank whose Python runs dumps its last collectives where the line says, in torch's
+    format: rank 0 entered one collective more than rank 1, which it waits in."""
+    import pickle
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "200")
+    statuses, out, took = _hang(tmp_path, "nproc", [1], "sleep")
+    flight = tmp_path / "run" / "flight_recorder"
+    verdict = next(line for line in out.splitlines() if "rank 1 made no progress for" in line and "WARNING" not in line)
+    assert f"torch's flight recorder of each rank's last collectives: {flight} (python -m " \
+           f"torch.distributed.flight_recorder.fr_trace {flight})" in verdict, verdict
+    assert sorted(p.name for p in flight.iterdir()) == ["rank_0", "rank_1"]
+    last = {r: pickle.loads((flight / f"rank_{r}").read_bytes())["entries"][-1] for r in (0, 1)}
+    assert last[0]["collective_seq_id"] == last[1]["collective_seq_id"] + 1, last
+    assert last[0]["profiling_name"] == "gloo:all_reduce", last  # DDP's, in backward

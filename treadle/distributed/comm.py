@@ -19,8 +19,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from treadle.compat import FLIGHT_RECORDER_ENV
 from treadle.distributed.env import DistEnv, detect_launcher, restart_store_hazard
 
+#: The collectives torch's flight recorder keeps per process group under NCCL (its documentation's advice).
+FLIGHT_RECORDER_ENTRIES = 2000
 _control_group: Any = None  # gloo group for objects; None means the default group
 _data_group: Any = None  # gloo group of this rank's data-parallel peers; None: every rank (see set_data_group)
 _destroy_world: Callable[[], Any] | None = None  # see destroy_world_with
@@ -99,6 +102,8 @@ def init_distributed(env: DistEnv | None = None, *, backend: str | None = None,
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
         kwargs["device_id"] = device  # binds the communicator eagerly: no lazy first-collective init
+        if not any(key in os.environ for key in FLIGHT_RECORDER_ENV):  # the stall watch dumps it (sentinel.py)
+            os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = str(FLIGHT_RECORDER_ENTRIES)
     try:
         dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s), **kwargs)

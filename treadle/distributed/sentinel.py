@@ -39,7 +39,9 @@ from typing import IO, Any, Callable
 from treadle.distributed import board as boards
 from treadle.distributed import voice
 
-BOARD_FILE, STACK_FILE, WORK_DIR_FILE, HEARD_FILE = "board", "stacks.txt", "work_dir", "heard.json"
+BOARD_FILE, STACK_FILE, WORK_DIR_FILE, HEARD_FILE, FLIGHT_FILE = "board", "stacks.txt", "work_dir", "heard.json", "flight"
+#: Where, in the run's work_dir, each rank's flight record goes (``rank_<r>``, as torch's analyzer reads them).
+FLIGHT_DIR = "flight_recorder"
 
 
 def blind_after(period_s: float) -> float:
@@ -69,6 +71,8 @@ class RankWatch:
         given = [s for s in (warn_s, timeout_s, group_timeout_s) if s is not None]
         self.period_s = period_s if period_s is not None else min(max((min(given) if given else 300.0) / 20, 0.2), 2.0)
         self.blind_s = blind_after(self.period_s)
+        self.rank, self._job = rank, store[2].strip("/").replace("/", "-")
+        self._work_dir: str | None = None
         self.dir = tempfile.mkdtemp(prefix=f"treadle-watch-{rank}-")
         boards.share(os.path.join(self.dir, BOARD_FILE))
         self.board = boards.board()
@@ -94,6 +98,7 @@ class RankWatch:
         the job)."""
         self._progress = progress
         if work_dir is not None:
+            self._work_dir = str(work_dir)
             with open(os.path.join(self.dir, WORK_DIR_FILE), "w") as f:
                 f.write(str(work_dir))
 
@@ -111,6 +116,7 @@ class RankWatch:
             ask = b[boards.ASK]
             if ask != b[boards.ANSWERED]:
                 write_stack(self._stacks, sys._current_frames().get(main), main)
+                self._dump_flight_record()
                 b[boards.ANSWERED] = ask
             progress = self._progress
             if progress is not None:
@@ -123,6 +129,31 @@ class RankWatch:
                     b[boards.STEPS] += 1
             if b[boards.END]:
                 end_now()
+
+    def _dump_flight_record(self) -> None:
+        """With torch's flight recorder on (NCCL's, switched on by comm.init_distributed),
+        this rank's record of its last collectives, to ``<work_dir>/flight_recorder/rank_<r>``
+        (a temporary directory of the job's without a work_dir); where it went, for the
+        line that ends the job."""
+        from treadle.compat import dump_flight_record, flight_recorder_on
+
+        if not flight_recorder_on():
+            return
+        data = dump_flight_record()
+        if not data:
+            return
+        where = os.path.join(self._work_dir, FLIGHT_DIR) if self._work_dir else \
+            os.path.join(tempfile.gettempdir(), f"treadle-{FLIGHT_DIR}-{self._job}")
+        try:
+            os.makedirs(where, exist_ok=True)
+            path = os.path.join(where, f"rank_{self.rank}")
+            with open(path + ".tmp", "wb") as f:
+                f.write(data)
+            os.replace(path + ".tmp", path)
+            with open(os.path.join(self.dir, FLIGHT_FILE), "w") as f:
+                f.write(where)
+        except OSError:  # a full or read-only disk: the stack and the line still come
+            pass
 
     def stop(self) -> None:
         """Stop the sentinel and the helper thread; the board becomes private again."""
@@ -253,7 +284,16 @@ class _Rank:
             return ""
         from treadle.engine.run_dir import saved_note
 
-        return saved_note(work_dir)
+        note = saved_note(work_dir)
+        try:
+            with open(os.path.join(self.dir, FLIGHT_FILE)) as f:
+                flight = f.read().strip()
+        except OSError:
+            flight = os.path.join(work_dir, FLIGHT_DIR) if os.path.isdir(os.path.join(work_dir, FLIGHT_DIR)) else ""
+        if flight:
+            note += (f"; torch's flight recorder of each rank's last collectives: {flight} (python -m "
+                     f"torch.distributed.flight_recorder.fr_trace {flight})")
+        return note
 
 
 def _say(rank: _Rank) -> Callable[[str], None]:
