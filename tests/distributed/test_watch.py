@@ -214,6 +214,13 @@ class Job:
         self.board[boards.BEAT] += 1
         self.watch.tick(now)
 
+    def warning_after(self, seconds: float) -> str:
+        """The warning of a look ``seconds`` after a first one, nothing having moved."""
+        self.tick(1000.0)
+        self.tick(1000.0 + seconds)
+        assert self.said, f"nothing said after {seconds} s"
+        return self.said[0]
+
     def record(self, rank: int, moves: int, it: int, phase: str, inner: str = "", collective: str = "",
                detail: str = "", stack: str | None = None, blind: bool = False) -> None:
         self.store.set(f"r{rank}", json.dumps({"a": True, "it": it, "ph": phase, "f": inner, "d": detail,
@@ -250,9 +257,8 @@ def test_the_rank_behind_is_named_with_its_stack_then_ended_and_the_waiting_ones
 def test_a_rank_whose_python_does_not_run_is_named_so():
     job = Job(world=2)
     job.record(1, 7, 4, "step", "forward", detail="_sleep, faults.py:9", blind=True)
-    job.tick(1000.0)
-    job.tick(1011.0)
-    assert job.said[0].startswith("stall: rank 1 has made no progress for 11 s, in forward at iteration 5 (_sleep, "
+    assert job.warning_after(11).startswith("stall: rank 1 has made no progress for 11 s, in forward at iteration 5 ("
+                                            "_sleep, "
                                   "faults.py:9); its Python does not run: native code holding the GIL?; rank 0 "
                                   "waits"), job.said
 
@@ -299,9 +305,8 @@ def test_ranks_all_asleep_at_one_place_are_ended_at_the_deadline_blaming_none():
     stall_timeout_s, its line says where each rank is and blames none."""
     job = Job(world=2, place=Place("forward", "_sleep, faults.py:9"))
     job.record(1, 3, 4, "step", "forward", detail="_sleep, faults.py:9")
-    job.tick(1000.0)
-    job.tick(1011.0)
-    assert job.said[0].startswith("stall: no rank has made progress for 11 s: all 2 ranks in forward at iteration 5 "
+    assert job.warning_after(11).startswith("stall: no rank has made progress for 11 s: all 2 ranks in forward at "
+                                            "iteration 5 "
                                   "(_sleep, faults.py:9) (not one rank behind the others: none is blamed); the job "
                                   "ends 19 s from now"), job.said
     job.tick(1031.0)
@@ -318,9 +323,8 @@ def test_ranks_stuck_at_different_places_are_each_said():
     job = Job(world=3, place=Place("forward", "a, x.py:1"))
     job.record(1, 3, 4, "step", "forward", detail="b, y.py:2")
     job.record(2, 3, 4, "step", "forward", detail="a, x.py:1")
-    job.tick(1000.0)
-    job.tick(1011.0)
-    assert job.said[0].startswith("stall: no rank has made progress for 11 s: ranks 0 and 2 in forward at iteration 5 "
+    assert job.warning_after(11).startswith("stall: no rank has made progress for 11 s: ranks 0 and 2 in forward at "
+                                            "iteration 5 "
                                   "(a, x.py:1); rank 1 in forward at iteration 5 (b, y.py:2) (not one"), job.said
 
 
@@ -338,17 +342,14 @@ def test_the_judge_waits_for_the_stacks_then_goes_without():
 def test_a_rank_waiting_in_a_collective_is_ahead_of_one_working_in_the_same_phase():
     job = Job(world=2, phase="checkpoint", place=Place())  # rank 0 writes the checkpoint
     job.record(1, 3, 4, "checkpoint", collective="barrier")  # rank 1 waits for it
-    job.tick(1000.0)
-    job.tick(1011.0)
-    assert job.said[0].startswith("stall: rank 0 has made no progress for 11 s, in checkpoint"), job.said
+    assert job.warning_after(11).startswith("stall: rank 0 has made no progress for 11 s, in checkpoint"), job.said
 
 
 def test_a_rank_stuck_in_a_collective_inside_forward_is_behind_one_in_backward():
     job = Job(world=2)
     job.record(1, 3, 4, "step", "forward", collective="barrier")
-    job.tick(1000.0)
-    job.tick(1011.0)
-    assert job.said[0].startswith("stall: rank 1 has made no progress for 11 s, in forward at iteration 5, waiting "
+    assert job.warning_after(11).startswith("stall: rank 1 has made no progress for 11 s, in forward at iteration 5, "
+                                            "waiting "
                                   "in torch.distributed's barrier"), job.said
 
 

@@ -208,7 +208,8 @@ def open_job_store() -> tuple[str, int, str]:
     from treadle.distributed.env import restart_count
 
     token = broadcast_object(secrets.token_hex(4) if get_rank() == 0 else None)
-    host, port, prefix = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), f"treadle/{restart_count()}/{token}/"
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    prefix = f"treadle/{restart_count()}/{token}/"
     client = dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=30))
     voice.use_store(dist.PrefixStore(prefix, client), get_rank())
     voice.install_excepthook()

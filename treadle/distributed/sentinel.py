@@ -39,7 +39,9 @@ from typing import IO, Any, Callable
 from treadle.distributed import board as boards
 from treadle.distributed import voice
 
-BOARD_FILE, STACK_FILE, WORK_DIR_FILE, HEARD_FILE, FLIGHT_FILE = "board", "stacks.txt", "work_dir", "heard.json", "flight"
+#: A rank's watch directory: its board, its stacks, its work_dir, what the job said, where its flight record went.
+BOARD_FILE, STACK_FILE, WORK_DIR_FILE, HEARD_FILE, FLIGHT_FILE = "board", "stacks.txt", "work_dir", "heard.json", \
+    "flight"
 #: Where, in the run's work_dir, each rank's flight record goes (``rank_<r>``, as torch's analyzer reads them).
 FLIGHT_DIR = "flight_recorder"
 
@@ -56,7 +58,8 @@ def write_stack(out: IO[str], frame: FrameType | None, ident: int) -> None:
     lines = [f"Thread 0x{ident:016x} (most recent call first):"]
     while frame is not None:
         code = frame.f_code
-        lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {getattr(code, "co_qualname", code.co_name)}')
+        name = getattr(code, "co_qualname", code.co_name)
+        lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {name}')
         frame = frame.f_back
     out.write("\n".join(lines) + "\n\n")
     out.flush()

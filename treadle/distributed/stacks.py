@@ -124,7 +124,8 @@ def format_stack(frames: list[Frame] | None, places: Places, limit: int = 24) ->
     if not frames:
         return "  (no Python frame)"
     loops = places.treadle + "engine/"
-    start = next((i for i, f in enumerate(frames) if f.file.startswith(loops) and "loop" in os.path.basename(f.file)), 0)
+    start = next((i for i, f in enumerate(frames)
+                  if f.file.startswith(loops) and "loop" in os.path.basename(f.file)), 0)
     lines = []
     for f in frames[start:][-limit:]:
         lines.append(f'  File "{f.file}", line {f.line}, in {f.name}')

@@ -294,7 +294,8 @@ class Sentinel:
         if self.timeout_s is not None and self.deadline_s == self.timeout_s:
             return f"stall_timeout_s={self.timeout_s:g}"
         if ending:
-            return f"before the process group's timeout_s={self.group_timeout_s:g} would end it, blaming a rank that waits"
+            return (f"before the process group's timeout_s={self.group_timeout_s:g} would end it, blaming a rank that "
+                    "waits")
         return f"the process group's timeout_s={self.group_timeout_s:g} is near"
 
     def _others(self, records: dict[int, dict[str, Any]], stuck: list[int]) -> str:
@@ -302,7 +303,8 @@ class Sentinel:
         for r, rec in records.items():
             if r not in stuck:
                 waiting.setdefault(_where(rec, detail=False) if rec.get("a") else "done with the run", []).append(r)
-        return "; ".join(f"{rank_list(rs)} wait{'s' if len(rs) == 1 else ''} ({where})" for where, rs in waiting.items())
+        return "; ".join(f"{rank_list(rs)} wait{'s' if len(rs) == 1 else ''} ({where})"
+                         for where, rs in waiting.items())
 
     def _warn(self, records: dict[int, dict[str, Any]], stuck: list[int], quiet: float) -> None:
         if len(stuck) == self.world_size:
@@ -312,8 +314,9 @@ class Sentinel:
             head = (f"stall: {rank_list(stuck)} {'has' if len(stuck) == 1 else 'have'} made no progress for "
                     f"{_seconds(quiet)}, {_places_of(records, stuck)}; {self._others(records, stuck)}")
         if self.deadline_s is not None:
-            head += (f"; ending the job ({self._why(False)})" if quiet >= self.deadline_s else
-                     f"; the job ends {_seconds(self.deadline_s - quiet)} from now unless it moves ({self._why(False)})")
+            why = self._why(False)
+            head += (f"; ending the job ({why})" if quiet >= self.deadline_s else
+                     f"; the job ends {_seconds(self.deadline_s - quiet)} from now unless it moves ({why})")
         stacks = []
         for r in stuck[:4]:
             text = self.store.get(f"stack{r}").decode() if self.store.check([f"stack{r}"]) else "  (no stack)"
