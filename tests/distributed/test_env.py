@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from treadle.distributed.env import DistEnv, detect_launcher, first_slurm_host
@@ -111,3 +113,36 @@ def test_a_torchrun_restart_that_cannot_connect_is_named_with_its_workaround_not
                                "(Gloo connectFullMesh failed"), lines
     assert "this is restart 1 of an elastic job" in lines[0] and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in lines[0]
     assert "config error" not in err
+
+
+@pytest.mark.parametrize("given, expected", [({}, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}),
+                                             ({"TORCH_FR_BUFFER_SIZE": "0"}, {"TORCH_FR_BUFFER_SIZE": "0"})])
+def test_under_nccl_the_flight_recorder_is_switched_on_unless_set(monkeypatch, given, expected):
+    """The process group's set-up under NCCL switches torch's flight recorder on (the stall
+    watch dumps it, treadle/distributed/sentinel.py), unless its variables are set; what the
+    set-up sees is checked here with CUDA and the group faked (a GPU run does it for real)."""
+    import torch
+    import torch.distributed as dist
+
+    from treadle.distributed import comm
+    from treadle.distributed.env import DistEnv
+
+    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in given.items():
+        monkeypatch.setenv(key, value)
+    seen: dict[str, str | None] = {}
+
+    def init(backend, **kwargs):
+        seen.update({k: os.environ.get(k) for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")},
+                    backend=backend)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(dist, "init_process_group", init)
+    monkeypatch.setattr(dist, "new_group", lambda **kwargs: None)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(comm, "_control_group", None)
+    comm.init_distributed(DistEnv("torchrun", 0, 2, 0, 2, "127.0.0.1", 29500))
+    assert seen.pop("backend") == "nccl"
+    assert {k: v for k, v in seen.items() if v is not None} == expected
