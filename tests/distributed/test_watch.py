@@ -92,6 +92,14 @@ class BlockingHook(treadle.Hook):
     def __init__(self, gate: Gate, point: str) -> None:
         self.gate, self.point = gate, point
 
+    def before_train(self, trainer) -> None:
+        if self.point == "before_train":
+            self.gate.reached.set(); self.gate.go.wait(30)  # noqa: E702
+
+    def after_train(self, trainer) -> None:
+        if self.point == "after_train":
+            self.gate.reached.set(); self.gate.go.wait(30)  # noqa: E702
+
     def after_train_iter(self, trainer, batch, outputs) -> None:
         if self.point == "hook":
             self.gate.reached.set(); self.gate.go.wait(30)  # noqa: E702
@@ -116,7 +124,7 @@ def _where_it_blocks(tmp_path, where: str) -> tuple[str, int, Place]:
         BlockingSGD.gate = gate
     elif where == "data":
         kw["train_dataloader"] = DataLoader(BlockingData(gate), batch_size=4)
-    elif where in ("hook", "checkpoint"):
+    elif where in ("hook", "checkpoint", "before_train", "after_train"):
         kw["hooks"] = [BlockingHook(gate, where)]
     elif where == "validation":
         kw["val_dataloader"] = DataLoader(BlockingData(gate), batch_size=4)
@@ -157,6 +165,8 @@ def _where_it_blocks(tmp_path, where: str) -> tuple[str, int, Place]:
     ("hook", "hooks", 0, "", "BlockingHook.after_train_iter"),
     ("checkpoint", "checkpoint", 1, "", "BlockingHook.after_train_iter.<locals>.blocking_writer"),
     ("validation", "validation", 1, "", "BlockingData.__getitem__"),
+    ("before_train", "before_train", 0, "", "BlockingHook.before_train"),
+    ("after_train", "after_train", 3, "", "BlockingHook.after_train"),
 ])
 def test_the_loop_writes_its_phase_and_the_stack_says_the_rest(tmp_path, where, phase, it, inner, detail):
     """The phase and iteration come from the loops' writes on the board (no source file is

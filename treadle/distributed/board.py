@@ -23,8 +23,10 @@ import mmap
 import os
 
 #: Phase codes, as the loops write them, by name (the index is the code).
-PHASES = ("run", "epoch start", "data", "step", "hooks", "checkpoint", "collective", "epoch end", "validation", "test")
-RUN, EPOCH_START, DATA, STEP, HOOKS, CHECKPOINT, COLLECTIVE, EPOCH_END, VALIDATION, TEST = range(len(PHASES))
+PHASES = ("run", "epoch start", "data", "step", "hooks", "checkpoint", "collective", "epoch end", "validation", "test",
+          "before_train", "after_train")
+(RUN, EPOCH_START, DATA, STEP, HOOKS, CHECKPOINT, COLLECTIVE, EPOCH_END, VALIDATION, TEST, BEFORE_TRAIN,
+ AFTER_TRAIN) = range(len(PHASES))
 
 #: Slot indices.
 PHASE, ITER, EVAL, STEPS, ACTIVE, BEAT, END, ASK, ANSWERED = range(9)

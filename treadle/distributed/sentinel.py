@@ -341,14 +341,17 @@ def main(argv: list[str] | None = None) -> int:
                      timeout_s=args["timeout_s"], group_timeout_s=args["group_timeout_s"], period_s=args["period_s"],
                      take_stack=rank.stack, moved=rank.moved, end_rank=rank.end, heard=rank.heard, say=_say(rank),
                      saved=rank.saved)
-    while rank.alive() and not watch.done:
-        try:
+    try:
+        while rank.alive() and not watch.done:
             watch.tick()
-        except Exception:  # the store is gone (the process serving it ended): the job is ending
-            if os.environ.get("TREADLE_DEBUG_SENTINEL"):
-                raise
-            return 0
-        time.sleep(watch.period_s)
+            time.sleep(watch.period_s)
+    except Exception:  # the store is gone (the process serving it ended): the job is ending
+        pass
+    deadline = time.monotonic() + 3.0
+    while watch.done and rank.alive() and time.monotonic() < deadline:  # ended by this sentinel: going
+        time.sleep(0.05)
+    if not rank.alive():  # it ended without stopping its watch (killed, or ended by this sentinel): tidy up after it
+        shutil.rmtree(args["dir"], ignore_errors=True)
     return 0
 
 

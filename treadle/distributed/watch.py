@@ -46,9 +46,10 @@ from treadle.distributed.stacks import Frame, Place, Places, format_stack
 #: waits for what comes earlier). ``collective`` (the ranks agreeing after an iteration),
 #: the epoch's end and validation come after the loop counted the iteration done: their
 #: iteration is one less (:func:`_key`).
-_ORDER = {"run": 0, "epoch start": 0, "data": 1, "step": 2, "forward": 2, "compile": 2, "backward": 3, "optimizer": 4,
-          "hooks": 5, "checkpoint": 5, "collective": 6, "epoch end": 7, "validation": 8, "test": 8}
-_AFTER_COUNT = ("collective", "epoch end", "validation", "test")
+_ORDER = {"run": 0, "before_train": 0, "epoch start": 0, "data": 1, "step": 2, "forward": 2, "compile": 2, "backward": 3,
+          "optimizer": 4, "hooks": 5, "checkpoint": 5, "collective": 6, "epoch end": 7, "validation": 8, "test": 8,
+          "after_train": 9}
+_AFTER_COUNT = ("collective", "epoch end", "validation", "test", "after_train")
 _BLIND = "its Python does not run: native code holding the GIL?"
 
 

@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from treadle.checkpoint.rng import set_rng_state
 from treadle.data.feed import DataFeed
-from treadle.distributed.board import COLLECTIVE, DATA, EPOCH_END, EPOCH_START, HOOKS, ITER, PHASE, RUN, STEP, board
+from treadle.distributed.board import (AFTER_TRAIN, BEFORE_TRAIN, COLLECTIVE, DATA, EPOCH_END, EPOCH_START, HOOKS, ITER,
+                                       PHASE, RUN, STEP, board)
 from treadle.distributed.voice import job_warning
 from treadle.engine.eval_loop import EvalLoop
 from treadle.hooks.base import HookDispatcher
@@ -192,7 +193,7 @@ class TrainLoop:
             for ow in self.optim_wrappers.values():
                 ow.start_run(s.max_iters - s.iter if s.max_iters else None)
         place = board()
-        place[ITER], place[PHASE] = s.iter, RUN
+        place[ITER], place[PHASE] = s.iter, BEFORE_TRAIN
         self.hooks.call("before_train", t)
         if self.resume_pos and not self.resume_pos["open"]:
             self._restore_rng(self.resume_pos)  # resuming between epochs: the next batch is near
@@ -224,8 +225,9 @@ class TrainLoop:
             self._close_epoch(complete=feed.length is not None and feed.batch_idx >= feed.length)
         if self._done():  # nothing left but after_train (a stop keeps its place: a due validation stays due)
             self.phase, self.phase_base = len(self.workflow), self._units_done()
-        place[PHASE] = RUN
+        place[PHASE] = AFTER_TRAIN
         self.hooks.call("after_train", t)
+        place[PHASE] = RUN
         s.mode = "idle"
 
     def _start_point(self) -> tuple[int, int]:
