@@ -129,6 +129,10 @@ def test_under_nccl_the_flight_recorder_is_switched_on_unless_set(monkeypatch, g
 
     for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(key, raising=False)
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29500", "TORCH_NCCL_TRACE_BUFFER_SIZE": "x"}.items():
+        monkeypatch.setenv(key, value)  # the set-up writes these: put back as they were after the test
+    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE")
     for key, value in given.items():
         monkeypatch.setenv(key, value)
     seen: dict[str, str | None] = {}

@@ -226,9 +226,9 @@ class StrategyAPI:
         return items[0] if len(items) == 1 else tuple(items)
 
     def _watch_steps(self) -> None:
-        """A hand-written loop's progress, for the stall watch (treadle/distributed/watch.py):
-        its optimizer steps, read from the watcher thread (the Trainer follows its own
-        counters instead)."""
+        """A hand-written loop's progress, for the stall watch (treadle/distributed/sentinel.py):
+        its optimizer steps, read by the watch's helper thread (the Trainer's loops write
+        where they are themselves)."""
         watch = comm.stall_watch()
         if watch is None:
             return
