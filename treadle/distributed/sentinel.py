@@ -88,10 +88,12 @@ class RankWatch:
         args = {"host": store[0], "port": store[1], "prefix": store[2], "rank": rank, "world_size": world_size,
                 "pid": os.getpid(), "dir": self.dir, "ident": threading.main_thread().ident, "warn_s": warn_s,
                 "timeout_s": timeout_s, "group_timeout_s": group_timeout_s, "period_s": self.period_s}
-        # torch's C++ warnings of a store whose server ended with its rank are not the job's to say.
+        # torch's C++ warnings of a store whose server ended with its rank are not the job's to say. A
+        # session of its own: a Ctrl-C (or a launcher's signal) to the job's process group is its rank's
+        # to handle; the sentinel goes when its rank does.
         env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
         self.process = subprocess.Popen([sys.executable, "-m", "treadle.distributed.sentinel", json.dumps(args)],
-                                        stdin=subprocess.DEVNULL, close_fds=True, env=env)
+                                        stdin=subprocess.DEVNULL, close_fds=True, env=env, start_new_session=True)
         voice.hear_from(os.path.join(self.dir, HEARD_FILE))
 
     def follow(self, progress: Callable[[], Any] | None = None, work_dir: Any = None) -> None:

@@ -1,6 +1,7 @@
-"""A rank's Python stack as its stall watch reads it: dumped by ``faulthandler`` (from C,
-whether or not the training thread holds the GIL), parsed here, and read for what
-the phase the loop wrote does not say (forward, backward or optimizer inside a step;
+"""A rank's Python stack as its stall watch reads it: written in ``faulthandler``'s format
+by the rank's helper thread, or by ``faulthandler``'s watchdog itself (from C, when the
+training thread holds the GIL; treadle/distributed/sentinel.py), parsed here, and read for
+what the phase the loop wrote does not say (forward, backward or optimizer inside a step;
 the innermost frame of the user's code; the ``torch.distributed`` call it waits in).
 
 The dump is ``faulthandler``'s format: for each thread ``Thread 0x<id> (most recent call

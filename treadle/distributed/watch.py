@@ -10,10 +10,11 @@ phase change, its phase and iteration into a few integers the sentinel maps
 publishes its rank's record to the key-value store every rank reaches (the one the
 process group was set up through: torchrun's agent's, else rank 0's, served by a thread
 that needs no Python), keyed by global rank. When its rank has not moved for a while,
-it asks the rank for its stack: ``faulthandler`` dumps it from C, whether the training
-thread waits in a collective or holds the GIL in native code (treadle/distributed/stacks.py);
-the stack says what the phase does not (forward, backward or optimizer inside a step, the
-line of the user's code, the ``torch.distributed`` call it waits in).
+it asks for the rank's stack: the rank's helper thread writes it when the training thread
+waits with the GIL free, and ``faulthandler``'s watchdog (a thread in C) has written it
+when the training thread holds the GIL in native code (treadle/distributed/stacks.py reads
+both); the stack says what the phase does not (forward, backward or optimizer inside a
+step, the line of the user's code, the ``torch.distributed`` call it waits in).
 
 Rank 0's sentinel judges the job. When no rank has moved for ``warn_s`` seconds while a
 run is active, the rank(s) furthest behind (the lowest iteration, then the earliest phase
