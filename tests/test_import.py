@@ -105,3 +105,13 @@ def test_the_seeding_example_of_the_docs_runs_after_a_bare_import():
     code = "import treadle, torch\ntreadle.seeding.seed_everything(0)\nprint(torch.initial_seed())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "0", out.stderr[-2000:]
+
+
+def test_the_voice_of_a_failing_job_needs_no_torch():
+    """A configuration error found before torch is imported is said once for the job
+    (treadle/distributed/voice.py) without importing it."""
+    code = ("import sys\nimport treadle.distributed.voice as voice\nfrom treadle.distributed import DistEnv\n"
+            "assert voice.fail('treadle train: config error: x', 'config') == 2\nprint('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+    assert out.stderr.strip() == "treadle train: config error: x"
