@@ -34,27 +34,30 @@ class Numbers(Dataset):
 
 class Net(nn.Module):
     """Raises in its ``raise_at``-th training forward on rank ``raise_on`` (-1: never);
-    hangs in its ``hang_at``-th one on rank ``hang_on``: ``hang="sleep"`` sleeps forever,
+    hangs in its ``hang_at``-th one on rank ``hang_on`` (or each rank of a list):
+    ``hang="sleep"`` sleeps forever, ``"gil"`` sleeps in native code that holds the GIL
+    (libc's sleep through ``ctypes.PyDLL``: no other thread of the process runs Python),
     ``"collective"`` enters a barrier of a group of every rank that the others never enter,
     ``"exit"`` ends the process with ``os._exit(3)`` (no Python error). Writes the time of
     the fault to ``<mark>.rank<r>`` when ``mark`` is given."""
 
-    def __init__(self, raise_on: int = -1, raise_at: int = 8, hang_on: int = -1, hang_at: int = 5,
+    def __init__(self, raise_on: int = -1, raise_at: int = 8, hang_on: int | list[int] = -1, hang_at: int = 5,
                  hang: str = "sleep", mark: str = "") -> None:
         super().__init__()
         self.fc = nn.Linear(6, 3)
         self.raise_on, self.raise_at, self.calls = raise_on, raise_at, 0
-        self.hang_on, self.hang_at, self.hang, self.mark = hang_on, hang_at, hang, mark
+        self.hang_on = list(hang_on) if isinstance(hang_on, (list, tuple)) else [hang_on]
+        self.hang_at, self.hang, self.mark = hang_at, hang, mark
         self.group = None
 
     def forward(self, x):
         if self.hang == "collective" and self.group is None and self.training:  # every rank's first forward
             self.group = torch.distributed.new_group(backend="gloo")
-        if self.training and _rank() in (self.raise_on, self.hang_on):
+        if self.training and (_rank() == self.raise_on or _rank() in self.hang_on):
             self.calls += 1
             if self.calls == self.raise_at and _rank() == self.raise_on:
                 raise ValueError(f"bad sample on rank {self.raise_on} (simulated)")
-            if self.calls == self.hang_at and _rank() == self.hang_on:
+            if self.calls == self.hang_at and _rank() in self.hang_on:
                 if self.mark:
                     with open(f"{self.mark}.rank{_rank()}", "w") as f:
                         f.write(str(time.time()))
@@ -62,6 +65,11 @@ class Net(nn.Module):
                     os._exit(3)
                 if self.hang == "collective":
                     torch.distributed.barrier(group=self.group)
+                if self.hang == "gil":
+                    import ctypes
+
+                    while True:  # (a signal may cut one sleep short)
+                        ctypes.PyDLL(None).sleep(ctypes.c_uint(100000))
                 time.sleep(10**9)
         return self.fc(x)
 

@@ -73,3 +73,45 @@ def test_every_hook_type_a_config_names_is_importable_from_treadle_hooks():
     for name, cls in HOOKS.items():
         assert getattr(treadle.hooks, name) is cls, name
     assert set(HOOKS) <= set(treadle.hooks.__all__)
+
+
+def _documented_names() -> list[str]:
+    """Every dotted name ``treadle.x.y`` the documentation writes: the API reference's
+    ``::: name`` entries and the names in the other pages' text and examples."""
+    import re
+
+    names = set()
+    for page in (ROOT / "docs").rglob("*.md"):
+        for match in re.finditer(r"(?<![\w./-])treadle(?:\.[A-Za-z_]\w*)+", page.read_text()):
+            names.add(match.group(0))
+    return sorted(names)
+
+
+@pytest.mark.parametrize("order", ["forward", "backward"])
+def test_every_dotted_name_the_documentation_writes_resolves_after_a_bare_import(order):
+    """Each name resolves attribute by attribute after ``import treadle`` alone, whatever
+    was resolved before it (both orders; the modules load on first use)."""
+    names = _documented_names()
+    assert "treadle.seeding.seed_everything" in names and "treadle.checkpoint.sharded.consolidate" in names
+    names = names if order == "forward" else names[::-1]
+    probe = ("import json, sys, treadle\nbad = []\nfor name in sys.argv[1:]:\n    obj = treadle\n    try:\n"
+             "        for part in name.split('.')[1:]:\n            obj = getattr(obj, part)\n"
+             "    except AttributeError as e:\n        bad.append(f'{name}: {e}')\nprint(json.dumps(bad))")
+    out = subprocess.run([sys.executable, "-c", probe, *names], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_seeding_example_of_the_docs_runs_after_a_bare_import():
+    code = "import treadle, torch\ntreadle.seeding.seed_everything(0)\nprint(torch.initial_seed())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "0", out.stderr[-2000:]
+
+
+def test_the_voice_of_a_failing_job_needs_no_torch():
+    """A configuration error found before torch is imported is said once for the job
+    (treadle/distributed/voice.py) without importing it."""
+    code = ("import sys\nimport treadle.distributed.voice as voice\nfrom treadle.distributed import DistEnv\n"
+            "assert voice.fail('treadle train: config error: x', 'config') == 2\nprint('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+    assert out.stderr.strip() == "treadle train: config error: x"

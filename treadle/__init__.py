@@ -32,7 +32,8 @@ _PUBLIC = {
     "Trainer": "treadle.engine.trainer",
     "build_strategy": "treadle.strategies.build",
 }
-# Subpackages reachable as attributes (``treadle.hooks.ProgressBarHook``) without an import of their own.
+# Subpackages reachable as attributes (``treadle.hooks.ProgressBarHook``) without an import of their own;
+# every other module too (treadle/lazy.py), and each package's modules in turn.
 _SUBPACKAGES = ("checkpoint", "config", "data", "distributed", "engine", "hooks", "logging", "optim", "strategies")
 
 if TYPE_CHECKING:
@@ -57,8 +58,10 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_PUBLIC[name]), name)
     elif name in _SUBPACKAGES:
         value = importlib.import_module(f"treadle.{name}")
-    else:
-        raise AttributeError(f"module 'treadle' has no attribute {name!r}")
+    else:  # any other module (treadle.seeding, treadle.report), as the documentation names it
+        from treadle.lazy import import_submodule
+
+        value = import_submodule(__name__, name)
     globals()[name] = value  # later uses are a plain attribute read
     return value
 

@@ -192,8 +192,10 @@ def _train(args: argparse.Namespace) -> int:
     if cfg["work_dir"] is None:
         cfg["work_dir"] = str(Path("runs") / Path(args.config).stem)
     if args.nproc > 1:  # the config is checked above; each process builds its own trainer
+        from treadle.config.launch import check_launch
         from treadle.distributed.launch import launch_local
 
+        check_launch(cfg, args.nproc)  # what would fail in every process once started: refused here, once
         print(_nproc_note(cfg, args.nproc))
 
         argv = _worker_argv(sys.argv[1:] if args.argv is None else args.argv)
@@ -491,27 +493,17 @@ def _full_traceback(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "debug", False)) or os.environ.get(FULL_TRACEBACK_ENV, "") not in ("", "0")
 
 
-def _fail(args: argparse.Namespace, err: Exception, status: int = 2, tell_peers: bool = True) -> int:
+def _fail(args: argparse.Namespace, err: Exception, status: int = 2) -> int:
     from treadle.config import ConfigError
+    from treadle.distributed import voice
 
     if _full_traceback(args):
         traceback.print_exception(err)
     source = (err.source or getattr(args, "config", None)) if isinstance(err, ConfigError) else None
     where = f"{source}: " if source else ""
     kind = "config error" if isinstance(err, ConfigError) else "error"
-    line = f"treadle {args.command}: {kind}: {where}{err}"
-    print(line, file=sys.stderr)
-    if tell_peers:
-        _tell_peers(line)
-    return status
-
-
-def _tell_peers(line: str) -> None:
-    """This process failed with ``line``, which it printed: its peers (whose collectives
-    fail next) and the launcher learn that the error is this rank's and was shown."""
-    from treadle.distributed import comm
-
-    comm.note_failure(line)
+    # Said once for the job (treadle/distributed/voice.py); status 2 is bad input, whichever rank met it first.
+    return voice.fail(f"treadle {args.command}: {kind}: {where}{err}", "config" if status == 2 else "error")
 
 
 def _user_frame(error: BaseException) -> traceback.FrameSummary | None:
@@ -548,9 +540,9 @@ def _fail_run(args: argparse.Namespace, failure: RunFailure) -> int:
         lines.append(f"  at {frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}")
     where = f"in {failure.text_log}; " if failure.text_log is not None else ""
     lines.append(f"  full traceback: {where}--debug or {FULL_TRACEBACK_ENV}=1 prints it here")
-    print("\n".join(lines), file=sys.stderr)
-    _tell_peers(lines[0])
-    return 1
+    from treadle.distributed import voice
+
+    return voice.fail("\n".join(lines))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -579,7 +571,7 @@ def _early_config_error(args: argparse.Namespace) -> int:
     try:
         check_early(args.config, args.overrides, safe=args.safe)
     except ConfigError as e:
-        return _fail(args, e, tell_peers=False)
+        return _fail(args, e)
     return 0
 
 
@@ -590,12 +582,13 @@ def _run_command(args: argparse.Namespace) -> int:
 
     try:
         status = _guarded(args)
-    except Exception as e:  # uncaught: Python prints its traceback; the launcher learns it was printed
-        from treadle.distributed.watch import write_error_file
+    except Exception as e:  # uncaught: its traceback, said once for the job (one process: Python prints it)
+        from treadle.distributed import voice
 
         comm.mark_failed()
-        write_error_file(f"{type(e).__name__}: {e}", "error")
-        raise
+        if not (comm.is_distributed() or voice.agent_speaks()):
+            raise
+        return voice.fail("".join(traceback.format_exception(e)).rstrip("\n"))
     if status != 0:
         comm.mark_failed()
     return status
@@ -616,12 +609,11 @@ def _guarded(args: argparse.Namespace) -> int:
             return _timed_out(args, e.error)  # type: ignore[arg-type]  # collective_timed_out: a RuntimeError
         return _fail_run(args, e)
     except RunStopped as e:  # a dead loader worker, a full disk met by a log writer: one line, status 1
+        from treadle.distributed import voice
+
         if _full_traceback(args):
             traceback.print_exception(e.error)
-        line = f"treadle {args.command}: error: {e.line}"
-        print(line, file=sys.stderr)
-        _tell_peers(line)
-        return 1
+        return voice.fail(f"treadle {args.command}: error: {e.line}")
     except CheckpointWriteError as e:  # disk full or another OS error at a save (sync or async): a run-time failure
         return _fail(args, e, status=1)
     except (ConfigError, UsageError, CheckpointError, WorkDirBusyError) as e:  # e.g. a resume that does not fit
@@ -647,38 +639,30 @@ def _guarded(args: argparse.Namespace) -> int:
 
 
 def _peer_lost(args: argparse.Namespace, err: BaseException) -> int:
-    """One line, status 1: this process stopped because another one of the job failed:
-    which one and why, when the stall watch knows (an error it printed, a stall the watch
-    ended); else that it ended without an error of its own, which only the launcher's
-    line can name."""
-    from treadle.distributed import comm
-    from treadle.distributed.watch import write_error_file
+    """Status 1: this process stopped because another one of the job failed, which the
+    job said (treadle/distributed/voice.py: nothing more is printed); the line is
+    printed only when no process said anything (one killed without a Python error)."""
+    from treadle.distributed import comm, voice
 
     if _full_traceback(args):
         traceback.print_exception(err)
     why = comm.failure_elsewhere() or ("another process of the job ended without a Python error (killed, os._exit, "
                                        "out of memory?); the launcher's last line names it")
-    line = f"treadle {args.command}: stopped on rank {comm.get_rank()}: {why}"
-    print(line, file=sys.stderr)
-    write_error_file(line, "stopped")
-    return 1
+    return voice.follow_on(f"treadle {args.command}: stopped on rank {comm.get_rank()}: {why}")
 
 
 def _timed_out(args: argparse.Namespace, err: RuntimeError) -> int:
-    """One line, status 1: this process's collective timed out waiting for another
-    process; the stuck rank is named (and ended first) when the stall watch saw it."""
-    from treadle.distributed import comm
-    from treadle.distributed.watch import write_error_file
+    """Status 1: this process's collective timed out waiting for another process; as
+    :func:`_peer_lost` when the job said why (the stall watch ends a stuck rank before the
+    timeout), else one line with the timeout."""
+    from treadle.distributed import comm, voice
 
     if _full_traceback(args):
         traceback.print_exception(err)
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    why = comm.end_stalled(first) or (f"a collective timed out waiting for another process ({first}); raise the "
-                                      "strategy's timeout_s if a phase of one rank takes that long")
-    line = f"treadle {args.command}: stopped on rank {comm.get_rank()}: {why}"
-    print(line, file=sys.stderr)
-    write_error_file(line, "stopped")
-    return 1
+    why = comm.failure_elsewhere() or (f"a collective timed out waiting for another process ({first}); raise the "
+                                       "strategy's timeout_s if a phase of one rank takes that long")
+    return voice.follow_on(f"treadle {args.command}: stopped on rank {comm.get_rank()}: {why}")
 
 
 __all__ = ["COMMANDS", "EPILOG", "FULL_TRACEBACK_ENV", "RunFailure", "RunStopped", "UsageError", "dead_loader_worker", "main"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -214,3 +215,38 @@ def store_get_many(store: Any, keys: list[str]) -> list[bytes]:
     if callable(has) and has():
         return list(store.multi_get(keys))
     return [store.get(k) for k in keys]
+
+
+# ----------------------------------------------------------------------------- flight recorder
+#: The environment variables that size torch's flight recorder (its ring buffer of each
+#: process group's last collectives): TORCH_FR_BUFFER_SIZE from 2.8, which also records
+#: gloo; TORCH_NCCL_TRACE_BUFFER_SIZE, read by every supported release (NCCL only before 2.8).
+FLIGHT_RECORDER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+
+def flight_recorder_on() -> bool:
+    """Whether this process's environment switches torch's flight recorder on."""
+    for key in FLIGHT_RECORDER_ENV:
+        value = os.environ.get(key)
+        if value is not None:
+            try:
+                return int(value) > 0
+            except ValueError:
+                return False
+    return False
+
+
+def dump_flight_record() -> bytes | None:
+    """This process's flight record, pickled as torch's analyzer reads it
+    (``python -m torch.distributed.flight_recorder.fr_trace DIR``), or None when there is
+    none. ``_dump_fr_trace`` from 2.8 (NCCL and gloo); ``_dump_nccl_trace`` before (2.6,
+    2.7: NCCL only, and only in a CUDA build)."""
+    import torch._C._distributed_c10d as c10d
+
+    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    if dump is None:
+        return None
+    try:
+        return dump(True, True, False)  # collectives, stack traces, not only the active ones
+    except (RuntimeError, TypeError):
+        return None

@@ -64,3 +64,26 @@ def test_resume_latest_with_no_earlier_loadable_checkpoint_stops(tmp_path):
         _unloadable(ckpt)
     with pytest.raises(CheckpointError, match="no earlier checkpoint .* verifies and loads"):
         _trainer(work, 6, resume=True).fit()
+
+
+def test_resume_latest_steps_back_over_a_checkpoint_whose_manifest_lists_no_state(tmp_path, caplog):
+    """The newest checkpoint's manifest no longer lists state.pt (edited by hand, or written
+    by another tool): it verifies, it cannot be resumed; resume=True says so in one line and
+    resumes from the previous one, exactly."""
+    whole = _trainer(tmp_path / "whole", 6)
+    whole.fit()
+    work = tmp_path / "run"
+    _trainer(work, 4).fit()
+    latest, previous = work / "checkpoints" / "iter_00000004", work / "checkpoints" / "iter_00000002"
+    manifest = json.loads((latest / "manifest.json").read_text())
+    del manifest["files"]["state.pt"]
+    (latest / "manifest.json").write_text(json.dumps(manifest))
+    with caplog.at_level(logging.INFO, logger="treadle"):
+        resumed = _trainer(work, 6, resume=True)
+        resumed.fit()
+    falls = [r.getMessage() for r in caplog.records if "cannot be loaded" in r.getMessage()]
+    assert len(falls) == 1 and "it has no state.pt" in falls[0] and "iter_00000002" in falls[0], falls
+    assert any(f"resumed from {previous}" in r.getMessage() for r in caplog.records)
+    assert resumed.state.iter == 6
+    for a, b in zip(whole.model.state_dict().values(), resumed.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

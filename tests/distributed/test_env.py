@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from treadle.distributed.env import DistEnv, detect_launcher, first_slurm_host
@@ -81,3 +83,70 @@ def test_in_a_job_a_loader_worker_terminated_by_the_launcher_reads_as_a_lost_pee
     assert comm.peer_lost(RuntimeError("DataLoader worker (pid 22765) is killed by signal: Terminated. "))
     assert comm.peer_lost(RuntimeError("[gloo] Connection closed by peer"))
     assert not comm.peer_lost(RuntimeError("DataLoader worker (pid 1) is killed by signal: Segmentation fault. "))
+
+
+def test_a_torchrun_restart_that_cannot_connect_is_named_with_its_workaround_not_as_a_config_error(
+        monkeypatch, tmp_path, capsys):
+    """A restart under torchrun --max-restarts, whose rendezvous store is shared with the
+    workers, fails to connect the process group (the failed attempt's stale address): the
+    command line says so with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, status 1; no "config
+    error" (what torch raises is a RuntimeError, which a config's build took for one)."""
+    import torch.distributed as dist
+
+    from cli_support import TINY, run
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("Gloo connectFullMesh failed with [pair.cc:152] timed out connecting: SO_ERROR: "
+                           "Connection refused, remote=[127.0.0.1]:24478")
+    monkeypatch.setattr(dist, "init_process_group", refused)
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29555", "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "1",
+                       "TORCHELASTIC_USE_AGENT_STORE": "True"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    rc, _, err = run(capsys, "train", config, "--work-dir", tmp_path / "run", "--set", "strategy.type=ddp")
+    lines = [line for line in err.splitlines() if line.startswith("treadle train:")]
+    assert rc == 1 and len(lines) == 1, err
+    assert lines[0].startswith("treadle train: error: rank 0 could not connect the process group of 2 processes "
+                               "(Gloo connectFullMesh failed"), lines
+    assert "this is restart 1 of an elastic job" in lines[0] and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in lines[0]
+    assert "config error" not in err
+
+
+@pytest.mark.parametrize("given, expected", [({}, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}),
+                                             ({"TORCH_FR_BUFFER_SIZE": "0"}, {"TORCH_FR_BUFFER_SIZE": "0"})])
+def test_under_nccl_the_flight_recorder_is_switched_on_unless_set(monkeypatch, given, expected):
+    """The process group's set-up under NCCL switches torch's flight recorder on (the stall
+    watch dumps it, treadle/distributed/sentinel.py), unless its variables are set; what the
+    set-up sees is checked here with CUDA and the group faked (a GPU run does it for real)."""
+    import torch
+    import torch.distributed as dist
+
+    from treadle.distributed import comm
+    from treadle.distributed.env import DistEnv
+
+    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29500", "TORCH_NCCL_TRACE_BUFFER_SIZE": "x"}.items():
+        monkeypatch.setenv(key, value)  # the set-up writes these: put back as they were after the test
+    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE")
+    for key, value in given.items():
+        monkeypatch.setenv(key, value)
+    seen: dict[str, str | None] = {}
+
+    def init(backend, **kwargs):
+        seen.update({k: os.environ.get(k) for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")},
+                    backend=backend)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(dist, "init_process_group", init)
+    monkeypatch.setattr(dist, "new_group", lambda **kwargs: None)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(comm, "_control_group", None)
+    comm.init_distributed(DistEnv("torchrun", 0, 2, 0, 2, "127.0.0.1", 29500))
+    assert seen.pop("backend") == "nccl"
+    assert {k: v for k, v in seen.items() if v is not None} == expected

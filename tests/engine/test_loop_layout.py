@@ -59,3 +59,36 @@ def test_a_place_saved_on_one_layout_resumes_on_another(saved, now, batch_idx, r
 def test_the_place_records_the_layout():
     pos = _loop(4, 2, 2).state_dict()
     assert (pos["world_size"], pos["data_world"], pos["tp"]) == (4, 2, 2)
+
+
+def test_a_layout_warning_is_said_once_for_the_job_by_rank_0(monkeypatch, caplog):
+    """Every rank resumes alike onto another layout: only rank 0 says it (each rank said it
+    before: the reshard warning twice under --nproc 2)."""
+    from treadle.distributed import comm
+
+    loop, saved = _loop(2, 2, 1), _saved(1, 1, 1)
+    monkeypatch.setattr(comm, "is_distributed", lambda: True)
+    for rank, said in ((1, 0), (0, 1)):
+        monkeypatch.setattr(comm, "get_rank", lambda rank=rank: rank)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="treadle"):
+            loop.load_state_dict(saved)
+        assert len([r for r in caplog.records if "resuming a run saved by 1 process(es) on 2" in r.getMessage()]) \
+            == said, (rank, caplog.records)
+
+
+@pytest.mark.parametrize("saved_batch, batch, max_epochs", [(8, 4, 3), (4, 8, 2), (4, 4, 2)])
+def test_an_iteration_run_resumed_at_another_epoch_length_counts_its_epochs_in_this_one(tmp_path, saved_batch, batch,
+                                                                                        max_epochs):
+    """Saved at iteration 9 with 32 samples per epoch, resumed to 12 iterations at another
+    batch size (another epoch length; as with another number of processes): the epochs are
+    those done, the open one and what the iterations left take (it read "epoch 3/2")."""
+    def trainer(size: int, iters: int, resume: bool) -> treadle.Trainer:
+        return treadle.Trainer(TinyNet(), work_dir=tmp_path, train_dataloader=DataLoader(make_data(32), batch_size=size),
+                               loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="SGD", lr=0.1), max_iters=iters,
+                               log_writers=(), progress=False, strategy=ON_CPU, resume=resume, seed=0,
+                               checkpoint=dict(interval=9, by_epoch=False))
+    trainer(saved_batch, 9, False).fit()
+    resumed = trainer(batch, 12, True)
+    resumed.fit()
+    assert resumed.state.epoch <= resumed.state.max_epochs == max_epochs

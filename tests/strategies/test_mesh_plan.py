@@ -134,12 +134,18 @@ def test_auto_is_a_hugging_face_models_own_plan():
         resolve_plan(model, plan, tp=4)
 
 
-def test_auto_with_a_style_treadle_does_not_apply_names_it():
+@pytest.mark.parametrize("style, why", [("moe_tp_experts", "mixture-of-experts experts (moe_tp_experts) are not "
+                                                           "split yet"),
+                                        ("packed_colwise", "packed projections (packed_*: several projections in "
+                                                           "one weight) are not split yet")])
+def test_auto_with_a_style_treadle_does_not_apply_names_it_and_why(style, why):
     model = TinyLM()
-    model.tp_plan = {"layers.*.up": "moe_tp_experts"}  # as a Hugging Face mixture-of-experts model's plan
+    model.tp_plan = {"layers.*.up": style}  # as a Hugging Face mixture-of-experts (or packed) model's plan
     with pytest.raises(ValueError, match=r"^tp_plan='auto': the model's plan gives 'layers.\*.up' the style "
-                                         r"'moe_tp_experts', which treadle does not apply"):
+                                         rf"'{style}', which treadle does not apply") as e:
         resolve_plan(model, model_plan(model), tp=2, source="tp_plan='auto'")
+    assert f"({why}; fused projections a plain style splits, such as colwise_gather_output, are)" in str(e.value)
+    assert "fused projections are not split" not in str(e.value)
 
 
 def test_per_head_norms_of_qwen3_get_their_gradients_summed():
@@ -171,3 +177,31 @@ def test_clipping_across_meshes_equals_torchs_on_plain_tensors():
     mine[0].grad[0, 0] = float("nan")
     with pytest.raises(RuntimeError, match="non-finite"):
         clip_grad_norm_meshes(mine, 0.5, error_if_nonfinite=True)
+
+
+def test_a_user_plan_that_contradicts_the_models_own_is_warned_naming_the_module_and_both_styles(caplog):
+    """Phi-3's own plan gathers the output of its fused gate_up_proj (colwise_gather_output);
+    a user's plan that gives it plain colwise trains wrong without an error: one warning
+    names the module and both styles. Aliases of one layout and modules the model's plan
+    leaves out are no contradiction."""
+    pytest.importorskip("transformers")
+    import logging
+
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    from treadle.strategies.plan_check import warn_if_contradicting
+
+    model = Phi3ForCausalLM(Phi3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=16,
+                                       pad_token_id=0, tie_word_embeddings=False))
+    plan = {"model.layers.*.self_attn.qkv_proj": "colwise_rep", "model.layers.*.self_attn.o_proj": "rowwise_rep",
+            "model.layers.*.mlp.gate_up_proj": "colwise", "model.layers.*.mlp.down_proj": "rowwise_split_input",
+            "lm_head": "colwise_rep"}
+    with caplog.at_level(logging.WARNING, logger="treadle"):
+        text = warn_if_contradicting(model, plan)
+    assert text is not None and [r.getMessage() for r in caplog.records if r.name == "treadle"] == [text]
+    assert "model.layers.*.mlp.gate_up_proj: 'colwise' where the model's plan says 'colwise_gather_output'" in text
+    assert "qkv_proj" not in text and "o_proj" not in text and "lm_head" not in text, text  # aliases; not in its plan
+    own = {k: v for k, v in plan.items() if "gate_up" not in k}
+    assert warn_if_contradicting(model, {**own, "model.layers.*.mlp.gate_up_proj": "colwise_gather_output"}) is None
+    assert warn_if_contradicting(TinyLM(), TINY_LM_PLAN) is None  # a model without a plan of its own

@@ -31,6 +31,13 @@ def test_options_by_dict_and_errors():
         resolve_strategy({"type": "ddp", "bucket": 1})
     with pytest.raises(ValueError, match="strategy='dpp' is not supported"):
         resolve_strategy("dpp")
+    # Tensor parallelism under DDP: only the options DDP lacks are named (not its own backend), and where they are.
+    with pytest.raises(ValueError) as e:
+        resolve_strategy({"type": "ddp", "backend": "gloo", "dp_shard": 2, "tp": 2, "tp_plan": {"fc": "colwise"},
+                          "wrap": None})
+    assert str(e.value).startswith("strategy 'ddp': bad options ['dp_shard', 'tp', 'tp_plan', 'wrap']; dp_shard, tp, "
+                                   "tp_plan: tensor parallelism and the device mesh need type: fsdp"), e.value
+    assert "'backend'" in str(e.value).split("expected some of")[1]
     with pytest.raises(ValueError, match="backend='mpi'"):
         DDPStrategy(backend="mpi")
 

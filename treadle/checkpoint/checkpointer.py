@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from treadle.checkpoint.directory import claim_checkpoint_path
 from treadle.checkpoint.finite import first_nonfinite, named_tensors
-from treadle.checkpoint.io import STATE_FILE, CheckpointError
+from treadle.checkpoint.io import STATE_FILE, CheckpointError, UnreadableCheckpointError
 from treadle.checkpoint.rng import get_rng_state
 
 
@@ -161,7 +161,8 @@ class Checkpointer:
         payloads = self.backend.read_checkpoint(path, template=template if names else None)
         state = payloads.get(STATE_FILE)
         if not isinstance(state, dict):
-            raise CheckpointError(f"{path}: not a training checkpoint (it has no {STATE_FILE} dict of states)")
+            # It may verify (its manifest lists no state.pt): resume=True steps back from it, as from one torch cannot read.
+            raise UnreadableCheckpointError(f"{path}: not a training checkpoint (it has no {STATE_FILE} dict of states)")
         own = payloads.get(rng_file(self.backend.rank))
         own = own if isinstance(own, dict) else None
         from treadle.checkpoint.migrate import migrate

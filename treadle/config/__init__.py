@@ -45,8 +45,10 @@ _WHERE = {
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'treadle.config' has no attribute {name!r}")
+    if name not in _WHERE:  # a submodule (treadle.config.resolve), imported on first use
+        from treadle.lazy import import_submodule
+
+        return import_submodule(__name__, name)
     value = getattr(importlib.import_module(f"treadle.config.{_WHERE[name]}"), name)
     globals()[name] = value
     return value

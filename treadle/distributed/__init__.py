@@ -5,16 +5,24 @@
     comm.all_gather_object(x)          # small objects over a CPU (gloo) group: no device sync
 """
 
+from typing import Any
+
 from treadle.distributed.env import DistEnv, detect_launcher
-from treadle.distributed.comm import (
-    all_gather_object,
-    barrier,
-    broadcast_object,
-    get_rank,
-    get_world_size,
-    init_distributed,
-    is_distributed,
-)
+from treadle.lazy import import_submodule
+
+# comm's helpers, imported with torch on first use: treadle.distributed.voice (a failure said
+# once for the job) and env are needed before torch is (a config error found early).
+_COMM = ("all_gather_object", "barrier", "broadcast_object", "get_rank", "get_world_size", "init_distributed",
+         "is_distributed")
 
 __all__ = ["DistEnv", "detect_launcher", "init_distributed", "is_distributed", "get_rank", "get_world_size",
            "barrier", "broadcast_object", "all_gather_object"]
+
+
+def __getattr__(name: str) -> Any:
+    """comm's helpers, and any submodule (``treadle.distributed.<module>``), on first use."""
+    if name in _COMM:
+        from treadle.distributed import comm
+
+        return getattr(comm, name)
+    return import_submodule(__name__, name)

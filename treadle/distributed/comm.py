@@ -19,13 +19,16 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from treadle.compat import FLIGHT_RECORDER_ENV
 from treadle.distributed.env import DistEnv, detect_launcher, restart_store_hazard
 
+#: The collectives torch's flight recorder keeps per process group under NCCL (its documentation's advice).
+FLIGHT_RECORDER_ENTRIES = 2000
 _control_group: Any = None  # gloo group for objects; None means the default group
 _data_group: Any = None  # gloo group of this rank's data-parallel peers; None: every rank (see set_data_group)
 _destroy_world: Callable[[], Any] | None = None  # see destroy_world_with
 _failed = False  # see mark_failed
-_watch: Any = None  # the stall watch (treadle/distributed/watch.py), see start_watch
+_watch: Any = None  # the stall watch (treadle/distributed/sentinel.py), see start_watch
 
 
 def is_distributed() -> bool:
@@ -99,12 +102,36 @@ def init_distributed(env: DistEnv | None = None, *, backend: str | None = None,
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
         kwargs["device_id"] = device  # binds the communicator eagerly: no lazy first-collective init
-    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+        if not any(key in os.environ for key in FLIGHT_RECORDER_ENV):  # the stall watch dumps it (sentinel.py)
+            os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = str(FLIGHT_RECORDER_ENTRIES)
+    try:
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    except RuntimeError as e:  # the processes could not connect: not a configuration error
+        raise ProcessGroupError(_connect_failure(e, env)) from e
     # Free the group before the interpreter tears itself down (see shutdown()).
     atexit.register(_shutdown_at_exit)
     _control_group = dist.new_group(backend="gloo") if backend != "gloo" else None
     return device
+
+
+class ProcessGroupError(ConnectionError):
+    """The processes of the job could not connect into a process group (an OSError: a
+    failure of the run, status 1, not of its configuration)."""
+
+
+def _connect_failure(error: RuntimeError, env: DistEnv) -> str:
+    """The line for a process group that could not connect: the error's first line and,
+    on a restart of torchrun's that shares its rendezvous store, that known cause and its
+    workaround (treadle/distributed/env.py restart_store_hazard)."""
+    from treadle.distributed.env import restart_count
+
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    line = f"rank {env.rank} could not connect the process group of {env.world_size} processes ({first})"
+    hazard = restart_store_hazard()
+    if restart_count() > 0 and hazard is not None:
+        line += f"; this is restart {restart_count()} of an elastic job, and {hazard}"
+    return line
 
 
 def control_group() -> Any:
@@ -168,33 +195,47 @@ def any_rank(*flags: bool) -> list[bool]:
     return [bool(v) for v in t.tolist()]
 
 
-def start_watch(*, warn_s: float | None, timeout_s: float | None, group_timeout_s: float | None) -> None:
-    """Start this process's stall watch (treadle/distributed/watch.py). Its records go to
-    the store the process group was set up through (``MASTER_ADDR:MASTER_PORT``: under
-    torchrun its agent's, which outlives any rank; else rank 0's), over a connection of
-    the watch's own, under a prefix of this job attempt's (rank 0 draws it; one broadcast:
-    collective, every rank calls it once the group is up). Nothing in one process, or
-    with nothing to watch for (``warn_s`` and ``timeout_s`` None)."""
-    global _watch
-    stop_watch()
-    if not is_distributed() or (warn_s is None and timeout_s is None):
-        return
+def open_job_store() -> tuple[str, int, str]:
+    """The store every process of the job reaches, for the stall watch and the job's one
+    voice (treadle/distributed/voice.py): the one the process group was set up through
+    (``MASTER_ADDR:MASTER_PORT``: under torchrun its agent's, which outlives any rank;
+    else rank 0's, served by a thread that needs no Python), over a connection of this
+    process's own, under a prefix of this job attempt's (rank 0 draws it; one broadcast:
+    collective, every rank calls it once the group is up). Returns ``(host, port, prefix)``."""
     import secrets
 
+    from treadle.distributed import voice
     from treadle.distributed.env import restart_count
-    from treadle.distributed.watch import StallWatch
 
     token = broadcast_object(secrets.token_hex(4) if get_rank() == 0 else None)
-    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
-                           timeout=datetime.timedelta(seconds=30))
-    store = dist.PrefixStore(f"treadle-watch/{restart_count()}/{token}/", client)
-    _watch = StallWatch(store, get_rank(), get_world_size(), warn_s=warn_s, timeout_s=timeout_s,
-                        group_timeout_s=group_timeout_s)
-    _watch.start()
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    prefix = f"treadle/{restart_count()}/{token}/"
+    client = dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=30))
+    voice.use_store(dist.PrefixStore(prefix, client), get_rank())
+    voice.install_excepthook()
+    return host, port, prefix
+
+
+def start_watch(*, warn_s: float | None, timeout_s: float | None, group_timeout_s: float | None) -> None:
+    """Open the job's store (:func:`open_job_store`; collective) and start this process's
+    stall watch (treadle/distributed/sentinel.py: a sentinel process beside this one).
+    Nothing in one process; no watch with nothing to watch for (``warn_s`` and
+    ``timeout_s`` None)."""
+    global _watch
+    stop_watch()
+    if not is_distributed():
+        return
+    job = open_job_store()
+    if warn_s is None and timeout_s is None:
+        return
+    from treadle.distributed.sentinel import RankWatch
+
+    _watch = RankWatch(job, get_rank(), get_world_size(), warn_s=warn_s, timeout_s=timeout_s,
+                       group_timeout_s=group_timeout_s)
 
 
 def stall_watch() -> Any:
-    """This process's stall watch (a ``StallWatch``), or None."""
+    """This process's stall watch (a ``RankWatch``), or None."""
     return _watch
 
 
@@ -206,23 +247,14 @@ def stop_watch() -> None:
         watch.stop()
 
 
-def note_failure(line: str) -> None:
-    """This process is failing with an error of its own, whose ``line`` it printed: the
-    other ranks, whose collectives then fail, say so; the launcher learns it (the error
-    file of TorchElastic's agent, treadle/distributed/watch.py)."""
-    from treadle.distributed.watch import write_error_file
-
-    write_error_file(line, "error")
-    if _watch is not None:
-        _watch.note_failure(line)
-
-
 def failure_elsewhere() -> str | None:
-    """Why another process of the job made this one's collective fail, when the stall
-    watch knows: the stall that ended the job, or the rank that failed first with an
-    error of its own; None when it does not know (no watch, or a process that died
-    without a Python error: killed, ``os._exit``, out of memory)."""
-    return _watch.elsewhere() if _watch is not None else None
+    """Why another process of the job made this one's collective fail, when the job
+    knows: the stall the watch ended, or the rank that failed first with an error of its
+    own; None when it does not (no store, or a process that died without a Python error:
+    killed, ``os._exit``, out of memory)."""
+    from treadle.distributed import voice
+
+    return voice.elsewhere()
 
 
 def collective_timed_out(error: BaseException) -> bool:
@@ -231,12 +263,6 @@ def collective_timed_out(error: BaseException) -> bool:
     text = str(error)
     return isinstance(error, RuntimeError) and ("Timed out waiting" in text or "collective operation timeout" in text
                                                 or ("timed out" in text.lower() and "collective" in text.lower()))
-
-
-def end_stalled(reason: str) -> str | None:
-    """This process's collective timed out (``reason``): when the stall watch saw ranks
-    stuck, they are ended first (so that the launcher blames them); the line naming them."""
-    return _watch.end_stalled(reason) if _watch is not None else None
 
 
 def mark_failed() -> None:
@@ -300,7 +326,10 @@ def shutdown() -> None:
     """Destroy the process group (and the object group) if one is initialised, and
     free it now, while the interpreter is whole."""
     global _control_group, _data_group, _destroy_world
-    stop_watch()  # before the group goes: its thread reads the ranks' records
+    from treadle.distributed import voice
+
+    stop_watch()  # before the group goes: its sentinel reads the ranks' records
+    voice.use_store(None, 0)
     destroy, _destroy_world = _destroy_world or dist.destroy_process_group, None
     _data_group = None
     if not (dist.is_available() and dist.is_initialized()):

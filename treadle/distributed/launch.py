@@ -26,6 +26,7 @@ import uuid
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
+from treadle.distributed.voice import AGENT_ENV
 from treadle.logging.writers import get_logger
 
 
@@ -77,8 +78,9 @@ def launch_local(nproc: int, args: Sequence[str], *, max_restarts: int = 0, moni
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",  # a free port, like torchrun --standalone
         max_restarts=max_restarts, monitor_interval=monitor_interval, start_method="spawn",
     )
+    env = {AGENT_ENV: "1", **({UNSHARED_STORE: "1"} if max_restarts > 0 else {})}
     try:
-        with _environ({UNSHARED_STORE: "1"} if max_restarts > 0 else {}):
+        with _environ(env), _quiet_agent():
             elastic_launch(config, entrypoint=sys.executable)(*args)
     except SignalException as e:
         # Ctrl-C (or SIGTERM) reached this launcher: the agent has passed it on to every
@@ -86,20 +88,56 @@ def launch_local(nproc: int, args: Sequence[str], *, max_restarts: int = 0, moni
         # for them (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s by default, before a SIGKILL).
         return 128 + int(e.sigval)
     except ChildFailedError as e:
-        rank, failure = first_failure(e.failures)
-        codes = {f.exitcode for f in e.failures.values()}
-        get_logger().error(f"{failure_line(rank, failure)}; the other processes were stopped")
-        if codes == {143} or failure.exitcode == 143:  # preempted: keep the code for requeueing
-            return 143
-        return failure.exitcode if failure.exitcode > 0 else 1
+        return say_failure(e.failures)
     return 0
 
 
-def _kind(failure: Any) -> str:
-    """What a failed process's error file says it was (treadle/distributed/watch.py
-    ERROR_KINDS), or "" when it wrote none (it died without a Python error)."""
+def say_failure(failures: dict[int, Any]) -> int:
+    """The job's failure, said once (treadle/distributed/voice.py: the processes left it
+    to this launcher): the line of the process that failed the job (:func:`first_failure`),
+    and the status for what happened (2 for a configuration error, 1 for another failure,
+    143 for a preemption), whichever process the agent saw end first."""
+    rank, failure = first_failure(failures)
+    codes = {f.exitcode for f in failures.values()}
+    line = failure_line(rank, failure)
+    data = _data(failure)
+    if data.get("treadle_line"):
+        print(line, file=sys.stderr, flush=True)
+    else:
+        get_logger().error(line)
+    if codes == {143} or failure.exitcode == 143:  # preempted: keep the code for requeueing
+        return 143
+    status = data.get("treadle_status")
+    if isinstance(status, int) and status > 0:
+        return status
+    return failure.exitcode if failure.exitcode > 0 else 1
+
+
+@contextmanager
+def _quiet_agent() -> Iterator[None]:
+    """The agent's own lines about the processes it stops after a failure ("Sending
+    process ... closing signal SIGTERM", "failed (exitcode: 2) local_rank: 0 ...") are not
+    shown: the failure is said once, by :func:`say_failure`."""
+    import logging
+
+    logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _data(failure: Any) -> dict[str, Any]:
     data = getattr(failure, "error_file_data", None)
-    kind = data.get("treadle") if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
+def _kind(failure: Any) -> str:
+    """What a failed process's error file says it was (treadle/distributed/voice.py
+    KINDS), or "" when it wrote none (it died without a Python error)."""
+    kind = _data(failure).get("treadle")
     return kind if isinstance(kind, str) else ""
 
 
@@ -108,7 +146,7 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
     the stall watch, else one that failed with an error of its own, else one that died
     without a Python error, before one that only stopped because another had failed;
     the earliest of them (then the lowest rank)."""
-    rank_of = {"stall": 0, "error": 1, "": 2, "stopped": 3}
+    rank_of = {"stall": 0, "config": 1, "error": 1, "": 2, "stopped": 3}
 
     def order(item: tuple[int, Any]) -> tuple[int, float, int]:
         rank, failure = item
@@ -121,14 +159,17 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
 
 
 def failure_line(rank: int, failure: Any) -> str:
-    """The launcher's line for the process that failed the job: its own line when the
-    stall watch ended it; that its error is above when it printed one; else how it ended
+    """The launcher's line for the process that failed the job: its own line (an error,
+    the stall watch's verdict), as that process would have printed it; else how it ended
     (an exit status or a signal) and that it printed no Python error."""
-    kind, code = _kind(failure), failure.exitcode
-    if kind == "stall":
-        message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
-        return f"process of rank {rank} was ended (exit code {code}): {message}"
-    if kind in ("error", "stopped"):
+    kind, code, data = _kind(failure), failure.exitcode, _data(failure)
+    line = data.get("treadle_line")
+    if isinstance(line, str) and line:
+        if kind == "stall":
+            return f"treadle: {line}" if data.get("treadle_job") else \
+                f"treadle: process of rank {rank} was ended (exit code {code}): {line}"
+        return line
+    if kind in ("error", "config", "stopped"):
         return f"process of rank {rank} failed with exit code {code} (its error is shown above)"
     if code == 143:  # SIGTERM handled: a preemption, saved and stopped (treadle/engine/preemption.py)
         return f"process of rank {rank} was preempted (exit code 143)"

@@ -15,3 +15,12 @@
 Hooks (treadle/hooks/) see the run through ``treadle.hooks.view.RunView`` and never
 import from here.
 """
+
+from typing import Any
+
+from treadle.lazy import import_submodule
+
+
+def __getattr__(name: str) -> Any:
+    """A submodule on first use (``treadle.engine.<module>`` after a bare ``import treadle``)."""
+    return import_submodule(__name__, name)

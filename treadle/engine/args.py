@@ -354,6 +354,10 @@ def build_model_and_data(a: Args, strategy: Any, *, safe: bool = False) -> tuple
     if specs:
         if strategy.seed is not None:
             seed_everything(strategy.seed, rank=strategy.rank, per_rank=strategy.seed_per_rank)
+    for arg, x, named in (("val_dataloader", val, sets["val_dataloader"]), ("test_dataloader", test,
+                                                                           sets["test_dataloader"])):
+        for name, one in (named.items() if named is not None else [(None, x)]):
+            check_not_empty(one, arg if name is None else f"{arg}[{name!r}]")
     # Each rank reads its share: sharded where a hand-written loop's loaders are (the strategy).
     train = strategy.shard_dataloader(train)
     val, test = (({name: strategy.shard_dataloader(one, train=False) for name, one in x.items()}
@@ -386,6 +390,27 @@ def _model(value: Any, init_weights: bool, strategy: Any, safe: bool) -> Any:
             _init_weights(model)
         return model
     return record(build, what=str(value.get("type", "the model")))
+
+
+def check_not_empty(loader: Any, arg: str) -> None:
+    """An evaluation loader with a length must have a batch: one with none would log its
+    metrics as nan, silently (a loader without a length is said once, after a pass that
+    found no batch: treadle/engine/eval_loop.py)."""
+    if loader is None:
+        return
+    try:
+        batches = len(loader)
+    except TypeError:  # no length (an IterableDataset's loader)
+        return
+    if batches == 0:
+        dataset = getattr(loader, "dataset", None)
+        try:
+            samples = f" over {len(dataset)} sample(s)" if dataset is not None else ""
+        except TypeError:
+            samples = ""
+        raise ValueError(f"{arg} has no batches (len 0{samples}: an empty dataset, or drop_last=True with fewer "
+                         "samples than batch_size), so its metrics would be nan; expected a loader with at least "
+                         "one batch, or no loader")
 
 
 def _loaders(value: Any, sets: dict[str, Any] | None, arg: str, safe: bool) -> Any:

@@ -7,12 +7,14 @@ every rank running as many batches (forward all-gathers parameters)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Real
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor
 
 from treadle.data.feed import DataFeed
+from treadle.distributed.board import EVAL, PHASE, TEST, VALIDATION, board
 from treadle.hooks.base import HookDispatcher
 from treadle.metrics import flatten_results, to_python, update_metrics
 from treadle.engine.step import batch_size_of
@@ -81,6 +83,8 @@ class EvalLoop:
             name: DataFeed(one, seed=seed, seed_per_sample=seed_per_sample, limit=limit)
             for name, one in (sets.items() if sets is not None else [(None, loader)])}
         self._passes = 0
+        self._empty: set[str] = set()  # the sets found without a batch (said once each)
+        self._not_numbers: set[str] = set()  # results found not to be numbers (said once each)
 
     @property
     def set_names(self) -> list[str] | None:
@@ -127,6 +131,8 @@ class EvalLoop:
         state = self.state
         prev_mode = state.mode
         state.mode = mode
+        place = board()  # where this rank is, for the stall watch
+        phase_before, place[PHASE], place[EVAL] = place[PHASE], VALIDATION if mode == "val" else TEST, 0
         hooks.call(f"before_{mode}", t)
         hooks.call(f"before_{mode}_epoch", t)
         model = self.model
@@ -145,6 +151,7 @@ class EvalLoop:
         hooks.call(f"after_{mode}_epoch", t, results)
         hooks.call(f"after_{mode}", t, results)
         state.mode = prev_mode
+        place[PHASE] = phase_before
         return results
 
     def _pass(self, feed: DataFeed, prefix: str, num_iters: int | None) -> dict[str, Any]:
@@ -161,8 +168,10 @@ class EvalLoop:
         lockstep = num_iters is None and self.comm is not None and self.comm.lockstep
         target = _most_batches(feed.length) if lockstep else 0  # before any forward: collectives pair up
         batch = None
+        place = board()
         with torch.no_grad():
             for batch in self._batches(feed, num_iters):
+                place[EVAL] += 1
                 for fn in before_iter:
                     fn(t, batch)
                 if custom_step is not None:
@@ -182,10 +191,34 @@ class EvalLoop:
         totals = {k: to_python(v) for k, v in sums.items()}  # one host read per evaluation
         if self.comm is not None:  # each rank saw its own share of the samples: add them up
             totals, count = _sum_over_ranks(totals, count)
+        if count == 0 and prefix not in self._empty:  # a loader without a length that yielded nothing
+            self._empty.add(prefix)
+            if self.comm is None or self.comm.rank == 0:
+                from treadle.logging.writers import get_logger
+
+                get_logger().warning(f"the {prefix} loader yielded no batches: its metrics are nan (said once)")
         results = {f"{prefix}/{k}": v / max(count, 1) for k, v in totals.items()}
         for name, m in metrics.items():
             results.update(flatten_results(f"{prefix}/{name}", m.compute()))
+        self._say_not_numbers(results)
         return results
+
+    def _say_not_numbers(self, results: dict[str, Any]) -> None:
+        """A result that is not a number (a metric's str, list or None) goes to log.jsonl and
+        the console, and no number-only writer takes it (TensorBoard, CSV plots, the
+        report): said once per key, on rank 0."""
+        odd = [k for k, v in results.items() if isinstance(v, bool) or not isinstance(v, Real)]
+        for key in odd:
+            if key in self._not_numbers:
+                continue
+            self._not_numbers.add(key)
+            if self.comm is None or self.comm.rank == 0:
+                from treadle.logging.writers import get_logger
+
+                value = results[key]
+                get_logger().warning(f"{key} is a {type(value).__name__} ({value!r:.40}), not a number: it is kept "
+                                     "in log.jsonl and the console lines, but TensorBoard and the report's plots take "
+                                     "numbers only (said once)")
 
     def _batches(self, feed: DataFeed, num_iters: int | None) -> Iterable[Any]:
         if num_iters is None:

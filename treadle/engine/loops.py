@@ -49,9 +49,11 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from treadle.checkpoint.rng import set_rng_state
 from treadle.data.feed import DataFeed
+from treadle.distributed.board import (AFTER_TRAIN, BEFORE_TRAIN, COLLECTIVE, DATA, EPOCH_END, EPOCH_START, HOOKS, ITER,
+                                       PHASE, RUN, STEP, board)
+from treadle.distributed.voice import job_warning
 from treadle.engine.eval_loop import EvalLoop
 from treadle.hooks.base import HookDispatcher
-from treadle.logging.writers import get_logger
 
 if TYPE_CHECKING:
     from treadle.optim.wrapper import OptimWrapper
@@ -116,6 +118,21 @@ def _layout(pos: dict[str, Any]) -> tuple[int, int, int]:
     return world, int(pos.get("data_world") or world), int(pos.get("tp") or 1)
 
 
+def epochs_by_iterations(state: "TrainState", pos: dict[str, Any]) -> int | None:
+    """An iteration-based run's ``max_epochs`` once resumed at ``pos``: the epochs done,
+    the open one, and those the iterations left take at this run's epoch length. (From
+    ``max_iters`` alone it would count the epochs done at another length as this one's:
+    a run saved by 2 processes and resumed by 1 read ``epoch 3/2``.)"""
+    length, max_iters = state.iters_per_epoch, state.max_iters
+    if not length or max_iters is None:
+        return state.max_epochs
+    left = max(max_iters - int(pos["iter"]), 0)
+    if pos.get("open"):
+        in_open = max(length - int(pos["batch_idx"]), 0)
+        return int(pos["epoch"]) + 1 + (-(-(left - in_open) // length) if left > in_open else 0)
+    return int(pos["epoch"]) + -(-left // length)
+
+
 def check_position(state: Any) -> None:
     """A saved loop position has the counters a resume needs (ints >= 0)."""
     from treadle.checkpoint.io import CheckpointError
@@ -175,6 +192,8 @@ class TrainLoop:
         if self.windows_span_epochs and not (self.resume_pos and s.iter):  # windows run on to max_iters
             for ow in self.optim_wrappers.values():
                 ow.start_run(s.max_iters - s.iter if s.max_iters else None)
+        place = board()
+        place[ITER], place[PHASE] = s.iter, BEFORE_TRAIN
         self.hooks.call("before_train", t)
         if self.resume_pos and not self.resume_pos["open"]:
             self._restore_rng(self.resume_pos)  # resuming between epochs: the next batch is near
@@ -206,7 +225,9 @@ class TrainLoop:
             self._close_epoch(complete=feed.length is not None and feed.batch_idx >= feed.length)
         if self._done():  # nothing left but after_train (a stop keeps its place: a due validation stays due)
             self.phase, self.phase_base = len(self.workflow), self._units_done()
+        place[PHASE] = AFTER_TRAIN
         self.hooks.call("after_train", t)
+        place[PHASE] = RUN
         s.mode = "idle"
 
     def _start_point(self) -> tuple[int, int]:
@@ -287,17 +308,17 @@ class TrainLoop:
         s = self.state
         s.epoch, s.iter, s.inner_iter = int(pos["epoch"]), int(pos["iter"]), int(pos["inner_iter"])
         saved_world, saved_data, saved_tp = _layout(pos)
+        # Every rank finds it alike: said once, by rank 0 (treadle/distributed/voice.py).
         if saved_world != self.world_size:
             # The sampler splits the data differently: keep the number of samples taken.
-            get_logger().warning(f"resuming a run saved by {saved_world} process(es) on {self.world_size}: "
-                                 "weights, optimizer and counters are exact; the rest of the open epoch's "
-                                 "order and the per-rank RNG streams cannot be, so they restart from the "
-                                 "same number of samples with fresh streams")
+            job_warning(f"resuming a run saved by {saved_world} process(es) on {self.world_size}: weights, optimizer "
+                        "and counters are exact; the rest of the open epoch's order and the per-rank RNG streams "
+                        "cannot be, so they restart from the same number of samples with fresh streams")
         elif (saved_data, saved_tp) != (self.data_world, self.tp):
-            get_logger().warning(f"resuming a run saved with {saved_data} data shard(s) x tp {saved_tp} on "
-                                 f"{self.data_world} x tp {self.tp}: weights, optimizer and counters are exact; the "
-                                 "rest of the open epoch's order and the per-rank RNG streams cannot be, so they "
-                                 "restart from the same number of samples with fresh streams")
+            job_warning(f"resuming a run saved with {saved_data} data shard(s) x tp {saved_tp} on {self.data_world} x "
+                        f"tp {self.tp}: weights, optimizer and counters are exact; the rest of the open epoch's "
+                        "order and the per-rank RNG streams cannot be, so they restart from the same number of "
+                        "samples with fresh streams")
         saved_batch, batch = pos.get("batch_size"), self.batch_size
         if not (isinstance(saved_batch, int) and isinstance(batch, int) and saved_batch > 0 and batch > 0):
             saved_batch = batch = 1  # unknown (older checkpoints): the per-process batch is assumed unchanged
@@ -308,6 +329,8 @@ class TrainLoop:
             self.feed.seed = int(pos["seed"])
         pos["rng"] = None
         self.resume_pos = pos
+        if not self.by_epoch:  # the epochs left, in this run's epoch length (another layout or batch size: another)
+            s.max_epochs = epochs_by_iterations(s, pos)
 
     def resume_rng(self, rng: dict[str, Any] | None) -> None:
         """The RNG states (a rank file's) to set exactly where the interrupted run took its
@@ -358,6 +381,7 @@ class TrainLoop:
         s = self.state
         pos, self.resume_pos = self.resume_pos, None
         self._stopped_inside_epoch = False
+        board()[PHASE] = EPOCH_START
         skip = pos["batch_idx"] if pos and pos["open"] and pos["epoch"] == s.epoch else 0
         s.inner_iter = skip
         self.feed.start_epoch(s.epoch, skip=skip, stream=pos.get("stream") if skip else None)  # type: ignore[union-attr]  # skip > 0 only with a pos
@@ -379,6 +403,7 @@ class TrainLoop:
         self._epoch_open = False
         self._closing_complete = complete
         self._stopped_inside_epoch = not complete
+        board()[PHASE] = EPOCH_END
         self.hooks.call("after_train_epoch", self.owner)
         self._closing_complete = False
         if complete:
@@ -400,15 +425,19 @@ class TrainLoop:
         next_due = self.hooks.next_due
         record, record_time = self.store.recorders()
         end = s.iter + limit if limit is not None else -1
+        place = board()  # where this rank is, for the stall watch: one store per phase change
+        place[ITER], place[PHASE] = s.iter, DATA
         clock = perf_counter
         tic = clock()
         for batch in self.feed:
             toc = clock()
             s.data_time = data_time = toc - tic
             s.iter_start_time = toc
+            place[PHASE] = STEP
             for fn in before:
                 fn(t, batch)
             outputs = step(batch)
+            place[PHASE] = HOOKS
             if record is not None:
                 record((s.iter, s.epoch, outputs))
             if s.iter == due:
@@ -422,8 +451,11 @@ class TrainLoop:
                     fn(t, batch, outputs)
                 s.iter += 1
                 s.inner_iter += 1
+            place[ITER] = s.iter
             if agree is not None:
+                place[PHASE] = COLLECTIVE
                 agree()
+            place[PHASE] = DATA
             tic = clock()
             if record_time is not None:  # the whole iteration, its hooks included
                 record_time((data_time, tic - toc))

@@ -40,7 +40,7 @@ from treadle.logging.writers import get_logger, move_whole_aside, replace_atomic
 LOCK_NAME = ".treadle.lock"
 CHECKPOINTS = "checkpoints"  # work_dir/checkpoints/<name>
 
-__all__ = ["CHECKPOINTS", "LOCK_NAME", "RunDir", "WorkDirBusyError", "WorkDirLock", "read_holder",
+__all__ = ["CHECKPOINTS", "LOCK_NAME", "RunDir", "WorkDirBusyError", "WorkDirLock", "read_holder", "saved_note",
            "write_run_file"]
 
 T = TypeVar("T")
@@ -175,6 +175,22 @@ def write_run_file(work_dir: str | os.PathLike[str], name: str, text: str, later
     return moved
 
 
+def saved_note(work_dir: str | os.PathLike[str]) -> str:
+    """What a failure leaves saved in ``work_dir``, as a failure's line says it (this
+    process reads, nothing collective): ``the last checkpoint, <path>, is intact; nothing
+    after it was saved``, or that there is none. A listed checkpoint is complete: each is
+    written aside and renamed into place whole."""
+    from treadle.checkpoint.directory import list_checkpoints
+
+    try:
+        saved = list_checkpoints(Path(work_dir) / CHECKPOINTS, order="created")
+    except OSError:
+        saved = []
+    if not saved:
+        return f"no checkpoint was saved in {work_dir}"
+    return f"the last checkpoint, {saved[-1]}, is intact; nothing after it was saved"
+
+
 class RunDir:
     """One run's ``work_dir`` as every rank of the run uses it.
 
@@ -248,19 +264,8 @@ class RunDir:
         self._by_rank0(check)
 
     def saved_note(self) -> str:
-        """What a failure leaves saved, as a failure's line says it (this process reads,
-        nothing collective): ``the last checkpoint, <path>, is intact; nothing after it was
-        saved``, or that there is none. A listed checkpoint is complete: each is written
-        aside and renamed into place whole."""
-        from treadle.checkpoint.directory import list_checkpoints
-
-        try:
-            saved = list_checkpoints(self.path / CHECKPOINTS, order="created")
-        except OSError:
-            saved = []
-        if not saved:
-            return f"no checkpoint was saved in {self.path}"
-        return f"the last checkpoint, {saved[-1]}, is intact; nothing after it was saved"
+        """What a failure leaves saved (:func:`saved_note`)."""
+        return saved_note(self.path)
 
     def checkpoint_path(self, name: str, run: str) -> Path:
         """``work_dir/checkpoints/<name>``, or the ``-v1``, ``-v2``... beside it when the

@@ -52,6 +52,7 @@ from treadle.checkpoint.checkpointer import rng_file
 from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
 from treadle.data.resumable import place_of
+from treadle.distributed.board import CHECKPOINT, PHASE, board
 from treadle.hooks.base import HookStates
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.engine.loops import LoopCounters, TrainLoop
@@ -177,10 +178,15 @@ def save(trainer: "Trainer", path: str | Path, writer: Callable[..., Path] | Non
     parts, rank_parts = trainer_parts(trainer)
     pos, s = parts["loop"].state_dict(), trainer.state
     meta = {"epoch": pos["epoch"], "iter": pos["iter"], "finished": finished(pos, s.max_epochs, s.max_iters, s.by_epoch)}
-    # Checked on every rank (FSDP: each its shards), agreed on, raised everywhere alike.
-    return trainer.strategy.save_checkpoint(
-        path, parts=parts, rank_parts=rank_parts, meta=meta, writer=writer, save_frozen=save_frozen(trainer),
-        callback=functools.partial(trainer.call_hook, "before_save_checkpoint"), explain_nonfinite=_NONFINITE)
+    place = board()  # where this rank is, for the stall watch
+    phase_before, place[PHASE] = place[PHASE], CHECKPOINT
+    try:
+        # Checked on every rank (FSDP: each its shards), agreed on, raised everywhere alike.
+        return trainer.strategy.save_checkpoint(
+            path, parts=parts, rank_parts=rank_parts, meta=meta, writer=writer, save_frozen=save_frozen(trainer),
+            callback=functools.partial(trainer.call_hook, "before_save_checkpoint"), explain_nonfinite=_NONFINITE)
+    finally:
+        place[PHASE] = phase_before
 
 
 def load(trainer: "Trainer", path: str | Path) -> None:

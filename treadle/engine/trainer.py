@@ -590,13 +590,6 @@ class Trainer:
             self._load_resume()
             return self._run(self.test_loop.run)
 
-    def _progress(self) -> tuple[int, str, tuple[Any, ...]]:
-        """Where the run is, for the stall watch's thread (treadle/distributed/watch.py):
-        ``(iteration, mode, what moves)``, read without a lock (plain attribute reads)."""
-        s = self.state
-        evals = tuple(loop.feed.batch_idx for loop in (self.val_loop, self.test_loop) if loop is not None)
-        return s.iter, s.mode, (s.epoch, s.iter, s.mode, *evals)
-
     def saved_note(self) -> str:
         """What a failure now leaves saved, in the words of a failure's last line."""
         return self.run_dir.saved_note() if self.run_dir is not None else "nothing is saved (no work_dir)"
@@ -605,8 +598,8 @@ class Trainer:
         # work_dir exists: every caller holds its lock (_locked), which made it.
         self.state.should_stop = False
         watch = comm.stall_watch()
-        if watch is not None:  # the watch judges progress while this run goes on
-            watch.follow(self._progress, saved=self.saved_note)
+        if watch is not None:  # the watch judges progress while this run goes on (the loops tell it where they are)
+            watch.follow(None, work_dir=self.work_dir)
             watch.set_active(True)
         try:
             return self._run_hooked(body, env)

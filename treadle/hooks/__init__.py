@@ -37,4 +37,6 @@ def __getattr__(name: str) -> object:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from treadle.lazy import import_submodule  # a submodule (treadle.hooks.progress), imported on first use
+
+    return import_submodule(__name__, name)

@@ -275,14 +275,14 @@ class StrategyAPI:
         return model
 
     def _watch_steps(self) -> None:
-        """A hand-written loop's progress, for the stall watch (treadle/distributed/watch.py):
-        its optimizer steps, read from the watcher thread (the Trainer follows its own
-        counters instead)."""
+        """A hand-written loop's progress, for the stall watch (treadle/distributed/sentinel.py):
+        its optimizer steps, read by the watch's helper thread (the Trainer's loops write
+        where they are themselves)."""
         watch = comm.stall_watch()
         if watch is None:
             return
         wrappers = list(self.optim_wrappers.values())
-        watch.follow(lambda: (None, "train", tuple(ow.step_count for ow in wrappers)))
+        watch.follow(lambda: tuple(ow.step_count for ow in wrappers), work_dir=self.work_dir)
         watch.set_active(True)
 
     def prepare_dataloader(self, loader: Any, *, train: bool = True, seed_per_sample: bool | str = True) -> Any:

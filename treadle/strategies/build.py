@@ -58,10 +58,30 @@ def resolve_strategy(strategy: str | dict[str, Any] | Strategy) -> Strategy:
         return cls(**options)
     except TypeError as e:
         if not _accepts(cls, options):
-            raise ValueError(f"strategy {strategy!r}: bad options {sorted(options)} ({e})") from None
+            raise ValueError(_bad_options(strategy, cls, options, e)) from None
         raise TypeError(f"strategy {strategy!r}: {e}") from None
     except ValueError as e:
         raise ValueError(f"strategy {strategy!r}: {e}") from None
+
+
+#: Options of the FSDP strategy's device mesh and tensor parallelism, which no other strategy has.
+MESH_OPTIONS = ("dp_replicate", "dp_shard", "tp", "tp_plan")
+
+
+def _bad_options(name: str, cls: type, options: dict[str, Any], error: TypeError) -> str:
+    """The line for options ``cls`` does not take: only those named (the others are its
+    own), and that the mesh's and tensor parallelism's need ``type: fsdp``."""
+    params = inspect.signature(cls).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    unknown = sorted(k for k in options if k not in params) if not takes_any else []
+    if not unknown:
+        return f"strategy {name!r}: bad options {sorted(options)} ({error})"
+    mesh = [k for k in unknown if k in MESH_OPTIONS]
+    line = f"strategy {name!r}: bad options {unknown}"
+    if mesh:
+        line += (f"; {', '.join(mesh)}: tensor parallelism and the device mesh need type: fsdp (FSDP2 over a "
+                 "dp_replicate x dp_shard x tp mesh)")
+    return line + f"; expected some of {sorted(p for p in params if p != 'self')}"
 
 
 def _accepts(cls: type, options: dict[str, Any]) -> bool:

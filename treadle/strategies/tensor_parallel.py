@@ -143,9 +143,12 @@ def check_plan_type(plan: Any, source: str = "tp_plan") -> None:
                             "torch ParallelStyle")
         if isinstance(style, str) and style not in _styles():
             if source != "tp_plan":  # the model's own plan
+                what = ("packed projections (packed_*: several projections in one weight) are not split yet"
+                        if style.startswith("packed_") else "mixture-of-experts experts (moe_tp_experts) are not "
+                        "split yet" if style.startswith("moe_") else "a style of the model's that treadle does not know")
                 raise ValueError(f"{source}: the model's plan gives {pattern!r} the style {style!r}, which treadle "
-                                 "does not apply (mixture-of-experts layers and fused projections are not split "
-                                 "yet); expected tp_plan= a dict of the styles treadle knows "
+                                 f"does not apply ({what}; fused projections a plain style splits, such as "
+                                 "colwise_gather_output, are); expected tp_plan= a dict of the styles treadle knows "
                                  f"({', '.join(_styles())}), or a callable")
             near = difflib.get_close_matches(style, list(_styles()), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
@@ -245,6 +248,9 @@ def apply_plan(model: nn.Module, tp_mesh: Any, plan: Plan, tp: int) -> bool:
         plan, source = returned, "the plan tp_plan() returned"
     else:
         source = "tp_plan"
+        from treadle.strategies.plan_check import warn_if_contradicting
+
+        warn_if_contradicting(model, plan)  # type: ignore[arg-type]  # a dict here (check_plan_type)
     assert isinstance(plan, dict)  # check_plan_type: a dict, "auto" or a callable
     resolved = resolve_plan(model, plan, tp, source=source)
     parallelize_module(model, tp_mesh, resolved)

@@ -1,0 +1,229 @@
+"""One voice for a failing job: its failure is said once, whichever process says it,
+and its exit status says what happened, not which process the launcher saw first.
+
+The policy, for the command line, the Trainer and a hand-written loop alike:
+
+* A process that fails with an error of its own (:func:`fail`) writes it whole to its
+  TorchElastic error file, with its kind and status, and tells the job (the store every
+  process reaches, :func:`use_store`). Under treadle's own launcher (``treadle train
+  --nproc``, which sets :data:`AGENT_ENV` for its workers) no worker prints it: the
+  launcher prints the line of the process that failed the job, once, and exits with its
+  status (:func:`treadle.distributed.launch.launch_local`). Under any other launcher
+  (torchrun, SLURM, MPI) the first process to claim the job's voice prints it; the same
+  failure on other ranks (a configuration error every rank meets) is not printed again.
+* A process that only stops because another one failed (its collective found the peer
+  gone, the stall watch ended the job, the agent's closing SIGTERM) says nothing
+  (:func:`follow_on`), unless no process of the job said anything (a peer killed from
+  outside, under a launcher that names nobody).
+* The status: 2 for a configuration error (``kind="config"``), 1 for any other failure.
+
+Before the process group is up there is no store: a configuration error, which every
+rank meets alike, is printed by rank 0 only; anything else by the process that meets it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+#: Set to "1" by treadle's launcher for the processes it starts: it prints the job's failure.
+AGENT_ENV = "TREADLE_AGENT"
+#: What a failure was (``treadle`` in the error file; read by the launcher): a configuration
+#: error, another error of the process's own, a stall the watch ended, or a stop because
+#: another process failed.
+KINDS = ("config", "error", "stall", "stopped")
+
+_store: Any = None  # the job's store (treadle/distributed/comm.py: open_job_store), or None
+_rank = 0
+_heard: str | None = None  # a file where this process's stall watch leaves what the job said (see hear_from)
+_lock = threading.Lock()  # the store: the main thread and the stall watch's helper thread
+
+
+def status_of(kind: str) -> int:
+    """The exit status of a failure of ``kind``: 2 for a configuration error, else 1."""
+    return 2 if kind == "config" else 1
+
+
+def agent_speaks() -> bool:
+    """Whether treadle's launcher started this process and says the job's failure itself."""
+    return os.environ.get(AGENT_ENV) == "1"
+
+
+def use_store(store: Any, rank: int) -> None:
+    """Claims and failures go to ``store`` from now on (None: no store, e.g. after the
+    process group ended)."""
+    global _store, _rank
+    _store, _rank = store, rank
+
+
+def _env_rank() -> int:
+    """This process's rank by its launcher's environment (before the process group is up)."""
+    for key in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        value = os.environ.get(key)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
+
+
+def _store_op(op: Any) -> Any:
+    """``op(store)`` under the lock; None when there is no store or it is gone."""
+    global _store
+    with _lock:
+        if _store is None:
+            return None
+        try:
+            return op(_store)
+        except Exception:  # the process serving it ended: no store from now on
+            _store = None
+            return None
+
+
+def claim(line: str, kind: str = "error") -> bool:
+    """Whether this process is the one that prints the job's failure ``line``: the first
+    to claim it in the job's store; without a store, rank 0 for a configuration error (the
+    same on every rank), any process for anything else."""
+    mine = json.dumps({"rank": _rank, "line": line, "kind": kind})
+    got = _store_op(lambda s: s.compare_set("voice", "", mine))
+    if got is None:
+        return kind != "config" or _env_rank() == 0
+    return (got.decode() if isinstance(got, bytes) else got) == mine
+
+
+def hear_from(path: str | None) -> None:
+    """What the job said may also be read from the file ``path`` (this process's stall
+    watch writes there what it learned: the store may be gone by the time this process
+    asks, its server ended with the stuck rank)."""
+    global _heard
+    _heard = path
+
+
+def spoken() -> dict[str, Any] | None:
+    """What the process that claimed the job's voice said (``rank``, ``line``, ``kind``), or None."""
+    raw: Any = None
+    if _heard is not None:
+        try:
+            with open(_heard) as f:
+                raw = f.read()
+        except OSError:
+            raw = None
+    if not raw:
+        raw = _store_op(lambda s: s.get("voice") if s.check(["voice"]) else None)
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def fail(line: str, kind: str = "error", started: float | None = None) -> int:
+    """This process fails with an error of its own, ``line`` (all of it): written to the
+    error file, printed when this process is the job's voice (see the module's
+    docstring). Returns the exit status for it."""
+    write_error_file(line, kind, started)
+    if claim(line, kind) and not agent_speaks():
+        print(line, file=sys.stderr, flush=True)
+    return status_of(kind)
+
+
+def follow_on(line: str) -> int:
+    """This process stops because another one failed (``line`` says so): written to the
+    error file, printed only when no process of the job said anything and no launcher of
+    treadle's will. Returns 1."""
+    write_error_file(line, "stopped")
+    if not agent_speaks() and spoken() is None:
+        print(line, file=sys.stderr, flush=True)
+    return 1
+
+
+def job_warning(text: str) -> None:
+    """A warning every process of the job meets alike (a resume onto another layout of the
+    processes): said once, by rank 0."""
+    from treadle.distributed import comm
+
+    if (comm.get_rank() if comm.is_distributed() else _env_rank()) == 0:
+        from treadle.logging.writers import get_logger
+
+        get_logger().warning(text)
+
+
+def elsewhere() -> str | None:
+    """Why another process's failure made this one stop, when the job knows: the stall
+    the watch ended (its line), or the rank that failed first; None when no process said
+    anything (one killed without a Python error)."""
+    said = spoken()
+    if said is None or (said.get("rank") == _rank and said.get("kind") != "stall"):
+        return None
+    if said.get("kind") == "stall":
+        return str(said.get("line", "")).removeprefix("treadle: ")
+    return f"rank {said.get('rank')} failed first (its error is shown above)"
+
+
+def install_excepthook() -> None:
+    """An uncaught exception in a process of a distributed script (the Trainer, a loop of
+    your own through the Strategy API) is said once for the job, as the command line
+    says its errors: the first process to fail prints its traceback, a process that only
+    stops because another failed prints nothing (:func:`follow_on`). Installed once, by
+    the process group's set-up (treadle/distributed/comm.py)."""
+    global _previous_hook
+    if _previous_hook is not None:
+        return
+    _previous_hook = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        if _store is None or not issubclass(kind, Exception):  # no job (it ended), or Ctrl-C / SystemExit
+            (_previous_hook or sys.__excepthook__)(kind, error, tb)
+            return
+        from treadle.distributed import comm
+
+        if comm.peer_lost(error) or comm.collective_timed_out(error):
+            why = elsewhere() or "another process of the job ended without a Python error"
+            follow_on(f"treadle: stopped on rank {_rank}: {why}")
+            return
+        import traceback
+
+        fail("".join(traceback.format_exception(kind, error, tb)).rstrip("\n"))
+    sys.excepthook = hook
+
+
+_previous_hook: Any = None
+
+
+def write_error_file(line: str, kind: str = "error", started: float | None = None, job: bool = False) -> None:
+    """Tell a TorchElastic agent (``treadle train --nproc``, torchrun) why this process
+    fails: its ``TORCHELASTIC_ERROR_FILE``, in the agent's format, with ``kind`` (one of
+    :data:`KINDS`), the status and the whole ``line`` for treadle's launcher.
+    ``started``: when the failure began (unix seconds), which the agent compares to find
+    the first one; ``job``: the failure is the whole job's (every rank stalled), no one
+    process's. Nothing without such an agent."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    # torchrun's summary shows the message as the failure's "traceback": a stall's line; for
+    # an error, or a stop because of another's, where the job's failure was said.
+    message = line if kind == "stall" or agent_speaks() else "treadle printed this error above (once for the job)" \
+        if kind != "stopped" else "stopped because another process failed (treadle printed why above)"
+    try:
+        stamp = str(int(started if started is not None else time.time()))
+        data = json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": message, "timestamp": stamp}},
+                           "treadle": kind, "treadle_line": line, "treadle_status": status_of(kind),
+                           "treadle_job": job})
+        # Written aside and renamed: the process may be ended mid-write (the stall watch's end,
+        # the agent's SIGKILL), and the agent fails on a truncated file with a JSON traceback.
+        aside = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(aside, "w") as f:
+            f.write(data)
+        os.replace(aside, path)
+    except OSError:
+        pass
+
+
+__all__ = ["AGENT_ENV", "KINDS", "agent_speaks", "claim", "elsewhere", "fail", "follow_on", "hear_from",
+           "install_excepthook", "job_warning", "spoken", "status_of", "use_store", "write_error_file"]
