@@ -68,7 +68,7 @@ def test_every_hook_type_a_config_names_is_importable_from_treadle_hooks():
     """docs/config.md lists the hook types of the registry: each is ``from treadle.hooks import``-able
     as the same class (SyncBuffersHook once was not)."""
     import treadle.hooks
-    from treadle.config.registry import HOOKS
+    from treadle.components.registry import HOOKS
 
     for name, cls in HOOKS.items():
         assert getattr(treadle.hooks, name) is cls, name

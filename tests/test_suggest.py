@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import treadle
-from treadle.config.errors import ConfigError
+from treadle.components.errors import ConfigError
 from treadle.hooks.base import Hook, check_hook_points
 from treadle.optim.builder import optimizer_names
 from treadle.suggest import closest, did_you_mean

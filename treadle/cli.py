@@ -566,7 +566,7 @@ def _early_config_error(args: argparse.Namespace) -> int:
     if args.command not in ("train", "validate", "test"):
         return 0
     from treadle.config.early import check_early
-    from treadle.config.errors import ConfigError
+    from treadle.components.errors import ConfigError
 
     try:
         check_early(args.config, args.overrides, safe=args.safe)

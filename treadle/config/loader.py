@@ -2,7 +2,7 @@
 
 YAML is read with a safe loader only: the YAML parser creates no Python objects
 (the config built from it still can: a dotted ``type:`` imports and calls what it
-names, see :mod:`treadle.config.safe`). A Python config is code that runs: it is
+names, see :mod:`treadle.components.safe`). A Python config is code that runs: it is
 executed like a script (its directory first on ``sys.path``) and its module-level
 names become the keys (with ``safe=True`` it is refused instead, as a base too).
 Names starting with an underscore, modules, classes and functions are not keys
@@ -29,8 +29,8 @@ from typing import Any, Iterable
 import yaml
 
 from treadle.config.base_refs import BaseView, mark_references, plain, substitute, take_base_assignment
-from treadle.config.errors import ConfigError
-from treadle.config.safe import refused_python_file
+from treadle.components.errors import ConfigError
+from treadle.components.safe import refused_python_file
 
 BASE_KEY = "_base_"
 DELETE_KEY = "_delete_"

@@ -93,7 +93,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from treadle.config.errors import ConfigError, join_path
+from treadle.components.errors import ConfigError, join_path
 from treadle.config.mmengine_checkpoint import translate_best
 from treadle.config.mmengine_common import take
 from treadle.config.mmengine_keys import MMENGINE_KEYS, NOT_TRANSLATED
@@ -103,7 +103,7 @@ from treadle.config.mmengine_optim import MULTI, is_multi, multi_optim_wrapper, 
 from treadle.config.mmengine_runtime import helper_names, translate_runtime, visualization_hook
 from treadle.config.mmengine_strategy import (is_mmengine_strategy, strategy_settings, sync_bn_option,
                                               translate_strategy)
-from treadle.config.registry import REGISTRIES
+from treadle.components.registry import REGISTRIES
 from treadle.config.schema import SCHEMA, trainer_defaults
 
 #: mmpretrain's PreciseBNHook as configs name it: treadle's takes its arguments (num_samples, interval).

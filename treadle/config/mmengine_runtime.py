@@ -51,7 +51,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from treadle.config.errors import ConfigError, join_path
+from treadle.components.errors import ConfigError, join_path
 from treadle.config.mmengine_common import take
 from treadle.config.mmengine_keys import RUNTIME_KEYS
 from treadle.hooks.runtime_env import LOG_LEVELS, RuntimeEnvHook

@@ -27,7 +27,7 @@ import difflib
 import os
 from typing import Any, Iterable
 
-from treadle.config.errors import ConfigError, did_you_mean
+from treadle.components.errors import ConfigError, did_you_mean
 
 #: Names refused in a config, and why.
 RESERVED = {"safe": "safe mode is chosen by whoever loads the config (treadle train --safe, load_config(safe=True)), "

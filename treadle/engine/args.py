@@ -37,7 +37,7 @@ from treadle.engine.preemption import PreemptionConfig
 from treadle.engine.resume import check_resume_dir
 from treadle.engine.spec import TrainerArgs, check_args
 from treadle.seeding import seed_everything
-from treadle.strategies.empty_init import EmptyModel, record
+from treadle.components.empty_init import EmptyModel, record
 from treadle.hooks.phase_timer import PhaseTimerHook
 from treadle.hooks.train_metrics import TrainMetrics, TrainMetricsHook
 
@@ -105,24 +105,24 @@ def ema_hook(cfg: Any) -> EMAHook:
     return EMAHook(**cfg)
 
 
-#: What each kind of config dict builds into, and the builder in treadle/config/build.py.
+#: What each kind of config dict builds into, and the builder in treadle/components/build.py.
 SPEC_KINDS = ("model", "dataloader", "loss", "metric", "hook")
 
 
 def from_spec(value: Any, kind: str, path: str, *, safe: bool = False) -> Any:
     """``value`` itself, or, when it is a config dict, the object that dict describes.
 
-    The dict is built exactly as the same key of a config file is (treadle/config/build.py:
+    The dict is built exactly as the same key of a config file is (treadle/components/build.py:
     ``{type: Name, **kwargs}``, a registered name or dotted path; a dataloader is
     ``{dataset: {...}, batch_size: N, ...}``), so a Python script and a config file
     accept the same values. Errors are ConfigErrors naming ``path``. ``safe``: names
-    only registered names and torch classes (treadle/config/safe.py).
+    only registered names and torch classes (treadle/components/safe.py).
     """
     if not isinstance(value, Mapping):
         return value
     # The config layer's component builders, imported only when a dict is given; that
     # module never imports the Trainer (treadle.config.assemble, which builds it, does).
-    from treadle.config.build import build_component, build_dataloader, build_hook, build_model
+    from treadle.components.build import build_component, build_dataloader, build_hook, build_model
 
     spec = dict(value)
     if kind == "model":
@@ -159,7 +159,7 @@ def check_optimizer_type(cfg: Any, where: str) -> None:
     """Safe mode: an optimizer config's ``type`` must be a torch.optim name or class,
     checked before the optimizer builder would import a dotted path."""
     if isinstance(cfg, Mapping) and isinstance(cfg.get("type"), str):
-        from treadle.config.registry import check_name  # the config layer: only for config dicts
+        from treadle.components.registry import check_name  # the config layer: only for config dicts
 
         check_name("optimizer", cfg["type"], f"{where}.type")
 
@@ -296,7 +296,7 @@ def activation_checkpointing(value: Any, safe: bool = False) -> Any:
     config names (a dotted path, or ``{type: path, **kwargs}``) imported by the config
     layer (``safe``: refused there)."""
     if isinstance(value, Mapping) and isinstance(value.get("check_fn"), (str, Mapping)):
-        from treadle.config.build import build_check_fn  # the config layer: only for a named function
+        from treadle.components.build import build_check_fn  # the config layer: only for a named function
 
         return {**value, "check_fn": build_check_fn(dict(value["check_fn"]) if isinstance(value["check_fn"], Mapping)
                                                     else value["check_fn"], "activation_checkpointing.check_fn",
@@ -367,7 +367,7 @@ def build_model_and_data(a: Args, strategy: Any, *, safe: bool = False) -> tuple
 
 
 def _init_weights(model: nn.Module) -> None:
-    from treadle.config.build import call_init_weights
+    from treadle.components.build import call_init_weights
 
     if call_init_weights(model):
         get_logger().info(f"init_weights: called {type(model).__name__}.init_weights()")

@@ -20,8 +20,8 @@ from typing import Annotated, Any
 import torch
 from torch import nn
 
-from treadle.config.errors import ConfigError, did_you_mean, join_path
-from treadle.config.keys import SPEC, Check, Key, NoneType, _min, check_keys
+from treadle.components.errors import ConfigError, did_you_mean, join_path
+from treadle.components.keys import SPEC, Check, Key, NoneType, _min, check_keys
 from treadle.data.worker_seed import WATCHED
 from treadle.engine.argspec import ANY_OBJECT, Arg, check_args as _check_args, config_keys, flag
 from treadle.engine.preemption import PreemptionConfig
@@ -133,7 +133,7 @@ def _progress(value: Any, path: str) -> None:
 def _check_fn_named(value: Any) -> Any:
     """``value`` with a ``check_fn`` that a config names (a dotted path, or ``{type: path,
     **kwargs}``) stood in for by a function: its form is all that can be checked before the
-    config layer imports it (treadle/config/build.py's ``build_check_fn``, from
+    config layer imports it (treadle/components/build.py's ``build_check_fn``, from
     treadle/engine/args.py)."""
     if isinstance(value, Mapping) and isinstance(value.get("check_fn"), (str, Mapping)):
         return {**value, "check_fn": _named}
@@ -389,7 +389,7 @@ class TrainerArgs:
         "batches as the loader yields them and move what they need.")] = True
     safe: Annotated[bool, Arg(
         "Config dicts name only registered names and torch.nn / torch.optim classes; other dotted `type` paths and "
-        "`collate_fn` strings are refused before anything is imported (treadle/config/safe.py). Objects are not "
+        "`collate_fn` strings are refused before anything is imported (treadle/components/safe.py). Objects are not "
         "affected. Not a config key: how far the caller trusts a config is not the config's to say.",
         convert=check_bool)] = False
     verbose: Annotated[bool, flag(

@@ -43,7 +43,7 @@ from treadle.engine.mmengine_model import is_mmengine_model, model_eval_step, mo
 from treadle.engine.monitored import check_monitored, eval_values
 from treadle.engine.step import make_eval_step, make_train_step, tell_if_outside_autocast
 from treadle.strategies.build import resolve_strategy
-from treadle.strategies.empty_init import EmptyModel
+from treadle.components.empty_init import EmptyModel
 from treadle.hooks.phase_timer import PhaseTimer
 from treadle.engine.args import (build_args, build_model_and_data, default_hooks, warn_if_unpinned,
                                   warn_without_validation)
@@ -74,7 +74,7 @@ class Trainer:
     hook may also be given as the dict a config file would hold, e.g.
     ``model=dict(type="DigitsCNN", width=32)`` or ``train_dataloader=dict(dataset=dict(type="digits"),
     batch_size=64, shuffle=True)``; they are built as ``treadle train`` builds them
-    (treadle/config/build.py), model and data after seeding.
+    (treadle/components/build.py), model and data after seeding.
 
     The run directory (treadle/engine/run_dir.py): ``fit()``, ``validate()`` and ``test()`` lock
     ``work_dir`` (a second run there is refused); ``fit()`` writes ``env.txt`` and the

@@ -162,7 +162,7 @@ class StrategyAPI:
         ``dict(type=LlamaForCausalLM, pretrained=DIR)``) is built by the strategy: when it
         shards the model over several processes (:attr:`empty_init`), on the meta device,
         each process then materializing only its shards, from the pretrained weights read
-        box by box or by the model's own initialization (treadle/strategies/empty_init.py).
+        box by box or by the model's own initialization (treadle/components/empty_init.py).
         ``load_from``: weights to start from (a checkpoint, ``.pt``, ``.safetensors`` file or
         Hugging Face folder), every key and shape checked; read shard by shard into a model
         built on the meta device.
@@ -248,11 +248,11 @@ class StrategyAPI:
         :attr:`empty_init`), a recorded :class:`EmptyModel` unwrapped; what the meta tensors
         will be filled from noted for ``materialize_model``; ``load_from`` loaded into a
         module built whole."""
-        from treadle.strategies.empty_init import EmptyModel, record
+        from treadle.components.empty_init import EmptyModel, record
 
         empty = None
         if isinstance(model, Mapping):
-            from treadle.config.build import build_model  # the config layer: only for a config dict
+            from treadle.components.build import build_model  # the config layer: only for a config dict
 
             spec = dict(model)
             if self.empty_init:  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
@@ -295,7 +295,7 @@ class StrategyAPI:
         (treadle/data/worker_seed.py)."""
         self.setup_env()
         if isinstance(loader, Mapping):
-            from treadle.config.build import build_dataloader  # the config layer: only for a config dict
+            from treadle.components.build import build_dataloader  # the config layer: only for a config dict
 
             loader = build_dataloader(dict(loader), "prepare_dataloader(loader)")
         loader = self.shard_dataloader(loader, train=train)

@@ -86,7 +86,7 @@ class Strategy(StrategyAPI):
     loss_parallel: bool = False
 
     #: A model given as a spec is built on the meta device and each process materializes
-    #: its share only (treadle/strategies/empty_init.py); None: when this strategy shards
+    #: its share only (treadle/components/empty_init.py); None: when this strategy shards
     #: the model over several processes.
     empty_init_option: bool | None = None
     _pending_init: Any = None  # (EmptyModel or None, load_from): what prepare has the meta tensors filled from

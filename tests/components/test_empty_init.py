@@ -1,4 +1,4 @@
-"""Models built on the meta device (treadle/strategies/empty_init.py) and materialized
+"""Models built on the meta device (treadle/components/empty_init.py) and materialized
 (treadle/strategies/materialize.py), in one process: every tensor equals the model built
 whole from the same random state, bit for bit, whatever the constructor does; pretrained
 weights come from safetensors files; what cannot work is said in one line."""
@@ -13,7 +13,7 @@ from torch import nn
 
 import treadle
 from treadle.checkpoint.manifest import CheckpointError
-from treadle.strategies.empty_init import EmptyInitError, EmptyModel, record
+from treadle.components.empty_init import EmptyInitError, EmptyModel, record
 from treadle.strategies.materialize import has_meta, materialize
 
 

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
-from treadle import suggest
+from treadle.suggest import did_you_mean  # the one ranking of close names, re-exported for the config messages
 
 _MISSING = object()
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """`` Did you mean 'x'?`` for the closest choices (:mod:`treadle.suggest`), or an empty string."""
-    return suggest.did_you_mean(word, choices)
 
 
 def short_repr(value: Any, limit: int = 80) -> str:

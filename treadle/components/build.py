@@ -8,7 +8,7 @@ the Trainer builds them over the model's parameters. Nested dicts inside kwargs 
 passed as dicts: a component builds its own parts.
 
 ``safe=True`` (everywhere here) accepts only registered names and torch.nn /
-torch.optim classes, and no ``collate_fn`` string: :mod:`treadle.config.safe`.
+torch.optim classes, and no ``collate_fn`` string: :mod:`treadle.components.safe`.
 
 This module never imports the Trainer: the Trainer builds the config dicts it is given
 with it (``treadle/engine/args.py``); :mod:`treadle.config.assemble` builds the Trainer.
@@ -24,11 +24,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
-from treadle.config.errors import ConfigError, did_you_mean, join_path
-from treadle.config.hf_models import build_hf_model, is_hf_model_class
-from treadle.config.registry import check_name, import_object, resolve_type
-from treadle.config.safe import refused
-from treadle.config.keys import DATALOADER_SCHEMA, check_table
+from treadle.components.errors import ConfigError, did_you_mean, join_path
+from treadle.components.hf_models import build_hf_model, is_hf_model_class
+from treadle.components.registry import check_name, import_object, resolve_type
+from treadle.components.safe import refused
+from treadle.components.keys import DATALOADER_SCHEMA, check_table
 from treadle.data.collate import COLLATE_FUNCTIONS
 from treadle.hooks.base import Hook, get_priority
 from treadle.hooks.scheduler import ParamSchedulerHook
@@ -114,7 +114,7 @@ def build_component(spec: Any, kind: str, path: str, *, safe: bool = False) -> A
 
 def build_model(spec: Any, *, safe: bool = False) -> nn.Module:
     """The model a spec describes, as its constructor made it (a transformers model class:
-    from ``config:`` or ``pretrained:``, :mod:`treadle.config.hf_models`): ``init_weights()`` is not
+    from ``config:`` or ``pretrained:``, :mod:`treadle.components.hf_models`): ``init_weights()`` is not
     called here (a model-zoo constructor may have loaded pretrained weights that it would
     overwrite); the Trainer calls it with ``init_weights=True``, which an MMEngine config
     sets (:func:`call_init_weights`)."""

@@ -1,4 +1,4 @@
-"""A Hugging Face model spec's ``peft:`` key (treadle/config/hf_models.py): an adapter built
+"""A Hugging Face model spec's ``peft:`` key (treadle/components/hf_models.py): an adapter built
 with peft's own config class (LoRA, IA3, LoHa), or a saved adapter's directory, on the
 built model; the same dict from a YAML file and from Python; errors naming
 ``model.peft.<key>``."""
@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 import treadle
 from treadle.checkpoint.io import load_checkpoint
 from treadle.config import ConfigError, build_trainer, load_config
-from treadle.config.build import build_model
+from treadle.components.build import build_model
 from treadle.seeding import seed_everything
 
 transformers = pytest.importorskip("transformers")

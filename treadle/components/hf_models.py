@@ -22,9 +22,9 @@ model spec whose ``type`` is a transformers model class (a ``PreTrainedModel`` s
   (``PeftModel.from_pretrained(model, ADAPTER_DIR, is_trainable=True)``; safetensors, or
   ``torch.load`` with ``weights_only``). peft is imported only then.
 
-Errors are one :class:`~treadle.config.errors.ConfigError` naming ``model.config.<key>``,
+Errors are one :class:`~treadle.components.errors.ConfigError` naming ``model.config.<key>``,
 ``model.pretrained``, ``model.peft.<key>`` or ``model``. The ``type`` itself is resolved as any dotted type is, so
-``safe=True`` refuses it before transformers is imported (:mod:`treadle.config.safe`).
+``safe=True`` refuses it before transformers is imported (:mod:`treadle.components.safe`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any, Iterator, Mapping
 
 from torch import nn
 
-from treadle.config.errors import ConfigError, did_you_mean, join_path
+from treadle.components.errors import ConfigError, did_you_mean, join_path
 
 #: The keys of a transformers model spec besides ``type``.
 KEYS = ("config", "pretrained", "peft")
@@ -121,7 +121,7 @@ def build_hf_model(cls: type, spec: Mapping[str, Any], path: str = "model") -> n
         except Exception as e:
             raise ConfigError(path, f"{cls.__name__} from its config failed: {type(e).__name__}: {e}".split("\n")[0]) from e
     else:
-        from treadle.strategies.empty_init import recording
+        from treadle.components.empty_init import recording
 
         # On the meta device (a sharding strategy builds it): the saved config's skeleton now,
         # the weights read shard by shard when it is materialized.
@@ -152,11 +152,11 @@ def _pretrained_args(pretrained: Any, values: Any, path: str) -> dict[str, Any]:
 def _skeleton(cls: type, pretrained: Any, values: Any, path: str) -> nn.Module:
     """The model ``from_pretrained`` would build (its saved config, with the overrides;
     the dtype it gives), with every weight on the meta device: its weights are named for
-    materialization (treadle/strategies/empty_init.py), which reads each process's share."""
+    materialization (treadle/components/empty_init.py), which reads each process's share."""
     from transformers import AutoConfig, GenerationConfig
 
     from treadle.checkpoint.tensor_sources import SAFE_INDEX, SAFE_WEIGHTS, is_hf_folder
-    from treadle.strategies.empty_init import from_weights
+    from treadle.components.empty_init import from_weights
 
     overrides = _pretrained_args(pretrained, values, path)
     where = join_path(path, "pretrained")

@@ -4,7 +4,7 @@ Jump from a name to its class with your editor: every entry below is the class (
 function) itself, except the examples' components, which name their file. A ``type``
 that is not registered may be a dotted import path such as ``my_pkg.models.Net``,
 which imports that module: a config is trusted like code. With ``safe=True`` only
-registered names and torch's own classes are accepted (see :mod:`treadle.config.safe`).
+registered names and torch's own classes are accepted (see :mod:`treadle.components.safe`).
 To register your own names, add entries to these dicts before building a config
 (``MODELS["Net"] = Net``); there is no decorator and no scope.
 """
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from treadle.config.errors import ConfigError, did_you_mean
-from treadle.config.safe import refused, torch_class
+from treadle.components.errors import ConfigError, did_you_mean
+from treadle.components.safe import refused, torch_class
 from treadle.hooks.checkpoint import CheckpointHook
 from treadle.hooks.early_stopping import EarlyStoppingHook
 from treadle.hooks.ema import EMAHook
@@ -149,7 +149,7 @@ def resolve_type(kind: str, type_: Any, path: str, *, safe: bool = False) -> Any
     or (Python configs) the object itself. Errors name ``path`` (e.g. ``model.type``).
 
     ``safe``: a dotted path must name a torch.nn / torch.optim class, found without
-    importing anything (:func:`treadle.config.safe.torch_class`); any other is refused.
+    importing anything (:func:`treadle.components.safe.torch_class`); any other is refused.
     """
     registry = REGISTRIES[kind]
     if callable(type_) and not isinstance(type_, str):

@@ -11,8 +11,8 @@ import support
 from treadle import Trainer
 from treadle.config import ConfigError, build_component, build_dataloader, build_hook, build_trainer, resolve_config
 from treadle.config.assemble import _explain
-from treadle.config.build import build_model
-from treadle.config.build import check_optimizer, check_schedulers
+from treadle.components.build import build_model
+from treadle.components.build import check_optimizer, check_schedulers
 from treadle.hooks.early_stopping import EarlyStoppingHook
 
 TINY = {

@@ -10,7 +10,7 @@ from torch import nn
 
 import support
 from treadle.config import ConfigError, HOOKS, LOSSES, OPTIMIZERS, SCHEDULERS, resolve_type
-from treadle.config.registry import DATASETS, MODELS, name_of
+from treadle.components.registry import DATASETS, MODELS, name_of
 from treadle.config.resolve import to_plain
 from treadle.hooks.base import Hook
 from treadle.optim import scheduler_builder

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from treadle.config import ConfigError, build_trainer, load_config
-from treadle.config.build import build_model
+from treadle.components.build import build_model
 from treadle.seeding import seed_everything
 
 transformers = pytest.importorskip("transformers")

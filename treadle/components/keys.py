@@ -1,6 +1,6 @@
 """How a config key is described and checked (:class:`Key`, :func:`check_table`), and the
 keys of a dataloader spec. :mod:`treadle.config.schema` (the Trainer's keys) re-exports
-these; they are apart from it so that :mod:`treadle.config.build`, which builds the config
+these; they are apart from it so that :mod:`treadle.components.build`, which builds the config
 dicts that the Trainer and the strategies are given, need not import the schema, which
 imports the Trainer's argument definitions (treadle/engine/spec.py) and, through them, the
 strategies (to check ``strategy``).
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from treadle.config.errors import ConfigError, did_you_mean, join_path
+from treadle.components.errors import ConfigError, did_you_mean, join_path
 
 NoneType = type(None)
 Check = Callable[[Any, str], None]  # raises ConfigError naming the path

@@ -6,7 +6,7 @@ imports its module and calls what it names, ``collate_fn: pkg.fn`` is imported, 
 ``load_config(..., safe=True)``, ``build_trainer(cfg, safe=True)``,
 ``Trainer(..., safe=True)``) runs no code named by a config. A name may then only be
 
-* a registered name: a key of the dicts in :mod:`treadle.config.registry`, or
+* a registered name: a key of the dicts in :mod:`treadle.components.registry`, or
 * a public class defined in ``torch.nn`` or ``torch.optim`` (their submodules
   included), written as its path from ``torch``: ``torch.nn.CrossEntropyLoss``,
   ``torch.optim.lr_scheduler.StepLR``. It is looked up attribute by attribute in the
@@ -26,7 +26,7 @@ import sys
 import types
 from typing import Any
 
-from treadle.config.errors import ConfigError
+from treadle.components.errors import ConfigError
 
 #: The torch packages whose classes safe mode accepts by dotted path.
 TORCH_PACKAGES = ("torch.nn", "torch.optim")
@@ -35,7 +35,7 @@ TORCH_PACKAGES = ("torch.nn", "torch.optim")
 RULE = "safe mode allows only registered names and torch.nn / torch.optim classes"
 
 #: What to do instead, when a name is refused.
-REGISTER_HINT = ("Register it from Python (treadle.config.registry, e.g. MODELS['Net'] = Net) or, if you trust "
+REGISTER_HINT = ("Register it from Python (treadle.components.registry, e.g. MODELS['Net'] = Net) or, if you trust "
                  "the config as code, load it without safe mode.")
 
 

@@ -19,9 +19,9 @@ from torch.utils.data import DataLoader
 import support
 import treadle
 from treadle.config import ConfigError, build_trainer, load_config, resolve_type, trainer_kwargs
-from treadle.config import build as build_module
-from treadle.config.build import build_component, build_dataloader, check_safe, named_types
-from treadle.config.safe import RULE, torch_class
+from treadle.components import build as build_module
+from treadle.components.build import build_component, build_dataloader, check_safe, named_types
+from treadle.components.safe import RULE, torch_class
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ["examples/digits/digits.yaml", "examples/digits/digits_iter.yaml",
