@@ -257,14 +257,6 @@ def failure_elsewhere() -> str | None:
     return voice.elsewhere()
 
 
-def collective_timed_out(error: BaseException) -> bool:
-    """Whether ``error`` is a collective that timed out waiting for another process
-    (gloo's "Timed out waiting ...", NCCL's watchdog)."""
-    text = str(error)
-    return isinstance(error, RuntimeError) and ("Timed out waiting" in text or "collective operation timeout" in text
-                                                or ("timed out" in text.lower() and "collective" in text.lower()))
-
-
 def mark_failed() -> None:
     """This process is ending on an error (the command line caught it and prints it):
     no collective at exit. Its peers may be gone or stuck in the collective it left, so
@@ -272,29 +264,6 @@ def mark_failed() -> None:
     at once, and the launcher stops what is left."""
     global _failed
     _failed = True
-
-
-# What a collective raises when a peer process has gone (gloo, NCCL); and what torch's
-# DataLoader raises when the launcher, stopping the job after another rank failed,
-# terminated this rank's loader workers first (seen under load: SIGKILL to rank 1, rank 0
-# in a step).
-_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited",
-              "NCCL communicator was aborted", "has been aborted", "peer exited", "is killed by signal: Terminated")
-
-
-def peer_lost(error: BaseException) -> bool:
-    """Whether ``error`` (or one it was raised from) is a collective failing because
-    another process of the job has gone: this process then only stops, saying so; the
-    job's real error is the other process's. Always False in one process."""
-    if not is_distributed():
-        return False
-    seen = 0
-    while error is not None and seen < 8:
-        if isinstance(error, RuntimeError) and any(s in str(error) for s in _PEER_LOST):
-            return True
-        error = error.__cause__ or error.__context__  # type: ignore[assignment]  # None ends the loop
-        seen += 1
-    return False
 
 
 def _shutdown_at_exit() -> None:

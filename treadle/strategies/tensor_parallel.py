@@ -248,8 +248,6 @@ def apply_plan(model: nn.Module, tp_mesh: Any, plan: Plan, tp: int) -> bool:
         plan, source = returned, "the plan tp_plan() returned"
     else:
         source = "tp_plan"
-        from treadle.strategies.plan_check import warn_if_contradicting
-
         warn_if_contradicting(model, plan)  # type: ignore[arg-type]  # a dict here (check_plan_type)
     assert isinstance(plan, dict)  # check_plan_type: a dict, "auto" or a callable
     resolved = resolve_plan(model, plan, tp, source=source)
@@ -257,4 +255,58 @@ def apply_plan(model: nn.Module, tp_mesh: Any, plan: Plan, tp: int) -> bool:
     return any(isinstance(v, str) and v == "loss_parallel" for v in plan.values())
 
 
-__all__ = ["STYLES", "apply_plan", "check_plan_type", "model_plan", "resolve_plan"]
+#: Style names that mean the same layout (:data:`STYLES`' aliases).
+_SAME = {"colwise_rep": "colwise_gather_output", "rowwise_rep": "rowwise_split_input", "local": "replicate"}
+
+
+def _styles_by_module(model: nn.Module, plan: dict[str, Any]) -> dict[str, str]:
+    """The style name each module of ``model`` gets from ``plan`` (styles given as objects left out)."""
+    names = [name for name, _ in model.named_modules() if name]
+    out: dict[str, str] = {}
+    for pattern, style in plan.items():
+        if isinstance(pattern, str) and isinstance(style, str):
+            rx = _pattern(pattern)
+            out.update({name: _SAME.get(style, style) for name in names if rx.fullmatch(name)})
+    return out
+
+
+def contradictions(model: nn.Module, plan: dict[str, Any], own: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """``(module pattern, the user's style, the model's style)`` where ``plan`` and the
+    model's ``own`` plan differ, one per module name with its layer numbers as ``*``."""
+    mine, theirs = _styles_by_module(model, plan), _styles_by_module(model, own)
+    found: dict[str, tuple[str, str, str]] = {}
+    for name, style in mine.items():
+        if name in theirs and theirs[name] != style:
+            found.setdefault(_generic(name), (_generic(name), style, theirs[name]))
+    return list(found.values())
+
+
+def warn_if_contradicting(model: nn.Module, plan: dict[str, Any]) -> str | None:
+    """A user's plan that gives a module another style than the model's own plan (a Hugging
+    Face model's ``tp_plan``) does: both may run, and train wrong without a word (Phi-3's
+    fused ``mlp.gate_up_proj`` under plain ``colwise`` keeps its output split, while the
+    model chunks it as if whole; its own plan says ``colwise_gather_output``). Warned once,
+    on rank 0, naming the modules and both styles; the user's plan is applied as given.
+    Returns the warning's text, or None."""
+    try:
+        own = model_plan(model)
+    except ValueError:  # the model has no plan of its own: nothing to contradict
+        return None
+    found = contradictions(model, plan, own)
+    if not found:
+        return None
+    shown = "; ".join(f"{name}: {mine!r} where the model's plan says {theirs!r}" for name, mine, theirs in found[:4])
+    more = f" (and {len(found) - 4} more)" if len(found) > 4 else ""
+    text = (f"tp_plan contradicts {type(model).__name__}'s own tensor-parallel plan: {shown}{more}; applied as given, "
+            "but a fused projection split without its output gathered trains wrong without an error (tp_plan='auto' "
+            "takes the model's plan)")
+    from treadle.distributed import comm
+    from treadle.logging.writers import get_logger
+
+    if comm.get_rank() == 0:
+        get_logger().warning(text)
+    return text
+
+
+__all__ = ["STYLES", "apply_plan", "check_plan_type", "contradictions", "model_plan", "resolve_plan",
+           "warn_if_contradicting"]
