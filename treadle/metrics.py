@@ -35,7 +35,13 @@ class Accuracy:
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
             raise ValueError(f"topk must be an int >= 1, got {topk!r}")
         self.topk = topk
+        self.group: Any = None  # the ranks that read different data (sync_over); None: every process
         self.reset()
+
+    def sync_over(self, layout: Any) -> None:
+        """Sum over the data-parallel ranks of ``layout`` (each batch once under tensor
+        parallelism): :func:`sync_over` calls it, as the Trainer does for its metrics."""
+        self.group = layout.data_object_group
 
     def reset(self) -> None:
         self.correct: Tensor | int = 0
@@ -72,7 +78,7 @@ class Accuracy:
         """Accuracy over everything seen; with several processes, over every rank's
         samples (each rank evaluates its own share, see treadle/data/distributed.py)."""
         correct = self.correct.item() if isinstance(self.correct, Tensor) else self.correct
-        correct, total = sum_over_ranks(correct, self.total)
+        correct, total = sum_over_ranks(correct, self.total, group=self.group)
         if total == 0:
             return float("nan")
         return correct / total
@@ -147,32 +153,40 @@ def update_metrics(metrics: dict[str, Any], outputs: Any, targets: Any, mode: st
             raise metric_error(e, name, outputs, targets, mode, arg)
 
 
-def sum_over_ranks(*values: float) -> list[float]:
-    """Each value summed over the processes that saw different data (as given, in one
-    process; under tensor parallelism the ranks of one tensor-parallel group see the
-    same batches and count once). For metrics whose state is counts: call it in
-    ``compute()`` so results cover the whole dataset; torchmetrics objects do the same by
-    themselves (over the group :func:`sync_over` gives them)."""
+def sum_over_ranks(*values: float, group: Any = None) -> list[float]:
+    """Each value summed over the processes (as given, in one process). ``group``: the
+    ranks that saw different data, a layout's ``data_object_group``: under tensor
+    parallelism the ranks of one tensor-parallel group see the same batches and count
+    once. For metrics whose state is counts: call it in ``compute()`` so results cover the
+    whole dataset, with the group :func:`sync_over` handed the metric; torchmetrics objects
+    do the same by themselves."""
     from treadle.distributed.comm import all_gather_object, is_distributed
 
     if not is_distributed():
         return list(values)
-    per_rank = all_gather_object(values, data_parallel=True)
+    per_rank = all_gather_object(values, group=group)
     return [sum(r[i] for r in per_rank) for i in range(len(values))]
 
 
-def sync_over(metric: Any, group: Any) -> None:
-    """Have a torchmetrics object (and those inside it, e.g. a MetricCollection's)
-    reduce over the process group ``group`` instead of every process: its public
-    ``process_group``, which torchmetrics takes as a constructor argument. Other metrics
-    are left as they are (treadle's reduce through :func:`sum_over_ranks`)."""
+def sync_over(metric: Any, layout: Any) -> None:
+    """Have ``metric`` reduce over the data-parallel ranks of ``layout`` (a
+    :class:`~treadle.distributed.layout.ParallelLayout`: ``strategy.layout``) instead of
+    every process: a torchmetrics object (and those inside it, e.g. a MetricCollection's)
+    through its public ``process_group``, which torchmetrics takes as a constructor
+    argument; any other metric through its own ``sync_over(layout)`` when it has one
+    (treadle's :class:`Accuracy`; write one for a metric of yours that calls
+    :func:`sum_over_ranks`). Others are left as they are."""
+    own = getattr(metric, "sync_over", None)
+    if callable(own):
+        own(layout)
+        return
     torchmetrics = sys.modules.get("torchmetrics")  # a torchmetrics object: the package is loaded
     if torchmetrics is None:
         return
     modules = metric.modules() if isinstance(metric, nn.Module) else [metric]
     for m in modules:
         if isinstance(m, torchmetrics.Metric):
-            m.process_group = group
+            m.process_group = layout.data_group
 
 
 def to_python(value: Any) -> Any:

@@ -13,7 +13,7 @@ import treadle
 from support import TINY_LM_PLAN, TinyLM, tiny_llama
 from treadle.optim.clip import clip_grad_norm_meshes
 from treadle.strategies.build import resolve_strategy
-from treadle.strategies.mesh import MeshShape
+from treadle.distributed.layout import MeshShape
 from treadle.strategies.tensor_parallel import model_plan, resolve_plan
 
 

@@ -25,7 +25,6 @@ from treadle.distributed.env import DistEnv, detect_launcher, restart_store_haza
 #: The collectives torch's flight recorder keeps per process group under NCCL (its documentation's advice).
 FLIGHT_RECORDER_ENTRIES = 2000
 _control_group: Any = None  # gloo group for objects; None means the default group
-_data_group: Any = None  # gloo group of this rank's data-parallel peers; None: every rank (see set_data_group)
 _destroy_world: Callable[[], Any] | None = None  # see destroy_world_with
 _failed = False  # see mark_failed
 _watch: Any = None  # the stall watch (treadle/distributed/sentinel.py), see start_watch
@@ -156,22 +155,13 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
-def set_data_group(group: Any) -> None:
-    """Reduce results over ``group`` (a gloo group) from now on: the ranks that see
-    different data. A strategy with tensor parallelism sets it (the ranks of one
-    tensor-parallel group see the same batches, and their results must count once);
-    None: every rank. :func:`shutdown` forgets it."""
-    global _data_group
-    _data_group = group
-
-
-def all_gather_object(obj: Any, *, data_parallel: bool = False) -> list[Any]:
-    """Every rank's ``obj``, in rank order, on every rank. ``data_parallel``: only the
-    ranks of this rank's data-parallel group (:func:`set_data_group`), in their order:
-    for sums of results, which count each batch once."""
+def all_gather_object(obj: Any, group: Any = None) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank; ``group``: only the ranks of that
+    gloo group (a layout's ``data_object_group``: the ranks that read different data, for
+    sums of results that count each batch once), in their order."""
     if not is_distributed():
         return [obj]
-    group = _data_group if data_parallel and _data_group is not None else control_group()
+    group = group if group is not None else control_group()
     out: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, obj, group=group)
     return out
@@ -294,13 +284,12 @@ def destroy_world_with(destroy: Callable[[], Any]) -> None:
 def shutdown() -> None:
     """Destroy the process group (and the object group) if one is initialised, and
     free it now, while the interpreter is whole."""
-    global _control_group, _data_group, _destroy_world
+    global _control_group, _destroy_world
     from treadle.distributed import voice
 
     stop_watch()  # before the group goes: its sentinel reads the ranks' records
     voice.use_store(None, 0)
     destroy, _destroy_world = _destroy_world or dist.destroy_process_group, None
-    _data_group = None
     if not (dist.is_available() and dist.is_initialized()):
         _control_group = None
         return

@@ -188,11 +188,10 @@ class Trainer:
         for m in (self.metrics or {}).values():  # and the evaluation's: they are fed the model's outputs there
             if isinstance(m, nn.Module):
                 m.to(strategy.device)
-        group = strategy.data_parallel_group()
-        if group is not None:  # tensor parallelism: torchmetrics reduce over the data shards, each counted once
+        if strategy.layout.data_group is not None:  # tensor parallelism: metrics reduce over the data shards, each once
             train = self.train_metrics.metrics if self.train_metrics is not None else {}
             for m in [*(self.metrics or {}).values(), *train.values()]:
-                sync_over(m, group)
+                sync_over(m, strategy.layout)
         if strategy.device.type == "cuda" and self.is_main:
             warn_if_unpinned(self.train_dataloader)
 
@@ -263,7 +262,8 @@ class Trainer:
 
     def _eval_loop(self, loader: Any, mode: str) -> EvalLoop:
         strategy = self.strategy
-        comm = EvalComm(strategy.rank, strategy.eval_in_lockstep) if strategy.distributed else None
+        comm = (EvalComm(strategy.rank, strategy.eval_in_lockstep, strategy.layout.data_object_group)
+                if strategy.distributed else None)
         return EvalLoop(self, loader, mode, hooks=self._dispatch, state=self.state, model=self.model,
                         metrics=self.metrics, step=self._eval_step, seed=self.seed,
                         custom_step=self._custom_eval_step(mode),

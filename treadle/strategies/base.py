@@ -27,6 +27,7 @@ from torch import nn
 from treadle.checkpoint.checkpointer import rng_file
 from treadle.checkpoint.io import CheckpointError
 from treadle.distributed import comm
+from treadle.distributed.layout import ParallelLayout
 from treadle.optim.wrapper_builder import check_optimizes
 from treadle.strategies.api import DEFAULT_REVISE_KEYS, StrategyAPI
 
@@ -103,26 +104,25 @@ class Strategy(StrategyAPI):
         """True on the process that writes logs and checkpoints."""
         return self.rank == 0
 
-    # -- the data-parallel view of the processes (FSDP's mesh may split them further) --
+    # -- how the processes split: the layout, built once by setup() -------------------
+    #: Replicas x shards x tensor parallel, this rank, the data-parallel groups
+    #: (treadle/distributed/layout.py): what loaders, metrics, evaluation and logging ask.
+    layout: ParallelLayout = ParallelLayout()
+
     @property
     def dp_rank(self) -> int:
-        """The shard of the data this process reads: its rank, unless tensor parallelism
-        gives the ranks of one group the same batches."""
-        return self.rank
+        """The shard of the data this process reads (``layout.dp_rank``)."""
+        return self.layout.dp_rank
 
     @property
     def dp_size(self) -> int:
-        """How many shards the data is split into (the world size without tensor parallelism)."""
-        return self.world_size
+        """How many shards the data is split into (``layout.dp_size``)."""
+        return self.layout.dp_size
 
     @property
     def tp_size(self) -> int:
-        """Tensor-parallel ranks per data shard (1: none)."""
-        return 1
-
-    def data_leaders(self) -> list[int]:
-        """One rank per data shard, in shard order (the results of the others repeat theirs)."""
-        return list(range(self.world_size))
+        """Tensor-parallel ranks per data shard, 1 for none (``layout.tp_size``)."""
+        return self.layout.tp_size
 
     @property
     def distributed(self) -> bool:
@@ -130,13 +130,6 @@ class Strategy(StrategyAPI):
 
     def setup(self) -> None:
         """Called once by the Trainer before the model is placed."""
-
-    def data_parallel_group(self) -> Any:
-        """The process group of the ranks that hold replicas (or shards) of the same model
-        and read different data: what BatchNorm statistics (``sync_bn``) and torchmetrics
-        objects reduce over. None: every process (here; FSDP with tensor parallelism returns
-        the group of its data-parallel ranks)."""
-        return None
 
     def check_trainer_options(self, options: dict[str, Any]) -> None:
         """Refuse, before anything starts, Trainer arguments this strategy cannot honour
@@ -250,7 +243,7 @@ class Strategy(StrategyAPI):
         if not self.distributed:
             return values
         per_rank = comm.all_gather_object(values)
-        leaders = [per_rank[r] for r in self.data_leaders()]  # tensor parallelism: a shard's values once
+        leaders = [per_rank[r] for r in self.layout.data_leaders()]  # tensor parallelism: a shard's values once
         out: dict[str, float] = {}
         for key in values:
             if key.endswith("_time") or key.startswith("time/"):
@@ -359,6 +352,7 @@ class ProcessGroupStrategy(Strategy):
         env = detect_launcher()
         self.device = comm.init_distributed(env, backend=self.backend, timeout_s=self.timeout_s)
         self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
+        self.layout = ParallelLayout.data_parallel(self.world_size, self.rank)  # FSDP's mesh splits it further
         self.local_rank = env.local_rank
         watching = self.stall_warn_s is not None or self.stall_timeout_s is not None
         comm.start_watch(warn_s=self.stall_warn_s, timeout_s=self.stall_timeout_s,
@@ -366,7 +360,7 @@ class ProcessGroupStrategy(Strategy):
 
     def convert_batchnorm(self, model: nn.Module) -> nn.Module:
         """With ``sync_bn``: every BatchNorm layer of ``model`` made a SyncBatchNorm over
-        :meth:`data_parallel_group` (treadle/strategies/sync_batchnorm.py), in place, before
+        ``layout.data_group`` (treadle/strategies/sync_batchnorm.py), in place, before
         the model is wrapped. Unchanged without it, and when that group is one process
         (said once in the log: there is nothing to synchronize)."""
         if not self.sync_bn:
@@ -377,7 +371,7 @@ class ProcessGroupStrategy(Strategy):
         if isinstance(model, (*BATCHNORMS, torch.nn.SyncBatchNorm)):
             raise ValueError(f"sync_bn=True: the model is itself a {type(model).__name__} layer; put it inside a "
                              "module (e.g. nn.Sequential) so that it can be replaced")
-        group = self.data_parallel_group()
+        group = self.layout.data_group
         size = comm.get_world_size() if group is None else _group_size(group)
         layers = count_batchnorms(model)
         if size <= 1:
@@ -438,6 +432,7 @@ class SingleDevice(Strategy):
     def __init__(self, device: str | torch.device | None = None) -> None:
         self.device = check_device(device) if device is not None else pick_device()
         self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
+        self.layout = ParallelLayout.data_parallel(self.world_size, self.rank)
 
     def setup_model(self, model: nn.Module) -> nn.Module:
         return move_model(self.materialize_model(model), self.device)

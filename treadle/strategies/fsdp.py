@@ -54,7 +54,8 @@ from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 from treadle.compat import fsdp_cpu_problem, gloo_sums_average, mesh_reshard_problem
 from treadle.strategies.base import STALL_WARN_S, ProcessGroupStrategy, move_model
-from treadle.strategies.mesh import DeviceMesh, MeshShape, new_dp_groups
+from treadle.distributed.layout import MeshShape, ParallelLayout, data_groups
+from treadle.strategies.mesh import ParallelMesh
 from treadle.strategies.tensor_parallel import Plan, check_plan_type
 
 WrapPolicy = tuple[type | str, ...] | list[type | str] | Callable[[nn.Module], bool] | None
@@ -159,16 +160,15 @@ class FSDPStrategy(ProcessGroupStrategy):
         self.mixed_precision = mixed_precision
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
-        self.shape = MeshShape(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp)  # resolved by setup()
+        self.shape = MeshShape(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp)  # as asked: setup() resolves it
         check_plan_type(tp_plan)
         if tp > 1 and tp_plan is None:
             raise ValueError(f"tp={tp} needs tp_plan=: a dict of module-name patterns to styles, such as "
                              "{'layers.*.attn.q_proj': 'colwise', 'layers.*.attn.o_proj': 'rowwise'}, 'auto' (a "
                              "Hugging Face model's own plan) or a callable plan(model, tp_mesh)")
         self.tp_plan = tp_plan
-        self.device_mesh: DeviceMesh | None = None  # built by setup() over several processes
+        self.device_mesh: ParallelMesh | None = None  # built by setup() over several processes
         self.mesh: Any = None  # the mesh fully_shard takes (torch's DeviceMesh)
-        self._dp_groups: dict[str, Any] = {}
 
     # -- the mesh ----------------------------------------------------------------------
     def setup(self) -> None:
@@ -177,37 +177,20 @@ class FSDPStrategy(ProcessGroupStrategy):
         super().setup()
         from treadle.distributed.env import detect_launcher
 
-        self.shape = self.shape.resolve(self.world_size, detect_launcher().local_world_size)
-        if self.shape.tp == 1 and self.tp_plan is not None and self.is_main:
+        shape = self.shape.resolve(self.world_size, detect_launcher().local_world_size)
+        if shape.tp == 1 and self.tp_plan is not None and self.is_main:
             get_logger().warning("strategy 'fsdp': tp_plan is given, but tp=1: no layer is split")
         if not self.distributed:
+            self.layout = ParallelLayout(shape, self.rank)
             return
-        self.device_mesh = DeviceMesh.build(self.device.type, self.shape)
-        if self.shape.tp > 1 or self.shape.dp_replicate > 1:
+        self.device_mesh = ParallelMesh.build(self.device.type, shape)
+        if shape.tp > 1 or shape.dp_replicate > 1:
             _quiet_sequential_collective_hints()
             if self.is_main:
-                get_logger().info(f"device mesh: {self.shape.describe()}")
-        backends = ("gloo", dist_backend())
-        self._dp_groups = new_dp_groups(self.shape, self.rank, backends)
-        comm.set_data_group(self._dp_groups.get("gloo"))
-
-    @property
-    def dp_rank(self) -> int:
-        return self.shape.dp_rank(self.rank) if self.shape.resolved else self.rank
-
-    @property
-    def dp_size(self) -> int:
-        return self.shape.dp_size if self.shape.resolved else self.world_size
-
-    @property
-    def tp_size(self) -> int:
-        return self.shape.tp
-
-    def data_parallel_group(self) -> Any:
-        return self._dp_groups.get(dist_backend()) if self._dp_groups else None
-
-    def data_leaders(self) -> list[int]:
-        return self.shape.dp_groups()[0] if self.shape.resolved else list(range(self.world_size))
+                get_logger().info(f"device mesh: {shape.describe()}")
+        groups = data_groups(shape, self.rank, ("gloo", dist_backend()))
+        self.layout = ParallelLayout(shape, self.rank, data_group=groups.get(dist_backend()),
+                                     data_object_group=groups.get("gloo"))
 
     def check_trainer_options(self, options: dict[str, Any]) -> None:
         if options.get("ema") is not None and self.distributed:
@@ -218,7 +201,7 @@ class FSDPStrategy(ProcessGroupStrategy):
     def setup_model(self, model: nn.Module) -> nn.Module:
         """``fully_shard`` the policy's submodules, then the root; returns ``model`` itself."""
         self._check_wrap_matched(model)  # on one process too: a typo should not wait for a cluster
-        if isinstance(self.tp_plan, dict) and self.shape.tp == 1:  # the plan's names, checked all the same
+        if isinstance(self.tp_plan, dict) and self.layout.tp_size == 1:  # the plan's names, checked all the same
             from treadle.strategies.tensor_parallel import resolve_plan
 
             resolve_plan(model, self.tp_plan, 1)
@@ -234,7 +217,7 @@ class FSDPStrategy(ProcessGroupStrategy):
             return model
         if self.device.type == "cpu":
             mixed = self.mp_policy.param_dtype not in (None, torch.float32)
-            problem = fsdp_cpu_problem(mixed, replicas=self.shape.dp_replicate > 1, sync_bn=self.sync_bn)
+            problem = fsdp_cpu_problem(mixed, replicas=self.layout.shape.dp_replicate > 1, sync_bn=self.sync_bn)
             if problem is not None:
                 raise RuntimeError(problem)
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
@@ -245,7 +228,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         if self.device_mesh.tp is not None:  # tensor parallel first, then FSDP over the data dimensions
             from treadle.strategies.tensor_parallel import apply_plan
 
-            self.loss_parallel = apply_plan(model, self.device_mesh.tp, self.tp_plan, self.shape.tp)
+            self.loss_parallel = apply_plan(model, self.device_mesh.tp, self.tp_plan, self.layout.tp_size)
         self.mesh = self.device_mesh.fsdp
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.cpu_offload else OffloadPolicy()
         kwargs = dict(mesh=self.mesh, mp_policy=self.mp_policy, offload_policy=offload)
@@ -294,7 +277,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         self.check_optimizer(optim_wrapper.optimizer, model)
         if isinstance(model, FSDPModule):
             optim_wrapper.no_sync = lambda: _no_gradient_sync(model)
-        if self.shape.tp > 1:  # gradients on two meshes, (dp, tp) and dp: the global norm across both
+        if self.layout.tp_size > 1:  # gradients on two meshes, (dp, tp) and dp: the global norm across both
             from treadle.optim.clip import clip_grad_norm_meshes
 
             optim_wrapper.clip_grad_norm = clip_grad_norm_meshes
@@ -365,7 +348,7 @@ class FSDPStrategy(ProcessGroupStrategy):
 
         self.finish_saves()  # an asynchronous save still in flight is committed first
         if self.distributed:  # the mesh it was saved on: a resume on another one reshards (treadle/compat.py)
-            meta = {**meta, "mesh": self.shape.as_dict()}
+            meta = {**meta, "mesh": self.layout.shape.as_dict()}
         tensors, rest = split_tensors(payloads[STATE_FILE], sharded)
         where = _find_dtensor(rest)
         if where is not None:
@@ -408,7 +391,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         version = manifest.get("format_version")
         saved_mesh = (manifest.get("meta") or {}).get("mesh")
         if isinstance(saved_mesh, dict) and self.distributed and math.prod(saved_mesh.values()) == self.world_size:
-            problem = mesh_reshard_problem(saved_mesh, self.shape.as_dict())  # another number: load_sharded checks
+            problem = mesh_reshard_problem(saved_mesh, self.layout.shape.as_dict())  # another number: load_sharded checks
             if problem is not None:
                 raise CheckpointError(f"{path}: {problem}")
         if version == 1:
