@@ -379,9 +379,9 @@ def _init_weights(model: nn.Module) -> None:
 
 def _model(value: Any, init_weights: bool, strategy: Any, safe: bool) -> Any:
     """The model a spec describes; under a strategy that builds on the meta device
-    (``strategy.empty_init``), an :class:`EmptyModel` (its constructor and ``init_weights``
+    (``strategy.builds_empty``), an :class:`EmptyModel` (its constructor and ``init_weights``
     recorded, not run: the strategy materializes each process's share)."""
-    if not isinstance(value, Mapping) or not strategy.empty_init:
+    if not isinstance(value, Mapping) or not strategy.builds_empty:
         return from_spec(value, "model", "model", safe=safe)
 
     def build() -> Any:

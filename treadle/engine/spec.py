@@ -34,7 +34,7 @@ from treadle.optim.loss_scale import check_loss_scale
 from treadle.optim.wrapper import check_clip_grad, check_precision
 from treadle.strategies.activation_checkpointing import EXPECTED as AC_EXPECTED, plan_activation_checkpointing
 from treadle.strategies.base import Strategy
-from treadle.strategies.build import STRATEGY_NAMES, resolve_strategy
+from treadle.strategies.build import STRATEGY_NAMES, check_strategy, resolve_strategy
 
 LOG_WRITERS = tuple(_WRITERS)  # names LoggerHook knows: "jsonl", "csv", "tensorboard", "mlflow", "wandb"
 _ANY = ANY_OBJECT  # an object (a DataLoader, a callable): its own checks apply, not the config's
@@ -72,7 +72,13 @@ def _strategy(value: Any, path: str) -> None:
         _choice(*STRATEGY_NAMES)(value, path)
     else:
         _choice(*STRATEGY_NAMES)(value.get("type"), f"{path}.type")
-        _wrap(resolve_strategy)(value, path)  # the constructor checks the options; nothing starts
+        _wrap(check_strategy)(value, path)  # the options' names; their values: by the one object built
+
+
+def _build_strategy(name: str, value: Any) -> Strategy:
+    """The one strategy object of a Trainer (a name or a dict built here; its constructor
+    checks the options' values, and nothing starts)."""
+    return resolve_strategy(value)
 
 
 def _workflow(value: Any, path: str) -> None:
@@ -327,7 +333,7 @@ class TrainerArgs:
         "`treadle.strategies.ddp.DDPStrategy` / `treadle.strategies.fsdp.FSDPStrategy` / "
         "`treadle.strategies.deepspeed.DeepSpeedStrategy`), or a `Strategy`.",
         (str, dict), f"one of {', '.join(STRATEGY_NAMES)}, or {{type: ddp|fsdp|deepspeed, option: value}}", _strategy,
-        objects=(Strategy,))] = "auto"
+        objects=(Strategy,), convert=_build_strategy)] = "auto"
     seed: Annotated[int | None, Arg(
         "Seed of every RNG. A model and data given as specs (and the command line's) are built after seeding, so "
         "initial weights repeat too. None: one is drawn (on rank 0, for every rank), used the same way and logged "

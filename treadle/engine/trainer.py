@@ -95,7 +95,7 @@ class Trainer:
         self.accumulate_across_epochs = args.accumulate_across_epochs  # the train loop's (treadle/engine/loops.py)
         self._limits = {"train": args.limit_train_batches, "val": args.limit_val_batches,
                         "test": args.limit_test_batches}  # batches per epoch or pass (None: all)
-        self.strategy = resolve_strategy(args.strategy)
+        self.strategy = resolve_strategy(args.strategy)  # already built by the argument's check: the same object
         self.train_metrics = a.train_metrics  # None unless given (treadle/hooks/train_metrics.py)
 
         # -- process group, run id and seeds; then model and data ----------------------

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable, ContextManager
 
 import torch
@@ -88,6 +89,24 @@ def make_autocast(precision: str, device_type: str) -> Callable[[], ContextManag
     return functools.partial(torch.autocast, device_type, dtype=dtype)
 
 
+@dataclass(frozen=True)
+class GradientSync:
+    """How gradients cross processes, as the optimizer wrapper needs to know it: given
+    by the strategy (``Strategy.gradient_sync(model)``), the one place it is decided.
+
+    Attributes:
+        no_sync: a context for micro-batches that do not step, during which gradients
+            are not reduced (DDP's ``no_sync``; FSDP's reduce-scatter skipped); None:
+            every micro-batch synchronizes.
+        clip_grad_norm: clipping by norm, ``fn(params, max_norm=, norm_type=, ...)`` ->
+            the total norm (a device tensor); torch's, or one that computes the global
+            norm across several device meshes (FSDP x tensor parallel, optim/clip.py).
+    """
+
+    no_sync: Callable[[], ContextManager[Any]] | None = None
+    clip_grad_norm: Callable[..., Tensor] = torch.nn.utils.clip_grad_norm_
+
+
 class OptimWrapper:
     """An optimizer plus AMP, gradient accumulation and clipping.
 
@@ -130,11 +149,8 @@ class OptimWrapper:
         # Hook points, filled in by the trainer; empty tuples cost nothing.
         self.after_backward_callbacks: tuple[Callable[[], Any], ...] = ()
         self.before_step_callbacks: tuple[Callable[[], Any], ...] = ()
-        # Context for micro-batches that do not step (DDP's no_sync), set by a strategy.
-        self.no_sync: Callable[[], ContextManager[Any]] | None = None
-        # Clipping by norm; a strategy whose gradients span several device meshes (FSDP x
-        # tensor parallel) sets one that computes the global norm across them (optim/clip.py).
-        self.clip_grad_norm: Callable[..., Tensor] = torch.nn.utils.clip_grad_norm_
+        # no_sync and clipping by norm: the strategy's (Strategy.setup_optim_wrapper gives it).
+        self.gradient_sync = GradientSync()
 
     # -- the pieces a custom step may call ------------------------------------------
     def backward(self, loss: Tensor, **kwargs: Any) -> None:
@@ -193,16 +209,17 @@ class OptimWrapper:
         all-reduce once per window), else a no-op. Wrap forward *and* backward of a
         micro-batch in it: DDP decides in the forward pass, so wrapping backward alone
         would not do."""
-        if self.no_sync is None or self.next_closes():
+        no_sync = self.gradient_sync.no_sync
+        if no_sync is None or self.next_closes():
             return contextlib.nullcontext()
-        return self.no_sync()
+        return no_sync()
 
     def optim_context(self, model: Any = None) -> ContextManager[Any]:
         """For a custom step, around forward *and* backward of a micro-batch (MMEngine's
         contract, as its ``AmpOptimWrapper``): :meth:`accumulation_context` and, under
         bf16/fp16, autocast (backward inside autocast runs each op in its forward dtype).
-        ``model`` is accepted for MMEngine's signature and not needed (the strategy set
-        ``no_sync`` when it prepared the wrapper)."""
+        ``model`` is accepted for MMEngine's signature and not needed (the strategy gave
+        its :class:`GradientSync` when it prepared the wrapper)."""
         if self.precision == "32":
             return self.accumulation_context()
         stack = contextlib.ExitStack()
@@ -245,7 +262,7 @@ class OptimWrapper:
         assert cfg is not None  # step() calls _clip only with clip_grad set
         if "max_norm" in cfg:
             # Returns a device tensor: no host sync here (unless error_if_nonfinite).
-            self.grad_norms.append(self.clip_grad_norm(params, **cfg))
+            self.grad_norms.append(self.gradient_sync.clip_grad_norm(params, **cfg))
         else:
             torch.nn.utils.clip_grad_value_(params, clip_value=cfg["value"], foreach=cfg.get("foreach"))
 

@@ -255,7 +255,7 @@ class StrategyAPI:
             from treadle.components.build import build_model  # the config layer: only for a config dict
 
             spec = dict(model)
-            if self.empty_init:  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
+            if self.builds_empty:  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
                 empty = record(lambda: build_model(spec), what=str(spec.get("type", "the model")))
                 model = empty.module if isinstance(empty, EmptyModel) else empty
             else:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -52,8 +53,9 @@ from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
+from treadle.optim.wrapper import GradientSync
 from treadle.compat import fsdp_cpu_problem, gloo_sums_average, mesh_reshard_problem
-from treadle.strategies.base import STALL_WARN_S, ProcessGroupStrategy, move_model
+from treadle.strategies.base import ProcessGroupStrategy, move_model
 from treadle.distributed.layout import MeshShape, ParallelLayout, data_groups
 from treadle.strategies.mesh import ParallelMesh
 from treadle.strategies.tensor_parallel import Plan, check_plan_type
@@ -112,6 +114,7 @@ def _wrap_predicate(wrap: WrapPolicy) -> tuple[Callable[[nn.Module], bool], list
     return pred, items
 
 
+@dataclass(eq=False)
 class FSDPStrategy(ProcessGroupStrategy):
     """FSDP2 (``fully_shard``) over torch.distributed (see the module docstring).
 
@@ -125,12 +128,6 @@ class FSDPStrategy(ProcessGroupStrategy):
         reshard_after_forward: free gathered parameters after forward (less memory,
             one more all-gather in backward).
         cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU.
-        backend, timeout_s, shard_data, stall_warn_s, stall_timeout_s: as for DDPStrategy.
-        empty_init: a model given as a spec is built on the meta device, split and sharded
-            there, and each process materializes only its shards (None, the default: on
-            several processes; treadle/strategies/materialize.py).
-        sync_bn: BatchNorm statistics over all data-parallel processes (each BatchNorm layer
-            made a SyncBatchNorm before sharding, treadle/strategies/sync_batchnorm.py).
         dp_replicate: replicas of the sharded model (HSDP when > 1); -1: what
             ``dp_shard x tp`` leave of the world size.
         dp_shard: processes each replica is sharded over; -1: what ``dp_replicate x
@@ -140,6 +137,10 @@ class FSDPStrategy(ProcessGroupStrategy):
             styles (``{"layers.*.attn.q_proj": "colwise", ...}``), ``"auto"`` (the
             model's own plan: a Hugging Face model's), or a callable ``plan(model, tp_mesh)``
             (treadle/strategies/tensor_parallel.py).
+        backend, timeout_s, shard_data, sync_bn, stall_warn_s, stall_timeout_s, empty_init:
+            the options every multi-process strategy takes (``ProcessGroupStrategy``); with
+            ``empty_init`` the model is split and sharded on the meta device, and each
+            process materializes only its shards.
     """
 
     name = "fsdp"
@@ -147,26 +148,29 @@ class FSDPStrategy(ProcessGroupStrategy):
     eval_in_lockstep = True  # forward all-gathers parameters
     saves_window_grads = False  # sharded gradients under no_sync have no stable layout
 
-    def __init__(self, wrap: WrapPolicy = None, mixed_precision: dict[str, Any] | None = None,
-                 reshard_after_forward: bool = True, cpu_offload: bool = False,
-                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
-                 sync_bn: bool = False, *, dp_replicate: int = 1, dp_shard: int | str = -1, tp: int = 1,
-                 tp_plan: Plan = None, stall_warn_s: float | None = STALL_WARN_S,
-                 stall_timeout_s: float | None = None, empty_init: bool | None = None) -> None:
-        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn,
-                         stall_warn_s=stall_warn_s, stall_timeout_s=stall_timeout_s, empty_init=empty_init)
-        self._wrap_pred, self._wrap_items = _wrap_predicate(wrap)
-        self.mp_policy = mixed_precision_policy(mixed_precision)  # validated now: errors before any process starts
-        self.mixed_precision = mixed_precision
-        self.reshard_after_forward = bool(reshard_after_forward)
-        self.cpu_offload = bool(cpu_offload)
-        self.shape = MeshShape(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp)  # as asked: setup() resolves it
-        check_plan_type(tp_plan)
-        if tp > 1 and tp_plan is None:
-            raise ValueError(f"tp={tp} needs tp_plan=: a dict of module-name patterns to styles, such as "
+    wrap: WrapPolicy = None
+    mixed_precision: dict[str, Any] | None = None
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    _: KW_ONLY
+    dp_replicate: int = 1
+    dp_shard: int | str = -1
+    tp: int = 1
+    tp_plan: Plan = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._wrap_pred, self._wrap_items = _wrap_predicate(self.wrap)
+        self.mp_policy = mixed_precision_policy(self.mixed_precision)  # validated now: errors before any process starts
+        self.reshard_after_forward = bool(self.reshard_after_forward)
+        self.cpu_offload = bool(self.cpu_offload)
+        # as asked: setup() resolves it against the world size
+        self.shape = MeshShape(dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, tp=self.tp)
+        check_plan_type(self.tp_plan)
+        if self.tp > 1 and self.tp_plan is None:
+            raise ValueError(f"tp={self.tp} needs tp_plan=: a dict of module-name patterns to styles, such as "
                              "{'layers.*.attn.q_proj': 'colwise', 'layers.*.attn.o_proj': 'rowwise'}, 'auto' (a "
                              "Hugging Face model's own plan) or a callable plan(model, tp_mesh)")
-        self.tp_plan = tp_plan
         self.device_mesh: ParallelMesh | None = None  # built by setup() over several processes
         self.mesh: Any = None  # the mesh fully_shard takes (torch's DeviceMesh)
 
@@ -204,7 +208,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         if isinstance(self.tp_plan, dict) and self.layout.tp_size == 1:  # the plan's names, checked all the same
             from treadle.strategies.tensor_parallel import resolve_plan
 
-            resolve_plan(model, self.tp_plan, 1)
+            resolve_plan(model, self.tp_plan, 1, checked=True)
         if not self.distributed:  # one process: nothing to shard
             model = self.materialize_model(model)
         elif self.cpu_offload and self._pending_init is not None:  # the offloaded shards start on the CPU
@@ -228,7 +232,8 @@ class FSDPStrategy(ProcessGroupStrategy):
         if self.device_mesh.tp is not None:  # tensor parallel first, then FSDP over the data dimensions
             from treadle.strategies.tensor_parallel import apply_plan
 
-            self.loss_parallel = apply_plan(model, self.device_mesh.tp, self.tp_plan, self.layout.tp_size)
+            self.loss_parallel = apply_plan(model, self.device_mesh.tp, self.tp_plan, self.layout.tp_size,
+                                            checked=True)
         self.mesh = self.device_mesh.fsdp
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.cpu_offload else OffloadPolicy()
         kwargs = dict(mesh=self.mesh, mp_policy=self.mp_policy, offload_policy=offload)
@@ -270,17 +275,21 @@ class FSDPStrategy(ProcessGroupStrategy):
                 "Optimizer object.")
 
     def setup_optim_wrapper(self, optim_wrapper: Any, model: nn.Module) -> None:
+        """The optimizer checked against the sharded parameters, then :meth:`gradient_sync`."""
+        self.check_optimizer(optim_wrapper.optimizer, model)
+        super().setup_optim_wrapper(optim_wrapper, model)
+
+    def gradient_sync(self, model: nn.Module) -> GradientSync:
         """Accumulation: micro-batches that do not step skip the reduce-scatter; with
         tensor parallelism, clipping by the norm over both meshes (treadle/optim/clip.py)."""
         from torch.distributed.fsdp import FSDPModule
 
-        self.check_optimizer(optim_wrapper.optimizer, model)
-        if isinstance(model, FSDPModule):
-            optim_wrapper.no_sync = lambda: _no_gradient_sync(model)
+        no_sync = (lambda: _no_gradient_sync(model)) if isinstance(model, FSDPModule) else None
         if self.layout.tp_size > 1:  # gradients on two meshes, (dp, tp) and dp: the global norm across both
             from treadle.optim.clip import clip_grad_norm_meshes
 
-            optim_wrapper.clip_grad_norm = clip_grad_norm_meshes
+            return GradientSync(no_sync=no_sync, clip_grad_norm=clip_grad_norm_meshes)
+        return GradientSync(no_sync=no_sync)
 
     # -- state dicts (collectives: every rank calls them) --------------------------------
     def get_model_state(self, module: nn.Module) -> dict[str, Any]:

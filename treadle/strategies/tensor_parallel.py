@@ -156,12 +156,16 @@ def check_plan_type(plan: Any, source: str = "tp_plan") -> None:
                              f"{', '.join(map(repr, _styles()))} or a torch ParallelStyle")
 
 
-def resolve_plan(model: nn.Module, plan: dict[str, Any], tp: int, *, source: str = "tp_plan") -> dict[str, Any]:
+def resolve_plan(model: nn.Module, plan: dict[str, Any], tp: int, *, source: str = "tp_plan",
+                 checked: bool = False) -> dict[str, Any]:
     """``{module name: ParallelStyle}`` for ``plan`` on ``model``, checked before anything
     changes: every pattern matches a module, no module matches two styles, ``tp`` divides
     each dimension a style splits, no split module shares a weight with another module,
-    and a Hugging Face model's attention heads split evenly. One-line ValueErrors."""
-    check_plan_type(plan, source)
+    and a Hugging Face model's attention heads split evenly. One-line ValueErrors.
+    ``checked``: the plan's entries already passed :func:`check_plan_type` (the strategy's
+    constructor checks a given plan once)."""
+    if not checked:
+        check_plan_type(plan, source)
     names = {name: m for name, m in model.named_modules() if name}
     chosen: dict[str, tuple[str, Any]] = {}
     for pattern, style in plan.items():
@@ -233,9 +237,10 @@ def _check_heads(model: nn.Module, tp: int, source: str) -> None:
                              "whole heads, so expected a tp that divides it")
 
 
-def apply_plan(model: nn.Module, tp_mesh: Any, plan: Plan, tp: int) -> bool:
+def apply_plan(model: nn.Module, tp_mesh: Any, plan: Plan, tp: int, *, checked: bool = False) -> bool:
     """Parallelize ``model`` over ``tp_mesh`` by ``plan`` (a dict, "auto", or a callable);
-    returns whether the loss is computed on class shards (a ``loss_parallel`` style)."""
+    returns whether the loss is computed on class shards (a ``loss_parallel`` style).
+    ``checked``: a dict ``plan`` already passed :func:`check_plan_type`."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if plan == "auto":
@@ -250,7 +255,7 @@ def apply_plan(model: nn.Module, tp_mesh: Any, plan: Plan, tp: int) -> bool:
         source = "tp_plan"
         warn_if_contradicting(model, plan)  # type: ignore[arg-type]  # a dict here (check_plan_type)
     assert isinstance(plan, dict)  # check_plan_type: a dict, "auto" or a callable
-    resolved = resolve_plan(model, plan, tp, source=source)
+    resolved = resolve_plan(model, plan, tp, source=source, checked=checked and source == "tp_plan")
     parallelize_module(model, tp_mesh, resolved)
     return any(isinstance(v, str) and v == "loss_parallel" for v in plan.values())
 
