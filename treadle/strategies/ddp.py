@@ -19,7 +19,6 @@ the meta device, each replica materialized whole (see ProcessGroupStrategy).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
