@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch import Tensor, nn
@@ -189,6 +189,19 @@ def sync_over(metric: Any, layout: Any) -> None:
             m.process_group = layout.data_group
 
 
+def place_metrics(metrics: Iterable[Any], device: torch.device, layout: Any) -> None:
+    """Metrics where the run's outputs are: torchmetrics objects (modules) moved to
+    ``device``; under tensor parallelism (``layout.data_group`` set) each reduces over the
+    data-parallel ranks only (:func:`sync_over`), so a batch every tp rank saw counts once."""
+    metrics = list(metrics)
+    for m in metrics:
+        if isinstance(m, nn.Module):
+            m.to(device)
+    if layout.data_group is not None:
+        for m in metrics:
+            sync_over(m, layout)
+
+
 def to_python(value: Any) -> Any:
     """A result as a float (or list): read once per evaluation, never per step."""
     if isinstance(value, Tensor):
@@ -207,5 +220,5 @@ def flatten_results(key: str, value: Any) -> dict[str, Any]:
     return {key: to_python(value)}
 
 
-__all__ = ["Accuracy", "as_float32", "flatten_results", "higher_is_better", "sum_over_ranks", "sync_over",
+__all__ = ["Accuracy", "as_float32", "flatten_results", "higher_is_better", "place_metrics", "sum_over_ranks", "sync_over",
            "to_python", "update_metrics"]

@@ -172,7 +172,7 @@ def test_checking_a_strategy_spec_builds_nothing_and_names_what_is_wrong(monkeyp
 def test_an_option_value_is_refused_once_by_the_trainer_naming_the_strategy(monkeypatch):
     import treadle
 
-    with pytest.raises(ValueError, match=r"strategy 'fsdp': tp=2 needs tp_plan="):
+    with pytest.raises(ValueError, match=r"strategy: strategy .fsdp.: tp=2 needs tp_plan="):
         treadle.Trainer(nn.Linear(2, 2), strategy=dict(type="fsdp", tp=2))
     with pytest.raises(ValueError, match=r"strategy 'ddp': stall_warn_s=-1"):
         treadle.Trainer(nn.Linear(2, 2), strategy=dict(type="ddp", stall_warn_s=-1))

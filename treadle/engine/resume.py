@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 from treadle.checkpoint.directory import cleanup_stale_tmp, find_latest_checkpoint, list_checkpoints
 from treadle.checkpoint.io import MANIFEST_NAME, CheckpointError, CheckpointWarning, UnreadableCheckpointError
 from treadle.checkpoint.tensor_sources import is_hf_folder
+from treadle.checkpoint.weights import load_weights
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 
@@ -83,6 +84,27 @@ def resume_latest(ckpt_dir: Path, is_main: bool, load: Callable[[Path], None]) -
         get_logger().warning(f"resume=True: {path} verifies but cannot be loaded ({errors[0]}); resuming from the "
                              f"previous verified checkpoint {previous.name} instead")
         path = previous
+    return None
+
+
+def weights_to_read(load_from: str | Path | None, module: Any, built_empty: bool, is_main: bool) -> Path | None:
+    """``load_from=``: the weights read into ``module`` now (a run directory: its latest
+    verified checkpoint), or, for a model built on the meta device (``built_empty``), the
+    checkpoint returned for ``Strategy.prepare`` to read shard by shard."""
+    if load_from is None:
+        return None
+    if built_empty:
+        path, note = checkpoint_in(load_from, "load_from", is_main)
+        if note:
+            get_logger().info(note)
+        return path
+
+    def load(path: Path, note: str | None) -> None:
+        if note:
+            get_logger().info(note)
+        get_logger().info(f"load_from: {load_weights(module, path, strict=True)}")
+
+    use_latest(load_from, "load_from", load, is_main)  # a live run's pruning: the next newest
     return None
 
 
@@ -169,4 +191,5 @@ def note_other_runs(ckpt_dir: Path) -> None:
 
 
 
-__all__ = ["check_resume_dir", "checkpoint_in", "latest_to_resume", "note_other_runs", "resume_latest"]
+__all__ = ["check_resume_dir", "checkpoint_in", "latest_to_resume", "note_other_runs", "resume_latest", "use_latest",
+           "weights_to_read"]

@@ -78,7 +78,10 @@ def _strategy(value: Any, path: str) -> None:
 def _build_strategy(name: str, value: Any) -> Strategy:
     """The one strategy object of a Trainer (a name or a dict built here; its constructor
     checks the options' values, and nothing starts)."""
-    return resolve_strategy(value)
+    try:
+        return resolve_strategy(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(name, str(e)) from None
 
 
 def _workflow(value: Any, path: str) -> None:
