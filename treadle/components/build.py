@@ -32,12 +32,13 @@ from treadle.components.keys import DATALOADER_SCHEMA, check_table
 from treadle.data.collate import COLLATE_FUNCTIONS
 from treadle.hooks.base import Hook, get_priority
 from treadle.hooks.scheduler import ParamSchedulerHook
+from treadle.optim.builder import NON_NEGATIVE, check_optimizer_args
 from treadle.optim.scheduler_builder import SCHEDULERS
 from treadle.optim.schedulers import init_arg_names
 
 
 
-def check_args(fn: Callable[..., Any], kwargs: dict[str, Any], path: str, skip: tuple[str, ...] = ()) -> None:
+def check_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any], path: str, skip: tuple[str, ...] = ()) -> None:
     """Unknown arguments (with did-you-mean) and missing required ones, before calling."""
     name = getattr(fn, "__name__", repr(fn))
     try:
@@ -57,9 +58,21 @@ def check_args(fn: Callable[..., Any], kwargs: dict[str, Any], path: str, skip: 
         raise ConfigError(path, f"missing required argument(s) {', '.join(missing)} for {name}")
 
 
+def check_optimizer_spec(cfg: Any, where: str, *, safe: bool = False) -> None:
+    """An optimizer as the Trainer's ``optimizer`` gives it, checked before anything is
+    built: a config dict's numbers (no NaN, no negative ``lr``: optim/builder.py) and, in
+    safe mode, its ``type`` a torch.optim name or class (before the builder would import
+    a dotted path). An Optimizer object is its builder's to check."""
+    if not isinstance(cfg, Mapping):
+        return
+    if safe and isinstance(cfg.get("type"), str):
+        check_name("optimizer", cfg["type"], f"{where}.type")
+    check_optimizer_args({k: a for k, a in cfg.items() if k != "type"}, where)
+
+
 def call(fn: Callable[..., Any], kwargs: dict[str, Any], path: str) -> Any:
     """``fn(**kwargs)``, any failure reported as a ConfigError naming ``path``."""
-    check_args(fn, kwargs, path)
+    check_kwargs(fn, kwargs, path)
     try:
         return fn(**kwargs)
     except Exception as e:
@@ -207,7 +220,6 @@ def build_hook(spec: Any, path: str, *, safe: bool = False) -> Hook:
 
 
 # -- optimizer and scheduler configs: checked, passed on unchanged ----------------------
-_NON_NEGATIVE = ("lr", "weight_decay", "eps", "momentum", "dampening")
 
 
 def _check_optimizer(spec: Any, path: str, safe: bool) -> None:
@@ -219,8 +231,8 @@ def _check_optimizer(spec: Any, path: str, safe: bool) -> None:
     if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)):
         raise ConfigError(join_path(path, "type"), "is not a torch.optim.Optimizer subclass", value=spec["type"])
     kwargs = {k: v for k, v in spec.items() if k not in ("type", "paramwise", "paramwise_cfg")}
-    check_args(cls, kwargs, path, skip=("params",))
-    for key in _NON_NEGATIVE:
+    check_kwargs(cls, kwargs, path, skip=("params",))
+    for key in NON_NEGATIVE:  # optim/builder.py's: the builder refuses the same
         value = kwargs.get(key)
         if key in kwargs and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ConfigError(join_path(path, key), f"wrong type {type(value).__name__}", value=value,
@@ -363,5 +375,5 @@ def check_safe(cfg: Mapping[str, Any]) -> None:
             check_name(kind, name, path)
 
 
-__all__ = ["build_check_fn", "build_component", "build_dataloader", "build_hook", "build_model", "call", "check_args",
-           "check_optimizer", "check_safe", "check_schedulers", "named_types"]
+__all__ = ["build_check_fn", "build_component", "build_dataloader", "build_hook", "build_model", "call", "check_kwargs",
+           "check_optimizer", "check_optimizer_spec", "check_safe", "check_schedulers", "named_types"]

@@ -28,7 +28,6 @@ from treadle.hooks.nan_guard import NaNGuardHook
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.timer import IterTimerHook
 from treadle.engine.eval_loop import check_set_names, loader_sets
-from treadle.optim.builder import check_optimizer_args
 from treadle.engine.loops import Workflow, check_workflow
 from treadle.logging.writers import get_logger
 from treadle.optim.wrapper import check_clip_grad, check_precision
@@ -153,15 +152,6 @@ def check_metrics(metrics: Mapping[str, Any] | None, arg: str = "metrics") -> di
                             "a metric needs update(outputs, targets), compute() and reset()")
         check_metric_update(name, m, arg)
     return dict(metrics)
-
-
-def check_optimizer_type(cfg: Any, where: str) -> None:
-    """Safe mode: an optimizer config's ``type`` must be a torch.optim name or class,
-    checked before the optimizer builder would import a dotted path."""
-    if isinstance(cfg, Mapping) and isinstance(cfg.get("type"), str):
-        from treadle.components.registry import check_name  # the config layer: only for config dicts
-
-        check_name("optimizer", cfg["type"], f"{where}.type")
 
 
 def warn_without_validation(hooks: list[Hook]) -> None:
@@ -308,9 +298,12 @@ def trainer_optim_wrapper(optimizer: Any, precision: str, accumulate: int, clip_
                           safe: bool = False, loss_scale: Any = "dynamic") -> Any:
     """The Trainer's ``optimizer`` (an Optimizer, a config dict, or a dict of those by
     name) with its ``precision``, ``accumulate``, ``clip_grad`` and ``loss_scale``, as the
-    ``optim_wrapper`` that ``Strategy.prepare`` takes (``safe``: see :func:`check_optimizer_type`)."""
+    ``optim_wrapper`` that ``Strategy.prepare`` takes (each optimizer checked first:
+    :func:`~treadle.components.build.check_optimizer_spec`)."""
     if optimizer is None:
         return None
+    from treadle.components.build import check_optimizer_spec  # the builders' layer: imported when asked
+
     extra: dict[str, Any] = {"accumulative_counts": accumulate, "clip_grad": clip_grad}
     if precision != "32":
         extra["dtype"] = "bfloat16" if precision == "bf16" else "float16"
@@ -318,15 +311,9 @@ def trainer_optim_wrapper(optimizer: Any, precision: str, accumulate: int, clip_
         extra["loss_scale"] = loss_scale
     if isinstance(optimizer, Mapping) and by_name(optimizer):
         for name, cfg in optimizer.items():
-            if safe:
-                check_optimizer_type(cfg, f"optimizer.{name}")
-            if isinstance(cfg, Mapping):
-                check_optimizer_args({k: a for k, a in cfg.items() if k != "type"}, f"optimizer.{name}")
+            check_optimizer_spec(cfg, f"optimizer.{name}", safe=safe)
         return {str(name): {"optimizer": cfg, **extra} for name, cfg in optimizer.items()}
-    if safe:
-        check_optimizer_type(optimizer, "optimizer")
-    if isinstance(optimizer, Mapping):
-        check_optimizer_args({k: a for k, a in optimizer.items() if k != "type"}, "optimizer")
+    check_optimizer_spec(optimizer, "optimizer", safe=safe)
     return {"optimizer": optimizer, **extra}
 
 
