@@ -39,7 +39,7 @@ schedulers, the loader's place and the RNG of a Trainer checkpoint, and hands ``
 
 The loop position is that of an iteration boundary: saved from ``after_train_iter`` it
 already counts the running iteration (its step is done), from ``after_train_epoch`` the
-epoch. Checkpoints of formats 1 and 2 are migrated when read (treadle/checkpoint/migrate.py).
+epoch.
 """
 
 from __future__ import annotations

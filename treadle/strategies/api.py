@@ -35,7 +35,6 @@ and each ``rng_rank<r>.pt`` that rank's RNGs and, under ``rank_state``, its own 
 each part of ``rank_parts``. ``resume`` restores all of it, RNG last, so the next batch
 and the next random draw are those an uninterrupted run would have had; the parts it was
 not handed (a Trainer checkpoint's, in a hand-written loop) come back with ``extra``.
-Checkpoints of formats 1 and 2 are migrated when read (treadle/checkpoint/migrate.py).
 """
 
 from __future__ import annotations

@@ -405,16 +405,11 @@ class FSDPStrategy(ProcessGroupStrategy):
         if template is None:
             raise ValueError("FSDPStrategy.read_checkpoint needs template=, the current sharded states")
         manifest = read_manifest(path)
-        version = manifest.get("format_version")
         saved_mesh = (manifest.get("meta") or {}).get("mesh")
         if isinstance(saved_mesh, dict) and self.distributed and math.prod(saved_mesh.values()) == self.world_size:
             problem = mesh_reshard_problem(saved_mesh, self.shape.as_dict())  # another number: load_sharded checks
             if problem is not None:
                 raise CheckpointError(f"{path}: {problem}")
-        if version == 1:
-            raise CheckpointError(f"{path}: a sharded checkpoint of format version 1 (an earlier treadle) cannot be "
-                                  "resumed by this treadle (format 2 stores the optimizer shards differently); "
-                                  "load_from= still takes its weights")
 
         def wanted(saved: set[str]) -> dict[str, Any]:  # the entries the checkpoint holds of what may be left out
             state = template(saved)
