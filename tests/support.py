@@ -311,3 +311,10 @@ def load_module_file(name: str, path: Any, stubs: dict[str, Any]) -> Any:
             else:
                 sys.modules[k] = v
     return module
+
+
+def checkpointed_modules(model: nn.Module) -> list[str]:
+    """The names of ``model``'s submodules that activation checkpointing wraps, in module order."""
+    from treadle.strategies.activation_checkpointing import is_checkpointed
+
+    return [name for name, m in model.named_modules() if is_checkpointed(m)]

@@ -80,7 +80,7 @@ __all__ = [
     "CheckpointError", "CorruptCheckpointError", "UnsafeCheckpointError", "UnreadableCheckpointError",
     "CheckpointWriteError", "CheckpointWarning",
     "save_checkpoint", "check_save_args", "load_checkpoint", "read_manifest", "verify_checkpoint",
-    "is_valid_checkpoint", "list_checkpoints", "find_latest_checkpoint",
+    "list_checkpoints", "find_latest_checkpoint",
     "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",
 ]
 
@@ -355,15 +355,6 @@ def _checkpoint_sizes(payloads: Mapping[str, Any], names: list[str],
 
 
 # ----------------------------------------------------------------------------- reading
-
-
-def is_valid_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """True when :func:`verify_checkpoint` passes."""
-    try:
-        verify_checkpoint(path)
-    except (CheckpointError, OSError):
-        return False
-    return True
 
 
 # Sentences of torch's weights-only error that are advice, not the reason: how to load

@@ -169,11 +169,6 @@ def is_checkpointed(module: nn.Module) -> bool:
     return isinstance(forward, functools.partial) and forward.func is _checkpointed_forward
 
 
-def checkpointed_modules(model: nn.Module) -> list[str]:
-    """The names of ``model``'s checkpointed submodules, in module order."""
-    return [name for name, m in model.named_modules() if is_checkpointed(m)]
-
-
 def find_blocks(model: nn.Module) -> type[nn.Module] | None:
     """The class of the model's main stack of blocks (the rule of the module docstring),
     or None when it has no container of same-class children."""
@@ -283,4 +278,4 @@ def _cache_off(model: nn.Module, names: list[str]) -> None:
 
 
 __all__ = ["CheckpointPlan", "EXPECTED", "KEYS", "MODES", "SAVED_OPS", "apply_activation_checkpointing",
-           "checkpointed_modules", "find_blocks", "is_checkpointed", "plan_activation_checkpointing", "saved_ops"]
+           "find_blocks", "is_checkpointed", "plan_activation_checkpointing", "saved_ops"]
