@@ -56,7 +56,6 @@ second time. Hugging Face's own gradient checkpointing turns the cache off in tr
 
 from __future__ import annotations
 
-import difflib
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -66,6 +65,7 @@ import torch
 from torch import nn
 
 from treadle.logging.writers import get_logger
+from treadle.suggest import closest
 
 #: The two modes (torchtitan's names); see the module docstring.
 MODES = ("full", "selective")
@@ -213,7 +213,7 @@ def _choose(model: nn.Module, plan: CheckpointPlan) -> set[str]:
             unmatched.append(it.__name__ if isinstance(it, type) else it)
         listed |= found
     if unmatched:
-        modes = [m for it in unmatched if isinstance(it, str) for m in difflib.get_close_matches(it, MODES, n=1)]
+        modes = [m for it in unmatched if isinstance(it, str) for m in closest(it, MODES, n=1)]
         hint = f"; did you mean the mode {modes[0]!r}?" if modes else ""
         raise ValueError(f"activation_checkpointing: {unmatched} match no module class or submodule path of "
                          f"{type(model).__name__}; its module classes are {classes}{hint}")
