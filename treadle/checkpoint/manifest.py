@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -101,6 +102,17 @@ def is_deepspeed_checkpoint(path: str | os.PathLike[str]) -> bool:
     if (p / "latest").is_file() or (p / "zero_to_fp32.py").is_file():
         return True
     return p.is_dir() and (any(p.glob("*_model_states.pt")) or any(p.glob("*_optim_states.pt")))
+
+
+def new_manifest(meta: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
+    """The manifest of a checkpoint saved now: format, version, time, torch's version,
+    ``meta`` (JSON) and ``files`` (each payload's size and sha256)."""
+    import torch
+
+    now = time.time()
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "created": now,
+            "created_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
+            "torch_version": torch.__version__, "meta": meta, "files": files}
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -232,6 +244,6 @@ def _verify_legacy_file(path: Path) -> None:
 __all__ = [
     "is_deepspeed_checkpoint",
     "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "STATE_FILE", "LEGACY_SUFFIXES", "FOREIGN_FILE_NAMES",
-    "CheckpointError", "CorruptCheckpointError", "CheckpointWarning", "link_note", "refuse_link", "read_manifest",
+    "CheckpointError", "CorruptCheckpointError", "CheckpointWarning", "link_note", "refuse_link", "new_manifest", "read_manifest",
     "verify_checkpoint",
 ]
