@@ -31,7 +31,8 @@ from treadle.engine.eval_loop import check_set_names, loader_sets
 from treadle.optim.builder import check_optimizer_args
 from treadle.engine.loops import Workflow, check_workflow
 from treadle.logging.writers import get_logger
-from treadle.optim.wrapper import check_clip_grad, check_precision
+from treadle.optim.wrapper import check_clip_grad
+from treadle.precision import AUTOCAST_DTYPES, check_precision
 from treadle.optim.wrapper_builder import by_name
 from treadle.engine.preemption import PreemptionConfig
 from treadle.engine.resume import check_resume_dir
@@ -313,7 +314,7 @@ def trainer_optim_wrapper(optimizer: Any, precision: str, accumulate: int, clip_
         return None
     extra: dict[str, Any] = {"accumulative_counts": accumulate, "clip_grad": clip_grad}
     if precision != "32":
-        extra["dtype"] = "bfloat16" if precision == "bf16" else "float16"
+        extra["dtype"] = AUTOCAST_DTYPES[precision]
     if loss_scale != "dynamic":
         extra["loss_scale"] = loss_scale
     if isinstance(optimizer, Mapping) and by_name(optimizer):

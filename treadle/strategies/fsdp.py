@@ -56,20 +56,19 @@ from treadle.compat import fsdp_cpu_problem, gloo_sums_average, mesh_reshard_pro
 from treadle.strategies.base import STALL_WARN_S, ProcessGroupStrategy, move_model
 from treadle.strategies.mesh import DeviceMesh, MeshShape, new_dp_groups
 from treadle.strategies.tensor_parallel import Plan, check_plan_type
+from treadle.precision import torch_dtype
 
 WrapPolicy = tuple[type | str, ...] | list[type | str] | Callable[[nn.Module], bool] | None
 
-_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-           "half": torch.float16, "16": torch.float16, "float32": torch.float32, "fp32": torch.float32,
-           "float": torch.float32, "32": torch.float32}
 _MP_KEYS = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
 
 
 def _dtype(key: str, value: Any) -> torch.dtype | None:
     if value is None or isinstance(value, torch.dtype):
         return value
-    if isinstance(value, str) and value.lower().removeprefix("torch.") in _DTYPES:
-        return _DTYPES[value.lower().removeprefix("torch.")]
+    dtype = torch_dtype(value) if isinstance(value, str) else None
+    if dtype is not None:
+        return dtype
     raise ValueError(f"mixed_precision[{key!r}]={value!r}: expected a torch.dtype or one of "
                      f"'bfloat16', 'float16', 'float32'")
 
