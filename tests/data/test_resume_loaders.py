@@ -14,25 +14,11 @@ from torch.utils.data import (DataLoader, Dataset, IterableDataset, Sampler, Sub
                               WeightedRandomSampler, get_worker_info)
 
 import treadle
+from faults import Crash, CrashAt
 from support import TinyNet, make_data
 from treadle.data import DataFeed
 
 N, BATCH = 30, 6  # 5 batches an epoch
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAt(treadle.Hook):
-    priority = "LOWEST"  # after the checkpoint hook has saved this iteration
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == self.at:
-            raise Crash
 
 
 def trainer(work_dir, loader, resume=False, hooks=(), max_epochs=3, **kw):

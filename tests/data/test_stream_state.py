@@ -18,25 +18,11 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import treadle
+from faults import Crash, CrashAt
 from support import TinyNet, make_data
 from treadle.data.feed import stream_owner
 
 N, BATCH, EPOCHS = 30, 5, 2  # 6 batches an epoch in one process
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAt(treadle.Hook):
-    priority = "LOWEST"  # after the checkpoint hook has saved this iteration
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == self.at:
-            raise Crash
 
 
 class Record(treadle.Hook):
