@@ -479,8 +479,6 @@ class StrategyAPI:
         _check_fits(self, state, filename, resume_optimizer)
         where = f"resume({str(filename)!r})"
         del states["extra"]  # plain data, handed back
-        if "frozen" not in state:  # an earlier treadle's: its model entry holds every weight
-            del states["frozen"]
         if not states["optim"].wrappers:  # resume_optimizer=False, or no optimizer prepared
             del states["optim"]
         if not resume_param_scheduler or "param_schedulers" not in state:  # saved with save_param_scheduler=False
