@@ -32,6 +32,16 @@ def test_nothing_close_suggests_nothing():
     assert did_you_mean("Transformer", optimizer_names()) == ""
 
 
+def test_without_slips_difflib_alone_says_what_is_close():
+    """A slip of a short name rates below 0.8 with difflib: a suggestion, not a misspelt key."""
+    import difflib
+
+    assert difflib.SequenceMatcher(None, "norm", "form").ratio() < 0.8
+    assert closest("norm", ["form"], n=1, cutoff=0.8) == ["form"]
+    assert closest("norm", ["form"], n=1, cutoff=0.8, slips=False) == []
+    assert closest("max_epoch", ["max_iters", "max_epochs"], n=1, cutoff=0.8, slips=False) == ["max_epochs"]
+
+
 def test_the_hint_lists_up_to_three():
     assert did_you_mean("AdamX", optimizer_names()) == " Did you mean 'AdamW', 'Adam' or 'Adamax'?"
     assert did_you_mean("max_epoch", ["max_epochs", "max_iters"]) == " Did you mean 'max_epochs'?"

@@ -243,7 +243,7 @@ def _nproc_note(cfg: dict[str, Any], nproc: int) -> str:
 
 def _check_resume(path: Path) -> None:
     """``--resume PATH`` names a checkpoint: an error says so in the option's words."""
-    from treadle.engine.resume import check_resume_dir
+    from treadle.checkpoint.directory import check_resume_dir
 
     if not path.exists():
         raise UsageError(f"--resume {path}: no such checkpoint (no such file or directory); expected a checkpoint "

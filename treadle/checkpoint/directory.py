@@ -29,7 +29,7 @@ from .manifest import (LEGACY_SUFFIXES, MANIFEST_NAME, CheckpointError, Checkpoi
 __all__ = [
     "CHECKPOINTS", "list_checkpoints", "find_latest_checkpoint", "remove_checkpoint", "prune_checkpoints",
     "cleanup_stale_tmp", "checkpoint_run", "claim_checkpoint_path", "remove_own_checkpoint", "check_writable_dir",
-    "make_checkpoint_dir", "saved_note",
+    "make_checkpoint_dir", "saved_note", "check_resume_dir",
 ]
 
 #: A run's checkpoints: ``work_dir/checkpoints/<name>``.
@@ -389,3 +389,16 @@ def saved_note(work_dir: str | os.PathLike[str]) -> str:
     if not saved:
         return f"no checkpoint was saved in {work_dir}"
     return f"the last checkpoint, {saved[-1]}, is intact; nothing after it was saved"
+
+
+def check_resume_dir(path: Path, what: str = "resume") -> None:
+    """A directory given as ``resume=`` must be one checkpoint, not a run or a checkpoints
+    dir. ``what``: how the caller names it, "resume" (the argument) or "--resume" (the
+    command line's option)."""
+    if not path.is_dir() or (path / MANIFEST_NAME).is_file():
+        return
+    inside = [*list_checkpoints(path, order="created"), *list_checkpoints(path / "checkpoints", order="created")]
+    named = f"--resume {path}" if what == "--resume" else f"{what}={str(path)!r}"
+    latest = "--resume alone, with that run's --work-dir" if what == "--resume" else "resume=True with the run's work_dir"
+    hint = f"; it holds checkpoints: pass one (the last saved is {inside[-1]}), or {latest}" if inside else ""
+    raise FileNotFoundError(f"{named} is a directory but not a checkpoint (it has no {MANIFEST_NAME}){hint}")

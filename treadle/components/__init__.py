@@ -13,3 +13,12 @@ building the Trainer) is treadle/config/, above the engine.
 * :mod:`~treadle.components.safe`: what ``safe=True`` allows;
 * :mod:`~treadle.components.errors`: :class:`~treadle.components.errors.ConfigError`, one line naming the key.
 """
+
+from typing import Any
+
+from treadle.lazy import import_submodule
+
+
+def __getattr__(name: str) -> Any:
+    """A submodule on first use (``treadle.components.<module>`` after a bare ``import treadle``)."""
+    return import_submodule(__name__, name)

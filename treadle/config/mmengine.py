@@ -105,6 +105,7 @@ from treadle.config.mmengine_strategy import (is_mmengine_strategy, strategy_set
                                               translate_strategy)
 from treadle.components.registry import REGISTRIES
 from treadle.config.schema import SCHEMA, trainer_defaults
+from treadle.precision import amp_precision
 
 #: mmpretrain's PreciseBNHook as configs name it: treadle's takes its arguments (num_samples, interval).
 _PRECISE_BN = ("mmpretrain.PreciseBNHook", "mmcls.PreciseBNHook")
@@ -193,10 +194,10 @@ def _optim_wrapper(spec: Any, out: _Out) -> None:
         out.set("accumulate_across_epochs", True, join_path(path, "accumulative_counts"))
     dtype = rest.get("dtype")
     if kind == "AmpOptimWrapper":
-        precisions = {None: "16", "float16": "16", "bfloat16": "bf16"}
-        if dtype not in precisions:
+        precision = "16" if dtype is None else amp_precision(dtype)  # fp16 unless told
+        if precision is None:
             raise ConfigError(join_path(path, "dtype"), "unsupported AMP dtype", value=dtype, expected="float16 or bfloat16")
-        out.set("precision", precisions[dtype], join_path(path, "type"))
+        out.set("precision", precision, join_path(path, "type"))
     elif dtype is not None:
         raise ConfigError(join_path(path, "dtype"), "only applies to AmpOptimWrapper", value=dtype)
 

@@ -30,10 +30,10 @@ from treadle.hooks.timer import IterTimerHook
 from treadle.engine.eval_loop import check_set_names, loader_sets
 from treadle.engine.loops import Workflow, check_workflow
 from treadle.logging.writers import get_logger
-from treadle.optim.wrapper import check_clip_grad, check_precision
+from treadle.precision import AUTOCAST_DTYPES
 from treadle.optim.wrapper_builder import by_name
 from treadle.engine.preemption import PreemptionConfig
-from treadle.engine.resume import check_resume_dir
+from treadle.checkpoint.directory import check_resume_dir
 from treadle.engine.spec import TrainerArgs, check_args
 from treadle.seeding import seed_everything
 from treadle.components.empty_init import EmptyModel, record
@@ -266,7 +266,7 @@ def build_args(given: TrainerArgs) -> Args:
                                     "torch.hub.download_url_to_file(url, path), and give the path")
         raise FileNotFoundError(f"load_from={str(v.load_from)!r}: no such file or checkpoint")
     checkpoint = v.checkpoint
-    precision, clip_grad = check_precision(v.precision), check_clip_grad(v.clip_grad)
+    precision, clip_grad = v.precision, v.clip_grad  # checked by their definitions (check_args)
     if v.loss_scale != "dynamic" and precision != "16":
         raise ValueError(f"loss_scale={v.loss_scale!r} needs precision='16' (fp16 with a GradScaler); "
                          f"precision={precision!r} scales no loss")
@@ -306,7 +306,7 @@ def trainer_optim_wrapper(optimizer: Any, precision: str, accumulate: int, clip_
 
     extra: dict[str, Any] = {"accumulative_counts": accumulate, "clip_grad": clip_grad}
     if precision != "32":
-        extra["dtype"] = "bfloat16" if precision == "bf16" else "float16"
+        extra["dtype"] = AUTOCAST_DTYPES[precision]
     if loss_scale != "dynamic":
         extra["loss_scale"] = loss_scale
     if isinstance(optimizer, Mapping) and by_name(optimizer):

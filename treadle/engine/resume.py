@@ -167,19 +167,6 @@ def _checkpoint_in(path: Path, what: str) -> tuple[str, str, str | None]:
                      f"{MANIFEST_NAME}), a run directory (with checkpoints/) or a weights file"), None
 
 
-def check_resume_dir(path: Path, what: str = "resume") -> None:
-    """A directory given as ``resume=`` must be one checkpoint, not a run or a checkpoints
-    dir. ``what``: how the caller names it, "resume" (the argument) or "--resume" (the
-    command line's option)."""
-    if not path.is_dir() or (path / MANIFEST_NAME).is_file():
-        return
-    inside = [*list_checkpoints(path, order="created"), *list_checkpoints(path / "checkpoints", order="created")]
-    named = f"--resume {path}" if what == "--resume" else f"{what}={str(path)!r}"
-    latest = "--resume alone, with that run's --work-dir" if what == "--resume" else "resume=True with the run's work_dir"
-    hint = f"; it holds checkpoints: pass one (the last saved is {inside[-1]}), or {latest}" if inside else ""
-    raise FileNotFoundError(f"{named} is a directory but not a checkpoint (it has no {MANIFEST_NAME}){hint}")
-
-
 def note_other_runs(ckpt_dir: Path) -> None:
     """A new run in a directory that holds another run's checkpoints: say what happens to them."""
     others = list_checkpoints(ckpt_dir, order="created")
@@ -191,5 +178,5 @@ def note_other_runs(ckpt_dir: Path) -> None:
 
 
 
-__all__ = ["check_resume_dir", "checkpoint_in", "latest_to_resume", "note_other_runs", "resume_latest", "use_latest",
+__all__ = ["checkpoint_in", "latest_to_resume", "note_other_runs", "resume_latest", "use_latest",
            "weights_to_read"]

@@ -31,7 +31,8 @@ from treadle.hooks.ema import EMAHook
 from treadle.logging.specs import WRITERS as _WRITERS
 from treadle.hooks.logger import check_writers
 from treadle.optim.loss_scale import check_loss_scale
-from treadle.optim.wrapper import check_clip_grad, check_precision
+from treadle.optim.wrapper import check_clip_grad
+from treadle.precision import check_precision
 from treadle.strategies.activation_checkpointing import EXPECTED as AC_EXPECTED, plan_activation_checkpointing
 from treadle.strategies.base import Strategy
 from treadle.strategies.build import STRATEGY_NAMES, check_strategy, resolve_strategy
@@ -318,7 +319,8 @@ class TrainerArgs:
     precision: Annotated[str | int, Arg(
         "Numeric precision: `\"32\"` (fp32), `\"bf16\"` (bf16 autocast) or `\"16\"` (fp16 autocast with a "
         "GradScaler).",
-        (str, int), "'32', 'bf16' or '16'", _wrap(check_precision))] = "32"
+        (str, int), "'32', 'bf16' or '16'", _wrap(check_precision),
+        convert=lambda _, p: check_precision(p))] = "32"  # 16 and 32 written as ints: "16", "32"
     accumulate: Annotated[int, Arg(
         "Gradient accumulation: an optimizer step every this many batches (treadle/optim/wrapper.py).",
         (int,), "an int >= 1", _min(1))] = 1

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -50,15 +49,6 @@ from treadle.engine.argspec import document, takes
 from treadle.engine.spec import TrainerArgs
 from treadle.engine import resume_changes, snapshot
 from treadle.engine.resume_changes import ResumeChange
-
-
-class LearningRates(dict):
-    """The dict of :attr:`Trainer.learning_rates`; calling it returns itself (it was a
-    method before), with a DeprecationWarning."""
-
-    def __call__(self) -> "LearningRates":
-        warnings.warn("trainer.learning_rates is a property now: drop the ()", DeprecationWarning, stacklevel=2)
-        return self
 
 
 @document(TrainerArgs)  # the docstring's Args section: each argument's doc (treadle/engine/spec.py)
@@ -343,11 +333,10 @@ class Trainer:
         return self.strategy.run_id
 
     @property
-    def learning_rates(self) -> "LearningRates":
+    def learning_rates(self) -> dict[str, float]:
         """``lr`` of every optimizer and param group now, keyed as logged (``lr``, ``lr/pg1``;
-        ``lr/<optimizer>`` with several): a property like ``optimizer``. Calling it, as
-        earlier versions needed, still works and says so."""
-        out = LearningRates()
+        ``lr/<optimizer>`` with several): a property like ``optimizer``."""
+        out: dict[str, float] = {}
         single = len(self.optim_wrappers) == 1
         for name, ow in self.optim_wrappers.items():
             prefix = "lr" if single else f"lr/{name}"

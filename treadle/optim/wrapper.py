@@ -37,19 +37,7 @@ from torch import Tensor
 
 from treadle.optim.builder import build_optimizer
 from treadle.optim.loss_scale import build_scaler, check_loss_scale, fixed_scale
-
-PRECISIONS = ("32", "bf16", "16")
-
-
-def check_precision(precision: Any) -> str:
-    """Normalise ``precision`` ("32" | "bf16" | "16"; 32 and 16 as ints too)."""
-    p = str(precision)
-    aliases = {"fp32": "32", "32-true": "32", "fp16": "16", "16-mixed": "16", "bf16-mixed": "bf16"}
-    p = aliases.get(p, p)
-    if p not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not supported; expected one of '32', 'bf16', '16' (fp16 with GradScaler)")
-    return p
-
+from treadle.precision import AUTOCAST_DTYPES, amp_precision, check_precision, torch_dtype
 
 def check_clip_grad(clip_grad: dict[str, Any] | None) -> dict[str, Any] | None:
     """Validate ``clip_grad``: ``dict(max_norm=.., norm_type=2)`` or ``dict(value=..)``."""
@@ -83,10 +71,10 @@ def check_clip_grad(clip_grad: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def make_autocast(precision: str, device_type: str) -> Callable[[], ContextManager[Any]]:
     """A factory of autocast contexts for ``precision`` (a no-op for fp32)."""
-    dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(check_precision(precision))
+    dtype = AUTOCAST_DTYPES[check_precision(precision)]
     if dtype is None:
         return contextlib.nullcontext
-    return functools.partial(torch.autocast, device_type, dtype=dtype)
+    return functools.partial(torch.autocast, device_type, dtype=torch_dtype(dtype))
 
 
 @dataclass(frozen=True)
@@ -343,7 +331,6 @@ class OptimWrapper:
 
 #: MMEngine's ``optim_wrapper`` keys that treadle's OptimWrapper honours.
 WRAPPER_KEYS = ("type", "optimizer", "paramwise_cfg", "accumulative_counts", "clip_grad", "dtype", "loss_scale")
-_AMP_DTYPES = {None: "16", "float16": "16", "fp16": "16", "bfloat16": "bf16", "bf16": "bf16"}
 
 
 def build_optim_wrapper(cfg: Any, module: torch.nn.Module, *, device_type: str = "cpu") -> OptimWrapper:
@@ -372,9 +359,10 @@ def build_optim_wrapper(cfg: Any, module: torch.nn.Module, *, device_type: str =
     if "optimizer" not in cfg:
         raise ValueError("optim_wrapper has no 'optimizer'; expected e.g. dict(optimizer=dict(type='AdamW', lr=1e-3))")
     dtype = cfg.get("dtype")
-    if dtype not in _AMP_DTYPES:
+    amp = "16" if dtype is None else amp_precision(dtype)  # AmpOptimWrapper: fp16 unless told
+    if amp is None:
         raise ValueError(f"optim_wrapper dtype={dtype!r}; expected 'float16' or 'bfloat16' (or None)")
-    precision = _AMP_DTYPES[dtype] if kind == "AmpOptimWrapper" or dtype is not None else "32"
+    precision = amp if kind == "AmpOptimWrapper" or dtype is not None else "32"
     opt_cfg = cfg["optimizer"]
     if "paramwise_cfg" in cfg:
         if not isinstance(opt_cfg, dict):

@@ -35,7 +35,6 @@ and each ``rng_rank<r>.pt`` that rank's RNGs and, under ``rank_state``, its own 
 each part of ``rank_parts``. ``resume`` restores all of it, RNG last, so the next batch
 and the next random draw are those an uninterrupted run would have had; the parts it was
 not handed (a Trainer checkpoint's, in a hand-written loop) come back with ``extra``.
-Checkpoints of formats 1 and 2 are migrated when read (treadle/checkpoint/migrate.py).
 """
 
 from __future__ import annotations
@@ -480,8 +479,6 @@ class StrategyAPI:
         _check_fits(self, state, filename, resume_optimizer)
         where = f"resume({str(filename)!r})"
         del states["extra"]  # plain data, handed back
-        if "frozen" not in state:  # an earlier treadle's: its model entry holds every weight
-            del states["frozen"]
         if not states["optim"].wrappers:  # resume_optimizer=False, or no optimizer prepared
             del states["optim"]
         if not resume_param_scheduler or "param_schedulers" not in state:  # saved with save_param_scheduler=False

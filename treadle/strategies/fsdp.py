@@ -59,20 +59,19 @@ from treadle.strategies.base import ProcessGroupStrategy, move_model
 from treadle.distributed.layout import MeshShape, ParallelLayout, data_groups
 from treadle.strategies.mesh import ParallelMesh
 from treadle.strategies.tensor_parallel import Plan, check_plan_type
+from treadle.precision import torch_dtype
 
 WrapPolicy = tuple[type | str, ...] | list[type | str] | Callable[[nn.Module], bool] | None
 
-_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-           "half": torch.float16, "16": torch.float16, "float32": torch.float32, "fp32": torch.float32,
-           "float": torch.float32, "32": torch.float32}
 _MP_KEYS = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
 
 
 def _dtype(key: str, value: Any) -> torch.dtype | None:
     if value is None or isinstance(value, torch.dtype):
         return value
-    if isinstance(value, str) and value.lower().removeprefix("torch.") in _DTYPES:
-        return _DTYPES[value.lower().removeprefix("torch.")]
+    dtype = torch_dtype(value) if isinstance(value, str) else None
+    if dtype is not None:
+        return dtype
     raise ValueError(f"mixed_precision[{key!r}]={value!r}: expected a torch.dtype or one of "
                      f"'bfloat16', 'float16', 'float32'")
 
@@ -397,16 +396,11 @@ class FSDPStrategy(ProcessGroupStrategy):
         if template is None:
             raise ValueError("FSDPStrategy.read_checkpoint needs template=, the current sharded states")
         manifest = read_manifest(path)
-        version = manifest.get("format_version")
         saved_mesh = (manifest.get("meta") or {}).get("mesh")
         if isinstance(saved_mesh, dict) and self.distributed and math.prod(saved_mesh.values()) == self.world_size:
             problem = mesh_reshard_problem(saved_mesh, self.layout.shape.as_dict())  # another number: load_sharded checks
             if problem is not None:
                 raise CheckpointError(f"{path}: {problem}")
-        if version == 1:
-            raise CheckpointError(f"{path}: a sharded checkpoint of format version 1 (an earlier treadle) cannot be "
-                                  "resumed by this treadle (format 2 stores the optimizer shards differently); "
-                                  "load_from= still takes its weights")
 
         def wanted(saved: set[str]) -> dict[str, Any]:  # the entries the checkpoint holds of what may be left out
             state = template(saved)

@@ -36,12 +36,13 @@ The names are Hugging Face's, so a model's own plan reads as it is written:
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from treadle.suggest import closest
 
 Plan = dict[str, Any] | str | Callable[..., Any] | None
 
@@ -150,7 +151,7 @@ def check_plan_type(plan: Any, source: str = "tp_plan") -> None:
                                  f"does not apply ({what}; fused projections a plain style splits, such as "
                                  "colwise_gather_output, are); expected tp_plan= a dict of the styles treadle knows "
                                  f"({', '.join(_styles())}), or a callable")
-            near = difflib.get_close_matches(style, list(_styles()), n=1)
+            near = closest(style, _styles(), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise ValueError(f"tp_plan[{pattern!r}]={style!r} is not a style treadle knows{hint}; expected one of "
                              f"{', '.join(map(repr, _styles()))} or a torch ParallelStyle")
@@ -173,7 +174,7 @@ def resolve_plan(model: nn.Module, plan: dict[str, Any], tp: int, *, source: str
         hits = [n for n in names if rx.fullmatch(n)]
         if not hits:
             generic = sorted({_generic(n) for n in names})
-            near = difflib.get_close_matches(pattern, generic, n=3, cutoff=0.5)
+            near = closest(pattern, generic, n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(map(repr, near))}?" if near else f"; its modules include {generic[:8]}"
             raise ValueError(f"{source}: {pattern!r} matches no module of {type(model).__name__}{hint}")
         for n in hits:
