@@ -13,10 +13,10 @@ The rank (:class:`RankWatch`, started by :func:`treadle.distributed.comm.start_w
   when the helper has not run for ``blind_s`` (the training thread holds the GIL in
   native code), the watchdog, a thread in C, writes every thread's stack to the same
   file. No signal is sent to the rank: nothing it waits in is interrupted;
-* starts the sentinel: ``python -m treadle.distributed.sentinel_main ARGS``, which
+* starts the sentinel: ``python -m treadle.sentinel_main ARGS``, which
   inherits its output streams and its TorchElastic error file.
 
-The sentinel (treadle/distributed/sentinel_main.py, a program of its own) runs
+The sentinel (treadle/sentinel_main.py, a program of its own) runs
 :class:`treadle.distributed.watch.Sentinel` every ``period_s`` until its rank is gone.
 When it must end a rank whose Python does not run, it kills the rank's child processes
 and then the rank (SIGKILL).
@@ -92,7 +92,7 @@ class RankWatch:
         # session of its own: a Ctrl-C (or a launcher's signal) to the job's process group is its rank's
         # to handle; the sentinel goes when its rank does.
         env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
-        self.process = subprocess.Popen([sys.executable, "-m", "treadle.distributed.sentinel_main", json.dumps(args)],
+        self.process = subprocess.Popen([sys.executable, "-m", "treadle.sentinel_main", json.dumps(args)],
                                         stdin=subprocess.DEVNULL, close_fds=True, env=env, start_new_session=True)
         voice.hear_from(os.path.join(self.dir, HEARD_FILE))
 

@@ -4,8 +4,9 @@
 the rank for its stack, and ends it when the watch says so (when its Python does not run:
 its child processes and then it, with SIGKILL).
 
-A program of its own, above the layers it reads (the board, the job's store, the run's
-checkpoints to say what a failure leaves saved): nothing imports it.
+A program of its own, beside the command line and above the layers it reads (the board,
+the job's store, the run's checkpoints to say what a failure leaves saved): nothing
+imports it.
 """
 
 from __future__ import annotations
