@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import sys
+from contextvars import ContextVar
 from typing import Any, Iterable
 
 import torch
@@ -153,19 +154,36 @@ def update_metrics(metrics: dict[str, Any], outputs: Any, targets: Any, mode: st
             raise metric_error(e, name, outputs, targets, mode, arg)
 
 
+#: The ranks a metric's compute() reduces over when it names none (:func:`compute`).
+_COMPUTING_OVER: ContextVar[Any] = ContextVar("treadle_metrics_group", default=None)
+
+
 def sum_over_ranks(*values: float, group: Any = None) -> list[float]:
-    """Each value summed over the processes (as given, in one process). ``group``: the
-    ranks that saw different data, a layout's ``data_object_group``: under tensor
-    parallelism the ranks of one tensor-parallel group see the same batches and count
-    once. For metrics whose state is counts: call it in ``compute()`` so results cover the
-    whole dataset, with the group :func:`sync_over` handed the metric; torchmetrics objects
-    do the same by themselves."""
+    """Each value summed over the processes (as given, in one process). For metrics whose
+    state is counts: call it in ``compute()`` so results cover the whole dataset.
+
+    ``group``: the ranks that saw different data, a layout's ``data_object_group``; under
+    tensor parallelism the ranks of one tensor-parallel group see the same batches and
+    count once. Without it, inside :func:`compute` (how the Trainer computes every metric)
+    the group handed there, else every process. torchmetrics objects reduce by themselves
+    (:func:`sync_over` gives them the group)."""
     from treadle.distributed.comm import all_gather_object, is_distributed
 
     if not is_distributed():
         return list(values)
-    per_rank = all_gather_object(values, group=group)
+    per_rank = all_gather_object(values, group=group if group is not None else _COMPUTING_OVER.get())
     return [sum(r[i] for r in per_rank) for i in range(len(values))]
+
+
+def compute(metric: Any, group: Any = None) -> Any:
+    """``metric.compute()``, during which :func:`sum_over_ranks` without a group of its
+    own reduces over ``group`` (the layout's ``data_object_group``: a metric of yours
+    counts each batch once under tensor parallelism without being told the layout)."""
+    token = _COMPUTING_OVER.set(group)
+    try:
+        return metric.compute()
+    finally:
+        _COMPUTING_OVER.reset(token)
 
 
 def sync_over(metric: Any, layout: Any) -> None:
@@ -220,5 +238,5 @@ def flatten_results(key: str, value: Any) -> dict[str, Any]:
     return {key: to_python(value)}
 
 
-__all__ = ["Accuracy", "as_float32", "flatten_results", "higher_is_better", "place_metrics", "sum_over_ranks", "sync_over",
-           "to_python", "update_metrics"]
+__all__ = ["Accuracy", "as_float32", "compute", "flatten_results", "higher_is_better", "place_metrics", "sum_over_ranks",
+           "sync_over", "to_python", "update_metrics"]
