@@ -1,5 +1,7 @@
-"""A fault to inject from a config (``hooks: [{type: faults.SigkillAt, ...}]``; tests/ is
-on the workers' PYTHONPATH): the SIGKILL of tests/strategies/ddp_script.py's Fault hook."""
+"""Faults to inject into a run once iteration ``at`` is done, after the logger and the
+checkpoint hook have had it (priority LOWEST): an exception, a stop request, a signal, a
+SIGKILL. From a config too (``hooks: [{type: faults.SigkillAt, ...}]``; tests/ is on the
+workers' PYTHONPATH)."""
 
 from __future__ import annotations
 
@@ -10,15 +12,62 @@ import treadle
 from treadle.distributed.env import restart_count
 
 
-class SigkillAt(treadle.Hook):
-    """Rank ``rank`` (None: every rank) kills itself with SIGKILL once ``at_iter`` iterations
-    are done (after the checkpoint hook has saved), in attempt ``attempt`` of an elastic job only."""
+class Crash(Exception):
+    """The failure a test injects: nothing in treadle catches it."""
 
+
+class _AfterIter(treadle.Hook):
     priority = "LOWEST"
 
-    def __init__(self, rank: int | None, at_iter: int, attempt: int = 0) -> None:
-        self.rank, self.at_iter, self.armed = rank, at_iter, restart_count() == attempt
+    def __init__(self, at: int) -> None:
+        self.at = at
 
     def after_train_iter(self, trainer, batch, outputs) -> None:
-        if self.armed and trainer.state.iter + 1 == self.at_iter and self.rank in (None, trainer.strategy.rank):
+        if trainer.state.iter + 1 == self.at:
+            self.fire(trainer)
+
+    def fire(self, trainer) -> None:
+        raise NotImplementedError
+
+
+class CrashAt(_AfterIter):
+    """Raises ``error`` (an exception or its class; :class:`Crash` by default)."""
+
+    def __init__(self, at: int, error: BaseException | type[BaseException] = Crash) -> None:
+        super().__init__(at)
+        self.error = error
+
+    def fire(self, trainer) -> None:
+        raise self.error
+
+
+class StopAt(_AfterIter):
+    """Asks the loop to stop, as a hook of a user's may."""
+
+    def fire(self, trainer) -> None:
+        trainer.state.request_stop("test")
+
+
+class SignalAt(_AfterIter):
+    """Sends this process ``sig``, ``times`` times (SIGINT: Ctrl-C pressed)."""
+
+    def __init__(self, at: int, sig: int, times: int = 1) -> None:
+        super().__init__(at)
+        self.sig, self.times = sig, times
+
+    def fire(self, trainer) -> None:
+        for _ in range(self.times):
+            os.kill(os.getpid(), self.sig)
+
+
+class SigkillAt(_AfterIter):
+    """Rank ``rank`` (None: every rank) kills itself with SIGKILL, in attempt ``attempt`` of
+    an elastic job only (the SIGKILL of tests/strategies/ddp_script.py's Fault hook)."""
+
+    def __init__(self, rank: int | None, at_iter: int, attempt: int = 0) -> None:
+        super().__init__(at_iter)
+        self.rank, self.armed = rank, restart_count() == attempt
+
+    def fire(self, trainer) -> None:
+        if self.armed and self.rank in (None, trainer.strategy.rank):
             os.kill(os.getpid(), signal.SIGKILL)

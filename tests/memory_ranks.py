@@ -116,7 +116,7 @@ def _strategy(kind: str, **options: Any) -> Any:
 
 
 def ac_runs(kind: str, rank: int, world: int) -> dict[str, Any]:
-    from treadle.strategies.activation_checkpointing import checkpointed_modules
+    from support import checkpointed_modules
 
     runs = {}
     for mode in (None, "full", "selective"):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import IterableDataset, TensorDataset, get_worker_info
 
 from treadle.compat import fsdp_cpu_problem, reshard_problem
 from treadle.strategies.base import move_to, pick_device
@@ -70,6 +71,61 @@ class SizedData(TensorDataset):
 def make_sized_data(n: int = 32, dim: int = 6, classes: int = 3, seed: int = 0) -> SizedData:
     """A :class:`SizedData` (a config's ``dataset: {type: support.make_sized_data, n: 8}``)."""
     return SizedData(n, dim, classes, seed)
+
+
+class Count:
+    """A counter for :class:`Stream` read in the main process (Hugging Face's pickles its
+    generator to name it, which a shared ``multiprocessing.Value`` refuses)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def get_lock(self):
+        return contextlib.nullcontext()
+
+
+class Stream(IterableDataset):
+    """``make_data(n)``'s samples as a stream, split between DataLoader workers; ``read``
+    counts the samples produced (a ``multiprocessing.Value``, which the workers' copies
+    count into, or a :class:`Count`)."""
+
+    def __init__(self, read: Any = None, n: int = 30) -> None:
+        self.data, self.read = make_data(n), Count() if read is None else read
+
+    def _mine(self) -> list[int]:
+        info = get_worker_info()
+        start, step = (info.id, info.num_workers) if info else (0, 1)
+        return list(range(start, len(self.data), step))
+
+    def _produce(self, i: int):
+        with self.read.get_lock():
+            self.read.value += 1
+        return self.data[i]
+
+    def __iter__(self):
+        for i in self._mine():
+            yield self._produce(i)
+
+
+class StatefulStream(Stream):
+    """The same stream with its own position: samples of its share taken so far."""
+
+    def __init__(self, read: Any = None, n: int = 30) -> None:
+        super().__init__(read, n)
+        self.taken, self._start = 0, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"taken": self.taken}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._start = int(state["taken"])
+
+    def __iter__(self):
+        self.taken, start, self._start = self._start, self._start, 0
+        for i in self._mine()[start:]:
+            sample = self._produce(i)
+            self.taken += 1
+            yield sample
 
 
 class TinyNet(nn.Module):
@@ -311,3 +367,10 @@ def load_module_file(name: str, path: Any, stubs: dict[str, Any]) -> Any:
             else:
                 sys.modules[k] = v
     return module
+
+
+def checkpointed_modules(model: nn.Module) -> list[str]:
+    """The names of ``model``'s submodules that activation checkpointing wraps, in module order."""
+    from treadle.strategies.activation_checkpointing import is_checkpointed
+
+    return [name for name, m in model.named_modules() if is_checkpointed(m)]

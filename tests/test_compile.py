@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 import treadle
 from treadle.seeding import seed_everything
 
+from faults import StopAt
 from support import TinyNet, make_data, to_device
 
 pytestmark = pytest.mark.slow
@@ -58,17 +59,6 @@ class Record(treadle.Hook):
 
     def after_train_iter(self, trainer, batch, outputs):
         self.after.append(_compiles())
-
-
-class StopAt(treadle.Hook):
-    priority = "LOWEST"  # after the checkpoint hook saved this iteration
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == self.at:
-            trainer.state.request_stop("test")
 
 
 def _trainer(compile: bool, dropout: float = 0.0, work_dir=None, resume=False, hooks=(), val=False, **kw):

@@ -45,9 +45,7 @@ def test_progress_bar_hook_is_still_reachable_from_treadle_hooks():
 
 def test_a_run_with_a_work_dir_writes_tensorboard_events_without_importing_tensorboard_or_protobuf(tmp_path):
     """The events are encoded by treadle.logging.events: importing protobuf's classes cost
-    a first fit() about 20 ms. A short run's events are checksummed in Python, without
-    loading google-crc32c (0.6 ms, treadle/logging/crc32c.py). The file is still there
-    and readable."""
+    a first fit() about 20 ms. The file is still there and readable."""
     code = ("import torch, treadle\n"
             f"treadle.Trainer(torch.nn.Linear(2, 2), work_dir={str(tmp_path)!r}, progress=False,\n"
             "                train_dataloader=[(torch.randn(4, 2), torch.zeros(4, dtype=torch.long))] * 3,\n"
@@ -55,7 +53,7 @@ def test_a_run_with_a_work_dir_writes_tensorboard_events_without_importing_tenso
             "                log_interval=1).fit()\n"
             "import sys\n"
             "assert not [m for m in sys.modules\n"
-            "            if m.startswith(('tensorboard', 'google.protobuf', 'google_crc32c'))], sys.modules")
+            "            if m.startswith(('tensorboard', 'google.protobuf'))], sys.modules")
     assert _modules_after(code) == []
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -68,7 +66,7 @@ def test_every_hook_type_a_config_names_is_importable_from_treadle_hooks():
     """docs/config.md lists the hook types of the registry: each is ``from treadle.hooks import``-able
     as the same class (SyncBuffersHook once was not)."""
     import treadle.hooks
-    from treadle.config.registry import HOOKS
+    from treadle.components.registry import HOOKS
 
     for name, cls in HOOKS.items():
         assert getattr(treadle.hooks, name) is cls, name
@@ -84,7 +82,7 @@ def _documented_names() -> list[str]:
     for page in (ROOT / "docs").rglob("*.md"):
         for match in re.finditer(r"(?<![\w./-])treadle(?:\.[A-Za-z_]\w*)+", page.read_text()):
             names.add(match.group(0))
-    return sorted(names)
+    return sorted(names - {"treadle.__main__"})  # a program (python -m treadle), not an attribute
 
 
 @pytest.mark.parametrize("order", ["forward", "backward"])

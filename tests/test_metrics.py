@@ -66,3 +66,30 @@ def test_hooks_infer_the_rule_or_refuse_to_guess():
     with pytest.raises(ValueError, match=r"monitor='val/mystery': its name does not say .* rule='greater'"):
         EarlyStoppingHook(monitor="val/mystery")
     assert CheckpointHook(best="val/mystery", rule="min").rule == "min"
+
+
+def test_a_metric_of_yours_sums_over_the_group_its_compute_is_handed(monkeypatch):
+    """sum_over_ranks() without a group, inside metrics.compute(metric, group): over that
+    group (under tensor parallelism, the ranks that read different batches), as the
+    Trainer computes every metric; outside it over every process; a group given wins."""
+    from treadle.distributed import comm
+    from treadle.metrics import compute, sum_over_ranks
+
+    asked = []
+    monkeypatch.setattr(comm, "is_distributed", lambda: True)
+    monkeypatch.setattr(comm, "all_gather_object", lambda obj, group=None: asked.append(group) or [obj, obj])
+    shards, own = object(), object()
+
+    class Count:
+        def __init__(self, group=None):
+            self.group = group
+
+        def compute(self):
+            return sum_over_ranks(3, group=self.group)[0]
+
+    assert compute(Count(), shards) == 6 and asked == [shards]
+    assert Count().compute() == 6 and asked[-1] is None  # outside compute(): every process
+    assert compute(Count(own), shards) == 6 and asked[-1] is own
+    with pytest.raises(ZeroDivisionError):
+        compute(type("Bad", (), {"compute": lambda self: 1 / 0})(), shards)
+    assert Count().compute() == 6 and asked[-1] is None  # the group does not outlive a failing compute()

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import treadle
-from treadle.config.errors import ConfigError
+from treadle.components.errors import ConfigError
 from treadle.hooks.base import Hook, check_hook_points
 from treadle.optim.builder import optimizer_names
 from treadle.suggest import closest, did_you_mean
@@ -30,6 +30,16 @@ def test_the_likeliest_optimizer_comes_first(word, first):
 def test_nothing_close_suggests_nothing():
     assert closest("Transformer", optimizer_names()) == []
     assert did_you_mean("Transformer", optimizer_names()) == ""
+
+
+def test_without_slips_difflib_alone_says_what_is_close():
+    """A slip of a short name rates below 0.8 with difflib: a suggestion, not a misspelt key."""
+    import difflib
+
+    assert difflib.SequenceMatcher(None, "norm", "form").ratio() < 0.8
+    assert closest("norm", ["form"], n=1, cutoff=0.8) == ["form"]
+    assert closest("norm", ["form"], n=1, cutoff=0.8, slips=False) == []
+    assert closest("max_epoch", ["max_iters", "max_epochs"], n=1, cutoff=0.8, slips=False) == ["max_epochs"]
 
 
 def test_the_hint_lists_up_to_three():

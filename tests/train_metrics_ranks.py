@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from faults import CrashAt
 from support import TinyNet, make_data
 
 import treadle
@@ -36,14 +37,6 @@ def build(work_dir: str, batch_size: int, loss_fn, hooks=(), resume: bool = Fals
                            strategy=strategy)
 
 
-class CrashAfter4(treadle.Hook):
-    priority = "LOWEST"  # after the logger and the checkpoint hook
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == 4:
-            raise RuntimeError("crash after iteration 4")
-
-
 class Recorded:
     def __init__(self) -> None:
         self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -56,7 +49,8 @@ class Recorded:
 if __name__ == "__main__":
     loss = Recorded()
     mode = sys.argv[2] if len(sys.argv) > 2 else ""
-    trainer = build(sys.argv[1], 4, loss, hooks=[CrashAfter4()] if mode == "crash" else (), resume=mode == "resume")
+    crash = [CrashAt(4, RuntimeError("crash after iteration 4"))] if mode == "crash" else []
+    trainer = build(sys.argv[1], 4, loss, hooks=crash, resume=mode == "resume")
     assert trainer.strategy.world_size == 2, trainer.strategy
     trainer.fit()
     torch.save(loss.seen, os.path.join(sys.argv[1], f"seen_rank{trainer.strategy.rank}.pt"))

@@ -21,7 +21,7 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from treadle._version import __version__
 
 # Public name -> the module that defines it.
 _PUBLIC = {

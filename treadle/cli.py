@@ -64,9 +64,9 @@ def _stopped_line(trainer: Any, error: BaseException) -> str | None:
     treadle can say in full (see :class:`RunStopped`), else None."""
     import errno
 
-    from treadle.distributed import comm
+    from treadle.distributed import voice
 
-    if comm.peer_lost(error):  # another process of the job failed: the path of _peer_lost
+    if voice.peer_lost(error):  # another process of the job failed: the path of _peer_lost
         return None
     where = trainer.state.position()
     if dead_loader_worker(error):
@@ -243,7 +243,7 @@ def _nproc_note(cfg: dict[str, Any], nproc: int) -> str:
 
 def _check_resume(path: Path) -> None:
     """``--resume PATH`` names a checkpoint: an error says so in the option's words."""
-    from treadle.engine.resume import check_resume_dir
+    from treadle.checkpoint.directory import check_resume_dir
 
     if not path.exists():
         raise UsageError(f"--resume {path}: no such checkpoint (no such file or directory); expected a checkpoint "
@@ -566,7 +566,7 @@ def _early_config_error(args: argparse.Namespace) -> int:
     if args.command not in ("train", "validate", "test"):
         return 0
     from treadle.config.early import check_early
-    from treadle.config.errors import ConfigError
+    from treadle.components.errors import ConfigError
 
     try:
         check_early(args.config, args.overrides, safe=args.safe)
@@ -596,21 +596,19 @@ def _run_command(args: argparse.Namespace) -> int:
 
 def _guarded(args: argparse.Namespace) -> int:
     from treadle.checkpoint.io import CheckpointError, CheckpointWriteError
-    from treadle.distributed import comm
+    from treadle.distributed import voice
     from treadle.config import ConfigError
     from treadle.engine.run_dir import WorkDirBusyError
 
     try:
         return COMMANDS[args.command](args)
     except RunFailure as e:  # the user's model, loss or metric raised: the short form, status 1
-        if comm.peer_lost(e.error):
+        if voice.peer_lost(e.error):
             return _peer_lost(args, e.error)
-        if comm.collective_timed_out(e.error):  # in backward: DDP's all-reduce waited timeout_s for a peer
+        if voice.collective_timed_out(e.error):  # in backward: DDP's all-reduce waited timeout_s for a peer
             return _timed_out(args, e.error)  # type: ignore[arg-type]  # collective_timed_out: a RuntimeError
         return _fail_run(args, e)
     except RunStopped as e:  # a dead loader worker, a full disk met by a log writer: one line, status 1
-        from treadle.distributed import voice
-
         if _full_traceback(args):
             traceback.print_exception(e.error)
         return voice.fail(f"treadle {args.command}: error: {e.line}")
@@ -621,7 +619,7 @@ def _guarded(args: argparse.Namespace) -> int:
     except FloatingPointError as e:  # training diverged (NaN guard, or non-finite weights at a save)
         return _fail(args, e, status=1)
     except OSError as e:  # a full disk while logging, a file that went away: one line (log.txt has the traceback)
-        if comm.peer_lost(e):
+        if voice.peer_lost(e):
             return _peer_lost(args, e)
         return _fail(args, e, status=1)
     except KeyboardInterrupt as e:  # a second Ctrl-C during fit, or one outside it
@@ -631,9 +629,9 @@ def _guarded(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     except RuntimeError as e:
-        if comm.peer_lost(e):  # a collective found another process gone: its error is the job's
+        if voice.peer_lost(e):  # a collective found another process gone: its error is the job's
             return _peer_lost(args, e)
-        if comm.collective_timed_out(e):  # waited timeout_s for a peer: name it, if the stall watch saw it
+        if voice.collective_timed_out(e):  # waited timeout_s for a peer: name it, if the stall watch saw it
             return _timed_out(args, e)
         raise
 

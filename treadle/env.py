@@ -6,7 +6,7 @@ calling it at the start of every run is safe.
 It starts no process and scans no package index (it runs at the start of every fit(),
 so its cost is a short run's): the platform string is built from ``os.uname()`` and
 the C library's version (``platform.platform()`` starts ``uname -p`` for the
-processor name, 1.5 to 8 ms), treadle's version is ``treadle.__version__`` (which the
+processor name, 1.5 to 8 ms), treadle's version is ``treadle._version.__version__`` (which the
 installed distribution's version is read from, see pyproject.toml), and the git commit
 is read from the repository's files.
 """
@@ -19,6 +19,8 @@ import subprocess
 import sys
 
 import torch
+
+from treadle._version import __version__
 
 
 def _git_commit(cwd: str | None = None, timeout: float = 2.0) -> str:
@@ -153,15 +155,9 @@ def collect_env(seed: int | None = None, world_size: int = 1) -> dict[str, str]:
         info["numpy"] = "not installed"
     info["world size"] = str(world_size)
     info["seed"] = str(seed)
-    info["treadle"] = _treadle_version()
+    info["treadle"] = __version__
     info["git commit"] = _git_commit()
     return info
-
-
-def _treadle_version() -> str:
-    import treadle  # not at the top: treadle's __init__ imports the Trainer, which imports this
-
-    return treadle.__version__
 
 
 def format_env(info: dict[str, str]) -> str:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, Iterable
 
 import torch
 from torch import Tensor, nn
@@ -35,7 +36,13 @@ class Accuracy:
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
             raise ValueError(f"topk must be an int >= 1, got {topk!r}")
         self.topk = topk
+        self.group: Any = None  # the ranks that read different data (sync_over); None: every process
         self.reset()
+
+    def sync_over(self, layout: Any) -> None:
+        """Sum over the data-parallel ranks of ``layout`` (each batch once under tensor
+        parallelism): :func:`sync_over` calls it, as the Trainer does for its metrics."""
+        self.group = layout.data_object_group
 
     def reset(self) -> None:
         self.correct: Tensor | int = 0
@@ -72,7 +79,7 @@ class Accuracy:
         """Accuracy over everything seen; with several processes, over every rank's
         samples (each rank evaluates its own share, see treadle/data/distributed.py)."""
         correct = self.correct.item() if isinstance(self.correct, Tensor) else self.correct
-        correct, total = sum_over_ranks(correct, self.total)
+        correct, total = sum_over_ranks(correct, self.total, group=self.group)
         if total == 0:
             return float("nan")
         return correct / total
@@ -147,32 +154,70 @@ def update_metrics(metrics: dict[str, Any], outputs: Any, targets: Any, mode: st
             raise metric_error(e, name, outputs, targets, mode, arg)
 
 
-def sum_over_ranks(*values: float) -> list[float]:
-    """Each value summed over the processes that saw different data (as given, in one
-    process; under tensor parallelism the ranks of one tensor-parallel group see the
-    same batches and count once). For metrics whose state is counts: call it in
-    ``compute()`` so results cover the whole dataset; torchmetrics objects do the same by
-    themselves (over the group :func:`sync_over` gives them)."""
+#: The ranks a metric's compute() reduces over when it names none (:func:`compute`).
+_COMPUTING_OVER: ContextVar[Any] = ContextVar("treadle_metrics_group", default=None)
+
+
+def sum_over_ranks(*values: float, group: Any = None) -> list[float]:
+    """Each value summed over the processes (as given, in one process). For metrics whose
+    state is counts: call it in ``compute()`` so results cover the whole dataset.
+
+    ``group``: the ranks that saw different data, a layout's ``data_object_group``; under
+    tensor parallelism the ranks of one tensor-parallel group see the same batches and
+    count once. Without it, inside :func:`compute` (how the Trainer computes every metric)
+    the group handed there, else every process. torchmetrics objects reduce by themselves
+    (:func:`sync_over` gives them the group)."""
     from treadle.distributed.comm import all_gather_object, is_distributed
 
     if not is_distributed():
         return list(values)
-    per_rank = all_gather_object(values, data_parallel=True)
+    per_rank = all_gather_object(values, group=group if group is not None else _COMPUTING_OVER.get())
     return [sum(r[i] for r in per_rank) for i in range(len(values))]
 
 
-def sync_over(metric: Any, group: Any) -> None:
-    """Have a torchmetrics object (and those inside it, e.g. a MetricCollection's)
-    reduce over the process group ``group`` instead of every process: its public
-    ``process_group``, which torchmetrics takes as a constructor argument. Other metrics
-    are left as they are (treadle's reduce through :func:`sum_over_ranks`)."""
+def compute(metric: Any, group: Any = None) -> Any:
+    """``metric.compute()``, during which :func:`sum_over_ranks` without a group of its
+    own reduces over ``group`` (the layout's ``data_object_group``: a metric of yours
+    counts each batch once under tensor parallelism without being told the layout)."""
+    token = _COMPUTING_OVER.set(group)
+    try:
+        return metric.compute()
+    finally:
+        _COMPUTING_OVER.reset(token)
+
+
+def sync_over(metric: Any, layout: Any) -> None:
+    """Have ``metric`` reduce over the data-parallel ranks of ``layout`` (a
+    :class:`~treadle.distributed.layout.ParallelLayout`: ``strategy.layout``) instead of
+    every process: a torchmetrics object (and those inside it, e.g. a MetricCollection's)
+    through its public ``process_group``, which torchmetrics takes as a constructor
+    argument; any other metric through its own ``sync_over(layout)`` when it has one
+    (treadle's :class:`Accuracy`; write one for a metric of yours that calls
+    :func:`sum_over_ranks`). Others are left as they are."""
+    own = getattr(metric, "sync_over", None)
+    if callable(own):
+        own(layout)
+        return
     torchmetrics = sys.modules.get("torchmetrics")  # a torchmetrics object: the package is loaded
     if torchmetrics is None:
         return
     modules = metric.modules() if isinstance(metric, nn.Module) else [metric]
     for m in modules:
         if isinstance(m, torchmetrics.Metric):
-            m.process_group = group
+            m.process_group = layout.data_group
+
+
+def place_metrics(metrics: Iterable[Any], device: torch.device, layout: Any) -> None:
+    """Metrics where the run's outputs are: torchmetrics objects (modules) moved to
+    ``device``; under tensor parallelism (``layout.data_group`` set) each reduces over the
+    data-parallel ranks only (:func:`sync_over`), so a batch every tp rank saw counts once."""
+    metrics = list(metrics)
+    for m in metrics:
+        if isinstance(m, nn.Module):
+            m.to(device)
+    if layout.data_group is not None:
+        for m in metrics:
+            sync_over(m, layout)
 
 
 def to_python(value: Any) -> Any:
@@ -193,5 +238,5 @@ def flatten_results(key: str, value: Any) -> dict[str, Any]:
     return {key: to_python(value)}
 
 
-__all__ = ["Accuracy", "as_float32", "flatten_results", "higher_is_better", "sum_over_ranks", "sync_over",
-           "to_python", "update_metrics"]
+__all__ = ["Accuracy", "as_float32", "compute", "flatten_results", "higher_is_better", "place_metrics", "sum_over_ranks",
+           "sync_over", "to_python", "update_metrics"]

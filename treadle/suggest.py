@@ -34,21 +34,22 @@ def _doubled(typed: str, name: str) -> bool:
     return any(typed[i] == typed[i - 1] and typed[:i] + typed[i + 1:] == name for i in range(1, len(typed)))
 
 
-def closest(word: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
+def closest(word: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.6, *, slips: bool = True) -> list[str]:
     """Up to ``n`` of ``choices`` that ``word`` may be a slip of, the likeliest first:
     those within one slip per four letters (at least one), and those difflib rates at
-    ``cutoff`` or more."""
+    ``cutoff`` or more. ``slips=False``: difflib's rating alone says which count (with a
+    high ``cutoff``, the test that tells a misspelt key from a name of its own)."""
     word = str(word)
     low = word.lower()
-    limit = max(1, len(word) // 4)
+    limit = max(1, len(word) // 4) if slips else -1
     ranked = []
     for choice in dict.fromkeys(str(c) for c in choices):
-        slips: float = _slips(low, choice.lower())
-        if slips == 1 and len(low) == len(choice) + 1 and _doubled(low, choice.lower()):
-            slips = 0.5
+        typed: float = _slips(low, choice.lower())
+        if typed == 1 and len(low) == len(choice) + 1 and _doubled(low, choice.lower()):
+            typed = 0.5
         ratio = difflib.SequenceMatcher(None, word, choice).ratio()
-        if slips <= limit or ratio >= cutoff:
-            ranked.append((slips, abs(len(choice) - len(word)), -ratio, choice))
+        if typed <= limit or ratio >= cutoff:
+            ranked.append((typed, abs(len(choice) - len(word)), -ratio, choice))
     return [c for *_, c in sorted(ranked)[:n]]
 
 

@@ -21,6 +21,9 @@ from torch.utils.data import DataLoader, TensorDataset
 import treadle
 import treadle.seeding
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from faults import SignalAt
+
 
 class Net(nn.Module):
     def __init__(self):
@@ -31,17 +34,6 @@ class Net(nn.Module):
 
     def forward(self, x):
         return self.fc2(self.drop(torch.relu(self.fc1(x))))
-
-
-class Signal(treadle.Hook):
-    priority = "LOWEST"  # after the checkpoint hook
-
-    def __init__(self, at, sig):
-        self.at, self.sig = at, sig
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == self.at:
-            os.kill(os.getpid(), self.sig)
 
 
 def main():
@@ -101,9 +93,9 @@ def main():
         kw = dict(max_iters=25)
     hooks = []
     if a.kill_at:
-        hooks.append(Signal(a.kill_at, signal.SIGKILL))
+        hooks.append(SignalAt(a.kill_at, signal.SIGKILL))
     if a.term_at:
-        hooks.append(Signal(a.term_at, signal.SIGTERM))
+        hooks.append(SignalAt(a.term_at, signal.SIGTERM))
     treadle.seeding.seed_everything(0)  # the initial weights must not depend on the process
     trainer = treadle.Trainer(Net(), work_dir=a.work_dir, train_dataloader=loader, loss_fn=nn.CrossEntropyLoss(),
                               optimizer=dict(type="AdamW", lr=3e-3), seed=0, resume=a.resume, hooks=hooks,

@@ -25,7 +25,6 @@ from treadle.checkpoint.io import (
     UnsafeCheckpointError,
     cleanup_stale_tmp,
     find_latest_checkpoint,
-    is_valid_checkpoint,
     list_checkpoints,
     load_checkpoint,
     prune_checkpoints,
@@ -364,7 +363,9 @@ def test_truncated_file_detected_and_skipped(tmp_path):
         load_checkpoint(b)
     with pytest.raises(CorruptCheckpointError, match="truncated or unreadable"):
         load_checkpoint(b, verify=False)  # even unverified, a torn file is reported as corrupt
-    assert not is_valid_checkpoint(b) and is_valid_checkpoint(a)
+    verify_checkpoint(a)
+    with pytest.raises(CorruptCheckpointError, match=re.escape(str(bad))):
+        verify_checkpoint(b)
     with pytest.warns(ckio.CheckpointWarning, match=re.escape(str(bad))):
         assert find_latest_checkpoint(tmp_path) == a
 
@@ -408,7 +409,7 @@ def test_missing_or_bad_manifest(tmp_path):
 def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
     marker = tmp_path / "PWNED"
     ckpt = save_checkpoint(tmp_path / "iter_1", {"state.pt": {"model": {}, "x": Evil(marker)}})
-    assert is_valid_checkpoint(ckpt)  # hashes are fine: the danger is in the content
+    verify_checkpoint(ckpt)  # hashes are fine: the danger is in the content
     with pytest.raises(UnsafeCheckpointError) as err:
         load_checkpoint(ckpt)
     msg = str(err.value)

@@ -249,12 +249,15 @@ def test_invalid_format_version_is_rejected(tmp_path, version):
         assert find_latest_checkpoint(tmp_path) is None
 
 
-def test_newer_format_version_is_not_supported(tmp_path):
-    ckpt = _with_version(tmp_path, ckio.FORMAT_VERSION + 1)
-    with pytest.raises(CheckpointError, match=rf"format_version {ckio.FORMAT_VERSION + 1} is not supported: "
-                                              r"this treadle reads format version") as err:
+@pytest.mark.parametrize("version, why", [(ckio.FORMAT_VERSION + 1, "newer treadle"), (1, "earlier treadle"),
+                                          (2, "earlier treadle")])
+def test_another_format_version_is_not_supported(tmp_path, version, why):
+    ckpt = _with_version(tmp_path, version)
+    with pytest.raises(CheckpointError, match=rf"format_version {version} is not supported: "
+                                              rf"this treadle reads format version {ckio.FORMAT_VERSION} \(.*{why}") as err:
         load_checkpoint(ckpt)
-    assert not isinstance(err.value, CorruptCheckpointError)  # not damaged: too new
+    assert not isinstance(err.value, CorruptCheckpointError)  # not damaged: of another version
+    assert len(str(err.value).splitlines()) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert read_manifest(_with_version(tmp_path / "ok", ckio.FORMAT_VERSION))["format_version"] == ckio.FORMAT_VERSION

@@ -62,11 +62,11 @@ def test_use_latest_takes_the_next_newest_when_the_chosen_one_is_pruned_while_re
 
 
 def test_load_from_a_live_run_directory_loads_the_next_newest(tmp_path, monkeypatch):
-    from treadle.engine import trainer as trainer_module
+    from treadle.engine import resume as resume_module
 
     run, ckpts = _run_dir(tmp_path)
     calls = []
-    monkeypatch.setattr(trainer_module, "load_weights", lambda module, path, **kw: _pruning(calls, path, module, kw))
+    monkeypatch.setattr(resume_module, "load_weights", lambda module, path, **kw: _pruning(calls, path, module, kw))
     t = treadle.Trainer(TinyNet(), load_from=run, strategy="single", progress=False)
     torch.manual_seed(4)
     expected = TinyNet().state_dict()

@@ -87,3 +87,25 @@ def test_resume_latest_steps_back_over_a_checkpoint_whose_manifest_lists_no_stat
     assert resumed.state.iter == 6
     for a, b in zip(whole.model.state_dict().values(), resumed.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_checkpoint_of_an_earlier_format_is_refused_in_one_line(tmp_path, caplog):
+    """Format versions 1 and 2 (layouts before the first release): resume=<path> stops with
+    one line saying what it is; resume=True passes over them and stops, saying why."""
+    work = tmp_path / "run"
+    _trainer(work, 4).fit()
+    for ckpt in (work / "checkpoints").glob("iter_*"):
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+        (ckpt / "manifest.json").write_text(json.dumps({**manifest, "format_version": 2}))
+    latest = work / "checkpoints" / "iter_00000004"
+    with pytest.raises(CheckpointError, match=r"format_version 2 is not supported: this treadle reads format "
+                                              r"version 3 \(the checkpoint was written by an earlier treadle") as err:
+        _trainer(tmp_path / "other", 6, resume=str(latest)).fit()
+    assert len(str(err.value).splitlines()) == 1
+    with pytest.raises(CheckpointError, match="none of the 2 checkpoint"):
+        _trainer(work, 6, resume=True).fit()
+    assert sum("format_version 2 is not supported" in r.getMessage() for r in caplog.records) == 2
+    s = treadle.build_strategy("single", seed=0)
+    s.prepare(TinyNet(), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)))
+    with pytest.raises(CheckpointError, match="format_version 2 is not supported"):
+        s.resume(latest)

@@ -248,7 +248,8 @@ def test_damaged_checkpoint_is_rejected_naming_the_file(run: dict, tmp_path: Pat
         load_sharded(ckpt, sharded_state(strategy, model, opt))
     with pytest.raises(io.CorruptCheckpointError, match=file.replace(".", r"\.")):
         consolidate(ckpt)
-    assert not io.is_valid_checkpoint(ckpt)
+    with pytest.raises(io.CorruptCheckpointError, match=file.replace(".", r"\.")):
+        io.verify_checkpoint(ckpt)
 
 
 class Evil:
@@ -348,7 +349,8 @@ def test_single_process_async_save(tmp_path: Path) -> None:
     # A save still in flight is committed by the next one, or by wait_pending().
     save_sharded(tmp_path / "b", sharded_state(strategy, model, opt), async_=True)
     save_sharded(tmp_path / "c", sharded_state(strategy, model, opt), async_=True)
-    assert io.is_valid_checkpoint(tmp_path / "b") and not (tmp_path / "c").exists()
+    io.verify_checkpoint(tmp_path / "b")
+    assert not (tmp_path / "c").exists()
     assert wait_pending() == tmp_path / "c" and wait_pending() is None
     assert [p.name for p in io.list_checkpoints(tmp_path)] == ["a", "b", "c"]
 

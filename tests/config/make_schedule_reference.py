@@ -35,15 +35,16 @@ MAX_ITERS = {"segmentor_20k": 1000}
 OUT = HERE / "data" / "mmengine_schedule_lrs.json"
 
 
-def lrs(name: str) -> list[float]:
-    """The lr of param group 0 at every training iteration of config ``name``."""
-    cfg = Config.fromfile(str(HERE / "mmengine_projects" / f"{name}.py"))
+def schedule(path: Path, max_iters: int | None = None) -> dict[str, list[float]]:
+    """The lr and momentum of param group 0 at every training iteration of the config at
+    ``path`` (``max_iters``: an iteration-based run stopped there)."""
+    cfg = Config.fromfile(str(path), import_custom_modules=False)
     wrapper = build_optim_wrapper(TinyNet(), cfg.optim_wrapper)
     loader = cfg.train_dataloader
     epoch_length = math.ceil(loader.dataset.n / loader.batch_size)
     specs = cfg.param_scheduler if isinstance(cfg.param_scheduler, list) else [cfg.param_scheduler]
     by_epoch = cfg.train_cfg.get("by_epoch", cfg.train_cfg.get("type") != "IterBasedTrainLoop")
-    max_iters = MAX_ITERS.get(name, cfg.train_cfg.get("max_iters"))
+    max_iters = cfg.train_cfg.get("max_iters") if max_iters is None else max_iters
     epochs, per_epoch = (cfg.train_cfg.max_epochs, epoch_length) if by_epoch else (1, max_iters)
     schedulers = []
     for spec in specs:  # as MMEngine's Runner.build_param_scheduler: a missing end is the run's length
@@ -51,10 +52,12 @@ def lrs(name: str) -> list[float]:
         spec.setdefault("end", epochs if spec.get("by_epoch", True) else epochs * per_epoch)
         schedulers.append(PARAM_SCHEDULERS.build(spec, default_args=dict(optimizer=wrapper,
                                                                           epoch_length=epoch_length)))
-    out = []
+    out: dict[str, list[float]] = {"lr": [], "momentum": []}
     for _ in range(epochs):
         for _ in range(per_epoch):
-            out.append(float(f"{wrapper.optimizer.param_groups[0]['lr']:.12g}"))
+            group = wrapper.optimizer.param_groups[0]
+            out["lr"].append(float(f"{group['lr']:.12g}"))
+            out["momentum"].append(float(f"{group['betas'][0] if 'betas' in group else group['momentum']:.12g}"))
             for s in schedulers:
                 if not s.by_epoch:
                     s.step()
@@ -66,7 +69,8 @@ def lrs(name: str) -> list[float]:
 
 def main() -> None:
     data = {"mmengine": __import__("mmengine").__version__, "torch": __import__("torch").__version__,
-            "lrs": {name: lrs(name) for name in CONFIGS}}
+            "lrs": {name: schedule(HERE / "mmengine_projects" / f"{name}.py", MAX_ITERS.get(name))["lr"]
+                    for name in CONFIGS}}
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps(data, separators=(",", ":")) + "\n")
     print({name: len(v) for name, v in data["lrs"].items()})

@@ -1,9 +1,10 @@
 """MMEngine's runtime keys (env_cfg, visualizer, log_level, launcher, log_processor,
 tta_model, visualization hooks, helper variables) translated, not refused.
 
-The configs below are written in the style of the ``default_runtime.py`` and
-``schedules/`` files of MMEngine-based classification, detection and segmentation
-projects, from MMEngine's documented keys; only the model and the data are small ones.
+The configs below are the released ``default_runtime.py`` and ``schedules/`` files of
+OpenMMLab's classification, detection and segmentation projects (``openmmlab/``), with
+a few more of MMEngine's documented keys; only the model, the data and the
+classification schedule are small ones.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import multiprocessing
 import sys
 import textwrap
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,28 +38,9 @@ metrics = dict(acc=dict(type='Accuracy'))
 progress = False
 """
 
-CLS_RUNTIME = """
-default_scope = 'mmpretrain'
-default_hooks = dict(
-    timer=dict(type='IterTimerHook'),
-    logger=dict(type='LoggerHook', interval=100),
-    param_scheduler=dict(type='ParamSchedulerHook'),
-    checkpoint=dict(type='CheckpointHook', interval=1),
-    sampler_seed=dict(type='DistSamplerSeedHook'),
-    visualization=dict(type='VisualizationHook', enable=False),
-)
-env_cfg = dict(
-    cudnn_benchmark=False,
-    mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),
-    dist_cfg=dict(backend='nccl'),
-)
-vis_backends = [dict(type='LocalVisBackend')]
-visualizer = dict(type='UniversalVisualizer', vis_backends=vis_backends)
-log_level = 'INFO'
-load_from = None
-resume = False
-randomness = dict(seed=None, deterministic=False)
-"""
+#: The released runtime and schedule files of OpenMMLab projects (openmmlab/README.md).
+OPENMMLAB = Path(__file__).resolve().parent / "openmmlab"
+CLS_RUNTIME = (OPENMMLAB / "mmpretrain" / "_base_" / "default_runtime.py").read_text()
 
 CLS_SCHEDULE = """
 optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9, weight_decay=0.0001))
@@ -68,66 +51,19 @@ test_cfg = dict()
 auto_scale_lr = dict(base_batch_size=256)
 """
 
-DET_RUNTIME = """
-default_scope = 'mmdet'
-default_hooks = dict(timer=dict(type='IterTimerHook'), logger=dict(type='LoggerHook', interval=50),
-                     param_scheduler=dict(type='ParamSchedulerHook'), checkpoint=dict(type='CheckpointHook', interval=1),
-                     sampler_seed=dict(type='DistSamplerSeedHook'), visualization=dict(type='DetVisualizationHook'))
-env_cfg = dict(cudnn_benchmark=False, mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),
-               dist_cfg=dict(backend='nccl', timeout=3600))
+# The detection runtime with more of MMEngine's keys: a TensorBoard backend, a process-group
+# timeout, a helper variable and the launcher.
+DET_RUNTIME = (OPENMMLAB / "mmdet" / "_base_" / "default_runtime.py").read_text() + """
 vis_backends = [dict(type='LocalVisBackend'), dict(type='TensorboardVisBackend')]
 visualizer = dict(type='DetLocalVisualizer', vis_backends=vis_backends, name='visualizer')
-log_processor = dict(type='LogProcessor', window_size=50, by_epoch=True)
-log_level = 'INFO'
-load_from = None
-resume = False
+env_cfg = dict(cudnn_benchmark=False, mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),
+               dist_cfg=dict(backend='nccl', timeout=3600))
 backend_args = None
 launcher = 'none'
 """
-
-DET_SCHEDULE = """
-train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=12, val_interval=1)
-val_cfg = dict(type='ValLoop')
-test_cfg = dict(type='TestLoop')
-param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
-    dict(type='MultiStepLR', begin=0, end=12, by_epoch=True, milestones=[8, 11], gamma=0.1)
-]
-optim_wrapper = dict(type='OptimWrapper', optimizer=dict(type='SGD', lr=0.02, momentum=0.9, weight_decay=0.0001))
-auto_scale_lr = dict(enable=False, base_batch_size=16)
-"""
-
-SEG_RUNTIME = """
-default_scope = 'mmseg'
-env_cfg = dict(
-    cudnn_benchmark=True,
-    mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),
-    dist_cfg=dict(backend='nccl'),
-)
-vis_backends = [dict(type='LocalVisBackend')]
-visualizer = dict(type='SegLocalVisualizer', vis_backends=vis_backends, name='visualizer')
-log_processor = dict(by_epoch=False)
-log_level = 'INFO'
-load_from = None
-resume = False
-tta_model = dict(type='SegTTAModel')
-"""
-
-SEG_SCHEDULE = """
-optimizer = dict(type='SGD', lr=0.01, momentum=0.9, weight_decay=0.0005)
-optim_wrapper = dict(type='OptimWrapper', optimizer=optimizer, clip_grad=None)
-param_scheduler = [dict(type='PolyLR', eta_min=1e-4, power=0.9, begin=0, end=20000, by_epoch=False)]
-train_cfg = dict(type='IterBasedTrainLoop', max_iters=20000, val_interval=2000)
-val_cfg = dict(type='ValLoop')
-test_cfg = dict(type='TestLoop')
-default_hooks = dict(
-    timer=dict(type='IterTimerHook'),
-    logger=dict(type='LoggerHook', interval=50, log_metric_by_epoch=False),
-    param_scheduler=dict(type='ParamSchedulerHook'),
-    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=2000),
-    sampler_seed=dict(type='DistSamplerSeedHook'),
-    visualization=dict(type='SegVisualizationHook'))
-"""
+DET_SCHEDULE = (OPENMMLAB / "mmdet" / "_base_" / "schedules" / "schedule_1x.py").read_text()
+SEG_RUNTIME = (OPENMMLAB / "mmseg" / "_base_" / "default_runtime.py").read_text()
+SEG_SCHEDULE = (OPENMMLAB / "mmseg" / "_base_" / "schedules" / "schedule_20k.py").read_text()
 
 
 def write_config(tmp_path, runtime: str, schedule: str, extra: str = "") -> str:

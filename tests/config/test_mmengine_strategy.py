@@ -277,7 +277,7 @@ def test_fsdp_strategy_activation_checkpointing_becomes_the_trainers_setting(tmp
     Trainer's activation_checkpointing: {check_fn: ...}; a Python config's function is saved
     in config.yaml by its dotted path, which builds the same run again."""
     from treadle.config import save_config
-    from treadle.strategies.activation_checkpointing import checkpointed_modules
+    from support import checkpointed_modules
 
     out = translate({"strategy": {"type": "FSDPStrategy", "activation_checkpointing": {"check_fn": is_block}}})
     assert out["activation_checkpointing"] == {"check_fn": is_block} and out["strategy"] == {"type": "fsdp"}
@@ -305,7 +305,7 @@ def test_fsdp_strategy_activation_checkpointing_becomes_the_trainers_setting(tmp
 
 def test_runner_activation_checkpointing_takes_module_paths(tmp_path):
     """MMEngine's runner-level activation_checkpointing (submodule paths) is treadle's key."""
-    from treadle.strategies.activation_checkpointing import checkpointed_modules
+    from support import checkpointed_modules
 
     (tmp_path / "config.py").write_text(textwrap.dedent("""
         model = dict(type='support.TinyNet')

@@ -10,29 +10,15 @@ import logging
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import (DataLoader, Dataset, IterableDataset, Sampler, SubsetRandomSampler, TensorDataset,
-                              WeightedRandomSampler, get_worker_info)
+from torch.utils.data import (DataLoader, Dataset, Sampler, SubsetRandomSampler, TensorDataset,
+                              WeightedRandomSampler)
 
 import treadle
-from support import TinyNet, make_data
+from faults import Crash, CrashAt
+from support import Stream, TinyNet, make_data
 from treadle.data import DataFeed
 
 N, BATCH = 30, 6  # 5 batches an epoch
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAt(treadle.Hook):
-    priority = "LOWEST"  # after the checkpoint hook has saved this iteration
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == self.at:
-            raise Crash
 
 
 def trainer(work_dir, loader, resume=False, hooks=(), max_epochs=3, **kw):
@@ -123,19 +109,6 @@ def test_generator_slot_samplers_are_seeded_per_epoch_and_leave_the_global_rng_a
     w = orders(4, WeightedRandomSampler(torch.ones(N), N))
     assert w == orders(4, WeightedRandomSampler(torch.ones(N), N)) and w[0] != w[1]
     assert torch.equal(torch.get_rng_state(), before)
-
-
-class Stream(IterableDataset):
-    """Deterministic samples, split between workers."""
-
-    def __init__(self, n: int = N) -> None:
-        self.data = make_data(n)
-
-    def __iter__(self):
-        info = get_worker_info()
-        start, step = (info.id, info.num_workers) if info else (0, 1)
-        for i in range(start, len(self.data), step):
-            yield self.data[i]
 
 
 @pytest.mark.parametrize("workers", [0, 2])

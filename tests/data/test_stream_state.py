@@ -9,34 +9,19 @@ the loader's workers): nothing taken before the checkpoint is read again."""
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader
 
 import treadle
-from support import TinyNet, make_data
+from faults import Crash, CrashAt
+from support import Count, StatefulStream, Stream, TinyNet, make_data
 from treadle.data.feed import stream_owner
 
-N, BATCH, EPOCHS = 30, 5, 2  # 6 batches an epoch in one process
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAt(treadle.Hook):
-    priority = "LOWEST"  # after the checkpoint hook has saved this iteration
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == self.at:
-            raise Crash
+N, BATCH, EPOCHS = 30, 5, 2  # N: a Stream's samples; 6 batches an epoch in one process
 
 
 class Record(treadle.Hook):
@@ -45,60 +30,6 @@ class Record(treadle.Hook):
 
     def before_train_iter(self, trainer, batch):
         self.batches.append(batch[1].tolist() + [round(float(batch[0].sum()), 4)])
-
-
-class Counted(IterableDataset):
-    """Deterministic samples split between workers; ``read`` counts the samples produced
-    (a shared value: the workers' copies count into it)."""
-
-    def __init__(self, read) -> None:
-        self.data, self.read = make_data(N), read
-
-    def _mine(self) -> list[int]:
-        info = get_worker_info()
-        start, step = (info.id, info.num_workers) if info else (0, 1)
-        return list(range(start, N, step))
-
-    def _produce(self, i: int):
-        with self.read.get_lock():
-            self.read.value += 1
-        return self.data[i]
-
-    def __iter__(self):
-        for i in self._mine():
-            yield self._produce(i)
-
-
-class StatefulCounted(Counted):
-    """The same stream with its own position: samples of its share taken so far."""
-
-    def __init__(self, read) -> None:
-        super().__init__(read)
-        self.taken, self._start = 0, 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"taken": self.taken}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self._start = int(state["taken"])
-
-    def __iter__(self):
-        self.taken, start, self._start = self._start, self._start, 0
-        for i in self._mine()[start:]:
-            sample = self._produce(i)
-            self.taken += 1
-            yield sample
-
-
-class Count:
-    """A counter for datasets read in the main process (Hugging Face's pickles its generator
-    to name it, which a shared value refuses)."""
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def get_lock(self):
-        return contextlib.nullcontext()
 
 
 def run(work_dir, make_loader, hooks=(), resume=False, counter=lambda: multiprocessing.Value("i", 0)):
@@ -139,7 +70,7 @@ def check_resume(tmp_path, make_loader, at, rereads=False, extra=0, **kw):
 
 def test_a_stateful_dataset_read_in_the_main_process_resumes_from_its_own_position(tmp_path):
     def loader(read):
-        return DataLoader(StatefulCounted(read), batch_size=BATCH)
+        return DataLoader(StatefulStream(read), batch_size=BATCH)
     assert stream_owner(loader(multiprocessing.Value("i", 0))) is not None
     check_resume(tmp_path, loader, at=4)
 
@@ -147,13 +78,13 @@ def test_a_stateful_dataset_read_in_the_main_process_resumes_from_its_own_positi
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_plain_dataloaders_workers_hold_copies_so_the_stream_is_read_again_exactly(tmp_path, workers):
     def loader(read):  # the main process never sees its workers' positions: no state to take
-        return DataLoader(StatefulCounted(read), batch_size=BATCH, num_workers=workers)
+        return DataLoader(StatefulStream(read), batch_size=BATCH, num_workers=workers)
     assert stream_owner(loader(multiprocessing.Value("i", 0))) is None
     check_resume(tmp_path, loader, at=4, rereads=True)
 
 
 def test_a_stream_without_state_is_read_again_exactly(tmp_path):
-    check_resume(tmp_path, lambda read: DataLoader(Counted(read), batch_size=BATCH), at=4, rereads=True)
+    check_resume(tmp_path, lambda read: DataLoader(Stream(read), batch_size=BATCH), at=4, rereads=True)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -161,7 +92,7 @@ def test_torchdata_stateful_dataloader_resumes_from_its_state(tmp_path, workers)
     sdl = pytest.importorskip("torchdata.stateful_dataloader")
 
     def loader(read):
-        return sdl.StatefulDataLoader(StatefulCounted(read), batch_size=BATCH, num_workers=workers)
+        return sdl.StatefulDataLoader(StatefulStream(read), batch_size=BATCH, num_workers=workers)
     # 2 workers: each reads half (15 samples: batches of 5, 5, 5), 6 batches an epoch, alternating.
     check_resume(tmp_path, loader, at=3 if workers else 4)
 
@@ -219,7 +150,7 @@ def test_a_hand_written_loop_resumes_a_stateful_dataloader_from_its_own_state(tm
         s.prepare(TinyNet(), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)))
         if before:
             before(s)
-        return s, s.prepare_dataloader(sdl.StatefulDataLoader(StatefulCounted(read), batch_size=BATCH, num_workers=2))
+        return s, s.prepare_dataloader(sdl.StatefulDataLoader(StatefulStream(read), batch_size=BATCH, num_workers=2))
 
     def ids(batch):
         return batch[1].tolist()
@@ -247,7 +178,7 @@ def test_a_hand_written_loop_resumes_a_stateful_dataloader_from_its_own_state(tm
     assert read.value == N * EPOCHS - 4 * BATCH  # nothing taken before the checkpoint is read again
 
 
-class RankStream(StatefulCounted):
+class RankStream(StatefulStream):
     """Each rank's own share of the stream (items ``i % world == rank``); its state names the
     rank, so each rank's file can be told apart. ``read`` is a plain counter here."""
 
@@ -312,7 +243,7 @@ def test_each_rank_resumes_its_stream_from_the_state_in_its_own_file(tmp_path):
     assert ds.loaded is None and ds.read.value == N  # the whole epoch: its first 2 batches read again
 
 
-class OddState(StatefulCounted):
+class OddState(StatefulStream):
     def state_dict(self):
         return {"taken": self.taken, "at": object()}  # not plain data: weights_only could not read it back
 
@@ -330,7 +261,7 @@ def test_what_keeps_a_streams_position():
     sdl = pytest.importorskip("torchdata.stateful_dataloader")
     datasets = pytest.importorskip("datasets")
     read = Count()
-    stateful, plain = StatefulCounted(read), Counted(read)
+    stateful, plain = StatefulStream(read), Stream(read)
     hf = datasets.Dataset.from_dict({"i": list(range(N))}).to_iterable_dataset(num_shards=3)
     buffered = hf.shuffle(seed=0, buffer_size=4)
     loader = sdl.StatefulDataLoader(plain, batch_size=BATCH)

@@ -17,6 +17,7 @@ from torch.utils.data import (DataLoader, Dataset, DistributedSampler, IterableD
                               Subset, WeightedRandomSampler, get_worker_info)
 
 import treadle
+from faults import Crash, CrashAt
 from support import ON_CPU, TinyNet, make_data
 from treadle.data import DataFeed
 from treadle.data.resumable import ResumableLoader
@@ -455,21 +456,6 @@ class Augmented(Dataset):
     def __getitem__(self, i):
         x, y = self.base[i]
         return x + 0.3 * torch.randn(x.shape) + float(np.random.rand()) - random.random(), y
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAt(treadle.Hook):
-    priority = "LOWEST"  # after the checkpoint hook saved the iteration
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == self.at:
-            raise Crash
 
 
 def _trainer(work_dir, workers, resume=False, hooks=(), **kw):

@@ -67,22 +67,26 @@ def test_a_restartable_torchrun_job_sharing_the_agent_store_is_warned_about():
 def test_a_lost_peer_is_only_recognised_in_a_job_of_several_processes():
     """In one process a RuntimeError that reads like a lost peer (a broken pipe in a
     data pipeline) is the run's own error, shown as such."""
-    from treadle.distributed import comm
+    from treadle.distributed import voice
 
-    assert not comm.peer_lost(RuntimeError("[gloo] Connection closed by peer"))
-    assert not comm.peer_lost(RuntimeError("DataLoader worker (pid 22765) is killed by signal: Terminated. "))
+    assert not voice.peer_lost(RuntimeError("[gloo] Connection closed by peer"))
+    assert not voice.peer_lost(RuntimeError("DataLoader worker (pid 22765) is killed by signal: Terminated. "))
 
 
 def test_in_a_job_a_loader_worker_terminated_by_the_launcher_reads_as_a_lost_peer(monkeypatch):
     """When another rank fails, the launcher terminates this rank's processes; its loader
     workers can go first, and torch's DataLoader then raises here: one line, not a traceback
     (test_fail_fast.py's SIGKILL of rank 1 met it under load)."""
-    from treadle.distributed import comm
+    from treadle.distributed import voice
 
-    monkeypatch.setattr(comm, "is_distributed", lambda: True)
-    assert comm.peer_lost(RuntimeError("DataLoader worker (pid 22765) is killed by signal: Terminated. "))
-    assert comm.peer_lost(RuntimeError("[gloo] Connection closed by peer"))
-    assert not comm.peer_lost(RuntimeError("DataLoader worker (pid 1) is killed by signal: Segmentation fault. "))
+    class Job:  # torch.distributed as a process group of 2 shows it
+        @staticmethod
+        def get_world_size() -> int:
+            return 2
+    monkeypatch.setattr(voice, "_process_group", lambda: Job)
+    assert voice.peer_lost(RuntimeError("DataLoader worker (pid 22765) is killed by signal: Terminated. "))
+    assert voice.peer_lost(RuntimeError("[gloo] Connection closed by peer"))
+    assert not voice.peer_lost(RuntimeError("DataLoader worker (pid 1) is killed by signal: Segmentation fault. "))
 
 
 def test_a_torchrun_restart_that_cannot_connect_is_named_with_its_workaround_not_as_a_config_error(

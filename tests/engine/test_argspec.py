@@ -20,7 +20,7 @@ from torch import nn
 
 import treadle
 from treadle.config import SCHEMA
-from treadle.config.keys import _min
+from treadle.components.keys import _min
 from treadle.config.schema import NOT_CONFIG_KEYS, trainer_defaults
 from treadle.engine.argspec import Arg, args_section, check_args, config_defaults, config_keys, document, params, takes
 from treadle.engine.spec import TRAINER_KEYS, TrainerArgs

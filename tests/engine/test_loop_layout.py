@@ -64,12 +64,15 @@ def test_the_place_records_the_layout():
 def test_a_layout_warning_is_said_once_for_the_job_by_rank_0(monkeypatch, caplog):
     """Every rank resumes alike onto another layout: only rank 0 says it (each rank said it
     before: the reshard warning twice under --nproc 2)."""
-    from treadle.distributed import comm
+    from treadle.distributed import voice
 
     loop, saved = _loop(2, 2, 1), _saved(1, 1, 1)
-    monkeypatch.setattr(comm, "is_distributed", lambda: True)
     for rank, said in ((1, 0), (0, 1)):
-        monkeypatch.setattr(comm, "get_rank", lambda rank=rank: rank)
+        class Job:  # torch.distributed in a group of 2, as this rank sees it
+            @staticmethod
+            def get_rank(rank: int = rank) -> int:
+                return rank
+        monkeypatch.setattr(voice, "_process_group", lambda job=Job: job)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="treadle"):
             loop.load_state_dict(saved)

@@ -4,7 +4,6 @@ is compared with the same run uninterrupted (weights, learning rate, validations
 
 from __future__ import annotations
 
-import os
 import signal
 
 import pytest
@@ -15,29 +14,12 @@ from torch.utils.data import DataLoader
 import treadle
 from treadle.seeding import seed_everything
 
+from faults import Crash, CrashAt, SignalAt, StopAt
 from support import TinyNet, make_data
 
 
-class Crash(Exception):
-    pass
-
-
-class At(treadle.Hook):
-    """At iteration ``at``: raise (after the checkpoint hook saved), send SIGUSR1, or request a stop."""
-
-    priority = "LOWEST"
-
-    def __init__(self, at: int, how: str) -> None:
-        self.at, self.how = at, how
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == self.at:
-            if self.how == "crash":
-                raise Crash()
-            if self.how == "signal":
-                os.kill(os.getpid(), signal.SIGUSR1)
-            if self.how == "stop":
-                trainer.state.request_stop("asked")
+#: At iteration ``at``: raise (after the checkpoint hook saved), send SIGUSR1, or request a stop.
+AT = {"crash": CrashAt, "signal": lambda at: SignalAt(at, signal.SIGUSR1), "stop": StopAt}
 
 
 class Vals(treadle.Hook):
@@ -69,7 +51,7 @@ def _assert_same(a, b):
 
 def _interrupt(work_dir, at, how, **kw):
     try:
-        _trainer(work_dir, hooks=[At(at, how)], **kw).fit()
+        _trainer(work_dir, hooks=[AT[how](at)], **kw).fit()
     except (Crash, SystemExit):
         pass
 

@@ -17,6 +17,7 @@ from treadle.checkpoint import io as checkpoint_io
 from treadle.checkpoint.io import find_latest_checkpoint, list_checkpoints, verify_checkpoint
 from treadle.engine.preemption import PreemptionConfig
 
+from faults import SignalAt
 from support import TinyNet, make_data
 
 
@@ -55,18 +56,9 @@ def test_good_preemption_values():
 
 
 # -- Ctrl-C ---------------------------------------------------------------------------------
-class CtrlC(treadle.Hook):
+def ctrl_c(at: int, times: int = 1) -> SignalAt:
     """Press Ctrl-C (SIGINT to this process) ``times`` times after iteration ``at``."""
-
-    priority = "LOWEST"  # after the checkpoint hook
-
-    def __init__(self, at: int, times: int = 1) -> None:
-        self.at, self.times = at, times
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == self.at:
-            for _ in range(self.times):
-                os.kill(os.getpid(), signal.SIGINT)
+    return SignalAt(at, signal.SIGINT, times)
 
 
 @pytest.fixture
@@ -92,7 +84,7 @@ def trainer(work_dir, hooks=(), **kw):
 def test_ctrl_c_stops_at_the_boundary_saves_and_resumes_exactly(tmp_path, caplog, capsys):
     whole = trainer(tmp_path / "whole")
     whole.fit()
-    t = trainer(tmp_path / "run", hooks=[CtrlC(at=11)])
+    t = trainer(tmp_path / "run", hooks=[ctrl_c(at=11)])
     with pytest.raises(SystemExit) as stop:
         t.fit()
     assert stop.value.code == 130 and t.state.iter == 11 and t.state.interrupted
@@ -109,7 +101,7 @@ def test_ctrl_c_stops_at_the_boundary_saves_and_resumes_exactly(tmp_path, caplog
 
 @pytest.mark.usefixtures("ctrl_c_reaches_python")
 def test_a_second_ctrl_c_aborts_at_once_and_keeps_the_last_checkpoint(tmp_path):
-    t = trainer(tmp_path, hooks=[CtrlC(at=11, times=2)])
+    t = trainer(tmp_path, hooks=[ctrl_c(at=11, times=2)])
     with pytest.raises(KeyboardInterrupt, match="a second Ctrl-C"):
         t.fit()
     assert t.state.iter == 10  # aborted inside iteration 11's hooks: nothing more ran, nothing saved
@@ -130,7 +122,7 @@ def test_a_second_ctrl_c_during_the_save_leaves_no_damaged_checkpoint(tmp_path, 
 
     monkeypatch.setattr(checkpoint_io, "_write_durably", write_then_ctrl_c)
     before = (tmp_path / "checkpoints" / "epoch_0001")
-    t = trainer(tmp_path, hooks=[CtrlC(at=11)])
+    t = trainer(tmp_path, hooks=[ctrl_c(at=11)])
     with pytest.raises(KeyboardInterrupt):
         t.fit()
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["epoch_0001"]  # no scratch left either
@@ -140,7 +132,7 @@ def test_a_second_ctrl_c_during_the_save_leaves_no_damaged_checkpoint(tmp_path, 
 
 @pytest.mark.usefixtures("ctrl_c_reaches_python")
 def test_interrupt_false_leaves_ctrl_c_to_python(tmp_path):
-    t = trainer(tmp_path, hooks=[CtrlC(at=3)], preemption=dict(interrupt=False))
+    t = trainer(tmp_path, hooks=[ctrl_c(at=3)], preemption=dict(interrupt=False))
     with pytest.raises(KeyboardInterrupt):
         t.fit()
     assert t.state.iter == 2 and not t.state.interrupted
@@ -156,7 +148,7 @@ def test_an_ignored_sigint_stays_ignored(tmp_path):
             def after_train_iter(self, trainer, batch, outputs):
                 seen.append(signal.getsignal(signal.SIGINT))
 
-        trainer(tmp_path, hooks=[Look(), CtrlC(at=2)], max_epochs=1).fit()
+        trainer(tmp_path, hooks=[Look(), ctrl_c(at=2)], max_epochs=1).fit()
         assert set(seen) == {signal.SIG_IGN}
     finally:
         signal.signal(signal.SIGINT, old)

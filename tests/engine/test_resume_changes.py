@@ -13,6 +13,7 @@ import treadle
 from treadle.checkpoint.io import find_latest_checkpoint, load_checkpoint
 
 from cli_support import TINY, run
+from faults import CrashAt
 from support import TinyNet, make_data
 
 
@@ -89,17 +90,6 @@ class Seen(treadle.Hook):
         self.samples += [int(x) for x in batch[0][:, 0].tolist()]
 
 
-class StopAt(treadle.Hook):
-    priority = "LOWEST"
-
-    def __init__(self, at):
-        self.at = at
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == self.at:
-            raise KeyboardInterrupt  # after the iteration's checkpoint: a crash there
-
-
 @pytest.mark.parametrize("before, after", [(4, 6), (6, 4)])
 def test_a_batch_size_change_inside_an_epoch_goes_on_after_the_samples_taken(tmp_path, before, after, caplog):
     def trainer(batch_size, hooks, resume=False):
@@ -109,7 +99,7 @@ def test_a_batch_size_change_inside_an_epoch_goes_on_after_the_samples_taken(tmp
 
     first, second = Seen(), Seen()
     with pytest.raises(KeyboardInterrupt):
-        trainer(before, [first, StopAt(2)]).fit()  # 2 batches saved, then a crash
+        trainer(before, [first, CrashAt(2, KeyboardInterrupt)]).fit()  # 2 batches saved, then a crash
     with caplog.at_level("INFO", logger="treadle"):
         trainer(after, [second], resume=True).fit()
     assert (f"resume: train_dataloader.batch_size = {after} as configured (the checkpoint's run had {before}): "

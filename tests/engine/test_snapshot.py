@@ -15,6 +15,7 @@ from treadle.checkpoint.io import CheckpointError, load_checkpoint, save_checkpo
 from treadle.checkpoint.weights import WeightsMismatchError
 from treadle.seeding import seed_everything
 
+from faults import Crash, CrashAt
 from support import TinyNet, make_data
 
 
@@ -101,18 +102,6 @@ class StaleGrads(nn.Module):
         return {"loss": loss_b}
 
 
-class Crash(Exception):
-    pass
-
-
-class CrashAt(treadle.Hook):
-    priority = "LOWEST"
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == 7:
-            raise Crash()
-
-
 def test_gradients_a_custom_step_leaves_are_saved_and_restored(tmp_path):
     def run(work_dir, hooks=(), resume=False):
         seed_everything(0)
@@ -126,7 +115,7 @@ def test_gradients_a_custom_step_leaves_are_saved_and_restored(tmp_path):
         return t
 
     ref = run(tmp_path / "ref")
-    run(tmp_path / "run", hooks=[CrashAt()])
+    run(tmp_path / "run", hooks=[CrashAt(7)])
     resumed = run(tmp_path / "run", resume=True)
     for name, value in ref.module.state_dict().items():
         assert torch.equal(value, resumed.module.state_dict()[name]), name

@@ -124,8 +124,6 @@ def test_custom_train_step_with_two_optimizers_matches_hand_written():
     assert set(t.optim_wrappers) == {"gen", "disc"}
     t.fit()
     assert t.learning_rates == {"lr/gen": 1e-3, "lr/disc": 1e-2}  # a property, like t.optimizer
-    with pytest.warns(DeprecationWarning, match="property now"):
-        assert t.learning_rates() == {"lr/gen": 1e-3, "lr/disc": 1e-2}  # the old call still works
 
     seed_everything(5)
     g_opt = torch.optim.Adam(ref.gen.parameters(), lr=1e-3, **FUSED)

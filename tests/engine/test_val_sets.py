@@ -102,7 +102,7 @@ def test_config_sets_by_name_and_mmagics_multivalloop():
     assert mm["val_dataloader"] == {"0": {"batch_size": 2, "dataset": {"type": "support.make_data", "n": 4}},
                                     "1": {"batch_size": 2, "dataset": {"type": "support.make_data", "n": 4},
                                           "shuffle": False}}
-    from treadle.config.errors import ConfigError
+    from treadle.components.errors import ConfigError
 
     with pytest.raises(ConfigError, match="^val_cfg: options have no treadle equivalent"):
         translate({"val_cfg": {"type": "MultiValLoop", "fp16": True}})

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 import treadle
 from treadle.checkpoint.io import list_checkpoints, read_manifest
 
+from faults import SignalAt
 from support import TinyNet, make_data
 
 
@@ -155,12 +156,7 @@ def test_preemption_requeues_under_slurm_and_exits_143(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
 
-    class Term(treadle.Hook):
-        def after_train_iter(self, trainer, batch, outputs):
-            if trainer.state.iter == 5:
-                os.kill(os.getpid(), signal.SIGUSR1)
-
-    t = make(tmp_path / "run", hooks=[Term()], checkpoint=dict(interval=None))
+    t = make(tmp_path / "run", hooks=[SignalAt(6, signal.SIGUSR1)], checkpoint=dict(interval=None))
     with pytest.raises(SystemExit) as info:
         t.fit()
     assert info.value.code == 143

@@ -15,6 +15,7 @@ from treadle.seeding import seed_everything
 from treadle.hooks.train_metrics import TrainMetrics, TrainMetricsHook
 
 from cli_support import TINY, run
+from faults import Crash, CrashAt
 from support import DEVICE, ON_CPU, TinyNet, count_host_reads, make_data
 
 
@@ -146,21 +147,6 @@ def test_the_timed_step_feeds_them_too(tmp_path):
 
 
 # -- resume -------------------------------------------------------------------------------
-class Crash(Exception):
-    pass
-
-
-class CrashAt(treadle.Hook):
-    priority = "LOWEST"  # after the checkpoint hook
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == self.at:
-            raise Crash()
-
-
 def _metric_values(work_dir):
     return [(r["iter"], r["train/acc"], r["train/n"]) for r in _train_records(work_dir)]
 

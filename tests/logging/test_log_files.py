@@ -18,27 +18,11 @@ from treadle.logging.backends import CsvWriter
 from treadle.logging.writers import written_after
 from treadle.seeding import seed_everything
 
+from faults import Crash, CrashAt
 from support import TinyNet, make_data
 
 # Values that differ from one process to the next (wall clock, timings).
 PER_RUN = {"timestamp", "data_time", "step_time", "samples_per_s", "eta_s", "max_memory_mb", "resumed_at"}
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAt(treadle.Hook):
-    """Raise in ``after_train_iter`` of iteration ``at`` (after the logger and the checkpoint hook)."""
-
-    priority = "LOWEST"
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == self.at:
-            raise Crash()
 
 
 def _trainer(work_dir, hooks=(), resume=False, batch_size=6, **kw):

@@ -21,6 +21,7 @@ import treadle
 from treadle.logging import read_jsonl
 from treadle.logging.trackers import MlflowWriter, WandbWriter, _mlflow_key, _wandb_default_mode
 
+from faults import CrashAt
 from support import TinyNet, make_data
 
 
@@ -33,15 +34,9 @@ def _trainer(work, writer, hooks=()):
                            log_writers=("jsonl", writer), hooks=list(hooks), progress=False)
 
 
-class _Raise(treadle.Hook):
+def _raise(error: BaseException) -> CrashAt:
     """Raises ``error`` after iteration 3, i.e. after the first record (iteration 2) was written."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == 3:
-            raise self.error
+    return CrashAt(3, error)
 
 
 def _split(records):
@@ -106,7 +101,7 @@ def test_mlflow_run_of_a_failed_fit_is_marked_failed(tmp_path, mlflow_env, error
 
     writer = MlflowWriter(tmp_path)
     with pytest.raises(type(error)):
-        _trainer(tmp_path, writer, hooks=[_Raise(error)]).fit()
+        _trainer(tmp_path, writer, hooks=[_raise(error)]).fit()
     client = MlflowClient(tracking_uri=writer.tracking_uri)
     assert client.get_run(writer.run_id).info.status == status
     (first,) = [r for r in read_jsonl(tmp_path / "log.jsonl") if r["mode"] == "train"]
@@ -221,7 +216,7 @@ def test_wandb_offline_run_reads_back_as_log_jsonl(tmp_path, wandb_env):
 def test_wandb_run_of_a_failed_fit_exits_nonzero(tmp_path, wandb_env):
     writer = WandbWriter(tmp_path, project="treadle-test")
     with pytest.raises(RuntimeError, match="boom"):
-        _trainer(tmp_path, writer, hooks=[_Raise(RuntimeError("boom"))]).fit()
+        _trainer(tmp_path, writer, hooks=[_raise(RuntimeError("boom"))]).fit()
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     summary = _summary(run_dir)
     assert summary["exit_code"] == 1 and summary["state"] == "failed"

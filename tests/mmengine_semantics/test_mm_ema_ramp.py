@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import treadle
-from treadle.config.errors import ConfigError
+from treadle.components.errors import ConfigError
 from treadle.config.mmengine import translate
 from treadle.hooks.ema import EMAHook
 from mm_support import OneWeight, Record, loader

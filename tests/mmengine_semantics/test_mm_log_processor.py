@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import treadle
-from treadle.config.errors import ConfigError
+from treadle.components.errors import ConfigError
 from treadle.config.mmengine import translate
 from treadle.hooks.logger import LoggerHook
 from mm_support import ValueLoss, loader

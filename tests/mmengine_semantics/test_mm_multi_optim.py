@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 import treadle
 from support import ON_CPU, load_module_file
-from treadle.config.errors import ConfigError
+from treadle.components.errors import ConfigError
 from treadle.config.mmengine import translate
 
 

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 import treadle
 from support import DEVICE, FUSED, TinyNet, make_data, to_device
 from treadle.logging.writers import read_jsonl
-from treadle.optim.wrapper import OptimWrapper, check_clip_grad
+from treadle.optim.wrapper import GradientSync, OptimWrapper, check_clip_grad
 from treadle.seeding import seed_everything
 
 
@@ -475,7 +475,7 @@ def test_no_sync_context_is_entered_only_on_micro_batches_that_do_not_step():
         yield
 
     assert isinstance(ow.optim_context(), contextlib.nullcontext)  # no strategy hook: nothing
-    ow.no_sync = no_sync
+    ow.gradient_sync = GradientSync(no_sync=no_sync)
     ow.start_run(7)  # windows 3, 3, 1
     closes = []
     for _ in range(7):
@@ -501,7 +501,7 @@ def test_optim_context_autocasts_under_16_bit_precision_and_keeps_no_sync(precis
     def no_sync():
         entered.append(ow.micro_step)
         yield
-    ow.no_sync = no_sync
+    ow.gradient_sync = GradientSync(no_sync=no_sync)
     dtypes = []
     for _ in range(2):
         with ow.optim_context(model):

@@ -26,11 +26,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import treadle
-from support import ON_CPU, TinyNet, make_data
+from support import ON_CPU, TinyNet, checkpointed_modules, make_data
 from treadle.config import ConfigError, build_trainer, load_config
 from treadle.strategies.activation_checkpointing import (
     apply_activation_checkpointing,
-    checkpointed_modules,
     find_blocks,
     is_checkpointed,
     plan_activation_checkpointing,

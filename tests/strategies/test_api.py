@@ -183,6 +183,35 @@ def test_resume_refuses_a_misfit_before_changing_anything(tmp_path):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+SAVE_AT, TOTAL = 7, 15  # the Trainer run's checkpoint: mid-epoch (5 batches an epoch), inside a window of 2
+
+
+class _DropNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def _classes() -> TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    return TensorDataset(torch.randn(40, 6, generator=g), torch.randint(0, 3, (40,), generator=g))
+
+
+def _trainer_run(work_dir) -> treadle.Trainer:
+    """Dropout, AdamW, accumulation of 2, clipping, a warmup per iteration, a shuffled
+    loader; a checkpoint at SAVE_AT."""
+    torch.manual_seed(0)
+    return treadle.Trainer(
+        _DropNet(), work_dir=work_dir, train_dataloader=DataLoader(_classes(), batch_size=8, shuffle=True),
+        loss_fn=nn.CrossEntropyLoss(), optimizer=dict(type="AdamW", lr=1e-2), max_iters=TOTAL, strategy=ON_CPU,
+        accumulate=2, clip_grad=dict(max_norm=1.0), seed=0, log_writers=("jsonl",), progress=False,
+        schedulers=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10)],
+        checkpoint=dict(interval=SAVE_AT, by_epoch=False), log_interval=2)
+
+
 def _continue_by_hand(strategy, model, ow, scheds, loader, it, total):
     """The Trainer's default step written out (fp32, loss_fn): forward, loss, update;
     the iteration schedulers after every iteration."""
@@ -206,18 +235,16 @@ def test_a_trainer_checkpoint_resumes_in_a_hand_written_loop(tmp_path, control):
     a hand-written loop and continued to the end: weights and optimizer state equal an
     uninterrupted Trainer run's, bit for bit. Negative controls: without the schedulers'
     states, or without the loader's place, they differ."""
-    from format1_run import SAVE_AT, TOTAL, DropNet, _data, make_trainer
-
-    ref = make_trainer(tmp_path / "ref", strategy=ON_CPU)
+    ref = _trainer_run(tmp_path / "ref")
     ref.fit()  # saves at SAVE_AT on its way
     ckpt = tmp_path / "ref" / "checkpoints" / f"iter_{SAVE_AT:08d}"
 
     s = treadle.build_strategy(ON_CPU, seed=0)
     model, ow, scheds = s.prepare(
-        DropNet(), optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-2), accumulative_counts=2,
+        _DropNet(), optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-2), accumulative_counts=2,
                                       clip_grad=dict(max_norm=1.0)),
         param_scheduler=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10)])
-    loader = s.prepare_dataloader(DataLoader(_data(), batch_size=8, shuffle=True))
+    loader = s.prepare_dataloader(DataLoader(_classes(), batch_size=8, shuffle=True))
     got = s.resume(ckpt, resume_param_scheduler=control != "no-schedulers")
     assert set(got) == {"loop", "hooks", "results"}  # the Trainer's parts, handed back
     if control == "no-loader-place":

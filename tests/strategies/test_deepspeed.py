@@ -76,7 +76,7 @@ def test_one_process_with_accumulation_equals_a_hand_written_loop(one_process_gr
     reference.load_state_dict(model.state_dict())
     trainer = _trainer(model, accumulate=2, strategy=dict(ON_CPU_DS, zero_stage=2))
     assert type(trainer.optim_wrappers["default"]).__name__ == "DeepSpeedOptimWrapper"
-    assert trainer.strategy.config["gradient_clipping"] == 0.0
+    assert trainer.strategy.ds_config["gradient_clipping"] == 0.0
     trainer.fit()
     assert not (tmp_path / "extensions").exists()
     added = [f for f in warnings.filters if f not in filters]  # torch's own imports add some; none of treadle's

@@ -142,13 +142,15 @@ def test_a_weight_that_trains_here_but_not_in_the_checkpoint_is_refused(tmp_path
         s2.resume(path, resume_optimizer=False)
 
 
-def test_a_checkpoint_with_every_weight_and_no_frozen_entry_still_resumes(tmp_path):
-    """As an earlier treadle saved them: the model entry whole, no digests."""
+def test_a_checkpoint_without_its_frozen_entry_is_refused_in_one_line(tmp_path):
     s, model, ow, path = _saved(tmp_path, save_frozen=True, callback=lambda st: st.pop("frozen"))
     assert "frozen" not in load_checkpoint(path)["state.pt"]
     s2, model2, ow2, loader2 = _setup(tmp_path / "b", base_seed=1)
-    _train(s2, model2, ow2, loader2, start=s2.resume(path)["iter"])
-    assert_state_equal(model2.state_dict(), model.state_dict())
+    before = {k: v.clone() for k, v in model2.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"has no state for \['frozen'\]") as err:
+        s2.resume(path)
+    assert len(str(err.value).splitlines()) == 1
+    assert_state_equal(model2.state_dict(), before)  # nothing was loaded
 
 
 # -- the Trainer: checkpoint=dict(save_frozen=True), resume, load_from -------------------------------

@@ -79,7 +79,7 @@ def fsdp_worker(rank: int, world: int) -> dict:
         assert not isinstance(model.stem, FSDPModule)  # not in the policy: part of the root's group
         ow = OptimWrapper(make_optimizer(opt_name, model), accumulate=micro)
         strategy.setup_optim_wrapper(ow, model)
-        assert ow.no_sync is not None  # accumulation skips the reduce-scatter
+        assert ow.gradient_sync.no_sync is not None  # accumulation skips the reduce-scatter
         train(model, ow, rank, world, micro)
         out[f"{opt_name}/{micro}"] = strategy.get_full_model_state(model)
         sharded = strategy.get_model_state(model)

@@ -13,7 +13,7 @@ import treadle
 from support import TINY_LM_PLAN, TinyLM, tiny_llama
 from treadle.optim.clip import clip_grad_norm_meshes
 from treadle.strategies.build import resolve_strategy
-from treadle.strategies.mesh import MeshShape
+from treadle.distributed.layout import MeshShape
 from treadle.strategies.tensor_parallel import model_plan, resolve_plan
 
 
@@ -189,7 +189,7 @@ def test_a_user_plan_that_contradicts_the_models_own_is_warned_naming_the_module
 
     from transformers import Phi3Config, Phi3ForCausalLM
 
-    from treadle.strategies.plan_check import warn_if_contradicting
+    from treadle.strategies.tensor_parallel import warn_if_contradicting
 
     model = Phi3ForCausalLM(Phi3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=16,

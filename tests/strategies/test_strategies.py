@@ -107,3 +107,88 @@ def test_move_model_leaves_a_model_already_on_the_device_or_still_on_meta_alone_
     model.register_buffer("offset", torch.zeros(2, device="meta"))  # still to be materialized (on the device)
     model.to = refuse  # type: ignore[method-assign]  # torch's .to() would refuse meta -> cpu
     assert move_model(model, torch.device("cpu")) is model
+
+
+def _count_built(monkeypatch) -> list[object]:
+    """Every DDPStrategy object built from now on."""
+    built: list[object] = []
+    post_init = DDPStrategy.__post_init__
+
+    def counted(self):
+        built.append(self)
+        post_init(self)
+
+    monkeypatch.setattr(DDPStrategy, "__post_init__", counted)
+    return built
+
+
+def _clear_launcher(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_a_trainer_builds_one_strategy_object_from_a_dict(monkeypatch, tmp_path):
+    import treadle
+    from torch.utils.data import DataLoader
+
+    from support import TinyNet, make_data
+
+    _clear_launcher(monkeypatch)
+    built = _count_built(monkeypatch)
+    trainer = treadle.Trainer(TinyNet(), train_dataloader=DataLoader(make_data(8), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
+                              optimizer=dict(type="SGD", lr=0.1), max_epochs=1,
+                              strategy=dict(type="ddp", find_unused_parameters=True), progress=False)
+    assert built == [trainer.strategy] and trainer.strategy.find_unused_parameters is True
+
+
+def test_a_config_files_strategy_is_built_once_by_the_trainer(monkeypatch, tmp_path):
+    from treadle.config import build_trainer, load_config
+
+    _clear_launcher(monkeypatch)
+    (tmp_path / "job.yaml").write_text(
+        "model: {type: support.TinyNet}\nloss_fn: {type: CrossEntropyLoss}\n"
+        "train_dataloader: {batch_size: 4, dataset: {type: support.make_data, n: 8}}\n"
+        "optim_wrapper: {optimizer: {type: SGD, lr: 0.1}}\nmax_epochs: 1\nprogress: false\n"
+        "strategy: {type: ddp, static_graph: true}\n")
+    built = _count_built(monkeypatch)
+    cfg = load_config(tmp_path / "job.yaml", mode="train", work_dir=str(tmp_path / "run"))
+    assert built == []  # the file's check names the options, builds nothing
+    trainer = build_trainer(cfg)
+    assert built == [trainer.strategy] and trainer.strategy.static_graph is True
+
+
+def test_checking_a_strategy_spec_builds_nothing_and_names_what_is_wrong(monkeypatch):
+    from treadle.strategies.build import check_strategy
+
+    built = _count_built(monkeypatch)
+    check_strategy({"type": "ddp", "static_graph": True})
+    with pytest.raises(ValueError, match=r"strategy 'ddp': bad options \['tp'\]; tp: tensor parallelism"):
+        check_strategy({"type": "ddp", "tp": 2})
+    with pytest.raises(ValueError, match="strategy='dpp' is not supported"):
+        check_strategy("dpp")
+    assert built == []
+
+
+def test_an_option_value_is_refused_once_by_the_trainer_naming_the_strategy(monkeypatch):
+    import treadle
+
+    with pytest.raises(ValueError, match=r"strategy: strategy .fsdp.: tp=2 needs tp_plan="):
+        treadle.Trainer(nn.Linear(2, 2), strategy=dict(type="fsdp", tp=2))
+    with pytest.raises(ValueError, match=r"strategy 'ddp': stall_warn_s=-1"):
+        treadle.Trainer(nn.Linear(2, 2), strategy=dict(type="ddp", stall_warn_s=-1))
+
+
+def test_the_common_options_are_defined_once_and_taken_by_every_multi_process_strategy():
+    import dataclasses
+
+    from treadle.strategies.base import ProcessGroupStrategy
+    from treadle.strategies.fsdp import FSDPStrategy
+
+    common = [f.name for f in dataclasses.fields(ProcessGroupStrategy)]
+    assert common == ["backend", "timeout_s", "shard_data", "sync_bn", "stall_warn_s", "stall_timeout_s", "empty_init"]
+    for cls in (DDPStrategy, FSDPStrategy):
+        s = cls(timeout_s=12.0, stall_timeout_s=30, empty_init=True, sync_bn=True)
+        assert (s.timeout_s, s.stall_timeout_s, s.empty_init, s.sync_bn, s.builds_empty) == (12.0, 30.0, True, True, True)
+    assert DDPStrategy(True).find_unused_parameters is True  # a strategy's own options stay positional
+    with pytest.raises(TypeError):
+        DDPStrategy(False, False, True, True, "gloo")  # the common ones are keywords

@@ -112,15 +112,19 @@ def test_one_process_keeps_batchnorm_and_says_so(caplog) -> None:
         caplog.clear()
 
 
-def test_the_strategy_asks_for_the_data_parallel_group(monkeypatch) -> None:
-    """sync_bn converts over data_parallel_group() (a mesh strategy's data-parallel
+def test_the_strategy_asks_its_layout_for_the_data_parallel_group(monkeypatch) -> None:
+    """sync_bn converts over the layout's data group (a mesh strategy's data-parallel
     dimension); a group of one process leaves BatchNorm as it is."""
+    from treadle.distributed.layout import ParallelLayout
+    import treadle.strategies.base as base
+
     strategy = DDPStrategy(sync_bn=True)
-    assert strategy.data_parallel_group() is None
-    seen = []
-    monkeypatch.setattr(strategy, "data_parallel_group", lambda: seen.append(1) or None)
+    assert strategy.layout.data_group is None
+    strategy.layout = ParallelLayout(data_group="the data group")
+    sizes = []
+    monkeypatch.setattr(base, "_group_size", lambda group: sizes.append(group) or 1)
     model = strategy.convert_batchnorm(make(ConvBN))
-    assert seen and type(model.bn2d) is nn.BatchNorm2d  # one process
+    assert sizes == ["the data group"] and type(model.bn2d) is nn.BatchNorm2d  # a group of one process
     assert DDPStrategy().convert_batchnorm(make(ConvBN)).bn2d.__class__ is nn.BatchNorm2d  # off
 
 

@@ -14,6 +14,8 @@ from torch import nn
 
 import treadle
 
+from faults import StopAt
+
 timm_scheduler = pytest.importorskip("timm.scheduler")
 
 EPOCHS, BATCHES = 3, 6
@@ -75,17 +77,6 @@ def test_a_timm_scheduler_is_stepped_as_timms_training_script_steps_it(tmp_path,
     t.fit()
     assert record.lrs == pytest.approx(timm_reference(kind, accumulate), rel=1e-12)
     assert len(set(record.lrs)) >= 3  # the schedule moved (warmup, decay, noise)
-
-
-class StopAt(treadle.Hook):
-    priority = "LOWEST"
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def after_train_iter(self, trainer, batch, outputs) -> None:
-        if trainer.state.iter + 1 == self.at:
-            trainer.state.request_stop("test")
 
 
 @pytest.mark.parametrize("kind, accumulate", [("updates", 2), ("epochs", 1)])

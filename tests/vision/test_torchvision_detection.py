@@ -10,6 +10,8 @@ from torch.utils.data import DataLoader
 
 import treadle
 
+from faults import StopAt
+
 detection = pytest.importorskip("torchvision.models.detection")
 
 
@@ -67,21 +69,13 @@ def trainer(tmp_path, **kw):
         progress=False, seed=0, log_interval=2, **kw), model
 
 
-class StopAt(treadle.Hook):
-    priority = "LOWEST"
-
-    def after_train_iter(self, trainer, batch, outputs):
-        if trainer.state.iter + 1 == 5:
-            trainer.state.request_stop("test")
-
-
 def test_faster_rcnn_trains_with_the_reference_collate_and_resumes_exactly(tmp_path):
     ref, ref_model = trainer(tmp_path / "ref")
     results = ref.fit()
     assert set(results) == {"val/dets"}  # predictions in eval mode: no val/loss
     records = (tmp_path / "ref" / "log.jsonl").read_text()
     assert '"loss_classifier"' in records and '"loss_rpn_box_reg"' in records  # its losses, by name
-    stopped, _ = trainer(tmp_path / "run", hooks=[StopAt()])  # inside the second epoch
+    stopped, _ = trainer(tmp_path / "run", hooks=[StopAt(5)])  # inside the second epoch
     stopped.fit()
     resumed, model = trainer(tmp_path / "run", resume=True)
     assert resumed.fit() == results

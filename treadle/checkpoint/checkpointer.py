@@ -151,8 +151,7 @@ class Checkpointer:
         a sharded checkpoint's tensors are read into the current states of the owners in
         ``states`` marked sharded (DCP reshards them), or into what the owner's
         ``load_template(has)`` gives, given which keys the checkpoint holds (``ModelState``:
-        no frozen weight the checkpoint left out). A checkpoint of format 1 comes back
-        migrated (treadle/checkpoint/migrate.py). The RNG file is None when this rank has
+        no frozen weight the checkpoint left out). The RNG file is None when this rank has
         none (saved by fewer processes)."""
         names = sharded_names(states or {})
         def template(saved: set[str] | None = None) -> dict[str, Any]:  # saved: the checkpoint's keys, if known
@@ -164,10 +163,7 @@ class Checkpointer:
             # It may verify (its manifest lists no state.pt): resume=True steps back from it, as from one torch cannot read.
             raise UnreadableCheckpointError(f"{path}: not a training checkpoint (it has no {STATE_FILE} dict of states)")
         own = payloads.get(rng_file(self.backend.rank))
-        own = own if isinstance(own, dict) else None
-        from treadle.checkpoint.migrate import migrate
-
-        return migrate(state, own)
+        return state, own if isinstance(own, dict) else None
 
     @staticmethod
     def restore(states: Mapping[str, Any], state: Mapping[str, Any], *, where: str = "the checkpoint",

@@ -27,9 +27,13 @@ from .manifest import (LEGACY_SUFFIXES, MANIFEST_NAME, CheckpointError, Checkpoi
                        read_manifest, verify_checkpoint)
 
 __all__ = [
-    "list_checkpoints", "find_latest_checkpoint", "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",
-    "checkpoint_run", "claim_checkpoint_path", "remove_own_checkpoint", "check_writable_dir", "make_checkpoint_dir",
+    "CHECKPOINTS", "list_checkpoints", "find_latest_checkpoint", "remove_checkpoint", "prune_checkpoints",
+    "cleanup_stale_tmp", "checkpoint_run", "claim_checkpoint_path", "remove_own_checkpoint", "check_writable_dir",
+    "make_checkpoint_dir", "saved_note", "check_resume_dir",
 ]
+
+#: A run's checkpoints: ``work_dir/checkpoints/<name>``.
+CHECKPOINTS = "checkpoints"
 
 logger = logging.getLogger("treadle")
 
@@ -371,3 +375,30 @@ def cleanup_stale_tmp(directory: str | os.PathLike[str]) -> list[Path]:
             p.unlink(missing_ok=True)
         removed.append(p)
     return removed
+
+
+def saved_note(work_dir: str | os.PathLike[str]) -> str:
+    """What a failure leaves saved in ``work_dir``, as a failure's line says it (this
+    process reads, nothing collective): ``the last checkpoint, <path>, is intact; nothing
+    after it was saved``, or that there is none. A listed checkpoint is complete: each is
+    written aside and renamed into place whole."""
+    try:
+        saved = list_checkpoints(Path(work_dir) / CHECKPOINTS, order="created")
+    except OSError:
+        saved = []
+    if not saved:
+        return f"no checkpoint was saved in {work_dir}"
+    return f"the last checkpoint, {saved[-1]}, is intact; nothing after it was saved"
+
+
+def check_resume_dir(path: Path, what: str = "resume") -> None:
+    """A directory given as ``resume=`` must be one checkpoint, not a run or a checkpoints
+    dir. ``what``: how the caller names it, "resume" (the argument) or "--resume" (the
+    command line's option)."""
+    if not path.is_dir() or (path / MANIFEST_NAME).is_file():
+        return
+    inside = [*list_checkpoints(path, order="created"), *list_checkpoints(path / "checkpoints", order="created")]
+    named = f"--resume {path}" if what == "--resume" else f"{what}={str(path)!r}"
+    latest = "--resume alone, with that run's --work-dir" if what == "--resume" else "resume=True with the run's work_dir"
+    hint = f"; it holds checkpoints: pass one (the last saved is {inside[-1]}), or {latest}" if inside else ""
+    raise FileNotFoundError(f"{named} is a directory but not a checkpoint (it has no {MANIFEST_NAME}){hint}")

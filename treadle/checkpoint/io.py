@@ -31,7 +31,6 @@ import os
 import pickle
 import re
 import shutil
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -70,17 +69,18 @@ from .manifest import (  # sharded.py, weights.py, dcp_safe.py and tests import 
     _verify_file,
     _verify_legacy_file,
     link_note,
+    new_manifest,
     read_manifest,
     refuse_link,
     verify_checkpoint,
 )
 
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST_NAME", "STATE_FILE", "LEGACY_SUFFIXES", "FOREIGN_FILE_NAMES",
+    "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "STATE_FILE", "LEGACY_SUFFIXES", "FOREIGN_FILE_NAMES",
     "CheckpointError", "CorruptCheckpointError", "UnsafeCheckpointError", "UnreadableCheckpointError",
     "CheckpointWriteError", "CheckpointWarning",
     "save_checkpoint", "check_save_args", "load_checkpoint", "read_manifest", "verify_checkpoint",
-    "is_valid_checkpoint", "list_checkpoints", "find_latest_checkpoint",
+    "list_checkpoints", "find_latest_checkpoint",
     "remove_checkpoint", "prune_checkpoints", "cleanup_stale_tmp",
 ]
 
@@ -257,16 +257,22 @@ def _install(tmp: Path, path: Path) -> None:
 
 
 def check_save_args(
-    path: str | os.PathLike[str], payloads: Mapping[str, Any], meta: Mapping[str, Any] | None
+    path: str | os.PathLike[str], payloads: Mapping[str, Any], meta: Mapping[str, Any] | None,
+    *, sharded: bool = False,
 ) -> tuple[Path, list[str], dict[str, Any]]:
-    """What :func:`save_checkpoint` checks before writing anything: ``(path, payload
-    names, meta as JSON)``, or a ValueError/TypeError/CheckpointError."""
+    """What a save checks before writing anything: ``(path, payload names, meta as
+    JSON)``, or a ValueError/TypeError/CheckpointError. ``sharded``: DCP's files are the
+    checkpoint's too (:func:`treadle.checkpoint.sharded.save_sharded`), so no payload is
+    needed and none may take their names."""
     path = Path(path)
     if not path.name or path.name.startswith("."):
         raise ValueError(f"invalid checkpoint path {path}: its name must not be empty or start with '.'")
-    if not payloads:
+    if not payloads and not sharded:
         raise ValueError("save_checkpoint needs at least one payload")
     names = [_check_payload_name(n) for n in payloads]
+    for name in names if sharded else ():
+        if name in FOREIGN_FILE_NAMES or name.endswith(".distcp"):
+            raise ValueError(f"payload name {name!r} collides with DCP's files")
     try:  # fail before writing anything if meta cannot go into the manifest
         meta_json = json.loads(json.dumps(dict(meta or {}), allow_nan=False))
     except (TypeError, ValueError) as e:
@@ -274,6 +280,29 @@ def check_save_args(
     if os.path.lexists(path):
         _check_replaceable(path)
     return path, names, meta_json
+
+
+class _SaveStep:
+    """The step of a save in progress (``doing``, on ``file``): what its error names."""
+
+    def __init__(self, path: Path) -> None:
+        self.doing = f"creating the directory {path.parent}"
+        self.file: str | None = None
+
+    def now(self, doing: str, file: str | None = None) -> None:
+        self.doing, self.file = doing, file
+
+
+def _make_scratch(path: Path, step: _SaveStep) -> Path:
+    """The new hidden scratch directory beside ``path`` that a save writes into and renames
+    onto ``path`` (:func:`_install`), once each directory it creates above (e.g.
+    ``checkpoints/``) is durable in its parent."""
+    for new in new_dirs(path.parent):
+        fsync_dir(new.parent)
+    tmp = path.parent / _scratch_name(path.name, "tmp")
+    step.now("creating its scratch directory")
+    tmp.mkdir()
+    return tmp
 
 
 def save_checkpoint(
@@ -303,32 +332,19 @@ def save_checkpoint(
     # the dir's entries need only be durable before it: each payload's fsync starts once
     # it is written, the manifest's and the dir's after the manifest, all waited for then.
     syncs = FsyncRound()
-    doing, file = f"creating the directory {path.parent}", None  # the step in progress, for errors
+    step = _SaveStep(path)
     try:
-        for new in new_dirs(path.parent):  # e.g. checkpoints/: each new dir durable in its parent
-            fsync_dir(new.parent)
-        tmp = path.parent / _scratch_name(path.name, "tmp")
-        doing = "creating its scratch directory"
-        tmp.mkdir()
+        tmp = _make_scratch(path, step)
         for name in names:
-            doing, file = f"writing {name}", name
+            step.now(f"writing {name}", name)
             files[name] = _write_durably(tmp / name, obj=payloads[name], fsync=False)
             syncs.start(tmp / name)
-        now = time.time()
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "created": now,
-            "created_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
-            "torch_version": torch.__version__,
-            "meta": meta_json,
-            "files": files,
-        }
-        doing, file = f"writing {MANIFEST_NAME}", MANIFEST_NAME
+        step.now(f"writing {MANIFEST_NAME}", MANIFEST_NAME)
+        manifest = new_manifest(meta_json, files)
         _write_durably(tmp / MANIFEST_NAME, data=json.dumps(manifest, indent=2).encode(), fsync=False)
-        doing, file = "syncing its files to disk (fsync)", None
+        step.now("syncing its files to disk (fsync)")
         syncs.finish([tmp / MANIFEST_NAME], dirs=[tmp])
-        doing = "renaming it into place"
+        step.now("renaming it into place")
         _install(tmp, path)
     except BaseException as e:
         syncs.abandon()  # no fsync of ours is still at work in tmp while it is removed
@@ -336,10 +352,10 @@ def save_checkpoint(
             shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(e, OSError) or e.errno is None:
             raise
-        if doing.startswith("syncing") and e.filename and tmp is not None and Path(e.filename).parent == tmp:
+        if step.doing.startswith("syncing") and e.filename and tmp is not None and Path(e.filename).parent == tmp:
             file = Path(e.filename).name  # the fsync's error names the file that failed
-            doing = f"syncing {file} to disk (fsync)"
-        raise _write_error(path, e, doing, file, _checkpoint_sizes(payloads, names, files)) from e
+            step.now(f"syncing {file} to disk (fsync)", file)
+        raise _write_error(path, e, step.doing, step.file, _checkpoint_sizes(payloads, names, files)) from e
     return path
 
 
@@ -355,15 +371,6 @@ def _checkpoint_sizes(payloads: Mapping[str, Any], names: list[str],
 
 
 # ----------------------------------------------------------------------------- reading
-
-
-def is_valid_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """True when :func:`verify_checkpoint` passes."""
-    try:
-        verify_checkpoint(path)
-    except (CheckpointError, OSError):
-        return False
-    return True
 
 
 # Sentences of torch's weights-only error that are advice, not the reason: how to load

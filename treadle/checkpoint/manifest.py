@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,10 +22,8 @@ from .durable import _is_flat_dir, _sha256_file
 
 FORMAT = "treadle-checkpoint"
 # 3: one layout for the Trainer and the Strategy API (treadle/strategies/api.py): the
-# strategy's entries and the caller's named parts. 2: state.pt holds one entry per owner
-# (Stateful), in a Trainer's and a Strategy API's layout, and a sharded checkpoint's DCP
-# files the tensors of the entries their owner marks sharded. 1: the Trainer's older
-# layout ("trainer"/"data" entries). 1 and 2 are migrated when read (treadle/checkpoint/migrate.py).
+# strategy's entries and the caller's named parts. Another version (1 and 2: the layouts
+# of treadle before its first release) is refused in one line.
 FORMAT_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 STATE_FILE = "state.pt"  # main payload; a legacy single-file checkpoint is returned under this name
@@ -105,6 +104,17 @@ def is_deepspeed_checkpoint(path: str | os.PathLike[str]) -> bool:
     return p.is_dir() and (any(p.glob("*_model_states.pt")) or any(p.glob("*_optim_states.pt")))
 
 
+def new_manifest(meta: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
+    """The manifest of a checkpoint saved now: format, version, time, torch's version,
+    ``meta`` (JSON) and ``files`` (each payload's size and sha256)."""
+    import torch
+
+    now = time.time()
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "created": now,
+            "created_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
+            "torch_version": torch.__version__, "meta": meta, "files": files}
+
+
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse and sanity-check ``manifest.json`` of a checkpoint dir (no payload hashing)."""
     mpath = Path(path) / MANIFEST_NAME
@@ -126,7 +136,7 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CorruptCheckpointError(f"{mpath}: not a treadle checkpoint manifest")
     version = manifest.get("format_version")
-    readable = f"format version {FORMAT_VERSION}" if FORMAT_VERSION == 1 else f"format versions 1 to {FORMAT_VERSION}"
+    readable = f"format version {FORMAT_VERSION}"
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise CorruptCheckpointError(
             f"{mpath}: invalid format_version {version!r}: expected a positive integer "
@@ -136,6 +146,11 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(
             f"{mpath}: format_version {version} is not supported: this treadle reads {readable} "
             "(was the checkpoint written by a newer treadle?)"
+        )
+    if version < FORMAT_VERSION:
+        raise CheckpointError(
+            f"{mpath}: format_version {version} is not supported: this treadle reads {readable} "
+            "(the checkpoint was written by an earlier treadle, in a layout this one no longer reads)"
         )
     files = manifest.get("files")
     if not isinstance(files, dict) or not isinstance(manifest.get("meta", {}), dict):
@@ -229,6 +244,6 @@ def _verify_legacy_file(path: Path) -> None:
 __all__ = [
     "is_deepspeed_checkpoint",
     "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "STATE_FILE", "LEGACY_SUFFIXES", "FOREIGN_FILE_NAMES",
-    "CheckpointError", "CorruptCheckpointError", "CheckpointWarning", "link_note", "refuse_link", "read_manifest",
+    "CheckpointError", "CorruptCheckpointError", "CheckpointWarning", "link_note", "refuse_link", "new_manifest", "read_manifest",
     "verify_checkpoint",
 ]

@@ -30,7 +30,6 @@ import errno
 import json
 import os
 import shutil
-import time
 import warnings
 from collections.abc import Mapping
 from collections.abc import Callable
@@ -45,28 +44,28 @@ from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from treadle.distributed import comm
-from treadle.fsutil import fsync_dir, new_dirs
+from treadle.fsutil import fsync_dir
 
 from treadle.compat import dcp_kwargs, reshard_problem, saved_storage_data, staged_for_async_save
 
 from .dcp_safe import _SafeEmptyPlanner, _SafeLoadPlanner, _SafeReader, read_metadata_safely
 from .durable import _sha256_file
 from .io import (
-    FORMAT,
-    FORMAT_VERSION,
     MANIFEST_NAME,
     CheckpointError,
     CheckpointWriteError,
     CorruptCheckpointError,
+    _SaveStep,
     _check_payload_name,
-    _check_replaceable,
     _first_os_error,
     _install,
-    _scratch_name,
+    _make_scratch,
     _verify_file,
     _write_durably,
     _write_error,
+    check_save_args,
     load_checkpoint,
+    new_manifest,
     read_manifest,
     verify_checkpoint,
 )
@@ -217,13 +216,7 @@ class PendingSave:
                 raise CheckpointError("; ".join(errors))
             for entries, _ in gathered:
                 dcp_files.update(entries)
-            now = time.time()
-            manifest = {
-                "format": FORMAT, "format_version": FORMAT_VERSION, "created": now,
-                "created_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
-                "torch_version": torch.__version__, "meta": self._meta,
-                "files": {**self._payload_files, **dcp_files},
-            }
+            manifest = new_manifest(self._meta, {**self._payload_files, **dcp_files})
             if self._dcp:
                 manifest["dcp"] = {"files": sorted(dcp_files), "world_size": len(gathered)}
             # The manifest is the commit record: written once every file is durable.
@@ -300,7 +293,7 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
     failure: Exception | None = None
     payload_files: dict[str, Any] = {}
     meta_json: dict[str, Any] = {}
-    doing, file = f"creating the directory {path.parent}", None  # the step in progress, for errors
+    step = _SaveStep(path)
 
     def needed() -> int | None:  # for ENOSPC: the whole checkpoint (rank 0's payloads, every rank's shards)
         from .diskspace import files_on_disk, saved_size
@@ -316,32 +309,17 @@ def save_sharded(path: str | os.PathLike[str], sharded_state: dict[str, Any],
 
     if rank == 0:  # checks and small files before any collective: a failure here stops every rank
         try:
-            if not path.name or path.name.startswith("."):
-                raise ValueError(f"invalid checkpoint path {path}: its name must not be empty or start with '.'")
-            for n in payloads:
-                if _check_payload_name(n) == DCP_METADATA or n.endswith(".distcp"):
-                    raise ValueError(f"payload name {n!r} collides with DCP's files")
-                names.append(n)
-            try:
-                meta_json = json.loads(json.dumps(dict(meta or {}), allow_nan=False))
-            except (TypeError, ValueError) as e:
-                raise TypeError(f"checkpoint meta must be JSON-serialisable: {e}") from e
-            if os.path.lexists(path):
-                _check_replaceable(path)  # only a treadle checkpoint is ever replaced
-            for new in new_dirs(path.parent):  # e.g. checkpoints/: each new dir durable in its parent
-                fsync_dir(new.parent)
-            tmp = path.parent / _scratch_name(path.name, "tmp")
-            doing = "creating its scratch directory"
-            tmp.mkdir()
+            _, names, meta_json = check_save_args(path, payloads, meta, sharded=True)
+            tmp = _make_scratch(path, step)
             for n in names:
-                doing, file = f"writing {n}", n
+                step.now(f"writing {n}", n)
                 payload_files[n] = _write_durably(tmp / n, obj=payloads[n])
         except Exception as e:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
             failure, error = e, f"{type(e).__name__}: {e}"
             if isinstance(e, OSError) and e.errno is not None:  # disk full, EIO...: every rank raises it
-                failure = error = _write_error(path, e, doing, file,
+                failure = error = _write_error(path, e, step.doing, step.file,
                                                needed=needed() if e.errno == errno.ENOSPC else None)
                 failure.__cause__ = e
     tmp, error = comm.broadcast_object((tmp, error))

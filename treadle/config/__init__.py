@@ -13,10 +13,12 @@ Modules, in the order a file goes through them:
 * :mod:`~treadle.config.mmengine`: MMEngine key names -> treadle's (a documented table);
 * :mod:`~treadle.config.schema`: the table of Trainer keys, types and ranges;
 * :mod:`~treadle.config.resolve`: plain data, checks, defaults: the resolved config;
-* :mod:`~treadle.config.registry`: ``type:`` names, one plain dict per kind;
-* :mod:`~treadle.config.build`: components, the Trainer's arguments;
-* :mod:`~treadle.config.assemble`: the Trainer;
-* :mod:`~treadle.config.safe`: what ``safe=True`` allows.
+* :mod:`~treadle.config.assemble`: the Trainer.
+
+What turns one ``{type: Name, ...}`` into an object lives below the engine, which builds
+the config dicts of its own arguments with it (treadle/components/): the ``type:`` names
+(:mod:`~treadle.components.registry`), the builders (:mod:`~treadle.components.build`),
+what ``safe=True`` allows (:mod:`~treadle.components.safe`), and :class:`ConfigError`.
 
 Every problem is a :class:`ConfigError` naming the key path, the value and what was
 expected, raised before training starts or anything is written. A config is trusted
@@ -29,18 +31,21 @@ torch.nn / torch.optim classes, no ``.py`` files.
 import importlib
 from typing import Any
 
-# Where each public name lives. Imported on first use (PEP 562), so that importing one
-# module of this package (e.g. treadle.config.keys, which the Trainer's argument spec
-# uses) does not import the rest, which builds Trainers.
+# Where each public name lives (a module of this package, or of treadle.components below the
+# engine). Imported on first use (PEP 562), so that importing one module of this package does
+# not import the rest, which builds Trainers.
 _WHERE = {
-    "build_trainer": "assemble", "build_component": "build", "build_dataloader": "build", "build_hook": "build",
-    "trainer_kwargs": "assemble", "ConfigError": "errors", "apply_overrides": "loader", "load_file": "loader",
-    "merge": "loader", "parse_override": "loader", "is_mmengine_style": "mmengine", "translate": "mmengine",
-    "DATASETS": "registry", "HOOKS": "registry", "LOSSES": "registry", "METRICS": "registry", "MODELS": "registry",
-    "OPTIMIZERS": "registry", "REGISTRIES": "registry", "SCHEDULERS": "registry", "import_object": "registry",
-    "resolve_type": "registry", "dump_config": "resolve", "load_config": "resolve", "resolve_config": "resolve",
-    "save_config": "resolve", "validate_config": "resolve", "DATALOADER_KEYS": "schema", "SCHEMA": "schema",
-    "TRAINER_KEYS": "schema",
+    "build_trainer": "assemble", "build_component": "treadle.components.build",
+    "build_dataloader": "treadle.components.build", "build_hook": "treadle.components.build",
+    "trainer_kwargs": "assemble", "ConfigError": "treadle.components.errors", "apply_overrides": "loader",
+    "load_file": "loader", "merge": "loader", "parse_override": "loader", "is_mmengine_style": "mmengine",
+    "translate": "mmengine", "DATASETS": "treadle.components.registry", "HOOKS": "treadle.components.registry",
+    "LOSSES": "treadle.components.registry", "METRICS": "treadle.components.registry",
+    "MODELS": "treadle.components.registry", "OPTIMIZERS": "treadle.components.registry",
+    "REGISTRIES": "treadle.components.registry", "SCHEDULERS": "treadle.components.registry",
+    "import_object": "treadle.components.registry", "resolve_type": "treadle.components.registry",
+    "dump_config": "resolve", "load_config": "resolve", "resolve_config": "resolve", "save_config": "resolve",
+    "validate_config": "resolve", "DATALOADER_KEYS": "schema", "SCHEMA": "schema", "TRAINER_KEYS": "schema",
 }
 
 
@@ -49,7 +54,8 @@ def __getattr__(name: str) -> Any:
         from treadle.lazy import import_submodule
 
         return import_submodule(__name__, name)
-    value = getattr(importlib.import_module(f"treadle.config.{_WHERE[name]}"), name)
+    where = _WHERE[name]
+    value = getattr(importlib.import_module(where if "." in where else f"treadle.config.{where}"), name)
     globals()[name] = value
     return value
 

@@ -1,5 +1,5 @@
 """Building the Trainer from a resolved config: :func:`trainer_kwargs` builds its
-arguments with :mod:`treadle.config.build`'s builders, :func:`build_trainer` the
+arguments with :mod:`treadle.components.build`'s builders, :func:`build_trainer` the
 ``treadle.Trainer``. It is apart from build.py, which the Trainer (and the strategies) use
 to build the config dicts they are given, so that build.py needs neither the Trainer nor
 its argument definitions.
@@ -11,9 +11,9 @@ import re
 from typing import Any, Mapping
 
 from treadle.checkpoint.manifest import CheckpointError
-from treadle.config.build import (build_component, build_dataloader, build_hook, build_model, check_optimizer, check_safe,
+from treadle.components.build import (build_component, build_dataloader, build_hook, build_model, check_optimizer, check_safe,
                                   check_schedulers)
-from treadle.config.errors import ConfigError, join_path
+from treadle.components.errors import ConfigError, join_path
 from treadle.config.origins import in_user_terms, origins_of
 from treadle.config.schema import SCHEMA, TRAINING_ONLY
 from treadle.engine.eval_loop import loader_sets
@@ -26,7 +26,7 @@ def trainer_kwargs(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fal
     training-only keys are left at their defaults and only the needed loader is built.
 
     With a ``seed``, the RNGs are seeded first, so the model's initial weights repeat.
-    ``safe``: see :mod:`treadle.config.safe`; every name is checked before anything is built.
+    ``safe``: see :mod:`treadle.components.safe`; every name is checked before anything is built.
     Errors name keys as the config file wrote them (``cfg.origins``: :mod:`treadle.config.origins`).
     """
     try:
@@ -89,7 +89,7 @@ def build_trainer(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fals
     """Build every component and the ``treadle.Trainer``; nothing is written yet (the
     Trainer creates ``work_dir`` in fit/validate/test). ``overrides`` replace Trainer
     arguments after the build (e.g. ``load_from=`` for ``treadle validate``). ``safe``:
-    only registered names and torch classes (:mod:`treadle.config.safe`), for the
+    only registered names and torch classes (:mod:`treadle.components.safe`), for the
     Trainer's own optimizer build too."""
     kw = trainer_kwargs(cfg, mode, safe=safe)
     kw.update(overrides)

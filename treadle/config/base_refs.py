@@ -19,7 +19,7 @@ import copy
 import re
 from typing import Any
 
-from treadle.config.errors import ConfigError
+from treadle.components.errors import ConfigError
 
 BASE_KEY = "_base_"
 _REF = re.compile(r"""(["']?)\{\{\s*_base_\.([\w.]+)\s*\}\}\1""")

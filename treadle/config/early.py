@@ -19,7 +19,7 @@ import functools
 from collections.abc import Iterable
 from pathlib import Path
 
-from treadle.config.errors import ConfigError
+from treadle.components.errors import ConfigError
 from treadle.config.loader import apply_overrides, load_file
 from treadle.config.mmengine_keys import MMENGINE_KEYS, NOT_TRANSLATED
 from treadle.config.unused import split_unused

@@ -3,7 +3,7 @@ what would otherwise fail in every process at once, after they started. The stra
 built (its options checked, nothing set up), its device mesh is fitted to the ``N``
 processes, and a ``tp`` must divide the attention heads the model's config names (its
 ``config:`` values, or the ``config.json`` of its ``pretrained:`` directory). Each
-refusal is one :class:`~treadle.config.errors.ConfigError` line, status 2.
+refusal is one :class:`~treadle.components.errors.ConfigError` line, status 2.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from treadle.config.errors import ConfigError
+from treadle.components.errors import ConfigError
 
 #: The model config keys that count attention heads, which each tensor-parallel rank takes whole.
 HEAD_KEYS = ("num_attention_heads", "num_key_value_heads")

@@ -2,7 +2,7 @@
 
 YAML is read with a safe loader only: the YAML parser creates no Python objects
 (the config built from it still can: a dotted ``type:`` imports and calls what it
-names, see :mod:`treadle.config.safe`). A Python config is code that runs: it is
+names, see :mod:`treadle.components.safe`). A Python config is code that runs: it is
 executed like a script (its directory first on ``sys.path``) and its module-level
 names become the keys (with ``safe=True`` it is refused instead, as a base too).
 Names starting with an underscore, modules, classes and functions are not keys
@@ -29,8 +29,8 @@ from typing import Any, Iterable
 import yaml
 
 from treadle.config.base_refs import BaseView, mark_references, plain, substitute, take_base_assignment
-from treadle.config.errors import ConfigError
-from treadle.config.safe import refused_python_file
+from treadle.components.errors import ConfigError
+from treadle.components.safe import refused_python_file
 
 BASE_KEY = "_base_"
 DELETE_KEY = "_delete_"
@@ -118,11 +118,9 @@ def _parse_python(path: Path) -> tuple[ast.Module, Any]:
     return tree, take_base_assignment(tree, str(path))
 
 
-def _run_python(path: Path, tree: ast.Module, base: BaseView | None) -> dict[str, Any]:
+def _run_python(path: Path, tree: ast.Module, base: BaseView) -> dict[str, Any]:
     """Run the file's code; ``base`` (the merged bases) is what ``_base_`` names in it."""
-    code_globals: dict[str, Any] = {"__file__": str(path), "__name__": f"treadle_config_{path.stem}"}
-    if base is not None:
-        code_globals[BASE_KEY] = base
+    code_globals: dict[str, Any] = {"__file__": str(path), "__name__": f"treadle_config_{path.stem}", BASE_KEY: base}
     sys.path.insert(0, str(path.parent))  # like `python file.py`: siblings are importable
     try:
         exec(compile(tree, str(path), "exec"), code_globals)  # noqa: S102 -- a Python config is documented as code that runs
@@ -150,18 +148,6 @@ def _check_path(path: Path, safe: bool) -> None:
                           expected=" or ".join(SUFFIXES), source=str(path))
     if safe and path.suffix == ".py":
         raise refused_python_file(str(path))
-
-
-def read_file(path: str | Path, *, safe: bool = False) -> dict[str, Any]:
-    """One config file as a dict, ``_base_`` not yet followed (a Python file runs without
-    its bases: ``_base_.x`` in it fails); ``safe``: a ``.py`` file is refused, not run."""
-    path = Path(path)
-    _check_path(path, safe)
-    if path.suffix != ".py":
-        return _read_yaml(path)
-    tree, bases = _parse_python(path)
-    data = _run_python(path, tree, None)
-    return data if bases is None else {BASE_KEY: bases, **data}
 
 
 def merge(base: Any, override: Any) -> Any:
@@ -274,4 +260,4 @@ def apply_overrides(cfg: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
     return cfg
 
 
-__all__ = ["apply_overrides", "load_file", "merge", "parse_override", "parse_yaml", "read_file"]
+__all__ = ["apply_overrides", "load_file", "merge", "parse_override", "parse_yaml"]

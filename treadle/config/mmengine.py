@@ -93,7 +93,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from treadle.config.errors import ConfigError, join_path
+from treadle.components.errors import ConfigError, join_path
 from treadle.config.mmengine_checkpoint import translate_best
 from treadle.config.mmengine_common import take
 from treadle.config.mmengine_keys import MMENGINE_KEYS, NOT_TRANSLATED
@@ -103,8 +103,9 @@ from treadle.config.mmengine_optim import MULTI, is_multi, multi_optim_wrapper, 
 from treadle.config.mmengine_runtime import helper_names, translate_runtime, visualization_hook
 from treadle.config.mmengine_strategy import (is_mmengine_strategy, strategy_settings, sync_bn_option,
                                               translate_strategy)
-from treadle.config.registry import REGISTRIES
+from treadle.components.registry import REGISTRIES
 from treadle.config.schema import SCHEMA, trainer_defaults
+from treadle.precision import amp_precision
 
 #: mmpretrain's PreciseBNHook as configs name it: treadle's takes its arguments (num_samples, interval).
 _PRECISE_BN = ("mmpretrain.PreciseBNHook", "mmcls.PreciseBNHook")
@@ -193,10 +194,10 @@ def _optim_wrapper(spec: Any, out: _Out) -> None:
         out.set("accumulate_across_epochs", True, join_path(path, "accumulative_counts"))
     dtype = rest.get("dtype")
     if kind == "AmpOptimWrapper":
-        precisions = {None: "16", "float16": "16", "bfloat16": "bf16"}
-        if dtype not in precisions:
+        precision = "16" if dtype is None else amp_precision(dtype)  # fp16 unless told
+        if precision is None:
             raise ConfigError(join_path(path, "dtype"), "unsupported AMP dtype", value=dtype, expected="float16 or bfloat16")
-        out.set("precision", precisions[dtype], join_path(path, "type"))
+        out.set("precision", precision, join_path(path, "type"))
     elif dtype is not None:
         raise ConfigError(join_path(path, "dtype"), "only applies to AmpOptimWrapper", value=dtype)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from treadle.config.errors import ConfigError, did_you_mean, join_path
+from treadle.components.errors import ConfigError, did_you_mean, join_path
 from treadle.engine.monitored import LOSSES, may_produce
 
 #: MMEngine 0.10.7's ``CheckpointHook._default_greater_keys`` and ``_default_less_keys``.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from treadle.config.errors import ConfigError, join_path
+from treadle.components.errors import ConfigError, join_path
 
 
 def take(spec: dict[str, Any], path: str, mapping: dict[str, str], dropped: dict[str, Any],

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from treadle.config.errors import ConfigError, join_path
+from treadle.components.errors import ConfigError, join_path
 from treadle.config.mmengine_common import take
 
 _SAMPLERS = ("DefaultSampler", "InfiniteSampler")

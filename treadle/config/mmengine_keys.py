@@ -17,7 +17,7 @@ NOT_TRANSLATED = {
     "test_evaluator": "MMEngine evaluators are not translated; use metrics: {name: {type: ...}}",
     # MMEngine imports these modules while reading the config; treadle never imports for a key.
     "custom_imports": "treadle imports no modules for a config; name classes by dotted type paths (trusted configs) "
-                      "or register them from Python (treadle.config.registry) and remove custom_imports",
+                      "or register them from Python (treadle.components.registry) and remove custom_imports",
 }
 
 __all__ = ["MMENGINE_KEYS", "NOT_TRANSLATED", "RUNTIME_KEYS"]

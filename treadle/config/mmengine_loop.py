@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from treadle.config.errors import ConfigError, join_path
+from treadle.components.errors import ConfigError, join_path
 
 
 def _int(value: Any, path: str, low: int) -> int:

@@ -47,14 +47,14 @@ Any other option or value is an error naming the key as the config wrote it.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from treadle.config.errors import ConfigError, join_path
+from treadle.components.errors import ConfigError, join_path
 from treadle.config.mmengine_common import take
 from treadle.config.mmengine_keys import RUNTIME_KEYS
 from treadle.hooks.runtime_env import LOG_LEVELS, RuntimeEnvHook
+from treadle.suggest import closest
 
 #: Top-level runtime keys this module translates.
 
@@ -313,7 +313,7 @@ def helper_names(cfg: dict[str, Any], known: Iterable[str]) -> list[str]:
     for name, value in cfg.items():
         if name in known or isinstance(value, bool):
             continue
-        if difflib.get_close_matches(name, known, n=1, cutoff=0.8):
+        if closest(name, known, n=1, cutoff=0.8, slips=False):
             continue
         value = _plain(value)
         if value in ("", [], {}):

@@ -55,7 +55,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from treadle.config.errors import ConfigError, join_path
+from treadle.components.errors import ConfigError, join_path
 from treadle.config.mmengine_common import take
 
 #: FlexibleRunner's strategy class names: a ``strategy`` dict with one of them is MMEngine's.

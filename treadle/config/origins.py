@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from treadle.config.errors import ConfigError
+from treadle.components.errors import ConfigError
 
 #: A key path at the start of a message (``hooks[1].patience``, ``schedulers.gen[0]``), and the
 #: option named after it in the messages of the Trainer's dict arguments (``checkpoint keep must ...``,

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from treadle.config.registry import DATASETS, HOOKS, METRICS, MODELS
+from treadle.components.registry import DATASETS, HOOKS, METRICS, MODELS
 from treadle.config.schema import DATALOADER_KEYS, TRAINER_KEYS, Key, trainer_defaults
 
 BEGIN = "<!-- BEGIN GENERATED: python -m treadle.config.reference --write -->"

@@ -13,12 +13,12 @@ from typing import Any, Iterable
 
 import yaml
 
-from treadle.config.build import check_safe
-from treadle.config.errors import ConfigError, did_you_mean, join_path
+from treadle.components.build import check_safe
+from treadle.components.errors import ConfigError, did_you_mean, join_path
 from treadle.config.loader import apply_overrides, load_file
 from treadle.config.mmengine import NOT_TRANSLATED, is_mmengine_style, translate
 from treadle.config.origins import ResolvedConfig, in_user_terms, origins_of
-from treadle.config.registry import name_of
+from treadle.components.registry import name_of
 from treadle.config.schema import SCHEMA, check_value, required_keys, trainer_defaults
 from treadle.config.unused import check_overrides, log_unused, split_unused
 
@@ -126,7 +126,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = (), *, mode: str | 
     """Read ``path`` (YAML or Python, with its ``_base_`` chain) and resolve it; every
     error is a :class:`ConfigError` attributed to the file.
 
-    ``safe``: for configs from less trusted places (:mod:`treadle.config.safe`): ``.py``
+    ``safe``: for configs from less trusted places (:mod:`treadle.components.safe`): ``.py``
     files and bases are refused before they run, and every name in the resolved config
     (``--set`` overrides included) must be registered or a torch.nn / torch.optim class.
     Build it with ``build_trainer(cfg, safe=True)`` too."""

@@ -6,15 +6,15 @@ arguments with): every argument that a config file may set, in the signature's o
 with its default (:func:`trainer_defaults`). ``--set KEY=VALUE`` on the command line
 and ``docs/config.md`` use the same table. Components (``model``, loaders, ``loss_fn``,
 ``metrics``, ``hooks``) are checked here for shape and built by
-:mod:`treadle.config.build`, which checks their arguments. :class:`Key`, its checks and
-the keys of a dataloader spec are in :mod:`treadle.config.keys`.
+:mod:`treadle.components.build`, which checks their arguments. :class:`Key`, its checks and
+the keys of a dataloader spec are in :mod:`treadle.components.keys`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from treadle.config.keys import (DATALOADER_KEYS, DATALOADER_SCHEMA, Key, check_keys, check_table,
+from treadle.components.keys import (DATALOADER_KEYS, DATALOADER_SCHEMA, Key, check_keys, check_table,
                                  check_value)
 from treadle.engine.argspec import config_defaults, params
 from treadle.engine.spec import LOG_WRITERS, TRAINER_KEYS, TrainerArgs  # the definitions: beside the Trainer

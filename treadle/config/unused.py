@@ -23,11 +23,11 @@ A ``--set`` of a name that nothing uses is an error too: the user asked for it.
 
 from __future__ import annotations
 
-import difflib
 import os
 from typing import Any, Iterable
 
-from treadle.config.errors import ConfigError, did_you_mean
+from treadle.components.errors import ConfigError, did_you_mean
+from treadle.suggest import closest
 
 #: Names refused in a config, and why.
 RESERVED = {"safe": "safe mode is chosen by whoever loads the config (treadle train --safe, load_config(safe=True)), "
@@ -59,7 +59,7 @@ def misspelt(name: str, known: Iterable[str], cfg: dict[str, Any]) -> bool:
     known = list(known)
     if any(k.lower() == name.lower() for k in known):
         return True
-    close = difflib.get_close_matches(name, known, n=1, cutoff=_TYPO_OF_HELPER if helper else _TYPO)
+    close = closest(name, known, n=1, cutoff=_TYPO_OF_HELPER if helper else _TYPO, slips=False)
     if not close or close[0] not in cfg:
         return bool(close)
     # The config gives the near key too. The name is a variable when leaving it out loses

@@ -25,7 +25,6 @@ from treadle.distributed.env import DistEnv, detect_launcher, restart_store_haza
 #: The collectives torch's flight recorder keeps per process group under NCCL (its documentation's advice).
 FLIGHT_RECORDER_ENTRIES = 2000
 _control_group: Any = None  # gloo group for objects; None means the default group
-_data_group: Any = None  # gloo group of this rank's data-parallel peers; None: every rank (see set_data_group)
 _destroy_world: Callable[[], Any] | None = None  # see destroy_world_with
 _failed = False  # see mark_failed
 _watch: Any = None  # the stall watch (treadle/distributed/sentinel.py), see start_watch
@@ -156,22 +155,13 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
-def set_data_group(group: Any) -> None:
-    """Reduce results over ``group`` (a gloo group) from now on: the ranks that see
-    different data. A strategy with tensor parallelism sets it (the ranks of one
-    tensor-parallel group see the same batches, and their results must count once);
-    None: every rank. :func:`shutdown` forgets it."""
-    global _data_group
-    _data_group = group
-
-
-def all_gather_object(obj: Any, *, data_parallel: bool = False) -> list[Any]:
-    """Every rank's ``obj``, in rank order, on every rank. ``data_parallel``: only the
-    ranks of this rank's data-parallel group (:func:`set_data_group`), in their order:
-    for sums of results, which count each batch once."""
+def all_gather_object(obj: Any, group: Any = None) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank; ``group``: only the ranks of that
+    gloo group (a layout's ``data_object_group``: the ranks that read different data, for
+    sums of results that count each batch once), in their order."""
     if not is_distributed():
         return [obj]
-    group = _data_group if data_parallel and _data_group is not None else control_group()
+    group = group if group is not None else control_group()
     out: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, obj, group=group)
     return out
@@ -257,14 +247,6 @@ def failure_elsewhere() -> str | None:
     return voice.elsewhere()
 
 
-def collective_timed_out(error: BaseException) -> bool:
-    """Whether ``error`` is a collective that timed out waiting for another process
-    (gloo's "Timed out waiting ...", NCCL's watchdog)."""
-    text = str(error)
-    return isinstance(error, RuntimeError) and ("Timed out waiting" in text or "collective operation timeout" in text
-                                                or ("timed out" in text.lower() and "collective" in text.lower()))
-
-
 def mark_failed() -> None:
     """This process is ending on an error (the command line caught it and prints it):
     no collective at exit. Its peers may be gone or stuck in the collective it left, so
@@ -272,29 +254,6 @@ def mark_failed() -> None:
     at once, and the launcher stops what is left."""
     global _failed
     _failed = True
-
-
-# What a collective raises when a peer process has gone (gloo, NCCL); and what torch's
-# DataLoader raises when the launcher, stopping the job after another rank failed,
-# terminated this rank's loader workers first (seen under load: SIGKILL to rank 1, rank 0
-# in a step).
-_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited",
-              "NCCL communicator was aborted", "has been aborted", "peer exited", "is killed by signal: Terminated")
-
-
-def peer_lost(error: BaseException) -> bool:
-    """Whether ``error`` (or one it was raised from) is a collective failing because
-    another process of the job has gone: this process then only stops, saying so; the
-    job's real error is the other process's. Always False in one process."""
-    if not is_distributed():
-        return False
-    seen = 0
-    while error is not None and seen < 8:
-        if isinstance(error, RuntimeError) and any(s in str(error) for s in _PEER_LOST):
-            return True
-        error = error.__cause__ or error.__context__  # type: ignore[assignment]  # None ends the loop
-        seen += 1
-    return False
 
 
 def _shutdown_at_exit() -> None:
@@ -325,13 +284,12 @@ def destroy_world_with(destroy: Callable[[], Any]) -> None:
 def shutdown() -> None:
     """Destroy the process group (and the object group) if one is initialised, and
     free it now, while the interpreter is whole."""
-    global _control_group, _data_group, _destroy_world
+    global _control_group, _destroy_world
     from treadle.distributed import voice
 
     stop_watch()  # before the group goes: its sentinel reads the ranks' records
     voice.use_store(None, 0)
     destroy, _destroy_world = _destroy_world or dist.destroy_process_group, None
-    _data_group = None
     if not (dist.is_available() and dist.is_initialized()):
         _control_group = None
         return

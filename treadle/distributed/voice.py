@@ -146,9 +146,8 @@ def follow_on(line: str) -> int:
 def job_warning(text: str) -> None:
     """A warning every process of the job meets alike (a resume onto another layout of the
     processes): said once, by rank 0."""
-    from treadle.distributed import comm
-
-    if (comm.get_rank() if comm.is_distributed() else _env_rank()) == 0:
+    dist = _process_group()
+    if (dist.get_rank() if dist is not None else _env_rank()) == 0:
         from treadle.logging.writers import get_logger
 
         get_logger().warning(text)
@@ -181,9 +180,7 @@ def install_excepthook() -> None:
         if _store is None or not issubclass(kind, Exception):  # no job (it ended), or Ctrl-C / SystemExit
             (_previous_hook or sys.__excepthook__)(kind, error, tb)
             return
-        from treadle.distributed import comm
-
-        if comm.peer_lost(error) or comm.collective_timed_out(error):
+        if peer_lost(error) or collective_timed_out(error):
             why = elsewhere() or "another process of the job ended without a Python error"
             follow_on(f"treadle: stopped on rank {_rank}: {why}")
             return
@@ -224,6 +221,45 @@ def write_error_file(line: str, kind: str = "error", started: float | None = Non
     except OSError:
         pass
 
+def _process_group() -> Any:
+    """``torch.distributed`` when a process group is set up, else None; never imports torch
+    (the voice also says a config error found before torch is imported)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist if dist is not None and dist.is_available() and dist.is_initialized() else None
 
-__all__ = ["AGENT_ENV", "KINDS", "agent_speaks", "claim", "elsewhere", "fail", "follow_on", "hear_from",
-           "install_excepthook", "job_warning", "spoken", "status_of", "use_store", "write_error_file"]
+
+def collective_timed_out(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that timed out waiting for another process
+    (gloo's "Timed out waiting ...", NCCL's watchdog)."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("Timed out waiting" in text or "collective operation timeout" in text
+                                                or ("timed out" in text.lower() and "collective" in text.lower()))
+
+
+# What a collective raises when a peer process has gone (gloo, NCCL); and what torch's
+# DataLoader raises when the launcher, stopping the job after another rank failed,
+# terminated this rank's loader workers first (seen under load: SIGKILL to rank 1, rank 0
+# in a step).
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited",
+              "NCCL communicator was aborted", "has been aborted", "peer exited", "is killed by signal: Terminated")
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from) is a collective failing because
+    another process of the job has gone: this process then only stops, saying so; the
+    job's real error is the other process's. Always False in one process."""
+    dist = _process_group()
+    if dist is None or dist.get_world_size() < 2:
+        return False
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, RuntimeError) and any(s in str(error) for s in _PEER_LOST):
+            return True
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]  # None ends the loop
+        seen += 1
+    return False
+
+
+__all__ = ["AGENT_ENV", "KINDS", "agent_speaks", "claim", "collective_timed_out", "elsewhere", "fail", "follow_on",
+           "hear_from", "install_excepthook", "job_warning", "peer_lost", "spoken", "status_of", "use_store",
+           "write_error_file"]

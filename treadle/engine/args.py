@@ -28,16 +28,15 @@ from treadle.hooks.nan_guard import NaNGuardHook
 from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.timer import IterTimerHook
 from treadle.engine.eval_loop import check_set_names, loader_sets
-from treadle.optim.builder import check_optimizer_args
 from treadle.engine.loops import Workflow, check_workflow
 from treadle.logging.writers import get_logger
-from treadle.optim.wrapper import check_clip_grad, check_precision
+from treadle.precision import AUTOCAST_DTYPES
 from treadle.optim.wrapper_builder import by_name
 from treadle.engine.preemption import PreemptionConfig
-from treadle.engine.resume import check_resume_dir
+from treadle.checkpoint.directory import check_resume_dir
 from treadle.engine.spec import TrainerArgs, check_args
 from treadle.seeding import seed_everything
-from treadle.strategies.empty_init import EmptyModel, record
+from treadle.components.empty_init import EmptyModel, record
 from treadle.hooks.phase_timer import PhaseTimerHook
 from treadle.hooks.train_metrics import TrainMetrics, TrainMetricsHook
 
@@ -105,24 +104,24 @@ def ema_hook(cfg: Any) -> EMAHook:
     return EMAHook(**cfg)
 
 
-#: What each kind of config dict builds into, and the builder in treadle/config/build.py.
+#: What each kind of config dict builds into, and the builder in treadle/components/build.py.
 SPEC_KINDS = ("model", "dataloader", "loss", "metric", "hook")
 
 
 def from_spec(value: Any, kind: str, path: str, *, safe: bool = False) -> Any:
     """``value`` itself, or, when it is a config dict, the object that dict describes.
 
-    The dict is built exactly as the same key of a config file is (treadle/config/build.py:
+    The dict is built exactly as the same key of a config file is (treadle/components/build.py:
     ``{type: Name, **kwargs}``, a registered name or dotted path; a dataloader is
     ``{dataset: {...}, batch_size: N, ...}``), so a Python script and a config file
     accept the same values. Errors are ConfigErrors naming ``path``. ``safe``: names
-    only registered names and torch classes (treadle/config/safe.py).
+    only registered names and torch classes (treadle/components/safe.py).
     """
     if not isinstance(value, Mapping):
         return value
     # The config layer's component builders, imported only when a dict is given; that
     # module never imports the Trainer (treadle.config.assemble, which builds it, does).
-    from treadle.config.build import build_component, build_dataloader, build_hook, build_model
+    from treadle.components.build import build_component, build_dataloader, build_hook, build_model
 
     spec = dict(value)
     if kind == "model":
@@ -153,15 +152,6 @@ def check_metrics(metrics: Mapping[str, Any] | None, arg: str = "metrics") -> di
                             "a metric needs update(outputs, targets), compute() and reset()")
         check_metric_update(name, m, arg)
     return dict(metrics)
-
-
-def check_optimizer_type(cfg: Any, where: str) -> None:
-    """Safe mode: an optimizer config's ``type`` must be a torch.optim name or class,
-    checked before the optimizer builder would import a dotted path."""
-    if isinstance(cfg, Mapping) and isinstance(cfg.get("type"), str):
-        from treadle.config.registry import check_name  # the config layer: only for config dicts
-
-        check_name("optimizer", cfg["type"], f"{where}.type")
 
 
 def warn_without_validation(hooks: list[Hook]) -> None:
@@ -276,7 +266,7 @@ def build_args(given: TrainerArgs) -> Args:
                                     "torch.hub.download_url_to_file(url, path), and give the path")
         raise FileNotFoundError(f"load_from={str(v.load_from)!r}: no such file or checkpoint")
     checkpoint = v.checkpoint
-    precision, clip_grad = check_precision(v.precision), check_clip_grad(v.clip_grad)
+    precision, clip_grad = v.precision, v.clip_grad  # checked by their definitions (check_args)
     if v.loss_scale != "dynamic" and precision != "16":
         raise ValueError(f"loss_scale={v.loss_scale!r} needs precision='16' (fp16 with a GradScaler); "
                          f"precision={precision!r} scales no loss")
@@ -296,7 +286,7 @@ def activation_checkpointing(value: Any, safe: bool = False) -> Any:
     config names (a dotted path, or ``{type: path, **kwargs}``) imported by the config
     layer (``safe``: refused there)."""
     if isinstance(value, Mapping) and isinstance(value.get("check_fn"), (str, Mapping)):
-        from treadle.config.build import build_check_fn  # the config layer: only for a named function
+        from treadle.components.build import build_check_fn  # the config layer: only for a named function
 
         return {**value, "check_fn": build_check_fn(dict(value["check_fn"]) if isinstance(value["check_fn"], Mapping)
                                                     else value["check_fn"], "activation_checkpointing.check_fn",
@@ -308,25 +298,22 @@ def trainer_optim_wrapper(optimizer: Any, precision: str, accumulate: int, clip_
                           safe: bool = False, loss_scale: Any = "dynamic") -> Any:
     """The Trainer's ``optimizer`` (an Optimizer, a config dict, or a dict of those by
     name) with its ``precision``, ``accumulate``, ``clip_grad`` and ``loss_scale``, as the
-    ``optim_wrapper`` that ``Strategy.prepare`` takes (``safe``: see :func:`check_optimizer_type`)."""
+    ``optim_wrapper`` that ``Strategy.prepare`` takes (each optimizer checked first:
+    :func:`~treadle.components.build.check_optimizer_spec`)."""
     if optimizer is None:
         return None
+    from treadle.components.build import check_optimizer_spec  # the builders' layer: imported when asked
+
     extra: dict[str, Any] = {"accumulative_counts": accumulate, "clip_grad": clip_grad}
     if precision != "32":
-        extra["dtype"] = "bfloat16" if precision == "bf16" else "float16"
+        extra["dtype"] = AUTOCAST_DTYPES[precision]
     if loss_scale != "dynamic":
         extra["loss_scale"] = loss_scale
     if isinstance(optimizer, Mapping) and by_name(optimizer):
         for name, cfg in optimizer.items():
-            if safe:
-                check_optimizer_type(cfg, f"optimizer.{name}")
-            if isinstance(cfg, Mapping):
-                check_optimizer_args({k: a for k, a in cfg.items() if k != "type"}, f"optimizer.{name}")
+            check_optimizer_spec(cfg, f"optimizer.{name}", safe=safe)
         return {str(name): {"optimizer": cfg, **extra} for name, cfg in optimizer.items()}
-    if safe:
-        check_optimizer_type(optimizer, "optimizer")
-    if isinstance(optimizer, Mapping):
-        check_optimizer_args({k: a for k, a in optimizer.items() if k != "type"}, "optimizer")
+    check_optimizer_spec(optimizer, "optimizer", safe=safe)
     return {"optimizer": optimizer, **extra}
 
 
@@ -367,7 +354,7 @@ def build_model_and_data(a: Args, strategy: Any, *, safe: bool = False) -> tuple
 
 
 def _init_weights(model: nn.Module) -> None:
-    from treadle.config.build import call_init_weights
+    from treadle.components.build import call_init_weights
 
     if call_init_weights(model):
         get_logger().info(f"init_weights: called {type(model).__name__}.init_weights()")
@@ -379,9 +366,9 @@ def _init_weights(model: nn.Module) -> None:
 
 def _model(value: Any, init_weights: bool, strategy: Any, safe: bool) -> Any:
     """The model a spec describes; under a strategy that builds on the meta device
-    (``strategy.empty_init``), an :class:`EmptyModel` (its constructor and ``init_weights``
+    (``strategy.builds_empty``), an :class:`EmptyModel` (its constructor and ``init_weights``
     recorded, not run: the strategy materializes each process's share)."""
-    if not isinstance(value, Mapping) or not strategy.empty_init:
+    if not isinstance(value, Mapping) or not strategy.builds_empty:
         return from_spec(value, "model", "model", safe=safe)
 
     def build() -> Any:

@@ -29,8 +29,8 @@ from typing import Annotated, Any, Callable, Concatenate, ParamSpec, TypeVar
 
 from torch import nn
 
-from treadle.config.errors import ConfigError
-from treadle.config.keys import Check, Key, check_value
+from treadle.components.errors import ConfigError
+from treadle.components.keys import Check, Key, check_value
 from treadle.suggest import did_you_mean
 
 P = ParamSpec("P")

@@ -16,7 +16,7 @@ from torch import Tensor
 from treadle.data.feed import DataFeed
 from treadle.distributed.board import EVAL, PHASE, TEST, VALIDATION, board
 from treadle.hooks.base import HookDispatcher
-from treadle.metrics import flatten_results, to_python, update_metrics
+from treadle.metrics import compute, flatten_results, to_python, update_metrics
 from treadle.engine.step import batch_size_of
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ class EvalComm:
 
     rank: int
     lockstep: bool
+    group: Any = None  # the ranks that read different data (the layout's data_object_group); None: every rank
 
 
 def loader_sets(value: Any) -> dict[str, Any] | None:
@@ -190,7 +191,7 @@ class EvalLoop:
                 self._replay_for_lockstep(target - feed.batch_idx, batch)
         totals = {k: to_python(v) for k, v in sums.items()}  # one host read per evaluation
         if self.comm is not None:  # each rank saw its own share of the samples: add them up
-            totals, count = _sum_over_ranks(totals, count)
+            totals, count = _sum_over_ranks(totals, count, self.comm.group)
         if count == 0 and prefix not in self._empty:  # a loader without a length that yielded nothing
             self._empty.add(prefix)
             if self.comm is None or self.comm.rank == 0:
@@ -198,8 +199,9 @@ class EvalLoop:
 
                 get_logger().warning(f"the {prefix} loader yielded no batches: its metrics are nan (said once)")
         results = {f"{prefix}/{k}": v / max(count, 1) for k, v in totals.items()}
+        group = self.comm.group if self.comm is not None else None
         for name, m in metrics.items():
-            results.update(flatten_results(f"{prefix}/{name}", m.compute()))
+            results.update(flatten_results(f"{prefix}/{name}", compute(m, group)))
         self._say_not_numbers(results)
         return results
 
@@ -257,14 +259,14 @@ def _most_batches(length: int | None) -> int:
     return max(all_gather_object(length))
 
 
-def _sum_over_ranks(totals: dict[str, float], count: int) -> tuple[dict[str, float], int]:
+def _sum_over_ranks(totals: dict[str, float], count: int, group: Any) -> tuple[dict[str, float], int]:
     """Per-rank sums and sample counts made global (a rank may have no batches), over the
     ranks that read different data (tensor parallelism: each group's batches count once)."""
     from treadle.distributed.comm import all_gather_object
 
     summed: dict[str, float] = {}
     n = 0
-    for rank_totals, rank_count in all_gather_object((totals, count), data_parallel=True):
+    for rank_totals, rank_count in all_gather_object((totals, count), group=group):
         for k, v in rank_totals.items():
             summed[k] = summed.get(k, 0.0) + v
         n += rank_count

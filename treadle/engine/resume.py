@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 from treadle.checkpoint.directory import cleanup_stale_tmp, find_latest_checkpoint, list_checkpoints
 from treadle.checkpoint.io import MANIFEST_NAME, CheckpointError, CheckpointWarning, UnreadableCheckpointError
 from treadle.checkpoint.tensor_sources import is_hf_folder
+from treadle.checkpoint.weights import load_weights
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
 
@@ -86,6 +87,27 @@ def resume_latest(ckpt_dir: Path, is_main: bool, load: Callable[[Path], None]) -
     return None
 
 
+def weights_to_read(load_from: str | Path | None, module: Any, built_empty: bool, is_main: bool) -> Path | None:
+    """``load_from=``: the weights read into ``module`` now (a run directory: its latest
+    verified checkpoint), or, for a model built on the meta device (``built_empty``), the
+    checkpoint returned for ``Strategy.prepare`` to read shard by shard."""
+    if load_from is None:
+        return None
+    if built_empty:
+        path, note = checkpoint_in(load_from, "load_from", is_main)
+        if note:
+            get_logger().info(note)
+        return path
+
+    def load(path: Path, note: str | None) -> None:
+        if note:
+            get_logger().info(note)
+        get_logger().info(f"load_from: {load_weights(module, path, strict=True)}")
+
+    use_latest(load_from, "load_from", load, is_main)  # a live run's pruning: the next newest
+    return None
+
+
 def use_latest(path: str | Path, what: str, use: Callable[[Path, str | None], T], is_main: bool = True,
                attempts: int = 5) -> T:
     """``use(checkpoint, note)`` for the checkpoint :func:`checkpoint_in` finds. When it was
@@ -145,19 +167,6 @@ def _checkpoint_in(path: Path, what: str) -> tuple[str, str, str | None]:
                      f"{MANIFEST_NAME}), a run directory (with checkpoints/) or a weights file"), None
 
 
-def check_resume_dir(path: Path, what: str = "resume") -> None:
-    """A directory given as ``resume=`` must be one checkpoint, not a run or a checkpoints
-    dir. ``what``: how the caller names it, "resume" (the argument) or "--resume" (the
-    command line's option)."""
-    if not path.is_dir() or (path / MANIFEST_NAME).is_file():
-        return
-    inside = [*list_checkpoints(path, order="created"), *list_checkpoints(path / "checkpoints", order="created")]
-    named = f"--resume {path}" if what == "--resume" else f"{what}={str(path)!r}"
-    latest = "--resume alone, with that run's --work-dir" if what == "--resume" else "resume=True with the run's work_dir"
-    hint = f"; it holds checkpoints: pass one (the last saved is {inside[-1]}), or {latest}" if inside else ""
-    raise FileNotFoundError(f"{named} is a directory but not a checkpoint (it has no {MANIFEST_NAME}){hint}")
-
-
 def note_other_runs(ckpt_dir: Path) -> None:
     """A new run in a directory that holds another run's checkpoints: say what happens to them."""
     others = list_checkpoints(ckpt_dir, order="created")
@@ -169,4 +178,5 @@ def note_other_runs(ckpt_dir: Path) -> None:
 
 
 
-__all__ = ["check_resume_dir", "checkpoint_in", "latest_to_resume", "note_other_runs", "resume_latest"]
+__all__ = ["checkpoint_in", "latest_to_resume", "note_other_runs", "resume_latest", "use_latest",
+           "weights_to_read"]

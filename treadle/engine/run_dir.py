@@ -32,15 +32,15 @@ try:
 except ImportError:  # not POSIX (Windows): no lock, said once in the log
     fcntl = None  # type: ignore[assignment]  # the lock checks for None
 
-from treadle.checkpoint.directory import check_writable_dir, claim_checkpoint_path, make_checkpoint_dir
+from treadle.checkpoint.directory import (CHECKPOINTS, check_writable_dir, claim_checkpoint_path, make_checkpoint_dir,
+                                         saved_note)
 from treadle.checkpoint.io import CheckpointError
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger, move_whole_aside, replace_atomically
 
 LOCK_NAME = ".treadle.lock"
-CHECKPOINTS = "checkpoints"  # work_dir/checkpoints/<name>
 
-__all__ = ["CHECKPOINTS", "LOCK_NAME", "RunDir", "WorkDirBusyError", "WorkDirLock", "read_holder", "saved_note",
+__all__ = ["LOCK_NAME", "RunDir", "WorkDirBusyError", "WorkDirLock", "read_holder",
            "write_run_file"]
 
 T = TypeVar("T")
@@ -173,22 +173,6 @@ def write_run_file(work_dir: str | os.PathLike[str], name: str, text: str, later
             get_logger().info(f"{name}: the earlier one moved to {moved.name}")
     replace_atomically(path, lambda f: f.write(text), later=later)
     return moved
-
-
-def saved_note(work_dir: str | os.PathLike[str]) -> str:
-    """What a failure leaves saved in ``work_dir``, as a failure's line says it (this
-    process reads, nothing collective): ``the last checkpoint, <path>, is intact; nothing
-    after it was saved``, or that there is none. A listed checkpoint is complete: each is
-    written aside and renamed into place whole."""
-    from treadle.checkpoint.directory import list_checkpoints
-
-    try:
-        saved = list_checkpoints(Path(work_dir) / CHECKPOINTS, order="created")
-    except OSError:
-        saved = []
-    if not saved:
-        return f"no checkpoint was saved in {work_dir}"
-    return f"the last checkpoint, {saved[-1]}, is intact; nothing after it was saved"
 
 
 class RunDir:

@@ -39,7 +39,7 @@ schedulers, the loader's place and the RNG of a Trainer checkpoint, and hands ``
 
 The loop position is that of an iteration boundary: saved from ``after_train_iter`` it
 already counts the running iteration (its step is done), from ``after_train_epoch`` the
-epoch. Checkpoints of formats 1 and 2 are migrated when read (treadle/checkpoint/migrate.py).
+epoch.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def check_training_checkpoint(state: Any) -> None:
         if part == "param_schedulers" and part not in state:
             continue  # saved with save_param_scheduler=False: the schedulers start afresh
         if part == "frozen" and part not in state:
-            continue  # an earlier treadle's: its model entry holds every weight
+            continue  # named by the strategy's resume, after what a weights-only checkpoint lacks
         kind = list if part == "data" else (dict, list) if part == "param_schedulers" else dict
         if not isinstance(state.get(part), kind):
             what = "list" if kind is list else "dict"

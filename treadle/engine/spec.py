@@ -20,8 +20,8 @@ from typing import Annotated, Any
 import torch
 from torch import nn
 
-from treadle.config.errors import ConfigError, did_you_mean, join_path
-from treadle.config.keys import SPEC, Check, Key, NoneType, _min, check_keys
+from treadle.components.errors import ConfigError, did_you_mean, join_path
+from treadle.components.keys import SPEC, Check, Key, NoneType, _min, check_keys
 from treadle.data.worker_seed import WATCHED
 from treadle.engine.argspec import ANY_OBJECT, Arg, check_args as _check_args, config_keys, flag
 from treadle.engine.preemption import PreemptionConfig
@@ -31,10 +31,11 @@ from treadle.hooks.ema import EMAHook
 from treadle.logging.specs import WRITERS as _WRITERS
 from treadle.hooks.logger import check_writers
 from treadle.optim.loss_scale import check_loss_scale
-from treadle.optim.wrapper import check_clip_grad, check_precision
+from treadle.optim.wrapper import check_clip_grad
+from treadle.precision import check_precision
 from treadle.strategies.activation_checkpointing import EXPECTED as AC_EXPECTED, plan_activation_checkpointing
 from treadle.strategies.base import Strategy
-from treadle.strategies.build import STRATEGY_NAMES, resolve_strategy
+from treadle.strategies.build import STRATEGY_NAMES, check_strategy, resolve_strategy
 
 LOG_WRITERS = tuple(_WRITERS)  # names LoggerHook knows: "jsonl", "csv", "tensorboard", "mlflow", "wandb"
 _ANY = ANY_OBJECT  # an object (a DataLoader, a callable): its own checks apply, not the config's
@@ -72,7 +73,16 @@ def _strategy(value: Any, path: str) -> None:
         _choice(*STRATEGY_NAMES)(value, path)
     else:
         _choice(*STRATEGY_NAMES)(value.get("type"), f"{path}.type")
-        _wrap(resolve_strategy)(value, path)  # the constructor checks the options; nothing starts
+        _wrap(check_strategy)(value, path)  # the options' names; their values: by the one object built
+
+
+def _build_strategy(name: str, value: Any) -> Strategy:
+    """The one strategy object of a Trainer (a name or a dict built here; its constructor
+    checks the options' values, and nothing starts)."""
+    try:
+        return resolve_strategy(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(name, str(e)) from None
 
 
 def _workflow(value: Any, path: str) -> None:
@@ -133,7 +143,7 @@ def _progress(value: Any, path: str) -> None:
 def _check_fn_named(value: Any) -> Any:
     """``value`` with a ``check_fn`` that a config names (a dotted path, or ``{type: path,
     **kwargs}``) stood in for by a function: its form is all that can be checked before the
-    config layer imports it (treadle/config/build.py's ``build_check_fn``, from
+    config layer imports it (treadle/components/build.py's ``build_check_fn``, from
     treadle/engine/args.py)."""
     if isinstance(value, Mapping) and isinstance(value.get("check_fn"), (str, Mapping)):
         return {**value, "check_fn": _named}
@@ -309,7 +319,8 @@ class TrainerArgs:
     precision: Annotated[str | int, Arg(
         "Numeric precision: `\"32\"` (fp32), `\"bf16\"` (bf16 autocast) or `\"16\"` (fp16 autocast with a "
         "GradScaler).",
-        (str, int), "'32', 'bf16' or '16'", _wrap(check_precision))] = "32"
+        (str, int), "'32', 'bf16' or '16'", _wrap(check_precision),
+        convert=lambda _, p: check_precision(p))] = "32"  # 16 and 32 written as ints: "16", "32"
     accumulate: Annotated[int, Arg(
         "Gradient accumulation: an optimizer step every this many batches (treadle/optim/wrapper.py).",
         (int,), "an int >= 1", _min(1))] = 1
@@ -327,7 +338,7 @@ class TrainerArgs:
         "`treadle.strategies.ddp.DDPStrategy` / `treadle.strategies.fsdp.FSDPStrategy` / "
         "`treadle.strategies.deepspeed.DeepSpeedStrategy`), or a `Strategy`.",
         (str, dict), f"one of {', '.join(STRATEGY_NAMES)}, or {{type: ddp|fsdp|deepspeed, option: value}}", _strategy,
-        objects=(Strategy,))] = "auto"
+        objects=(Strategy,), convert=_build_strategy)] = "auto"
     seed: Annotated[int | None, Arg(
         "Seed of every RNG. A model and data given as specs (and the command line's) are built after seeding, so "
         "initial weights repeat too. None: one is drawn (on rank 0, for every rank), used the same way and logged "
@@ -389,7 +400,7 @@ class TrainerArgs:
         "batches as the loader yields them and move what they need.")] = True
     safe: Annotated[bool, Arg(
         "Config dicts name only registered names and torch.nn / torch.optim classes; other dotted `type` paths and "
-        "`collate_fn` strings are refused before anything is imported (treadle/config/safe.py). Objects are not "
+        "`collate_fn` strings are refused before anything is imported (treadle/components/safe.py). Objects are not "
         "affected. Not a config key: how far the caller trusts a config is not the config's to say.",
         convert=check_bool)] = False
     verbose: Annotated[bool, flag(

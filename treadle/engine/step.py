@@ -313,7 +313,7 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
             end()
         return logged
 
-    if optim_wrapper.no_sync is not None and optim_wrapper.accumulate > 1:
+    if optim_wrapper.gradient_sync.no_sync is not None and optim_wrapper.accumulate > 1:
         accumulation = optim_wrapper.accumulation_context
         plain_step = step
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -18,7 +17,6 @@ import torch
 from torch import nn
 
 from treadle.checkpoint.checkpointer import Checkpointer
-from treadle.checkpoint.weights import load_weights
 from treadle.data.feed import DataFeed, detached_copy
 from treadle.distributed import comm
 from treadle.env import collect_env, format_env
@@ -32,18 +30,18 @@ from treadle.logging.store import MetricStore
 from treadle.logging.writers import CONSOLE_ONLY, FILE_ONLY, get_logger, log_details, log_failure
 from treadle.engine.eval_loop import EvalComm, EvalLoop
 from treadle.engine.loops import EpochLoop, IterLoop, TrainLoop, default_workflow
-from treadle.metrics import sync_over, update_metrics
+from treadle.metrics import place_metrics, update_metrics
 from treadle.optim.scheduler_builder import SchedulerError
 from treadle.optim.wrapper import OptimWrapper, make_autocast
 from treadle.engine.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, agree_on_stop, requeue_slurm_job
-from treadle.engine.resume import checkpoint_in, note_other_runs, resume_latest, use_latest
+from treadle.engine.resume import note_other_runs, resume_latest, weights_to_read
 from treadle.engine.run_dir import RunDir
 from treadle.hooks.state import TrainState
 from treadle.engine.mmengine_model import is_mmengine_model, model_eval_step, model_train_step
 from treadle.engine.monitored import check_monitored, eval_values
 from treadle.engine.step import make_eval_step, make_train_step, tell_if_outside_autocast
 from treadle.strategies.build import resolve_strategy
-from treadle.strategies.empty_init import EmptyModel
+from treadle.components.empty_init import EmptyModel
 from treadle.hooks.phase_timer import PhaseTimer
 from treadle.engine.args import (build_args, build_model_and_data, default_hooks, warn_if_unpinned,
                                   warn_without_validation)
@@ -51,15 +49,6 @@ from treadle.engine.argspec import document, takes
 from treadle.engine.spec import TrainerArgs
 from treadle.engine import resume_changes, snapshot
 from treadle.engine.resume_changes import ResumeChange
-
-
-class LearningRates(dict):
-    """The dict of :attr:`Trainer.learning_rates`; calling it returns itself (it was a
-    method before), with a DeprecationWarning."""
-
-    def __call__(self) -> "LearningRates":
-        warnings.warn("trainer.learning_rates is a property now: drop the ()", DeprecationWarning, stacklevel=2)
-        return self
 
 
 @document(TrainerArgs)  # the docstring's Args section: each argument's doc (treadle/engine/spec.py)
@@ -74,7 +63,7 @@ class Trainer:
     hook may also be given as the dict a config file would hold, e.g.
     ``model=dict(type="DigitsCNN", width=32)`` or ``train_dataloader=dict(dataset=dict(type="digits"),
     batch_size=64, shuffle=True)``; they are built as ``treadle train`` builds them
-    (treadle/config/build.py), model and data after seeding.
+    (treadle/components/build.py), model and data after seeding.
 
     The run directory (treadle/engine/run_dir.py): ``fit()``, ``validate()`` and ``test()`` lock
     ``work_dir`` (a second run there is refused); ``fit()`` writes ``env.txt`` and the
@@ -85,9 +74,20 @@ class Trainer:
 
     @takes(TrainerArgs)  # Trainer(model, work_dir=None, ...): TrainerArgs's fields, received as one object
     def __init__(self, args: TrainerArgs) -> None:
-        # -- every argument is checked before anything happens (treadle/engine/spec.py) --
-        a = build_args(args)  # config dicts of components built (model and data: after seeding, below)
-        args = a.args  # as checked: hooks as a list
+        a = build_args(args)  # every argument checked (engine/spec.py), config dicts of components built
+        self._keep_settings(a)
+        self.strategy = resolve_strategy(a.args.strategy)  # built once, by the argument's check
+        self._start_processes(a)  # process group, run id and seeds: before anything is built
+        model = self._build_model_and_data(a)  # after seeding: initial weights repeat
+        load_from = weights_to_read(a.args.load_from, self.module, isinstance(model, EmptyModel), self.is_main)
+        self._prepare(a, model, load_from)  # placed, wrapped, optimized: the public Strategy API
+        self._set_steps(a)
+        self._build_hooks_and_loops(a)
+
+    # -- construction steps --------------------------------------------------------
+    def _keep_settings(self, a: Any) -> None:
+        """The checked arguments that the loops and steps read later."""
+        args = a.args
         self.precision, self.clip_grad, self.metrics, self.workflow = a.precision, a.clip_grad, a.metrics, a.workflow
         self.preemption, self.verbose, self.resume = a.preemption, args.verbose, args.resume
         self.seed_per_sample = args.seed_per_sample  # the loaders' DataFeeds (treadle/data/worker_seed.py)
@@ -95,51 +95,74 @@ class Trainer:
         self.accumulate_across_epochs = args.accumulate_across_epochs  # the train loop's (treadle/engine/loops.py)
         self._limits = {"train": args.limit_train_batches, "val": args.limit_val_batches,
                         "test": args.limit_test_batches}  # batches per epoch or pass (None: all)
-        self.strategy = resolve_strategy(args.strategy)
         self.train_metrics = a.train_metrics  # None unless given (treadle/hooks/train_metrics.py)
-
-        # -- process group, run id and seeds; then model and data ----------------------
-        # seed=None: rank 0 draws one and every rank seeds with it (MMEngine's rule); it is
-        # logged, and passing it as seed= repeats the run.
-        self.strategy.setup_env(seed=args.seed, seed_per_rank=args.seed_per_rank, deterministic=args.deterministic)
-        self.strategy.check_trainer_options({"ema": a.ema, "compile": args.compile, "checkpoint": args.checkpoint})
-        self.run_timestamp = self.strategy.timestamp
-        self.seed = args.seed if args.seed is not None else self.strategy.seed
-        self._seed_drawn = args.seed is None  # said with the model's summary, at the first run
+        self.loss_fn, self.val_interval, self.log_interval = a.loss_fn, args.val_interval, args.log_interval
+        self.work_dir = Path(args.work_dir) if args.work_dir is not None else None
         # Written into work_dir once fit's resume checks pass (run_dir.py); a callable's text is
         # made then, so that it may say what the resume kept (resume_changes).
         self.run_files: dict[str, str | Callable[[], str]] = {}
         self.resume_changes: list[ResumeChange] = []  # settings a resume found changed (resume_changes.py)
-        model, loaders = build_model_and_data(a, self.strategy, safe=args.safe)
-        self.train_dataloader, self.val_dataloader, self.test_dataloader = loaders
-        self.work_dir = Path(args.work_dir) if args.work_dir is not None else None
-        self.run_dir = RunDir(self.work_dir, self.is_main) if self.work_dir is not None else None
-        self.loss_fn, self.val_interval, self.log_interval = a.loss_fn, args.val_interval, args.log_interval
-        max_epochs, max_iters = args.max_epochs, args.max_iters
-        self.state = TrainState(max_epochs=max_epochs, max_iters=max_iters, by_epoch=max_iters is None)
-        if self.train_dataloader is not None:
-            self.state.set_epoch_length(DataFeed(self.train_dataloader, limit=args.limit_train_batches).length)
         self.store = MetricStore()
-        # The user's module, unwrapped (built on the meta device: its shards are made by prepare).
-        self.module = model.module if isinstance(model, EmptyModel) else model
         self._resume_loaded = False  # validate/test load `resume` too, unless fit already did
         self._summarized = False  # the model's summary is logged at the first run
-        load_from = None  # a model built on the meta device reads it shard by shard (prepare)
-        if args.load_from is not None and isinstance(model, EmptyModel):
-            load_from, note = checkpoint_in(args.load_from, "load_from", self.is_main)
-            if note:
-                get_logger().info(note)
-        elif args.load_from is not None:
-            self._load_weights(args.load_from)
+        self._seed_drawn = args.seed is None  # said with the model's summary, at the first run
 
-        # -- placed, wrapped and optimized through the public Strategy API -------------
-        self._prepare(a, model, args.schedulers, args.compile, args.auto_scale_lr, load_from)
-        self._set_steps(a)
+    def _start_processes(self, a: Any) -> None:
+        """The process group, the run's id and the seeds (seed=None: rank 0 draws one and
+        every rank seeds with it, MMEngine's rule; it is logged, and passing it as seed=
+        repeats the run); the strategy refuses what it cannot honour."""
+        args = a.args
+        self.strategy.setup_env(seed=args.seed, seed_per_rank=args.seed_per_rank, deterministic=args.deterministic)
+        self.strategy.check_trainer_options({"ema": a.ema, "compile": args.compile, "checkpoint": args.checkpoint})
+        self.run_timestamp = self.strategy.timestamp
+        self.seed = args.seed if args.seed is not None else self.strategy.seed
+        self.run_dir = RunDir(self.work_dir, self.is_main) if self.work_dir is not None else None
+
+    def _build_model_and_data(self, a: Any) -> Any:
+        """The model (an :class:`EmptyModel` when the strategy builds it on the meta
+        device) and the loaders, then the training state that counts their batches."""
+        args = a.args
+        model, loaders = build_model_and_data(a, self.strategy, safe=args.safe)
+        self.train_dataloader, self.val_dataloader, self.test_dataloader = loaders
+        self.module = model.module if isinstance(model, EmptyModel) else model  # the user's module, unwrapped
+        self.state = TrainState(max_epochs=args.max_epochs, max_iters=args.max_iters, by_epoch=args.max_iters is None)
+        if self.train_dataloader is not None:
+            self.state.set_epoch_length(DataFeed(self.train_dataloader, limit=args.limit_train_batches).length)
+        return model
+
+    def _prepare(self, a: Any, model: Any, load_from: Any) -> None:
+        """``strategy.prepare``, as a hand-written loop calls it: the model placed, wrapped
+        (and compiled; a model built on the meta device materialized, ``load_from`` read
+        into its shards), the optimizer wrappers and schedulers built over it."""
+        s, strategy, args = self.state, self.strategy, a.args
+        try:
+            strategy.prepare(
+                model, optim_wrapper=a.optim_wrapper, load_from=load_from,
+                param_scheduler=(args.schedulers or None) if a.optim_wrapper else None, compile=args.compile,
+                auto_scale_lr=args.auto_scale_lr if a.optim_wrapper else None,
+                activation_checkpointing=a.activation_checkpointing,
+                dispatch_kwargs=dict(epoch_length=s.iters_per_epoch, max_epochs=s.max_epochs, max_iters=s.max_iters,
+                                     train_micro_batch_size_per_gpu=getattr(self.train_dataloader, "batch_size", None)))
+        except SchedulerError as e:  # named by the Strategy's argument (param_scheduler): by this one's
+            raise e.renamed("schedulers") from None
+        self.model = strategy.model
+        self.optim_wrappers: dict[str, OptimWrapper] = strategy.optim_wrappers
+        # Several processes: after each iteration the ranks agree on stopping (None: one process).
+        self._agree_stop = functools.partial(agree_on_stop, self.state) if strategy.distributed else None
+        self._move = strategy.batch_mover() if self.move_batch else None
+        train = self.train_metrics.metrics if self.train_metrics is not None else {}
+        place_metrics([*(self.metrics or {}).values(), *train.values()], strategy.device, strategy.layout)
+        if strategy.device.type == "cuda" and self.is_main:
+            warn_if_unpinned(self.train_dataloader)
         watch = comm.stall_watch()  # the stall watch judges this trainer's runs (see _run)
         if watch is not None:
             watch.set_active(False)
 
-        # -- hooks and loops -----------------------------------------------------------
+    def _build_hooks_and_loops(self, a: Any) -> None:
+        """The default hooks and the user's, sorted; then the evaluation loops (a best or
+        monitored key validation never produces is refused now) and the train loop, whose
+        place goes to the checkpoint's data entry (snapshot.py)."""
+        args = a.args
         self.hooks: list[Hook] = []
         self._dispatch = HookDispatcher()  # the loops get it when they are built
         self.train_loop: TrainLoop | None = None
@@ -151,50 +174,15 @@ class Trainer:
         if self.train_dataloader is not None and self.val_dataloader is None and self.is_main:
             warn_without_validation(self.hooks)
         self.val_loop = self._eval_loop(self.val_dataloader, "val") if self.val_dataloader is not None else None
-        if self.val_loop is not None:  # a best / monitor key that validation never produces: refused now
+        if self.val_loop is not None:
             custom = self.val_loop.custom_step
             check_monitored(self.hooks, self.metrics or {}, *eval_values(
                 self.module, self.loss_fn, custom, custom is not None and is_mmengine_model(self.module)
                 and type(self).val_step is Trainer.val_step), sets=self.val_loop.set_names)
         self.test_loop = self._eval_loop(self.test_dataloader, "test") if self.test_dataloader is not None else None
         self.train_loop = self._train_loop() if self.train_dataloader is not None else None
-        if self.train_loop is not None:  # its place goes to the checkpoint's data entry (snapshot.py)
+        if self.train_loop is not None:
             self.strategy.track_loader(snapshot.LoopPlace(self.train_loop))
-
-    # -- construction helpers ------------------------------------------------------
-    def _prepare(self, a: Any, model: Any, schedulers: Any, compile: bool, auto_scale_lr: Any,
-                 load_from: Any) -> None:
-        """``strategy.prepare``, as a hand-written loop calls it: the model placed, wrapped
-        (and compiled; a model built on the meta device materialized, ``load_from`` read
-        into its shards), the optimizer wrappers and schedulers built over it."""
-        s, strategy = self.state, self.strategy
-        try:
-            strategy.prepare(
-                model, optim_wrapper=a.optim_wrapper, load_from=load_from,
-                param_scheduler=(schedulers or None) if a.optim_wrapper else None, compile=compile,
-                auto_scale_lr=auto_scale_lr if a.optim_wrapper else None,
-                activation_checkpointing=a.activation_checkpointing,
-                dispatch_kwargs=dict(epoch_length=s.iters_per_epoch, max_epochs=s.max_epochs, max_iters=s.max_iters,
-                                     train_micro_batch_size_per_gpu=getattr(self.train_dataloader, "batch_size", None)))
-        except SchedulerError as e:  # named by the Strategy's argument (param_scheduler): by this one's
-            raise e.renamed("schedulers") from None
-        self.model = strategy.model
-        self.optim_wrappers: dict[str, OptimWrapper] = strategy.optim_wrappers
-        # Several processes: after each iteration the ranks agree on stopping (None: one process).
-        self._agree_stop = functools.partial(agree_on_stop, self.state) if strategy.distributed else None
-        self._move = strategy.batch_mover() if self.move_batch else None
-        if self.train_metrics is not None:  # torchmetrics objects (modules) on the training device
-            self.train_metrics.to(strategy.device)
-        for m in (self.metrics or {}).values():  # and the evaluation's: they are fed the model's outputs there
-            if isinstance(m, nn.Module):
-                m.to(strategy.device)
-        group = strategy.data_parallel_group()
-        if group is not None:  # tensor parallelism: torchmetrics reduce over the data shards, each counted once
-            train = self.train_metrics.metrics if self.train_metrics is not None else {}
-            for m in [*(self.metrics or {}).values(), *train.values()]:
-                sync_over(m, group)
-        if strategy.device.type == "cuda" and self.is_main:
-            warn_if_unpinned(self.train_dataloader)
 
     def _set_steps(self, a: Any) -> None:
         """The model's own ``train_step``/``val_step`` when it has them, and the default
@@ -220,15 +208,6 @@ class Trainer:
         replaced = {type(h) for h in extra}
         self.hooks = sort_hooks([h for h in defaults if type(h) not in replaced] + extra)
         self._rebuild_dispatch()
-
-    def _load_weights(self, load_from: str | Path) -> None:
-        """``load_from``: weights into the module before it is placed (a run directory: its
-        latest verified checkpoint, treadle/engine/resume.py)."""
-        def load(path: Path, note: str | None) -> None:
-            if note:
-                get_logger().info(note)
-            get_logger().info(f"load_from: {load_weights(self.module, path, strict=True)}")
-        use_latest(load_from, "load_from", load, self.is_main)  # a live run's pruning: the next newest
 
     @property
     def ema(self) -> nn.Module | None:
@@ -263,7 +242,8 @@ class Trainer:
 
     def _eval_loop(self, loader: Any, mode: str) -> EvalLoop:
         strategy = self.strategy
-        comm = EvalComm(strategy.rank, strategy.eval_in_lockstep) if strategy.distributed else None
+        comm = (EvalComm(strategy.rank, strategy.eval_in_lockstep, strategy.layout.data_object_group)
+                if strategy.distributed else None)
         return EvalLoop(self, loader, mode, hooks=self._dispatch, state=self.state, model=self.model,
                         metrics=self.metrics, step=self._eval_step, seed=self.seed,
                         custom_step=self._custom_eval_step(mode),
@@ -353,11 +333,10 @@ class Trainer:
         return self.strategy.run_id
 
     @property
-    def learning_rates(self) -> "LearningRates":
+    def learning_rates(self) -> dict[str, float]:
         """``lr`` of every optimizer and param group now, keyed as logged (``lr``, ``lr/pg1``;
-        ``lr/<optimizer>`` with several): a property like ``optimizer``. Calling it, as
-        earlier versions needed, still works and says so."""
-        out = LearningRates()
+        ``lr/<optimizer>`` with several): a property like ``optimizer``."""
+        out: dict[str, float] = {}
         single = len(self.optim_wrappers) == 1
         for name, ow in self.optim_wrappers.items():
             prefix = "lr" if single else f"lr/{name}"

@@ -241,29 +241,11 @@ class CheckpointHook(Hook):
         if trainer.is_main:
             get_logger().info(f"checkpoint {path}: state copied, writing in the background")
 
-    def after_load_checkpoint(self, trainer: "RunView", checkpoint: dict[str, Any]) -> None:
-        # Checkpoints of older treadles hold absolute paths: those inside this work_dir's
-        # checkpoints/best/ become relative; any other is kept for ranking but untracked.
-        records = []
-        for value, path in self.best_records:
-            if path and Path(path).is_absolute():
-                best_dir = (Path(trainer.work_dir) / BEST_DIR).resolve() if trainer.work_dir is not None else None
-                p = Path(path)
-                if best_dir is not None and p.parent.resolve() == best_dir and not p.name.startswith("."):
-                    path = f"{BEST_DIR}/{p.name}"
-                else:
-                    get_logger().warning(f"checkpoint best record {path} is outside this run's {BEST_DIR}/: it "
-                                         "still ranks, but this run will never delete it")
-                    path = ""
-            records.append((value, path))
-        self.best_records = records
-
     def state_dict(self) -> dict[str, Any]:
         return {"best_records": [list(r) for r in self.best_records], "last_saved": self.last_saved}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restored state is input: a best record is ``[value, "checkpoints/best/<name>"]``
-        (or an absolute path of an older checkpoint, sorted out in after_load_checkpoint);
+        """Restored state is input: a best record is ``[value, "checkpoints/best/<name>"]``;
         anything else stays out of the records (with a warning), and so is never deleted."""
         records = []
         for record in state.get("best_records", []):
@@ -271,7 +253,7 @@ class CheckpointHook(Hook):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not isinstance(path, str):
                 get_logger().warning(f"ignoring a malformed best record in the checkpoint: {record!r}")
                 continue
-            if path and not Path(path).is_absolute() and not _is_best_name(path):
+            if path and not _is_best_name(path):
                 get_logger().warning(f"checkpoint best record {path!r} is not a name in {BEST_DIR}/: it still "
                                      "ranks, but this run will never delete it")
                 path = ""

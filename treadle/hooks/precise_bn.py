@@ -152,7 +152,8 @@ class PreciseBNHook(Hook):
                 m.momentum = momentum
         if seen != n:
             raise RuntimeError(f"PreciseBNHook: the training loader gave {seen} batches, fewer than the {n} needed")
-        means, variances = _mean_over_ranks(means), _mean_over_ranks(variances)
+        group = trainer.strategy.layout.data_object_group  # the ranks that read different batches
+        means, variances = _mean_over_ranks(means, group), _mean_over_ranks(variances, group)
         for m, mean, var in zip(layers, means, variances):
             m.running_mean.copy_(mean)  # type: ignore[union-attr]
             m.running_var.copy_(var)  # type: ignore[union-attr]
@@ -161,9 +162,10 @@ class PreciseBNHook(Hook):
                               f"batches per process")
 
 
-def _mean_over_ranks(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each tensor averaged over the data-parallel ranks (one process: unchanged)."""
-    gathered = all_gather_object([t.cpu() for t in tensors], data_parallel=True)
+def _mean_over_ranks(tensors: list[torch.Tensor], group: Any) -> list[torch.Tensor]:
+    """Each tensor averaged over the data-parallel ranks of ``group`` (None: every rank;
+    one process: unchanged)."""
+    gathered = all_gather_object([t.cpu() for t in tensors], group=group)
     if len(gathered) == 1:
         return tensors
     return [sum(rank[i] for rank in gathered).to(t.device) / len(gathered) for i, t in enumerate(tensors)]

@@ -34,7 +34,7 @@ from torch import nn
 
 from treadle.hooks.base import Hook, Priority
 from treadle.logging.writers import get_logger
-from treadle.metrics import flatten_results, update_metrics
+from treadle.metrics import compute, flatten_results, update_metrics
 
 if TYPE_CHECKING:
     from treadle.hooks.view import RunView
@@ -103,13 +103,14 @@ class TrainMetrics:
             update_metrics(self.metrics, outputs, targets, "train", "train_metrics")
         self.updates += 1
 
-    def compute(self) -> dict[str, Any]:
+    def compute(self, group: Any = None) -> dict[str, Any]:
         """``{"train/<name>": value}`` (a dict result gives ``train/<name>/<key>``); reads
         the device, and with several processes each metric reduces over the ranks: call
-        it on every rank at once."""
+        it on every rank at once. ``group``: the ranks that read different batches (the
+        layout's ``data_object_group``), for metrics that reduce with ``sum_over_ranks``."""
         out: dict[str, Any] = {}
         for name, m in self.metrics.items():
-            out.update(flatten_results(f"train/{name}", m.compute()))
+            out.update(flatten_results(f"train/{name}", compute(m, group)))
         return out
 
     def reset(self) -> None:
@@ -191,7 +192,7 @@ class TrainMetricsHook(Hook):
             get_logger().warning("train_metrics were not updated since they last started over: a model.train_step "
                                  "(or Trainer.train_step override) feeds them with "
                                  "trainer.update_train_metrics(outputs, targets)")
-        values = m.compute()
+        values = m.compute(trainer.strategy.layout.data_object_group)
         if m.reset_every == "interval":
             m.reset()
         return values

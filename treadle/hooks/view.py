@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from treadle.checkpoint.checkpointer import Checkpointer
+    from treadle.distributed.layout import ParallelLayout
     from treadle.hooks.state import TrainState
     from treadle.logging.store import MetricStore
     from treadle.optim.wrapper import OptimWrapper
@@ -48,6 +49,8 @@ class StrategyView(Protocol):
     world_size: int
     #: The data shards the processes read (the world size without tensor parallelism).
     dp_size: int
+    #: How the processes split and the data-parallel groups (treadle/distributed/layout.py).
+    layout: ParallelLayout
     async_saves: bool
     #: What ``treadle export`` needs of the model, recorded in every checkpoint's meta.
     model_info: dict[str, Any] | None

@@ -19,14 +19,12 @@ import json
 import math
 import os
 import socket
-import struct
 import time
 from numbers import Real
 from pathlib import Path
 from typing import Any
 
-from treadle.logging.crc32c import MaskedCrc32c
-from treadle.logging.event_files import ShownEvent, event_file_names, shown_events
+from treadle.logging.event_files import ShownEvent, event_file_names, frame, shown_events
 from treadle.logging.events import file_version_event, scalars_event, session_start_event
 from treadle.logging.writers import (BatchedWriter, _step, aside_path, move_whole_aside, replace_atomically,
                                      written_after)
@@ -228,8 +226,8 @@ class TensorBoardWriter(BatchedWriter):
     encoded in code gone cold since the last interval (inline, or on a writer thread
     that then trades the GIL with the training thread), cost the training thread 0.2
     to 0.5 ms. Now :meth:`write` keeps a copy of the record (a microsecond); a batch is
-    encoded in one go, framed (CRC-32C: google-crc32c's C code once the first few KB
-    are framed, :mod:`treadle.logging.crc32c`) and written with one system call. A crash loses
+    encoded in one go, framed (CRC-32C in google-crc32c's C code) and written with one
+    system call. A crash loses
     at most the last ``flush_secs`` of events (log.jsonl, at most the last second).
 
     One event per record, also for a record without numbers (an empty summary, which
@@ -245,7 +243,6 @@ class TensorBoardWriter(BatchedWriter):
         if not _installed("tensorboard"):  # the files are for TensorBoard: say so at construction
             raise ImportError("TensorBoardWriter needs the 'tensorboard' package, which is not installed: "
                               "pip install tensorboard")
-        self._crc = MaskedCrc32c()  # C code once a few KB were framed (crc32c.py)
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # TensorBoard's naming; the counter keeps two writers of one process apart, and is
@@ -255,7 +252,7 @@ class TensorBoardWriter(BatchedWriter):
                 f"{next(_file_counter):06d}{filename_suffix}")
         self.path = self.log_dir / name
         self._file = open(self.path, "wb")
-        self._file.write(self._frame(file_version_event(time.time())))
+        self._file.write(frame(file_version_event(time.time())))
         self._file.flush()
         self._start_batching(flush_secs, first_at_once=False)
 
@@ -265,7 +262,7 @@ class TensorBoardWriter(BatchedWriter):
     def _write_batch(self, kept: list[tuple[float, dict[str, Any]]]) -> None:
         frames = []
         for wall_time, record in kept:
-            frames.append(self._frame(scalars_event(wall_time, _step(record), scalars(record).items())))
+            frames.append(frame(scalars_event(wall_time, _step(record), scalars(record).items())))
         if frames:
             self._file.write(b"".join(frames))  # one system call
             self._file.flush()
@@ -291,7 +288,7 @@ class TensorBoardWriter(BatchedWriter):
         self._file.flush()
         self._sort_last()  # what it writes next is read after the interrupted run's events, purge or not
         start = iteration if val_due else iteration + 1
-        shown = shown_events(self.log_dir, self._crc)
+        shown = shown_events(self.log_dir)
         older = max(len(shown) - max(keep_last, 0), 0)
         later = [e for e in shown[:older] if e.step >= start]
         after = [e for e in later if _event_after(e, iteration, val_due)]
@@ -299,7 +296,7 @@ class TensorBoardWriter(BatchedWriter):
             return 0
         again = [e for e in later if not _event_after(e, iteration, val_due)]
         again += [e for e in shown[older:] if e.step >= start]
-        frames = [self._frame(session_start_event(time.time(), start))] + [self._frame(e.data) for e in again]
+        frames = [frame(session_start_event(time.time(), start))] + [frame(e.data) for e in again]
         self._file.write(b"".join(frames))
         self._file.flush()
         return len(after)
@@ -348,10 +345,6 @@ class TensorBoardWriter(BatchedWriter):
         self.path = self.path.rename(dest)
         self._file = open(self.path, "ab")
 
-    def _frame(self, data: bytes) -> bytes:
-        """TFRecord framing: length, masked CRC32C of the length, data, masked CRC32C of the data."""
-        header = struct.pack("<Q", len(data))
-        return header + struct.pack("<I", self._crc(header)) + data + struct.pack("<I", self._crc(data))
 
 
 def _event_after(event: ShownEvent, iteration: int, val_due: bool) -> bool:

@@ -33,11 +33,6 @@ def _step_counter(optimizer: Any) -> list[int] | None:
     return counter
 
 
-def current_lrs(optimizer: Any) -> list[float]:
-    """Return the learning rate of every param group of ``optimizer`` as floats."""
-    return [float(group["lr"]) for group in optimizer.param_groups]
-
-
 def explicit_init_params(cls: type) -> list[inspect.Parameter]:
     """The parameters of the first ``__init__`` along the MRO with an explicit
     signature (the LR and Momentum mixins forward ``*args, **kwargs``), without

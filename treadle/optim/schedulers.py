@@ -37,12 +37,12 @@ from treadle.optim.param_schedulers import (
 )
 from treadle.optim.plateau import ReduceOnPlateauParamScheduler
 from treadle.optim.scheduler_base import (
-    INF, ParamScheduler, current_lrs, explicit_init_params, init_arg_names,
+    INF, ParamScheduler, explicit_init_params, init_arg_names,
 )
 from treadle.optim.scheduler_builder import SCHEDULERS, build_schedulers
 
 __all__ = [
-    "INF", "ParamScheduler", "current_lrs", "SCHEDULERS", "build_schedulers", "explicit_init_params", "init_arg_names",
+    "INF", "ParamScheduler", "SCHEDULERS", "build_schedulers", "explicit_init_params", "init_arg_names",
     "ConstantParamScheduler", "StepParamScheduler", "MultiStepParamScheduler",
     "ExponentialParamScheduler", "LinearParamScheduler", "CosineAnnealingParamScheduler",
     "PolyParamScheduler", "OneCycleParamScheduler", "CosineRestartParamScheduler",

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable, ContextManager
 
 import torch
@@ -36,19 +37,7 @@ from torch import Tensor
 
 from treadle.optim.builder import build_optimizer
 from treadle.optim.loss_scale import build_scaler, check_loss_scale, fixed_scale
-
-PRECISIONS = ("32", "bf16", "16")
-
-
-def check_precision(precision: Any) -> str:
-    """Normalise ``precision`` ("32" | "bf16" | "16"; 32 and 16 as ints too)."""
-    p = str(precision)
-    aliases = {"fp32": "32", "32-true": "32", "fp16": "16", "16-mixed": "16", "bf16-mixed": "bf16"}
-    p = aliases.get(p, p)
-    if p not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not supported; expected one of '32', 'bf16', '16' (fp16 with GradScaler)")
-    return p
-
+from treadle.precision import AUTOCAST_DTYPES, amp_precision, check_precision, torch_dtype
 
 def check_clip_grad(clip_grad: dict[str, Any] | None) -> dict[str, Any] | None:
     """Validate ``clip_grad``: ``dict(max_norm=.., norm_type=2)`` or ``dict(value=..)``."""
@@ -82,10 +71,28 @@ def check_clip_grad(clip_grad: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def make_autocast(precision: str, device_type: str) -> Callable[[], ContextManager[Any]]:
     """A factory of autocast contexts for ``precision`` (a no-op for fp32)."""
-    dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(check_precision(precision))
+    dtype = AUTOCAST_DTYPES[check_precision(precision)]
     if dtype is None:
         return contextlib.nullcontext
-    return functools.partial(torch.autocast, device_type, dtype=dtype)
+    return functools.partial(torch.autocast, device_type, dtype=torch_dtype(dtype))
+
+
+@dataclass(frozen=True)
+class GradientSync:
+    """How gradients cross processes, as the optimizer wrapper needs to know it: given
+    by the strategy (``Strategy.gradient_sync(model)``), the one place it is decided.
+
+    Attributes:
+        no_sync: a context for micro-batches that do not step, during which gradients
+            are not reduced (DDP's ``no_sync``; FSDP's reduce-scatter skipped); None:
+            every micro-batch synchronizes.
+        clip_grad_norm: clipping by norm, ``fn(params, max_norm=, norm_type=, ...)`` ->
+            the total norm (a device tensor); torch's, or one that computes the global
+            norm across several device meshes (FSDP x tensor parallel, optim/clip.py).
+    """
+
+    no_sync: Callable[[], ContextManager[Any]] | None = None
+    clip_grad_norm: Callable[..., Tensor] = torch.nn.utils.clip_grad_norm_
 
 
 class OptimWrapper:
@@ -130,11 +137,8 @@ class OptimWrapper:
         # Hook points, filled in by the trainer; empty tuples cost nothing.
         self.after_backward_callbacks: tuple[Callable[[], Any], ...] = ()
         self.before_step_callbacks: tuple[Callable[[], Any], ...] = ()
-        # Context for micro-batches that do not step (DDP's no_sync), set by a strategy.
-        self.no_sync: Callable[[], ContextManager[Any]] | None = None
-        # Clipping by norm; a strategy whose gradients span several device meshes (FSDP x
-        # tensor parallel) sets one that computes the global norm across them (optim/clip.py).
-        self.clip_grad_norm: Callable[..., Tensor] = torch.nn.utils.clip_grad_norm_
+        # no_sync and clipping by norm: the strategy's (Strategy.setup_optim_wrapper gives it).
+        self.gradient_sync = GradientSync()
 
     # -- the pieces a custom step may call ------------------------------------------
     def backward(self, loss: Tensor, **kwargs: Any) -> None:
@@ -193,16 +197,17 @@ class OptimWrapper:
         all-reduce once per window), else a no-op. Wrap forward *and* backward of a
         micro-batch in it: DDP decides in the forward pass, so wrapping backward alone
         would not do."""
-        if self.no_sync is None or self.next_closes():
+        no_sync = self.gradient_sync.no_sync
+        if no_sync is None or self.next_closes():
             return contextlib.nullcontext()
-        return self.no_sync()
+        return no_sync()
 
     def optim_context(self, model: Any = None) -> ContextManager[Any]:
         """For a custom step, around forward *and* backward of a micro-batch (MMEngine's
         contract, as its ``AmpOptimWrapper``): :meth:`accumulation_context` and, under
         bf16/fp16, autocast (backward inside autocast runs each op in its forward dtype).
-        ``model`` is accepted for MMEngine's signature and not needed (the strategy set
-        ``no_sync`` when it prepared the wrapper)."""
+        ``model`` is accepted for MMEngine's signature and not needed (the strategy gave
+        its :class:`GradientSync` when it prepared the wrapper)."""
         if self.precision == "32":
             return self.accumulation_context()
         stack = contextlib.ExitStack()
@@ -245,7 +250,7 @@ class OptimWrapper:
         assert cfg is not None  # step() calls _clip only with clip_grad set
         if "max_norm" in cfg:
             # Returns a device tensor: no host sync here (unless error_if_nonfinite).
-            self.grad_norms.append(self.clip_grad_norm(params, **cfg))
+            self.grad_norms.append(self.gradient_sync.clip_grad_norm(params, **cfg))
         else:
             torch.nn.utils.clip_grad_value_(params, clip_value=cfg["value"], foreach=cfg.get("foreach"))
 
@@ -326,7 +331,6 @@ class OptimWrapper:
 
 #: MMEngine's ``optim_wrapper`` keys that treadle's OptimWrapper honours.
 WRAPPER_KEYS = ("type", "optimizer", "paramwise_cfg", "accumulative_counts", "clip_grad", "dtype", "loss_scale")
-_AMP_DTYPES = {None: "16", "float16": "16", "fp16": "16", "bfloat16": "bf16", "bf16": "bf16"}
 
 
 def build_optim_wrapper(cfg: Any, module: torch.nn.Module, *, device_type: str = "cpu") -> OptimWrapper:
@@ -355,9 +359,10 @@ def build_optim_wrapper(cfg: Any, module: torch.nn.Module, *, device_type: str =
     if "optimizer" not in cfg:
         raise ValueError("optim_wrapper has no 'optimizer'; expected e.g. dict(optimizer=dict(type='AdamW', lr=1e-3))")
     dtype = cfg.get("dtype")
-    if dtype not in _AMP_DTYPES:
+    amp = "16" if dtype is None else amp_precision(dtype)  # AmpOptimWrapper: fp16 unless told
+    if amp is None:
         raise ValueError(f"optim_wrapper dtype={dtype!r}; expected 'float16' or 'bfloat16' (or None)")
-    precision = _AMP_DTYPES[dtype] if kind == "AmpOptimWrapper" or dtype is not None else "32"
+    precision = amp if kind == "AmpOptimWrapper" or dtype is not None else "32"
     opt_cfg = cfg["optimizer"]
     if "paramwise_cfg" in cfg:
         if not isinstance(opt_cfg, dict):

@@ -56,7 +56,6 @@ second time. Hugging Face's own gradient checkpointing turns the cache off in tr
 
 from __future__ import annotations
 
-import difflib
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -66,6 +65,7 @@ import torch
 from torch import nn
 
 from treadle.logging.writers import get_logger
+from treadle.suggest import closest
 
 #: The two modes (torchtitan's names); see the module docstring.
 MODES = ("full", "selective")
@@ -169,11 +169,6 @@ def is_checkpointed(module: nn.Module) -> bool:
     return isinstance(forward, functools.partial) and forward.func is _checkpointed_forward
 
 
-def checkpointed_modules(model: nn.Module) -> list[str]:
-    """The names of ``model``'s checkpointed submodules, in module order."""
-    return [name for name, m in model.named_modules() if is_checkpointed(m)]
-
-
 def find_blocks(model: nn.Module) -> type[nn.Module] | None:
     """The class of the model's main stack of blocks (the rule of the module docstring),
     or None when it has no container of same-class children."""
@@ -218,7 +213,7 @@ def _choose(model: nn.Module, plan: CheckpointPlan) -> set[str]:
             unmatched.append(it.__name__ if isinstance(it, type) else it)
         listed |= found
     if unmatched:
-        modes = [m for it in unmatched if isinstance(it, str) for m in difflib.get_close_matches(it, MODES, n=1)]
+        modes = [m for it in unmatched if isinstance(it, str) for m in closest(it, MODES, n=1)]
         hint = f"; did you mean the mode {modes[0]!r}?" if modes else ""
         raise ValueError(f"activation_checkpointing: {unmatched} match no module class or submodule path of "
                          f"{type(model).__name__}; its module classes are {classes}{hint}")
@@ -283,4 +278,4 @@ def _cache_off(model: nn.Module, names: list[str]) -> None:
 
 
 __all__ = ["CheckpointPlan", "EXPECTED", "KEYS", "MODES", "SAVED_OPS", "apply_activation_checkpointing",
-           "checkpointed_modules", "find_blocks", "is_checkpointed", "plan_activation_checkpointing", "saved_ops"]
+           "find_blocks", "is_checkpointed", "plan_activation_checkpointing", "saved_ops"]

@@ -35,7 +35,6 @@ and each ``rng_rank<r>.pt`` that rank's RNGs and, under ``rank_state``, its own 
 each part of ``rank_parts``. ``resume`` restores all of it, RNG last, so the next batch
 and the next random draw are those an uninterrupted run would have had; the parts it was
 not handed (a Trainer checkpoint's, in a hand-written loop) come back with ``extra``.
-Checkpoints of formats 1 and 2 are migrated when read (treadle/checkpoint/migrate.py).
 """
 
 from __future__ import annotations
@@ -162,7 +161,7 @@ class StrategyAPI:
         ``dict(type=LlamaForCausalLM, pretrained=DIR)``) is built by the strategy: when it
         shards the model over several processes (:attr:`empty_init`), on the meta device,
         each process then materializing only its shards, from the pretrained weights read
-        box by box or by the model's own initialization (treadle/strategies/empty_init.py).
+        box by box or by the model's own initialization (treadle/components/empty_init.py).
         ``load_from``: weights to start from (a checkpoint, ``.pt``, ``.safetensors`` file or
         Hugging Face folder), every key and shape checked; read shard by shard into a model
         built on the meta device.
@@ -248,14 +247,14 @@ class StrategyAPI:
         :attr:`empty_init`), a recorded :class:`EmptyModel` unwrapped; what the meta tensors
         will be filled from noted for ``materialize_model``; ``load_from`` loaded into a
         module built whole."""
-        from treadle.strategies.empty_init import EmptyModel, record
+        from treadle.components.empty_init import EmptyModel, record
 
         empty = None
         if isinstance(model, Mapping):
-            from treadle.config.build import build_model  # the config layer: only for a config dict
+            from treadle.components.build import build_model  # the config layer: only for a config dict
 
             spec = dict(model)
-            if self.empty_init:  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
+            if self.builds_empty:  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
                 empty = record(lambda: build_model(spec), what=str(spec.get("type", "the model")))
                 model = empty.module if isinstance(empty, EmptyModel) else empty
             else:
@@ -295,7 +294,7 @@ class StrategyAPI:
         (treadle/data/worker_seed.py)."""
         self.setup_env()
         if isinstance(loader, Mapping):
-            from treadle.config.build import build_dataloader  # the config layer: only for a config dict
+            from treadle.components.build import build_dataloader  # the config layer: only for a config dict
 
             loader = build_dataloader(dict(loader), "prepare_dataloader(loader)")
         loader = self.shard_dataloader(loader, train=train)
@@ -480,8 +479,6 @@ class StrategyAPI:
         _check_fits(self, state, filename, resume_optimizer)
         where = f"resume({str(filename)!r})"
         del states["extra"]  # plain data, handed back
-        if "frozen" not in state:  # an earlier treadle's: its model entry holds every weight
-            del states["frozen"]
         if not states["optim"].wrappers:  # resume_optimizer=False, or no optimizer prepared
             del states["optim"]
         if not resume_param_scheduler or "param_schedulers" not in state:  # saved with save_param_scheduler=False

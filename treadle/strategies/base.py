@@ -18,6 +18,7 @@ are the multi-process ones.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -27,6 +28,8 @@ from torch import nn
 from treadle.checkpoint.checkpointer import rng_file
 from treadle.checkpoint.io import CheckpointError
 from treadle.distributed import comm
+from treadle.distributed.layout import ParallelLayout
+from treadle.optim.wrapper import GradientSync
 from treadle.optim.wrapper_builder import check_optimizes
 from treadle.strategies.api import DEFAULT_REVISE_KEYS, StrategyAPI
 
@@ -86,16 +89,17 @@ class Strategy(StrategyAPI):
     loss_parallel: bool = False
 
     #: A model given as a spec is built on the meta device and each process materializes
-    #: its share only (treadle/strategies/empty_init.py); None: when this strategy shards
-    #: the model over several processes.
-    empty_init_option: bool | None = None
+    #: its share only (treadle/components/empty_init.py); None: when this strategy shards
+    #: the model over several processes (the multi-process strategies' option).
+    empty_init: bool | None = None
     _pending_init: Any = None  # (EmptyModel or None, load_from): what prepare has the meta tensors filled from
 
     @property
-    def empty_init(self) -> bool:
-        """Whether a model spec is built on the meta device (see ``empty_init_option``)."""
-        if self.empty_init_option is not None:
-            return self.empty_init_option
+    def builds_empty(self) -> bool:
+        """Whether a model spec is built on the meta device (``empty_init``, or by default
+        when this strategy shards the model over several processes)."""
+        if self.empty_init is not None:
+            return self.empty_init
         return self.shards_state and self.distributed
 
     @property
@@ -103,26 +107,25 @@ class Strategy(StrategyAPI):
         """True on the process that writes logs and checkpoints."""
         return self.rank == 0
 
-    # -- the data-parallel view of the processes (FSDP's mesh may split them further) --
+    # -- how the processes split: the layout, built once by setup() -------------------
+    #: Replicas x shards x tensor parallel, this rank, the data-parallel groups
+    #: (treadle/distributed/layout.py): what loaders, metrics, evaluation and logging ask.
+    layout: ParallelLayout = ParallelLayout()
+
     @property
     def dp_rank(self) -> int:
-        """The shard of the data this process reads: its rank, unless tensor parallelism
-        gives the ranks of one group the same batches."""
-        return self.rank
+        """The shard of the data this process reads (``layout.dp_rank``)."""
+        return self.layout.dp_rank
 
     @property
     def dp_size(self) -> int:
-        """How many shards the data is split into (the world size without tensor parallelism)."""
-        return self.world_size
+        """How many shards the data is split into (``layout.dp_size``)."""
+        return self.layout.dp_size
 
     @property
     def tp_size(self) -> int:
-        """Tensor-parallel ranks per data shard (1: none)."""
-        return 1
-
-    def data_leaders(self) -> list[int]:
-        """One rank per data shard, in shard order (the results of the others repeat theirs)."""
-        return list(range(self.world_size))
+        """Tensor-parallel ranks per data shard, 1 for none (``layout.tp_size``)."""
+        return self.layout.tp_size
 
     @property
     def distributed(self) -> bool:
@@ -131,19 +134,20 @@ class Strategy(StrategyAPI):
     def setup(self) -> None:
         """Called once by the Trainer before the model is placed."""
 
-    def data_parallel_group(self) -> Any:
-        """The process group of the ranks that hold replicas (or shards) of the same model
-        and read different data: what BatchNorm statistics (``sync_bn``) and torchmetrics
-        objects reduce over. None: every process (here; FSDP with tensor parallelism returns
-        the group of its data-parallel ranks)."""
-        return None
-
     def check_trainer_options(self, options: dict[str, Any]) -> None:
         """Refuse, before anything starts, Trainer arguments this strategy cannot honour
         (``options``: the Trainer's arguments by name)."""
 
+    def gradient_sync(self, model: nn.Module) -> GradientSync:
+        """How ``model``'s gradients cross processes, for the optimizer wrapper: here,
+        they are not reduced outside the backward pass and clipping is torch's (DDP and
+        FSDP give their ``no_sync``; FSDP with tensor parallelism the norm over both meshes)."""
+        return GradientSync()
+
     def setup_optim_wrapper(self, optim_wrapper: Any, model: nn.Module) -> None:
-        """Give the optimizer wrapper what the strategy needs (DDP: ``no_sync``)."""
+        """Give the optimizer wrapper :meth:`gradient_sync` (its one point of contact
+        with the strategy)."""
+        optim_wrapper.gradient_sync = self.gradient_sync(model)
 
     def setup_optim_wrappers(self, model: nn.Module, wrappers: dict[str, Any], *,
                              micro_batch: int | None = None) -> tuple[nn.Module, dict[str, Any]]:
@@ -250,7 +254,7 @@ class Strategy(StrategyAPI):
         if not self.distributed:
             return values
         per_rank = comm.all_gather_object(values)
-        leaders = [per_rank[r] for r in self.data_leaders()]  # tensor parallelism: a shard's values once
+        leaders = [per_rank[r] for r in self.layout.data_leaders()]  # tensor parallelism: a shard's values once
         out: dict[str, float] = {}
         for key in values:
             if key.endswith("_time") or key.startswith("time/"):
@@ -315,41 +319,53 @@ def check_seconds(name: str, value: Any, none: str) -> float | None:
     return float(value)
 
 
+@dataclass(kw_only=True, eq=False)
 class ProcessGroupStrategy(Strategy):
     """Base of the multi-process strategies: the process group from the launcher's
-    environment (treadle/distributed), and the options they share.
+    environment (treadle/distributed), and the options they share, defined here once
+    (each strategy is a dataclass of its options: these, then its own).
 
-    ``timeout_s``: the process group's timeout (a collective waits that long for a peer).
-    ``stall_warn_s`` and ``stall_timeout_s``: the stall watch (treadle/distributed/watch.py,
-    docs/distributed.md "No hangs"): when a rank has made no progress for ``stall_warn_s``
-    seconds while the others wait for it, one warning names it, its phase and iteration,
-    with its Python stack; after ``stall_timeout_s`` seconds the job is ended (exit status
-    1), naming it. ``stall_timeout_s=None`` (default): ended a few seconds before
-    ``timeout_s``, which would end it then anyway, blaming a rank that waits; so a long
-    compile, save or validation is only warned about. Both None: no watch.
-    ``empty_init``: a model given as a spec is built on the meta device and each process
-    materializes only what it holds (None: when the strategy shards the model over
-    several processes; see ``Strategy.empty_init_option``)."""
+    Args:
+        backend: the process group's backend: None (nccl on CUDA, gloo on the CPU), "gloo"
+            or "nccl".
+        timeout_s: the process group's timeout (a collective waits that long for a peer).
+        shard_data: the training loader is sharded across the data-parallel ranks.
+        sync_bn: BatchNorm statistics over all data-parallel processes (each BatchNorm layer
+            made a SyncBatchNorm before wrapping, treadle/strategies/sync_batchnorm.py).
+        stall_warn_s: the stall watch (treadle/distributed/watch.py, docs/distributed.md "A
+            rank that hangs"): when a rank has made no progress for this many seconds while
+            the others wait for it, one warning names it, its phase and iteration, with its
+            Python stack; None: no warning.
+        stall_timeout_s: after this many seconds the job is ended (exit status 1), naming
+            it. None (default): ended a few seconds before ``timeout_s``, which would end it
+            then anyway, blaming a rank that waits; so a long compile, save or validation is
+            only warned about. Both None: no watch.
+        empty_init: a model given as a spec is built on the meta device and each process
+            materializes only what it holds (None: when the strategy shards the model over
+            several processes; treadle/strategies/materialize.py).
+    """
 
-    def __init__(self, backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
-                 sync_bn: bool = False, stall_warn_s: float | None = STALL_WARN_S,
-                 stall_timeout_s: float | None = None, empty_init: bool | None = None) -> None:
-        self.stall_warn_s = check_seconds("stall_warn_s", stall_warn_s, "no warning")
-        if empty_init is not None and not isinstance(empty_init, bool):
-            raise TypeError(f"empty_init={empty_init!r}; expected True (a model spec built on the meta device, each "
-                            "process materializing its share), False (built whole) or None (when the model is sharded)")
-        self.empty_init_option = empty_init
-        self.stall_timeout_s = check_seconds("stall_timeout_s", stall_timeout_s,
+    backend: str | None = None
+    timeout_s: float = 1800.0
+    shard_data: bool = True
+    sync_bn: bool = False
+    stall_warn_s: float | None = STALL_WARN_S
+    stall_timeout_s: float | None = None
+    empty_init: bool | None = None
+
+    def __post_init__(self) -> None:
+        self.stall_warn_s = check_seconds("stall_warn_s", self.stall_warn_s, "no warning")
+        self.stall_timeout_s = check_seconds("stall_timeout_s", self.stall_timeout_s,
                                              "ended just before the process group's timeout_s")
-        if backend not in (None, "gloo", "nccl"):
-            raise ValueError(f"backend={backend!r}; expected None (nccl on CUDA, gloo on CPU), 'gloo' or 'nccl'")
-        if not isinstance(sync_bn, bool):
-            raise TypeError(f"sync_bn={sync_bn!r}; expected True (BatchNorm statistics over all data-parallel "
+        if self.empty_init is not None and not isinstance(self.empty_init, bool):
+            raise TypeError(f"empty_init={self.empty_init!r}; expected True (a model spec built on the meta device, "
+                            "each process materializing its share), False (built whole) or None (when the model is "
+                            "sharded)")
+        if self.backend not in (None, "gloo", "nccl"):
+            raise ValueError(f"backend={self.backend!r}; expected None (nccl on CUDA, gloo on CPU), 'gloo' or 'nccl'")
+        if not isinstance(self.sync_bn, bool):
+            raise TypeError(f"sync_bn={self.sync_bn!r}; expected True (BatchNorm statistics over all data-parallel "
                             "processes) or False")
-        self.backend = backend
-        self.timeout_s = timeout_s
-        self.shard_data = shard_data
-        self.sync_bn = sync_bn
         self.device = torch.device("cpu")
 
     def setup(self) -> None:
@@ -359,6 +375,7 @@ class ProcessGroupStrategy(Strategy):
         env = detect_launcher()
         self.device = comm.init_distributed(env, backend=self.backend, timeout_s=self.timeout_s)
         self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
+        self.layout = ParallelLayout.data_parallel(self.world_size, self.rank)  # FSDP's mesh splits it further
         self.local_rank = env.local_rank
         watching = self.stall_warn_s is not None or self.stall_timeout_s is not None
         comm.start_watch(warn_s=self.stall_warn_s, timeout_s=self.stall_timeout_s,
@@ -366,7 +383,7 @@ class ProcessGroupStrategy(Strategy):
 
     def convert_batchnorm(self, model: nn.Module) -> nn.Module:
         """With ``sync_bn``: every BatchNorm layer of ``model`` made a SyncBatchNorm over
-        :meth:`data_parallel_group` (treadle/strategies/sync_batchnorm.py), in place, before
+        ``layout.data_group`` (treadle/strategies/sync_batchnorm.py), in place, before
         the model is wrapped. Unchanged without it, and when that group is one process
         (said once in the log: there is nothing to synchronize)."""
         if not self.sync_bn:
@@ -377,7 +394,7 @@ class ProcessGroupStrategy(Strategy):
         if isinstance(model, (*BATCHNORMS, torch.nn.SyncBatchNorm)):
             raise ValueError(f"sync_bn=True: the model is itself a {type(model).__name__} layer; put it inside a "
                              "module (e.g. nn.Sequential) so that it can be replaced")
-        group = self.data_parallel_group()
+        group = self.layout.data_group
         size = comm.get_world_size() if group is None else _group_size(group)
         layers = count_batchnorms(model)
         if size <= 1:
@@ -438,6 +455,7 @@ class SingleDevice(Strategy):
     def __init__(self, device: str | torch.device | None = None) -> None:
         self.device = check_device(device) if device is not None else pick_device()
         self.rank, self.world_size = comm.get_rank(), comm.get_world_size()
+        self.layout = ParallelLayout.data_parallel(self.world_size, self.rank)
 
     def setup_model(self, model: nn.Module) -> nn.Module:
         return move_model(self.materialize_model(model), self.device)

@@ -31,6 +31,26 @@ def resolve_strategy(strategy: str | dict[str, Any] | Strategy) -> Strategy:
     """
     if isinstance(strategy, Strategy):
         return strategy
+    name, cls, options = _class_and_options(strategy)
+    try:
+        return cls(**options)
+    except TypeError as e:
+        raise TypeError(f"strategy {name!r}: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"strategy {name!r}: {e}") from None
+
+
+def check_strategy(strategy: str | dict[str, Any] | Strategy) -> None:
+    """What :func:`resolve_strategy` checks before it builds: the name, and that the
+    options are ones the strategy's class takes (a config file's check: nothing is built,
+    the values are checked once, by the one object the Trainer builds)."""
+    if not isinstance(strategy, Strategy):
+        _class_and_options(strategy)
+
+
+def _class_and_options(strategy: str | dict[str, Any]) -> tuple[str, type[Strategy], dict[str, Any]]:
+    """The strategy's name ("auto" resolved), class and options, the options' names
+    checked against the class's signature."""
     options: dict[str, Any] = {}
     if isinstance(strategy, dict):
         options = dict(strategy)
@@ -55,13 +75,10 @@ def resolve_strategy(strategy: str | dict[str, Any] | Strategy) -> Strategy:
     else:  # deepspeed itself is imported by its setup() only
         from treadle.strategies.deepspeed import DeepSpeedStrategy as cls
     try:
-        return cls(**options)
+        inspect.signature(cls).bind(**options)
     except TypeError as e:
-        if not _accepts(cls, options):
-            raise ValueError(_bad_options(strategy, cls, options, e)) from None
-        raise TypeError(f"strategy {strategy!r}: {e}") from None
-    except ValueError as e:
-        raise ValueError(f"strategy {strategy!r}: {e}") from None
+        raise ValueError(_bad_options(strategy, cls, options, e)) from None
+    return strategy, cls, options
 
 
 #: Options of the FSDP strategy's device mesh and tensor parallelism, which no other strategy has.
@@ -82,13 +99,3 @@ def _bad_options(name: str, cls: type, options: dict[str, Any], error: TypeError
         line += (f"; {', '.join(mesh)}: tensor parallelism and the device mesh need type: fsdp (FSDP2 over a "
                  "dp_replicate x dp_shard x tp mesh)")
     return line + f"; expected some of {sorted(p for p in params if p != 'self')}"
-
-
-def _accepts(cls: type, options: dict[str, Any]) -> bool:
-    """Whether ``cls(**options)`` matches the constructor's signature (a TypeError then
-    came from a check of a value, not from an unknown or missing option)."""
-    try:
-        inspect.signature(cls).bind(**options)
-    except TypeError:
-        return False
-    return True

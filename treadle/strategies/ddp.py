@@ -18,31 +18,34 @@ the meta device, each replica materialized whole (see ProcessGroupStrategy).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from treadle.compat import ddp_buffer_kwargs
-from treadle.strategies.base import STALL_WARN_S, ProcessGroupStrategy, move_model
+from treadle.optim.wrapper import GradientSync
+from treadle.strategies.base import ProcessGroupStrategy, move_model
 
 
+@dataclass(eq=False)
 class DDPStrategy(ProcessGroupStrategy):
-    """DistributedDataParallel over torch.distributed (see the module docstring)."""
+    """DistributedDataParallel over torch.distributed (see the module docstring).
+
+    Args:
+        find_unused_parameters, static_graph, gradient_as_bucket_view: DDP's own.
+        sync_buffers: buffers (BatchNorm statistics, ...) broadcast from rank 0 before
+            each forward.
+        backend, timeout_s, shard_data, sync_bn, stall_warn_s, stall_timeout_s, empty_init:
+            the options every multi-process strategy takes (``ProcessGroupStrategy``).
+    """
 
     name = "ddp"
 
-    def __init__(self, find_unused_parameters: bool = False, static_graph: bool = False,
-                 gradient_as_bucket_view: bool = True, sync_buffers: bool = True,
-                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
-                 sync_bn: bool = False, stall_warn_s: float | None = STALL_WARN_S,
-                 stall_timeout_s: float | None = None, empty_init: bool | None = None) -> None:
-        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn,
-                         stall_warn_s=stall_warn_s, stall_timeout_s=stall_timeout_s, empty_init=empty_init)
-        self.find_unused_parameters = find_unused_parameters
-        self.static_graph = static_graph
-        self.gradient_as_bucket_view = gradient_as_bucket_view
-        self.sync_buffers = sync_buffers  # BatchNorm stats etc. from rank 0 before each forward
+    find_unused_parameters: bool = False
+    static_graph: bool = False
+    gradient_as_bucket_view: bool = True
+    sync_buffers: bool = True
 
     def setup_model(self, model: nn.Module) -> nn.Module:
         model = self.convert_batchnorm(move_model(self.materialize_model(model), self.device))  # sync_bn
@@ -60,6 +63,6 @@ class DDPStrategy(ProcessGroupStrategy):
     def eval_model(self, model: nn.Module) -> nn.Module:
         return self.unwrap(model)
 
-    def setup_optim_wrapper(self, optim_wrapper: Any, model: nn.Module) -> None:
-        if isinstance(model, DistributedDataParallel):
-            optim_wrapper.no_sync = model.no_sync
+    def gradient_sync(self, model: nn.Module) -> GradientSync:
+        """DDP's ``no_sync`` for micro-batches that do not step (one all-reduce per window)."""
+        return GradientSync(no_sync=model.no_sync if isinstance(model, DistributedDataParallel) else None)

@@ -27,6 +27,7 @@ DeepSpeed's own checkpoint files are never read: its loader unpickles them in fu
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -36,10 +37,11 @@ from torch import nn
 from treadle.checkpoint.io import CheckpointError
 from treadle.logging.writers import get_logger
 from treadle.strategies.api import DEFAULT_REVISE_KEYS
-from treadle.strategies.base import STALL_WARN_S, ProcessGroupStrategy, move_model, move_to
+from treadle.strategies.base import ProcessGroupStrategy, move_model, move_to
 from treadle.strategies.deepspeed_config import build_config, check_options
 
 
+@dataclass(eq=False)
 class DeepSpeedStrategy(ProcessGroupStrategy):
     """DeepSpeed ZeRO (see the module docstring).
 
@@ -52,31 +54,33 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         offload_optimizer: optimizer state and step on the CPU (stages 1-3); None: as
             ``config`` says (off when it says nothing).
         offload_param: parameters on the CPU (stage 3).
-        backend, timeout_s, shard_data, stall_warn_s, stall_timeout_s, empty_init: as for DDPStrategy.
+        backend, timeout_s, shard_data, stall_warn_s, stall_timeout_s, empty_init: the options
+            every multi-process strategy takes (``ProcessGroupStrategy``); ``sync_bn`` is refused.
     """
 
     name = "deepspeed"
     async_saves = False  # each rank writes its own partition, at once
     saves_window_grads = False  # they live in ZeRO's buffers
 
-    def __init__(self, zero_stage: int = 2, config: dict[str, Any] | None = None,
-                 offload_optimizer: bool | None = None, offload_param: bool | None = None,
-                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
-                 stall_warn_s: float | None = STALL_WARN_S, stall_timeout_s: float | None = None,
-                 empty_init: bool | None = None) -> None:
+    zero_stage: int = 2
+    config: dict[str, Any] | None = None
+    offload_optimizer: bool | None = None
+    offload_param: bool | None = None
+
+    def __post_init__(self) -> None:
         import importlib.util
 
         if importlib.util.find_spec("deepspeed") is None:  # said now, not after the processes started
             raise ModuleNotFoundError("strategy='deepspeed' needs the deepspeed package: pip install "
                                       "'treadle[deepspeed]' (DS_BUILD_OPS=0: no op is compiled)")
-        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, stall_warn_s=stall_warn_s,
-                         stall_timeout_s=stall_timeout_s, empty_init=empty_init)
-        self.user_config = check_options(zero_stage, config, offload_optimizer, offload_param)
-        self.zero_stage = zero_stage
-        self.offload_optimizer, self.offload_param = offload_optimizer, offload_param
-        self.eval_in_lockstep = zero_stage == 3  # forward gathers parameters
+        super().__post_init__()
+        if self.sync_bn:
+            raise ValueError("strategy='deepspeed' does not take sync_bn=True (BatchNorm layers inside ZeRO's "
+                             "partitions are not synchronized); use strategy='ddp' or 'fsdp' with sync_bn=True")
+        self.user_config = check_options(self.zero_stage, self.config, self.offload_optimizer, self.offload_param)
+        self.eval_in_lockstep = self.zero_stage == 3  # forward gathers parameters
         self.engine: Any = None
-        self.config: dict[str, Any] = {}  # what initialize got (set by setup_optim_wrappers)
+        self.ds_config: dict[str, Any] = {}  # what initialize got (set by setup_optim_wrappers)
         self._half: torch.dtype | None = None  # the module's dtype under bf16/fp16
 
     # -- trainer options it cannot honour ----------------------------------------------
@@ -139,14 +143,14 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         if built is not None and built.loss_scale != "dynamic":
             raise ValueError(f"loss_scale={built.loss_scale!r} under strategy='deepspeed': DeepSpeed scales fp16 "
                              "losses itself; set fp16.loss_scale (and initial_scale_power) in its config instead")
-        self.config = build_config(
+        self.ds_config = build_config(
             self.user_config, zero_stage=self.zero_stage, offload_optimizer=self.offload_optimizer,
             offload_param=self.offload_param, micro_batch=micro_batch,
             accumulate=built.accumulate if built is not None else 1, world_size=self.world_size,
             precision=built.precision if built is not None else "32",
             clip_grad=built.clip_grad if built is not None else None, device_type=self.device.type)
         with quiet_deepspeed():
-            self.engine, *_ = deepspeed.initialize(model=model, config=self.config,
+            self.engine, *_ = deepspeed.initialize(model=model, config=self.ds_config,
                                                    optimizer=built.optimizer if built is not None else None)
         use_current_collectives()
         import deepspeed.comm
@@ -154,8 +158,8 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         from treadle.distributed import comm
 
         comm.destroy_world_with(deepspeed.comm.destroy_process_group)  # it forgets DeepSpeed's own groups too
-        self._half = (torch.bfloat16 if self.config["bf16"]["enabled"] else
-                      torch.float16 if self.config["fp16"]["enabled"] else None)
+        self._half = (torch.bfloat16 if self.ds_config["bf16"]["enabled"] else
+                      torch.float16 if self.ds_config["fp16"]["enabled"] else None)
         if built is None:
             return self.engine, {}
         return self.engine, {name: DeepSpeedOptimWrapper(self.engine, built) for name in wrappers}

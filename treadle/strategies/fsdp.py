@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -52,24 +53,25 @@ from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
 from treadle.distributed import comm
 from treadle.logging.writers import get_logger
+from treadle.optim.wrapper import GradientSync
 from treadle.compat import fsdp_cpu_problem, gloo_sums_average, mesh_reshard_problem
-from treadle.strategies.base import STALL_WARN_S, ProcessGroupStrategy, move_model
-from treadle.strategies.mesh import DeviceMesh, MeshShape, new_dp_groups
+from treadle.strategies.base import ProcessGroupStrategy, move_model
+from treadle.distributed.layout import MeshShape, ParallelLayout, data_groups
+from treadle.strategies.mesh import ParallelMesh
 from treadle.strategies.tensor_parallel import Plan, check_plan_type
+from treadle.precision import torch_dtype
 
 WrapPolicy = tuple[type | str, ...] | list[type | str] | Callable[[nn.Module], bool] | None
 
-_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-           "half": torch.float16, "16": torch.float16, "float32": torch.float32, "fp32": torch.float32,
-           "float": torch.float32, "32": torch.float32}
 _MP_KEYS = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
 
 
 def _dtype(key: str, value: Any) -> torch.dtype | None:
     if value is None or isinstance(value, torch.dtype):
         return value
-    if isinstance(value, str) and value.lower().removeprefix("torch.") in _DTYPES:
-        return _DTYPES[value.lower().removeprefix("torch.")]
+    dtype = torch_dtype(value) if isinstance(value, str) else None
+    if dtype is not None:
+        return dtype
     raise ValueError(f"mixed_precision[{key!r}]={value!r}: expected a torch.dtype or one of "
                      f"'bfloat16', 'float16', 'float32'")
 
@@ -111,6 +113,7 @@ def _wrap_predicate(wrap: WrapPolicy) -> tuple[Callable[[nn.Module], bool], list
     return pred, items
 
 
+@dataclass(eq=False)
 class FSDPStrategy(ProcessGroupStrategy):
     """FSDP2 (``fully_shard``) over torch.distributed (see the module docstring).
 
@@ -124,12 +127,6 @@ class FSDPStrategy(ProcessGroupStrategy):
         reshard_after_forward: free gathered parameters after forward (less memory,
             one more all-gather in backward).
         cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU.
-        backend, timeout_s, shard_data, stall_warn_s, stall_timeout_s: as for DDPStrategy.
-        empty_init: a model given as a spec is built on the meta device, split and sharded
-            there, and each process materializes only its shards (None, the default: on
-            several processes; treadle/strategies/materialize.py).
-        sync_bn: BatchNorm statistics over all data-parallel processes (each BatchNorm layer
-            made a SyncBatchNorm before sharding, treadle/strategies/sync_batchnorm.py).
         dp_replicate: replicas of the sharded model (HSDP when > 1); -1: what
             ``dp_shard x tp`` leave of the world size.
         dp_shard: processes each replica is sharded over; -1: what ``dp_replicate x
@@ -139,6 +136,10 @@ class FSDPStrategy(ProcessGroupStrategy):
             styles (``{"layers.*.attn.q_proj": "colwise", ...}``), ``"auto"`` (the
             model's own plan: a Hugging Face model's), or a callable ``plan(model, tp_mesh)``
             (treadle/strategies/tensor_parallel.py).
+        backend, timeout_s, shard_data, sync_bn, stall_warn_s, stall_timeout_s, empty_init:
+            the options every multi-process strategy takes (``ProcessGroupStrategy``); with
+            ``empty_init`` the model is split and sharded on the meta device, and each
+            process materializes only its shards.
     """
 
     name = "fsdp"
@@ -146,29 +147,31 @@ class FSDPStrategy(ProcessGroupStrategy):
     eval_in_lockstep = True  # forward all-gathers parameters
     saves_window_grads = False  # sharded gradients under no_sync have no stable layout
 
-    def __init__(self, wrap: WrapPolicy = None, mixed_precision: dict[str, Any] | None = None,
-                 reshard_after_forward: bool = True, cpu_offload: bool = False,
-                 backend: str | None = None, timeout_s: float = 1800.0, shard_data: bool = True,
-                 sync_bn: bool = False, *, dp_replicate: int = 1, dp_shard: int | str = -1, tp: int = 1,
-                 tp_plan: Plan = None, stall_warn_s: float | None = STALL_WARN_S,
-                 stall_timeout_s: float | None = None, empty_init: bool | None = None) -> None:
-        super().__init__(backend=backend, timeout_s=timeout_s, shard_data=shard_data, sync_bn=sync_bn,
-                         stall_warn_s=stall_warn_s, stall_timeout_s=stall_timeout_s, empty_init=empty_init)
-        self._wrap_pred, self._wrap_items = _wrap_predicate(wrap)
-        self.mp_policy = mixed_precision_policy(mixed_precision)  # validated now: errors before any process starts
-        self.mixed_precision = mixed_precision
-        self.reshard_after_forward = bool(reshard_after_forward)
-        self.cpu_offload = bool(cpu_offload)
-        self.shape = MeshShape(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp)  # resolved by setup()
-        check_plan_type(tp_plan)
-        if tp > 1 and tp_plan is None:
-            raise ValueError(f"tp={tp} needs tp_plan=: a dict of module-name patterns to styles, such as "
+    wrap: WrapPolicy = None
+    mixed_precision: dict[str, Any] | None = None
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    _: KW_ONLY
+    dp_replicate: int = 1
+    dp_shard: int | str = -1
+    tp: int = 1
+    tp_plan: Plan = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._wrap_pred, self._wrap_items = _wrap_predicate(self.wrap)
+        self.mp_policy = mixed_precision_policy(self.mixed_precision)  # validated now: errors before any process starts
+        self.reshard_after_forward = bool(self.reshard_after_forward)
+        self.cpu_offload = bool(self.cpu_offload)
+        # as asked: setup() resolves it against the world size
+        self.shape = MeshShape(dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, tp=self.tp)
+        check_plan_type(self.tp_plan)
+        if self.tp > 1 and self.tp_plan is None:
+            raise ValueError(f"tp={self.tp} needs tp_plan=: a dict of module-name patterns to styles, such as "
                              "{'layers.*.attn.q_proj': 'colwise', 'layers.*.attn.o_proj': 'rowwise'}, 'auto' (a "
                              "Hugging Face model's own plan) or a callable plan(model, tp_mesh)")
-        self.tp_plan = tp_plan
-        self.device_mesh: DeviceMesh | None = None  # built by setup() over several processes
+        self.device_mesh: ParallelMesh | None = None  # built by setup() over several processes
         self.mesh: Any = None  # the mesh fully_shard takes (torch's DeviceMesh)
-        self._dp_groups: dict[str, Any] = {}
 
     # -- the mesh ----------------------------------------------------------------------
     def setup(self) -> None:
@@ -177,37 +180,20 @@ class FSDPStrategy(ProcessGroupStrategy):
         super().setup()
         from treadle.distributed.env import detect_launcher
 
-        self.shape = self.shape.resolve(self.world_size, detect_launcher().local_world_size)
-        if self.shape.tp == 1 and self.tp_plan is not None and self.is_main:
+        shape = self.shape.resolve(self.world_size, detect_launcher().local_world_size)
+        if shape.tp == 1 and self.tp_plan is not None and self.is_main:
             get_logger().warning("strategy 'fsdp': tp_plan is given, but tp=1: no layer is split")
         if not self.distributed:
+            self.layout = ParallelLayout(shape, self.rank)
             return
-        self.device_mesh = DeviceMesh.build(self.device.type, self.shape)
-        if self.shape.tp > 1 or self.shape.dp_replicate > 1:
+        self.device_mesh = ParallelMesh.build(self.device.type, shape)
+        if shape.tp > 1 or shape.dp_replicate > 1:
             _quiet_sequential_collective_hints()
             if self.is_main:
-                get_logger().info(f"device mesh: {self.shape.describe()}")
-        backends = ("gloo", dist_backend())
-        self._dp_groups = new_dp_groups(self.shape, self.rank, backends)
-        comm.set_data_group(self._dp_groups.get("gloo"))
-
-    @property
-    def dp_rank(self) -> int:
-        return self.shape.dp_rank(self.rank) if self.shape.resolved else self.rank
-
-    @property
-    def dp_size(self) -> int:
-        return self.shape.dp_size if self.shape.resolved else self.world_size
-
-    @property
-    def tp_size(self) -> int:
-        return self.shape.tp
-
-    def data_parallel_group(self) -> Any:
-        return self._dp_groups.get(dist_backend()) if self._dp_groups else None
-
-    def data_leaders(self) -> list[int]:
-        return self.shape.dp_groups()[0] if self.shape.resolved else list(range(self.world_size))
+                get_logger().info(f"device mesh: {shape.describe()}")
+        groups = data_groups(shape, self.rank, ("gloo", dist_backend()))
+        self.layout = ParallelLayout(shape, self.rank, data_group=groups.get(dist_backend()),
+                                     data_object_group=groups.get("gloo"))
 
     def check_trainer_options(self, options: dict[str, Any]) -> None:
         if options.get("ema") is not None and self.distributed:
@@ -218,10 +204,10 @@ class FSDPStrategy(ProcessGroupStrategy):
     def setup_model(self, model: nn.Module) -> nn.Module:
         """``fully_shard`` the policy's submodules, then the root; returns ``model`` itself."""
         self._check_wrap_matched(model)  # on one process too: a typo should not wait for a cluster
-        if isinstance(self.tp_plan, dict) and self.shape.tp == 1:  # the plan's names, checked all the same
+        if isinstance(self.tp_plan, dict) and self.layout.tp_size == 1:  # the plan's names, checked all the same
             from treadle.strategies.tensor_parallel import resolve_plan
 
-            resolve_plan(model, self.tp_plan, 1)
+            resolve_plan(model, self.tp_plan, 1, checked=True)
         if not self.distributed:  # one process: nothing to shard
             model = self.materialize_model(model)
         elif self.cpu_offload and self._pending_init is not None:  # the offloaded shards start on the CPU
@@ -234,7 +220,7 @@ class FSDPStrategy(ProcessGroupStrategy):
             return model
         if self.device.type == "cpu":
             mixed = self.mp_policy.param_dtype not in (None, torch.float32)
-            problem = fsdp_cpu_problem(mixed, replicas=self.shape.dp_replicate > 1, sync_bn=self.sync_bn)
+            problem = fsdp_cpu_problem(mixed, replicas=self.layout.shape.dp_replicate > 1, sync_bn=self.sync_bn)
             if problem is not None:
                 raise RuntimeError(problem)
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
@@ -245,7 +231,8 @@ class FSDPStrategy(ProcessGroupStrategy):
         if self.device_mesh.tp is not None:  # tensor parallel first, then FSDP over the data dimensions
             from treadle.strategies.tensor_parallel import apply_plan
 
-            self.loss_parallel = apply_plan(model, self.device_mesh.tp, self.tp_plan, self.shape.tp)
+            self.loss_parallel = apply_plan(model, self.device_mesh.tp, self.tp_plan, self.layout.tp_size,
+                                            checked=True)
         self.mesh = self.device_mesh.fsdp
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.cpu_offload else OffloadPolicy()
         kwargs = dict(mesh=self.mesh, mp_policy=self.mp_policy, offload_policy=offload)
@@ -287,17 +274,21 @@ class FSDPStrategy(ProcessGroupStrategy):
                 "Optimizer object.")
 
     def setup_optim_wrapper(self, optim_wrapper: Any, model: nn.Module) -> None:
+        """The optimizer checked against the sharded parameters, then :meth:`gradient_sync`."""
+        self.check_optimizer(optim_wrapper.optimizer, model)
+        super().setup_optim_wrapper(optim_wrapper, model)
+
+    def gradient_sync(self, model: nn.Module) -> GradientSync:
         """Accumulation: micro-batches that do not step skip the reduce-scatter; with
         tensor parallelism, clipping by the norm over both meshes (treadle/optim/clip.py)."""
         from torch.distributed.fsdp import FSDPModule
 
-        self.check_optimizer(optim_wrapper.optimizer, model)
-        if isinstance(model, FSDPModule):
-            optim_wrapper.no_sync = lambda: _no_gradient_sync(model)
-        if self.shape.tp > 1:  # gradients on two meshes, (dp, tp) and dp: the global norm across both
+        no_sync = (lambda: _no_gradient_sync(model)) if isinstance(model, FSDPModule) else None
+        if self.layout.tp_size > 1:  # gradients on two meshes, (dp, tp) and dp: the global norm across both
             from treadle.optim.clip import clip_grad_norm_meshes
 
-            optim_wrapper.clip_grad_norm = clip_grad_norm_meshes
+            return GradientSync(no_sync=no_sync, clip_grad_norm=clip_grad_norm_meshes)
+        return GradientSync(no_sync=no_sync)
 
     # -- state dicts (collectives: every rank calls them) --------------------------------
     def get_model_state(self, module: nn.Module) -> dict[str, Any]:
@@ -365,7 +356,7 @@ class FSDPStrategy(ProcessGroupStrategy):
 
         self.finish_saves()  # an asynchronous save still in flight is committed first
         if self.distributed:  # the mesh it was saved on: a resume on another one reshards (treadle/compat.py)
-            meta = {**meta, "mesh": self.shape.as_dict()}
+            meta = {**meta, "mesh": self.layout.shape.as_dict()}
         tensors, rest = split_tensors(payloads[STATE_FILE], sharded)
         where = _find_dtensor(rest)
         if where is not None:
@@ -405,16 +396,11 @@ class FSDPStrategy(ProcessGroupStrategy):
         if template is None:
             raise ValueError("FSDPStrategy.read_checkpoint needs template=, the current sharded states")
         manifest = read_manifest(path)
-        version = manifest.get("format_version")
         saved_mesh = (manifest.get("meta") or {}).get("mesh")
         if isinstance(saved_mesh, dict) and self.distributed and math.prod(saved_mesh.values()) == self.world_size:
-            problem = mesh_reshard_problem(saved_mesh, self.shape.as_dict())  # another number: load_sharded checks
+            problem = mesh_reshard_problem(saved_mesh, self.layout.shape.as_dict())  # another number: load_sharded checks
             if problem is not None:
                 raise CheckpointError(f"{path}: {problem}")
-        if version == 1:
-            raise CheckpointError(f"{path}: a sharded checkpoint of format version 1 (an earlier treadle) cannot be "
-                                  "resumed by this treadle (format 2 stores the optimizer shards differently); "
-                                  "load_from= still takes its weights")
 
         def wanted(saved: set[str]) -> dict[str, Any]:  # the entries the checkpoint holds of what may be left out
             state = template(saved)

@@ -11,7 +11,7 @@ is still empty). :func:`materialize` allocates the local shards on ``device``
    ``load_from=``): each process reads the box of each tensor that it holds
    (treadle/checkpoint/tensor_sources.py; a sharded treadle checkpoint through DCP,
    which reshards), after every shape was checked against the model;
-2. the rest from the record of the model's constructor (treadle/strategies/empty_init.py):
+2. the rest from the record of the model's constructor (treadle/components/empty_init.py):
    a tensor the files lack (a new head, a LoRA adapter) gets the value the model's own
    initialization gives it; with no files at all, every tensor is bit for bit the one of
    the model built whole from the same random state.
@@ -31,7 +31,7 @@ from torch import nn
 
 from treadle.checkpoint.manifest import CheckpointError
 from treadle.logging.writers import get_logger
-from treadle.strategies.empty_init import EmptyModel
+from treadle.components.empty_init import EmptyModel
 
 _WRAPPED = "._checkpoint_wrapped_module"  # activation checkpointing's wrapper, not in state dict keys
 _LISTED = 8

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, TYPE_CHECKING, Protocol
 import torch
 from torch import nn
 
-import treadle
+from treadle._version import __version__
 from treadle.checkpoint.finite import first_nonfinite, named_tensors
 from treadle.checkpoint.frozen import ADVICE, DIGEST, FrozenDigests, check_entry, first_difference, frozen_keys
 from treadle.checkpoint.io import CheckpointError
@@ -345,7 +345,7 @@ class RunState:
         self.strategy = strategy
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"run": self.strategy.run_id, "world_size": self.strategy.world_size, "treadle": treadle.__version__}
+        state = {"run": self.strategy.run_id, "world_size": self.strategy.world_size, "treadle": __version__}
         if self.strategy.tp_size > 1:  # tensor parallelism: the ranks of a group share a data shard
             state["tp"] = self.strategy.tp_size
         return state

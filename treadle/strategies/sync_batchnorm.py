@@ -2,7 +2,7 @@
 
 ``DDPStrategy(sync_bn=True)`` and ``FSDPStrategy(sync_bn=True)`` call
 :func:`convert_sync_batchnorm` before wrapping the model, with the strategy's
-``data_parallel_group()`` (None: every process). Each ``BatchNorm1d/2d/3d`` becomes a
+``layout.data_group`` (None: every process). Each ``BatchNorm1d/2d/3d`` becomes a
 synchronized layer with the same parameters (the same ``Parameter`` objects), buffers,
 mode and name, so state dict keys do not change and a checkpoint loads with or without it.
 

@@ -36,12 +36,13 @@ The names are Hugging Face's, so a model's own plan reads as it is written:
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from treadle.suggest import closest
 
 Plan = dict[str, Any] | str | Callable[..., Any] | None
 
@@ -150,18 +151,22 @@ def check_plan_type(plan: Any, source: str = "tp_plan") -> None:
                                  f"does not apply ({what}; fused projections a plain style splits, such as "
                                  "colwise_gather_output, are); expected tp_plan= a dict of the styles treadle knows "
                                  f"({', '.join(_styles())}), or a callable")
-            near = difflib.get_close_matches(style, list(_styles()), n=1)
+            near = closest(style, _styles(), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise ValueError(f"tp_plan[{pattern!r}]={style!r} is not a style treadle knows{hint}; expected one of "
                              f"{', '.join(map(repr, _styles()))} or a torch ParallelStyle")
 
 
-def resolve_plan(model: nn.Module, plan: dict[str, Any], tp: int, *, source: str = "tp_plan") -> dict[str, Any]:
+def resolve_plan(model: nn.Module, plan: dict[str, Any], tp: int, *, source: str = "tp_plan",
+                 checked: bool = False) -> dict[str, Any]:
     """``{module name: ParallelStyle}`` for ``plan`` on ``model``, checked before anything
     changes: every pattern matches a module, no module matches two styles, ``tp`` divides
     each dimension a style splits, no split module shares a weight with another module,
-    and a Hugging Face model's attention heads split evenly. One-line ValueErrors."""
-    check_plan_type(plan, source)
+    and a Hugging Face model's attention heads split evenly. One-line ValueErrors.
+    ``checked``: the plan's entries already passed :func:`check_plan_type` (the strategy's
+    constructor checks a given plan once)."""
+    if not checked:
+        check_plan_type(plan, source)
     names = {name: m for name, m in model.named_modules() if name}
     chosen: dict[str, tuple[str, Any]] = {}
     for pattern, style in plan.items():
@@ -169,7 +174,7 @@ def resolve_plan(model: nn.Module, plan: dict[str, Any], tp: int, *, source: str
         hits = [n for n in names if rx.fullmatch(n)]
         if not hits:
             generic = sorted({_generic(n) for n in names})
-            near = difflib.get_close_matches(pattern, generic, n=3, cutoff=0.5)
+            near = closest(pattern, generic, n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(map(repr, near))}?" if near else f"; its modules include {generic[:8]}"
             raise ValueError(f"{source}: {pattern!r} matches no module of {type(model).__name__}{hint}")
         for n in hits:
@@ -233,9 +238,10 @@ def _check_heads(model: nn.Module, tp: int, source: str) -> None:
                              "whole heads, so expected a tp that divides it")
 
 
-def apply_plan(model: nn.Module, tp_mesh: Any, plan: Plan, tp: int) -> bool:
+def apply_plan(model: nn.Module, tp_mesh: Any, plan: Plan, tp: int, *, checked: bool = False) -> bool:
     """Parallelize ``model`` over ``tp_mesh`` by ``plan`` (a dict, "auto", or a callable);
-    returns whether the loss is computed on class shards (a ``loss_parallel`` style)."""
+    returns whether the loss is computed on class shards (a ``loss_parallel`` style).
+    ``checked``: a dict ``plan`` already passed :func:`check_plan_type`."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if plan == "auto":
@@ -248,13 +254,65 @@ def apply_plan(model: nn.Module, tp_mesh: Any, plan: Plan, tp: int) -> bool:
         plan, source = returned, "the plan tp_plan() returned"
     else:
         source = "tp_plan"
-        from treadle.strategies.plan_check import warn_if_contradicting
-
         warn_if_contradicting(model, plan)  # type: ignore[arg-type]  # a dict here (check_plan_type)
     assert isinstance(plan, dict)  # check_plan_type: a dict, "auto" or a callable
-    resolved = resolve_plan(model, plan, tp, source=source)
+    resolved = resolve_plan(model, plan, tp, source=source, checked=checked and source == "tp_plan")
     parallelize_module(model, tp_mesh, resolved)
     return any(isinstance(v, str) and v == "loss_parallel" for v in plan.values())
 
 
-__all__ = ["STYLES", "apply_plan", "check_plan_type", "model_plan", "resolve_plan"]
+#: Style names that mean the same layout (:data:`STYLES`' aliases).
+_SAME = {"colwise_rep": "colwise_gather_output", "rowwise_rep": "rowwise_split_input", "local": "replicate"}
+
+
+def _styles_by_module(model: nn.Module, plan: dict[str, Any]) -> dict[str, str]:
+    """The style name each module of ``model`` gets from ``plan`` (styles given as objects left out)."""
+    names = [name for name, _ in model.named_modules() if name]
+    out: dict[str, str] = {}
+    for pattern, style in plan.items():
+        if isinstance(pattern, str) and isinstance(style, str):
+            rx = _pattern(pattern)
+            out.update({name: _SAME.get(style, style) for name in names if rx.fullmatch(name)})
+    return out
+
+
+def contradictions(model: nn.Module, plan: dict[str, Any], own: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """``(module pattern, the user's style, the model's style)`` where ``plan`` and the
+    model's ``own`` plan differ, one per module name with its layer numbers as ``*``."""
+    mine, theirs = _styles_by_module(model, plan), _styles_by_module(model, own)
+    found: dict[str, tuple[str, str, str]] = {}
+    for name, style in mine.items():
+        if name in theirs and theirs[name] != style:
+            found.setdefault(_generic(name), (_generic(name), style, theirs[name]))
+    return list(found.values())
+
+
+def warn_if_contradicting(model: nn.Module, plan: dict[str, Any]) -> str | None:
+    """A user's plan that gives a module another style than the model's own plan (a Hugging
+    Face model's ``tp_plan``) does: both may run, and train wrong without a word (Phi-3's
+    fused ``mlp.gate_up_proj`` under plain ``colwise`` keeps its output split, while the
+    model chunks it as if whole; its own plan says ``colwise_gather_output``). Warned once,
+    on rank 0, naming the modules and both styles; the user's plan is applied as given.
+    Returns the warning's text, or None."""
+    try:
+        own = model_plan(model)
+    except ValueError:  # the model has no plan of its own: nothing to contradict
+        return None
+    found = contradictions(model, plan, own)
+    if not found:
+        return None
+    shown = "; ".join(f"{name}: {mine!r} where the model's plan says {theirs!r}" for name, mine, theirs in found[:4])
+    more = f" (and {len(found) - 4} more)" if len(found) > 4 else ""
+    text = (f"tp_plan contradicts {type(model).__name__}'s own tensor-parallel plan: {shown}{more}; applied as given, "
+            "but a fused projection split without its output gathered trains wrong without an error (tp_plan='auto' "
+            "takes the model's plan)")
+    from treadle.distributed import comm
+    from treadle.logging.writers import get_logger
+
+    if comm.get_rank() == 0:
+        get_logger().warning(text)
+    return text
+
+
+__all__ = ["STYLES", "apply_plan", "check_plan_type", "contradictions", "model_plan", "resolve_plan",
+           "warn_if_contradicting"]

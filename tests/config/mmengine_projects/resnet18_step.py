@@ -1,1 +1,2 @@
-_base_ = ['model_data.py', 'schedules/imagenet_bs256.py', 'default_runtime.py']
+_base_ = ['model_data.py', '../openmmlab/mmpretrain/_base_/schedules/imagenet_bs256.py',
+          '../openmmlab/mmpretrain/_base_/default_runtime.py']

@@ -1,1 +1,2 @@
-_base_ = ['model_data.py', 'schedules/schedule_20k.py', 'seg_runtime.py']
+_base_ = ['model_data.py', '../openmmlab/mmseg/_base_/schedules/schedule_20k.py',
+          '../openmmlab/mmseg/_base_/default_runtime.py']

@@ -1,1 +1,2 @@
-_base_ = ['model_data.py', 'schedules/imagenet_bs1024_adamw_swin.py', 'default_runtime.py']
+_base_ = ['model_data.py', 'schedules/imagenet_bs1024_adamw_swin.py',
+          '../openmmlab/mmpretrain/_base_/default_runtime.py']
