@@ -102,4 +102,6 @@ def test_a_pretrained_llama_on_2_shards_x_tp_2_is_read_shard_by_shard(tmp_path) 
         assert torch.equal(exported[name], value), name
     for name, value in model.state_dict().items():
         assert not torch.equal(value, reference[name]), name  # it trained
-        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=name)
+        # atol: on torch 2.8 FSDP sums, then divides, on gloo (compat.gloo_sums_average): the embedding's
+        # rows (moved by up to 0.35) round up to 2e-6 away from one process's.
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=5e-6, msg=name)
