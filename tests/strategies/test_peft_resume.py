@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from support import assert_state_equal, fsdp_on_cpu, run_ranks
+from treadle.compat import reshard_problem
 
 pytest.importorskip("peft")
 pytestmark = pytest.mark.slow  # subprocesses, some with 2 ranks
@@ -103,7 +104,13 @@ def test_the_frozen_digests_do_not_depend_on_the_mesh(tmp_path):
     one = load_checkpoint(tmp_path / "one" / "checkpoints" / f"iter_{INTERVAL:08d}", files=["state.pt"])["state.pt"]
     two = load_checkpoint(saved, files=["state.pt"])["state.pt"]
     assert one["frozen"] == two["frozen"]
-    _ok(_run("fsdp", tmp_path / "two", "--resume", str(saved), "--max-iters", str(INTERVAL + 2), nproc=1))
+    resumed = _run("fsdp", tmp_path / "two", "--resume", str(saved), "--max-iters", str(INTERVAL + 2), nproc=1)
+    problem = reshard_problem(2, 1)  # onto another world size: torch 2.9 on, refused in one line before
+    if problem is None:
+        _ok(resumed)
+    else:
+        assert resumed[0][0] != 0 and "loading a sharded checkpoint saved by 2 process(es) onto 1 needs torch" \
+            in resumed[0][1], resumed[0][1][-3000:]
 
 
 @fsdp_on_cpu
