@@ -1,13 +1,13 @@
 """MMEngine's CheckpointHook ``save_best``, ``rule``, ``greater_keys``/``less_keys`` and ``out_dir``
-(treadle/config/mmengine_checkpoint.py)."""
+(treadle/mmengine/checkpoint.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from treadle.config import ConfigError, load_config
-from treadle.config.mmengine import translate
-from treadle.config.mmengine_checkpoint import MMENGINE_GREATER_KEYS, MMENGINE_LESS_KEYS, mmengine_rule
+from treadle.mmengine.translate import translate
+from treadle.mmengine.checkpoint import MMENGINE_GREATER_KEYS, MMENGINE_LESS_KEYS, mmengine_rule
 
 # (save_best, greater_keys, less_keys, the rule MMEngine 0.10.7's CheckpointHook(save_best=...,
 # greater_keys=..., less_keys=...) chose: hook.rules[0], or the error it raised), recorded with it.

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from treadle.config import ConfigError, load_file, translate
-from treadle.config.mmengine_loop import val_schedule, validation_points
+from treadle.mmengine.loop import val_schedule, validation_points
 from treadle.data.collate import COLLATE_FUNCTIONS, pseudo_collate
 from treadle.hooks.checkpoint import CheckpointHook
 

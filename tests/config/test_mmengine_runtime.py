@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from treadle.config import ConfigError, build_trainer, load_config, resolve_config, translate
-from treadle.config.mmengine_runtime import MMENGINE_MEAN_PATTERN
+from treadle.mmengine.runtime import MMENGINE_MEAN_PATTERN
 from treadle.hooks.runtime_env import RuntimeEnvHook
 from treadle.logging.writers import LOGGER_NAME
 

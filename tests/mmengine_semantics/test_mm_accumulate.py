@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 import treadle
-from treadle.config.mmengine import translate
+from treadle.mmengine.translate import translate
 from mm_support import OneWeight, Record, loader
 from support import ON_CPU
 

@@ -16,7 +16,7 @@ import yaml
 from treadle.components.build import check_safe
 from treadle.components.errors import ConfigError, did_you_mean, join_path
 from treadle.config.loader import apply_overrides, load_file
-from treadle.config.mmengine import NOT_TRANSLATED, is_mmengine_style, translate
+from treadle.mmengine.translate import NOT_TRANSLATED, is_mmengine_style, translate
 from treadle.config.origins import ResolvedConfig, in_user_terms, origins_of
 from treadle.components.registry import name_of
 from treadle.config.schema import SCHEMA, check_value, required_keys, trainer_defaults

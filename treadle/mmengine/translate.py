@@ -10,7 +10,7 @@ MMEngine                                               treadle
 ``optim_wrapper.optimizer``                            ``optimizer``
 ``optim_wrapper.paramwise_cfg``                        ``optimizer.paramwise``
 ``optim_wrapper.constructor:                           ``optimizer`` by name, one per submodule
-MultiOptimWrapperConstructor`` (mmagic's)              (:mod:`treadle.config.mmengine_optim`)
+MultiOptimWrapperConstructor`` (mmagic's)              (:mod:`treadle.mmengine.optim`)
 ``optim_wrapper.clip_grad``                            ``clip_grad``
 ``optim_wrapper.accumulative_counts``                  ``accumulate``, and ``accumulate_across_epochs:
                                                        true`` when over 1 (MMEngine's windows)
@@ -33,7 +33,7 @@ a list of ``val_dataloader`` / ``test_dataloader``     several sets by name: ``{
                                                        ``rule`` greater/less -> max/min, inferred
                                                        as MMEngine does (``greater_keys``,
                                                        ``less_keys``); ``out_dir`` refused: see
-                                                       :mod:`treadle.config.mmengine_checkpoint`;
+                                                       :mod:`treadle.mmengine.checkpoint`;
                                                        ``save_optimizer`` / ``save_param_scheduler``:
                                                        true, dropped
 ``default_hooks`` LoggerHook ``interval``              ``log_interval``; ``ignore_last: true``,
@@ -75,7 +75,7 @@ shuffle: ...}``                                        dropped: treadle seeds sa
                                                        gives); ``mmcv``: refused
 ``activation_checkpointing: [paths]`` (the runner's)   the same key: treadle's takes submodule paths
 ``default_scope``                                      dropped
-runtime keys (``env_cfg``, ``visualizer``,             see :mod:`treadle.config.mmengine_runtime`
+runtime keys (``env_cfg``, ``visualizer``,             see :mod:`treadle.mmengine.runtime`
 ``log_level``, ``launcher``, ``log_processor``,
 ``tta_model``), visualization hooks, helper variables
 =====================================================  =====================================
@@ -94,14 +94,14 @@ import warnings
 from typing import Any
 
 from treadle.components.errors import ConfigError, join_path
-from treadle.config.mmengine_checkpoint import translate_best
-from treadle.config.mmengine_common import take
-from treadle.config.mmengine_keys import MMENGINE_KEYS, NOT_TRANSLATED
-from treadle.config.mmengine_data import set_names, translate_dataloader
-from treadle.config.mmengine_loop import val_schedule
-from treadle.config.mmengine_optim import MULTI, is_multi, multi_optim_wrapper, schedulers_by_name
-from treadle.config.mmengine_runtime import helper_names, translate_runtime, visualization_hook
-from treadle.config.mmengine_strategy import (is_mmengine_strategy, strategy_settings, sync_bn_option,
+from treadle.mmengine.checkpoint import translate_best
+from treadle.mmengine.common import take
+from treadle.mmengine.keys import MMENGINE_KEYS, NOT_TRANSLATED
+from treadle.mmengine.data import set_names, translate_dataloader
+from treadle.mmengine.loop import val_schedule
+from treadle.mmengine.optim import MULTI, is_multi, multi_optim_wrapper, schedulers_by_name
+from treadle.mmengine.runtime import helper_names, translate_runtime, visualization_hook
+from treadle.mmengine.strategy import (is_mmengine_strategy, strategy_settings, sync_bn_option,
                                               translate_strategy)
 from treadle.components.registry import REGISTRIES
 from treadle.config.schema import SCHEMA, trainer_defaults

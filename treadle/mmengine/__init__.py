@@ -1,0 +1,22 @@
+"""The door for OpenMMLab projects: an MMEngine config, model, data and evaluator run on
+treadle's engine as MMEngine's Runner runs them.
+
+    translate.py   MMEngine's engine keys -> treadle's (optim_wrapper, train_cfg, default_hooks, ...)
+    keys.py        the top-level names of an MMEngine config (no torch: read before it is imported)
+    optim.py, data.py, loop.py, checkpoint.py, runtime.py, strategy.py
+                   the translation of one group of keys each (each module has its table)
+    common.py      the translation's shared helper (``take``)
+
+``mmengine`` itself is an optional dependency (``pip install 'treadle[mmengine]'``): the
+translation needs none of it; a project's registries, models, datasets, evaluators and
+hooks need it. ``docs/mmengine.md`` is the migration page.
+"""
+
+from typing import Any
+
+from treadle.lazy import import_submodule
+
+
+def __getattr__(name: str) -> Any:
+    """A submodule on first use (``treadle.mmengine.<module>`` after a bare ``import treadle``)."""
+    return import_submodule(__name__, name)
