@@ -11,6 +11,10 @@ anything with ``sampler`` and ``over(sampler)``) keeps its batching: its sampler
 sharded as above and each rank groups its own shard (``over``), so every rank takes as
 many batches (``len`` is exact). Other custom batch samplers are refused.
 
+A sampler that shards itself (a ``shard(rank, world_size, round_up=...)`` method returning
+this rank's sampler: MMEngine's orders, treadle.data.samplers) is asked for its shard
+instead; for evaluation without padding (``round_up=False``).
+
 Validation/test: :class:`ShardSampler` splits the indices without padding, so every
 sample is evaluated exactly once across ranks; the eval loop then sums the
 per-rank totals (ranks may take one batch more or less: the eval step runs on the
@@ -74,6 +78,11 @@ def _rebuild_batched(loader: DataLoader, batch_sampler: Any) -> DataLoader:
     )
 
 
+def shards_itself(sampler: Any) -> bool:
+    """A sampler that makes its own shards (``sampler.shard(rank, world_size, round_up=...)``)."""
+    return callable(getattr(sampler, "shard", None))
+
+
 def _shardable(loader: Any, role: str) -> bool:
     """True for a DataLoader with a default sampler; explains why not otherwise."""
     if not isinstance(loader, DataLoader):
@@ -87,7 +96,7 @@ def _shardable(loader: Any, role: str) -> bool:
     inner = getattr(loader.batch_sampler, "sampler", None)  # a BatchSampler's sampler
     if isinstance(loader.sampler, DistributedSampler) or isinstance(inner, DistributedSampler):
         return False  # already sharded by the user
-    if regroups(loader.batch_sampler):
+    if regroups(loader.batch_sampler) or shards_itself(loader.sampler):
         return True
     if loader.batch_size is None or type(loader.batch_sampler) is not BatchSampler \
             or not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
@@ -106,6 +115,8 @@ def shard_train_loader(loader: Any, rank: int, world_size: int) -> Any:
         return loader
     if regroups(loader.batch_sampler):
         inner = loader.batch_sampler.sampler
+        if shards_itself(inner):
+            return _rebuild_batched(loader, loader.batch_sampler.over(inner.shard(rank, world_size)))
         if not isinstance(inner, (RandomSampler, SequentialSampler)):
             raise ValueError(f"the training loader's {type(loader.batch_sampler).__name__} draws from a "
                              f"{type(inner).__name__}, which treadle cannot shard; give it a RandomSampler or a "
@@ -114,6 +125,8 @@ def shard_train_loader(loader: Any, rank: int, world_size: int) -> Any:
         sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
                                      drop_last=False)
         return _rebuild_batched(loader, loader.batch_sampler.over(sampler))
+    if shards_itself(loader.sampler):
+        return _rebuild(loader, loader.sampler.shard(rank, world_size))
     if isinstance(loader.sampler, RandomSampler) and (loader.sampler.replacement or loader.sampler._num_samples is not None):
         raise ValueError("the training loader samples with replacement or a fixed num_samples, which a "
                          "DistributedSampler cannot reproduce; shard it yourself and use shard_data=False")
@@ -126,6 +139,11 @@ def shard_eval_loader(loader: Any, rank: int, world_size: int) -> Any:
     """``loader`` over this rank's share of the dataset, without padding."""
     if world_size < 2 or not _shardable(loader, "validation/test"):
         return loader
+    if shards_itself(loader.sampler):
+        return _rebuild(loader, loader.sampler.shard(rank, world_size, round_up=False))
+    inner = getattr(loader.batch_sampler, "sampler", None)
+    if regroups(loader.batch_sampler) and shards_itself(inner):
+        return _rebuild_batched(loader, loader.batch_sampler.over(inner.shard(rank, world_size, round_up=False)))
     shard = ShardSampler(len(loader.dataset), rank, world_size)
     if regroups(loader.batch_sampler):
         return _rebuild_batched(loader, loader.batch_sampler.over(shard))

@@ -21,6 +21,9 @@ with a ``generator`` attribute that is None. ``DistributedSampler`` gets its see
 epoch. Any other sampler that draws from torch's global RNG cannot be rebuilt inside
 an epoch: resuming in one warns.
 
+A loader's worker processes end with the process that iterates it, even one killed with
+SIGKILL (treadle/data/workers.py).
+
 The randomness a map-style dataset draws in ``__getitem__`` is seeded per sample, from
 ``(seed, epoch, index)`` (treadle/data/worker_seed.py): the feed iterates a copy of the
 DataLoader that seeds torch, numpy and ``random`` before each sample, so augmentation is
@@ -57,7 +60,9 @@ from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, R
                               SubsetRandomSampler, WeightedRandomSampler)
 
 from treadle.logging.writers import get_logger
+from treadle.data.samplers import takes_run_seed
 from treadle.data.worker_seed import SeededCopy, check_seed_per_sample, may_draw, seedable
+from treadle.data.workers import dies_with_parent
 from treadle.seeding import derive_seed
 
 # torch's samplers that draw their order from ``self.generator`` (a user's one is replaced).
@@ -105,6 +110,7 @@ class DataFeed:
         self.seed_per_sample = seed_per_sample if seedable(loader) else False
         self._seeded: SeededCopy | None = None
         self._stream = stream_owner(loader)  # what keeps a stream's position, or None
+        dies_with_parent(loader)  # its workers end with this process, even one killed with SIGKILL
 
     @property
     def length(self) -> int | None:
@@ -166,6 +172,8 @@ class DataFeed:
         sampler = _order_source(loader)
         if isinstance(sampler, DistributedSampler):  # its order: permutation(seed + epoch)
             sampler.seed = derive_seed(self.seed, 0) >> 2  # the same on every rank; < 2**62
+        elif takes_run_seed(sampler):  # MMEngine's orders: the run's seed itself, as its Runner gives it
+            sampler.seed = self.seed
         if hasattr(sampler, "set_epoch"):  # DistributedSampler and friends
             sampler.set_epoch(epoch)
         seed = derive_seed(self.seed, epoch, self.rank) if self.rank else derive_seed(self.seed, epoch)
