@@ -11,6 +11,34 @@ from torch.utils.data import DataLoader
 
 from treadle import Hook
 
+#: What translating any MMEngine config adds, as MMEngine's Runner has it when the config says
+#: nothing: its DDP wrapper (no buffer broadcast), its default CheckpointHook (each epoch, every
+#: checkpoint kept) and LoggerHook (every 10 iterations).
+RUNNER_DEFAULTS = {"strategy": {"type": "auto", "sync_buffers": False}, "checkpoint": {"interval": 1, "keep": None},
+                   "log_interval": 10}
+
+
+#: The Runner's default CheckpointHook in an iteration-based loop: its last checkpoint only.
+SAVE_LAST = {"interval": None, "keep": None}
+
+
+def engine_keys(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A translated config less the keys that hold the Runner's defaults, for a test that
+    compares the rest or runs it with its own strategy, checkpoints and log interval (a key the
+    config set to something else stays)."""
+    def default(key: str, value: Any) -> bool:
+        return (key in RUNNER_DEFAULTS and value == RUNNER_DEFAULTS[key]) or (key == "checkpoint" and value == SAVE_LAST)
+
+    return {k: v for k, v in cfg.items() if not default(k, v)}
+
+
+def translate(cfg: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """treadle.mmengine.translate.translate, less the Runner's defaults (:func:`engine_keys`):
+    the tests of one group of keys compare what that group gives."""
+    from treadle.mmengine.translate import translate as translate_all
+
+    return engine_keys(translate_all(cfg, *args, **kwargs))
+
 
 class OneWeight(nn.Module):
     """``loss = (w * x).mean()``, w starting at 1: its value shows every optimizer step."""

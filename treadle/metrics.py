@@ -171,8 +171,14 @@ def sum_over_ranks(*values: float, group: Any = None) -> list[float]:
 
     if not is_distributed():
         return list(values)
-    per_rank = all_gather_object(values, group=group if group is not None else _COMPUTING_OVER.get())
+    per_rank = all_gather_object(values, group=computing_group(group))
     return [sum(r[i] for r in per_rank) for i in range(len(values))]
+
+
+def computing_group(group: Any = None) -> Any:
+    """``group``, or when None the ranks :func:`compute` is reducing over now (None: every
+    process): the group a metric's ``compute()`` gathers over when it names none."""
+    return group if group is not None else _COMPUTING_OVER.get()
 
 
 def compute(metric: Any, group: Any = None) -> Any:
@@ -227,6 +233,13 @@ def to_python(value: Any) -> Any:
     return value
 
 
+def result_prefix(prefix: str, name: str, metric: Any) -> str:
+    """Where a metric's results are logged: ``<prefix>/<name>`` (``val/acc``), or ``<prefix>``
+    alone for a metric whose ``compute()`` names its results itself (``named_results = True``:
+    an MMEngine evaluator's ``accuracy/top1`` is logged as ``val/accuracy/top1``)."""
+    return prefix if getattr(metric, "named_results", False) is True else f"{prefix}/{name}"
+
+
 def flatten_results(key: str, value: Any) -> dict[str, Any]:
     """``compute()``'s result under ``key``; a dict (e.g. a torchmetrics
     MetricCollection) becomes ``key/sub`` entries."""
@@ -238,5 +251,5 @@ def flatten_results(key: str, value: Any) -> dict[str, Any]:
     return {key: to_python(value)}
 
 
-__all__ = ["Accuracy", "as_float32", "compute", "flatten_results", "higher_is_better", "place_metrics", "sum_over_ranks",
-           "sync_over", "to_python", "update_metrics"]
+__all__ = ["Accuracy", "as_float32", "compute", "computing_group", "flatten_results", "higher_is_better", "place_metrics",
+           "result_prefix", "sum_over_ranks", "sync_over", "to_python", "update_metrics"]

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from treadle.config import ConfigError, build_trainer, is_mmengine_style, load_config, resolve_config, translate
+from treadle.config import ConfigError, build_trainer, is_mmengine_style, load_config, resolve_config
+from mm_support import translate  # less the Runner's defaults (test_mmengine.py: test_the_runners_defaults_...)
+from treadle.mmengine.translate import translate as translate_all
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mmengine_style" / "digits_mmengine.yaml"
 
@@ -25,10 +27,11 @@ def test_example_translates_to_treadle_keys():
     assert cfg["log_interval"] == 15
     assert cfg["checkpoint"] == {"interval": 1, "keep": 2, "best": "val/acc", "rule": "max"}
     assert cfg["ema"] == {"momentum": 0.99, "gamma": 100, "convention": "mmengine"}  # ExpMomentumEMA
-    assert cfg["hooks"] == [{"type": "EarlyStoppingHook", "monitor": "val/acc", "rule": "greater", "patience": 3},
+    assert cfg["hooks"] == [{"type": "EarlyStoppingHook", "monitor": "val/acc", "rule": "greater", "patience": 3,
+                             "min_delta": 0.001},
                             {"type": "RuntimeEnvHook", "torch_num_threads": 1}]
     assert cfg["seed"] == 0 and cfg["deterministic"] is False
-    assert cfg["train_dataloader"]["shuffle"] is True and "sampler" not in cfg["train_dataloader"]
+    assert cfg["train_dataloader"]["sampler"] == {"type": "DefaultSampler", "shuffle": True}  # MMEngine's order
     assert not is_mmengine_style(cfg)
 
 
@@ -65,7 +68,7 @@ def test_disabled_and_implicit_default_hooks_are_dropped():
     ({"custom_hooks": [{"type": "EMAHook", "ema_type": "StochasticWeightAverage"}]},
      "custom_hooks[0].ema_type: unsupported average"),
     ({"custom_hooks": [{"type": "EMAHook", "begin_epoch": 2}]}, "custom_hooks[0].begin_epoch: option has no treadle"),
-    ({"train_dataloader": {"dataset": {}, "sampler": {"type": "RepeatAugSampler"}}, "train_cfg": {"max_epochs": 1}},
+    ({"train_dataloader": {"dataset": {}, "sampler": "DefaultSampler"}, "train_cfg": {"max_epochs": 1}},
      "train_dataloader.sampler: unsupported sampler"),
 ])
 def test_untranslatable_options_are_errors(cfg, message):
@@ -140,7 +143,41 @@ def test_auto_scale_lr_without_enable_is_off_as_in_mmengine():
     ({"type": "CheckpointHook", "interval": 1, "max_keep_ckpts": 2}, 2),
 ])
 def test_checkpoint_keep_follows_max_keep_ckpts(hook, keep):
-    assert translate({"default_hooks": {"checkpoint": hook}})["checkpoint"] == {"interval": 1, "keep": keep}
+    assert translate_all({"default_hooks": {"checkpoint": hook}})["checkpoint"] == {"interval": 1, "keep": keep}
+
+
+@pytest.mark.parametrize("cfg, want", [
+    ({}, {"strategy": {"type": "auto", "sync_buffers": False}, "checkpoint": {"interval": 1, "keep": None},
+          "log_interval": 10}),
+    ({"train_cfg": {"type": "IterBasedTrainLoop", "max_iters": 3000}},  # the default checkpoint: the last one
+     {"strategy": {"type": "auto", "sync_buffers": False}, "checkpoint": {"interval": None, "keep": None},
+      "log_interval": 10, "max_iters": 3000, "val_interval": 1000}),
+    ({"default_hooks": {"checkpoint": None, "logger": {"type": "LoggerHook", "interval": 5}}, "strategy": "ddp",
+      "find_unused_parameters": True},
+     {"strategy": {"type": "ddp", "sync_buffers": False, "find_unused_parameters": True}, "log_interval": 5}),
+    ({"model_wrapper_cfg": {"type": "MMDistributedDataParallel", "find_unused_parameters": True}},
+     {"strategy": {"type": "auto", "find_unused_parameters": True}, "checkpoint": {"interval": 1, "keep": None},
+      "log_interval": 10}),
+    ({"strategy": {"type": "fsdp"}, "default_hooks": {"checkpoint": {"type": "CheckpointHook"}}},
+     {"strategy": {"type": "fsdp"}, "checkpoint": {"interval": None, "keep": None}, "log_interval": 10}),
+])
+def test_the_runners_defaults_hold_where_the_config_says_nothing(cfg, want):
+    """MMEngine's Runner wraps the model in MMDistributedDataParallel without a buffer broadcast
+    (or as model_wrapper_cfg says), saves each epoch and logs every 10 iterations by default
+    (a CheckpointHook of its own saves the last only), and validates an iteration loop every 1000."""
+    assert translate_all({"randomness": {"seed": 0}, **cfg}) == {"seed": 0, **want}
+
+
+def test_early_stopping_and_value_clipping_take_mmengines_defaults():
+    out = translate({"custom_hooks": [{"type": "EarlyStoppingHook", "monitor": "accuracy/top1"}],
+                     "optim_wrapper": {"optimizer": {"type": "SGD", "lr": 0.1},
+                                       "clip_grad": {"type": "value", "clip_value": 0.5}}})
+    assert out["hooks"] == [{"type": "EarlyStoppingHook", "monitor": "val/accuracy/top1", "min_delta": 0.1}]
+    assert out["clip_grad"] == {"value": 0.5}
+    assert translate({"optim_wrapper": {"optimizer": {"type": "SGD", "lr": 0.1},
+                                        "clip_grad": {"type": "norm", "max_norm": 1.0}}})["clip_grad"] == {"max_norm": 1.0}
+    with pytest.raises(ConfigError, match=r"^custom_hooks\[0\].stopping_threshold: option has no treadle equivalent"):
+        translate({"custom_hooks": [{"type": "EarlyStoppingHook", "monitor": "acc", "stopping_threshold": 0.9}]})
 
 
 def test_checkpoint_hook_without_max_keep_ckpts_keeps_every_checkpoint(tmp_path):

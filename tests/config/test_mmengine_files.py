@@ -9,7 +9,8 @@ from collections import namedtuple
 import pytest
 import torch
 
-from treadle.config import ConfigError, load_file, translate
+from treadle.config import ConfigError, load_file
+from mm_support import translate  # less the Runner's defaults (test_mmengine.py: test_the_runners_defaults_...)
 from treadle.mmengine.loop import val_schedule, validation_points
 from treadle.data.collate import COLLATE_FUNCTIONS, pseudo_collate
 from treadle.hooks.checkpoint import CheckpointHook
@@ -52,11 +53,17 @@ def test_yaml_base_references_are_data_and_a_missing_one_names_itself(tmp_path):
 
 # -- loaders ---------------------------------------------------------------------------
 @pytest.mark.parametrize("loader, want", [
-    ({"batch_sampler": None, "sampler": {"type": "DefaultSampler", "round_up": True}}, {"shuffle": True}),
+    ({"batch_sampler": None, "sampler": {"type": "DefaultSampler", "round_up": True}},
+     {"sampler": {"type": "DefaultSampler"}}),
     ({"batch_sampler": {"type": "BatchSampler", "drop_last": True}, "sampler": {"type": "mmengine.DefaultSampler",
-                                                                                "shuffle": False}},
-     {"shuffle": False, "drop_last": True}),
+                                                                                "shuffle": False, "seed": 3}},
+     {"sampler": {"type": "DefaultSampler", "shuffle": False, "seed": 3}, "drop_last": True}),
+    ({"sampler": {"type": "InfiniteSampler", "shuffle": False}}, {"sampler": {"type": "InfiniteSampler",
+                                                                              "shuffle": False}}),
+    ({"sampler": {"type": "RepeatAugSampler", "num_repeats": 3}},  # a project's: its registries build it
+     {"sampler": {"type": "RepeatAugSampler", "num_repeats": 3}}),
     ({"collate_fn": {"type": "pseudo_collate"}}, {"collate_fn": "pseudo_collate"}),
+    ({"collate_fn": {"type": "default_collate", "x": 1}}, {"collate_fn": {"type": "default_collate", "x": 1}}),
     ({"batch_sampler": {"type": "AspectRatioBatchSampler"}}, {"group_by_aspect_ratio": True}),
     ({"batch_sampler": {"type": "mmdet.AspectRatioBatchSampler", "drop_last": True}},
      {"group_by_aspect_ratio": True, "drop_last": True}),
@@ -73,7 +80,9 @@ def test_mmengine_loader_keys(loader, want):
      "train_dataloader.batch_sampler.seed: option has no treadle equivalent"),
     ({"sampler": {"type": "DefaultSampler", "round_up": False}},
      "train_dataloader.sampler.round_up: option has no treadle equivalent for this value"),
-    ({"collate_fn": {"type": "default_collate", "x": 1}}, "train_dataloader.collate_fn: unsupported collate_fn"),
+    ({"sampler": {"type": "InfiniteSampler", "round_up": True}},
+     "train_dataloader.sampler.round_up: option has no treadle equivalent"),
+    ({"collate_fn": {"x": 1}}, "train_dataloader.collate_fn: unsupported collate_fn"),
 ])
 def test_mmengine_loader_keys_treadle_cannot_honour(loader, message):
     with pytest.raises(ConfigError) as e:
@@ -125,10 +134,10 @@ def test_save_best_auto_takes_the_first_metric_at_the_first_validation():
         CheckpointHook(best="auto")._choose_best({"val/loss": 1.0, "val/x": 2.0})
 
 
-def test_an_evaluator_set_to_none_is_nothing_to_translate():
+def test_an_evaluator_is_a_project_key_and_none_is_left_out():
     from treadle.config import resolve_config
 
     cfg = {"model": {"type": "support.TinyNet"}, "val_evaluator": None, "test_evaluator": None}
-    assert "val_evaluator" not in resolve_config(cfg)
-    with pytest.raises(ConfigError, match=r"^val_evaluator: unknown key.*evaluators are not translated"):
-        resolve_config({**cfg, "val_evaluator": {"type": "Accuracy"}})
+    assert "val_evaluator" not in resolve_config(cfg) and "test_evaluator" not in resolve_config(cfg)
+    resolved = resolve_config({**cfg, "default_scope": "mmpretrain", "val_evaluator": {"type": "Accuracy"}})
+    assert resolved["val_evaluator"] == {"type": "Accuracy"} and resolved["default_scope"] == "mmpretrain"

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from treadle.config import ConfigError, build_trainer, load_config, resolve_config, translate
+from treadle.config import ConfigError, build_trainer, load_config, resolve_config
+from mm_support import translate  # less the Runner's defaults (test_mmengine.py: test_the_runners_defaults_...)
 from treadle.mmengine.runtime import MMENGINE_MEAN_PATTERN
 from treadle.hooks.runtime_env import RuntimeEnvHook
 from treadle.logging.writers import LOGGER_NAME
@@ -84,7 +85,7 @@ def test_classification_runtime_runs_unchanged_and_logs_every_epoch_end(tmp_path
     cfg = load_config(path, mode="train", work_dir=str(tmp_path / "run"))
     assert cfg["log_writers"] == ["jsonl", "csv"]  # LocalVisBackend
     assert cfg["hooks"] == [{"type": "RuntimeEnvHook", "mp_start_method": "fork", "opencv_num_threads": 0}]
-    assert cfg["log_interval"] == 100 and cfg["strategy"] == "auto"
+    assert cfg["log_interval"] == 100 and cfg["strategy"] == {"type": "auto", "sync_buffers": False}  # the Runner's DDP
     assert "vis_backends" not in cfg and "dataset_type" not in cfg and "num_samples" not in cfg  # helpers
     before = multiprocessing.get_start_method(allow_none=True)
     trainer = build_trainer(cfg)
@@ -100,7 +101,8 @@ def test_detection_runtime_translation():
     exec(textwrap.dedent(DET_RUNTIME + DET_SCHEDULE), {}, path_cfg)
     out = translate(path_cfg)
     assert out["log_writers"] == ["jsonl", "csv", "tensorboard"]
-    assert out["strategy"] == {"type": "ddp", "timeout_s": 3600}  # dist_cfg.timeout; backend nccl: treadle's on CUDA
+    # dist_cfg.timeout; backend nccl: treadle's on CUDA; the Runner's wrapper broadcasts no buffers
+    assert out["strategy"] == {"type": "ddp", "timeout_s": 3600, "sync_buffers": False}
     assert out["hooks"] == [{"type": "RuntimeEnvHook", "mp_start_method": "fork", "opencv_num_threads": 0},
                             {"type": "LoggerHook", "interval": 50, "window": 50, "by_epoch": True,
                              "mean_keys": MMENGINE_MEAN_PATTERN, "writers": ["jsonl", "csv", "tensorboard"]}]
@@ -112,7 +114,7 @@ def test_detection_runtime_translation():
 def test_detection_runtime_timeout_merges_into_a_given_strategy(tmp_path):
     path = write_config(tmp_path, DET_RUNTIME, DET_SCHEDULE, "strategy = dict(type='ddp', find_unused_parameters=True)\n")
     cfg = load_config(path, mode="train")
-    assert cfg["strategy"] == {"type": "ddp", "find_unused_parameters": True, "timeout_s": 3600}
+    assert cfg["strategy"] == {"type": "ddp", "find_unused_parameters": True, "timeout_s": 3600, "sync_buffers": False}
     path = write_config(tmp_path, DET_RUNTIME, DET_SCHEDULE, "strategy = 'single'\n")
     with pytest.raises(ConfigError, match=r"^env_cfg.dist_cfg.timeout: needs a strategy that starts a process group"):
         load_config(path, mode="train")
@@ -193,7 +195,10 @@ def test_mlflow_backend_runs_into_the_run_directory(tmp_path, monkeypatch):
      "default_hooks.visualization.enable: drawing is not supported (got True). treadle draws no images"),
     ({"default_hooks": {"visualization": {"type": "DetVisualizationHook", "draw": True, "interval": 1}}},
      "default_hooks.visualization.draw: drawing is not supported"),
-    ({"custom_hooks": [{"type": "SimSiamHook"}]}, "custom_hooks[0].type: unknown hook type (got 'SimSiamHook')"),
+    ({"custom_hooks": [{"type": "SimSiamHook"}], "default_scope": None},  # with a scope: its registries are asked
+     "custom_hooks[0].type: unknown hook type (got 'SimSiamHook')"),
+    ({"custom_hooks": [{"type": "EMAHook", "ema_type": "StochasticWeightAverage"}], "default_scope": "mmpretrain"},
+     "custom_hooks[0].ema_type: unsupported average"),
     ({"env_cfg": {"dist_cfg": {"backend": "hccl"}}}, "env_cfg.dist_cfg.backend: unsupported process-group backend"),
     ({"env_cfg": {"dist_cfg": {"backend": "nccl", "port": 29500}}}, "env_cfg.dist_cfg.port: option has no treadle"),
     ({"env_cfg": {"dist_cfg": {"timeout": "1h"}}}, "env_cfg.dist_cfg.timeout: not a positive number of seconds"),
@@ -234,7 +239,7 @@ def test_deterministic_wins_over_cudnn_benchmark_as_in_mmengine():
 def test_helper_variables_and_unused_names_are_dropped_but_misspelt_keys_stay_errors(tmp_path, caplog):
     base = {"default_scope": "x", "data_root": "data/cifar10/", "crop": (32, 32),
             "train_dataloader": {"dataset": {"root": "data/cifar10/train", "size": [32, 32]}}}
-    assert translate(base) == {"train_dataloader": base["train_dataloader"]}
+    assert translate(base) == {"default_scope": "x", "train_dataloader": base["train_dataloader"]}
     assert "vis_backends" not in resolve_config({"default_scope": "x", "vis_backends": [{"type": "LocalVisBackend"}]})
     path = write_config(tmp_path, CLS_RUNTIME, CLS_SCHEDULE, "unknown_thing = dict(a=1)\n")
     caplog.clear()
@@ -255,10 +260,10 @@ def test_helper_variables_and_unused_names_are_dropped_but_misspelt_keys_stay_er
     cfg = load_config(write_config(tmp_path, CLS_RUNTIME, "max_epoch = 3\n" + helper), ["train_cfg.max_epochs=1"],
                       mode="train")  # the scheduler's end still uses it
     assert cfg["max_epochs"] == 1 and "max_epoch" not in cfg
-    # evaluators stay refused with their hint, even when one reuses the other
+    # evaluators are keys, never helpers, even when one reuses the other
     text = "val_evaluator = dict(type='Accuracy', topk=(1, 5))\ntest_evaluator = val_evaluator\n"
-    with pytest.raises(ConfigError, match=r"^val_evaluator: unknown key.*evaluators are not translated"):
-        load_config(write_config(tmp_path, CLS_RUNTIME, CLS_SCHEDULE, text), mode="train")
+    cfg = load_config(write_config(tmp_path, CLS_RUNTIME, CLS_SCHEDULE, text), mode="train")
+    assert cfg["val_evaluator"] == cfg["test_evaluator"] == {"type": "Accuracy", "topk": [1, 5]}
 
 
 def test_runtime_env_hook_sets_and_restores(monkeypatch):

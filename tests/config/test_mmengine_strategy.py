@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from support import fsdp_on_cpu
-from treadle.config import ConfigError, build_trainer, load_config, translate
+from treadle.config import ConfigError, build_trainer, load_config
+from mm_support import translate  # less the Runner's defaults (test_mmengine.py: test_the_runners_defaults_...)
 from treadle.strategies.build import resolve_strategy
 from treadle.strategies.ddp import DDPStrategy
 from treadle.strategies.fsdp import FSDPStrategy
@@ -256,7 +257,8 @@ def test_sync_bn_torch_becomes_the_strategys_sync_bn():
     assert out == {"type": "ddp", "find_unused_parameters": True, "sync_bn": True}
     assert strategy_of({"type": "DDPStrategy", "sync_bn": None}) == {"type": "ddp", "sync_buffers": False}
     optim = {"optimizer": {"type": "SGD", "lr": 0.1}}
-    assert translate({"optim_wrapper": optim, "sync_bn": "torch"})["strategy"] == {"type": "ddp", "sync_bn": True}
+    assert translate({"optim_wrapper": optim, "sync_bn": "torch"})["strategy"] == {"type": "ddp", "sync_buffers": False,
+                                                                                   "sync_bn": True}
     out = translate({"optim_wrapper": optim, "sync_bn": "torch", "env_cfg": {"dist_cfg": {"timeout": 600}},
                      "strategy": {"type": "FSDPStrategy"}})
     assert out["strategy"] == {"type": "fsdp", "timeout_s": 600, "sync_bn": True}

@@ -8,7 +8,7 @@ import pytest
 
 from treadle import Trainer
 from treadle.config import SCHEMA, ConfigError, resolve_config
-from treadle.config.schema import NOT_CONFIG_KEYS, trainer_defaults
+from treadle.config.schema import NOT_CONFIG_KEYS, PROJECT_KEYS, trainer_defaults
 
 BASE = {
     "model": {"type": "support.TinyNet"},
@@ -18,8 +18,9 @@ BASE = {
 }
 
 
-def test_schema_lists_every_trainer_argument_and_nothing_else():
+def test_schema_lists_every_trainer_argument_and_the_project_keys_and_nothing_else():
     params = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self" and p not in NOT_CONFIG_KEYS]
+    params += [k.name for k in PROJECT_KEYS]  # an OpenMMLab project's, read by the config layer
     assert sorted(SCHEMA) == sorted(params), (
         f"missing from treadle/config/schema.py: {sorted(set(params) - set(SCHEMA))}; "
         f"not Trainer arguments: {sorted(set(SCHEMA) - set(params))}")
@@ -48,8 +49,10 @@ def test_a_name_far_from_every_key_is_a_config_variable_left_out():
     assert "nothing in the config uses it" in error({"zzz": 1}, ["zzz=2"])
 
 
-def test_untranslated_mmengine_key_gets_a_hint():
-    assert "use metrics: {name: {type: ...}}" in error({"val_evaluator": {"type": "Accuracy"}})
+def test_project_keys_are_checked_like_trainer_keys():
+    assert "default_scope: wrong type int (got 3); expected a registry scope such as mmpretrain, or null" \
+        in error({"default_scope": 3})
+    assert "val_evaluator: wrong type str" in error({"val_evaluator": "Accuracy"})
 
 
 @pytest.mark.parametrize("key, value, message", [

@@ -19,6 +19,7 @@ from treadle.components.build import build_dataloader
 from treadle.components.errors import ConfigError
 from treadle.mmengine.translate import translate
 from treadle.data import AspectRatioBatchSampler
+from treadle.data.samplers import DefaultSampler
 from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.data.feed import DataFeed
 
@@ -154,11 +155,13 @@ def test_config_key_and_mmengine_translation_build_the_sampler():
         "batch_size": 4, "dataset": {"type": "support.make_sized_data", "n": 12},
         "sampler": {"type": "DefaultSampler", "shuffle": True},
         "batch_sampler": {"type": "AspectRatioBatchSampler"}}})["train_dataloader"]
-    assert spec == {"batch_size": 4, "dataset": {"type": "support.make_sized_data", "n": 12}, "shuffle": True,
-                    "group_by_aspect_ratio": True}
+    assert spec == {"batch_size": 4, "dataset": {"type": "support.make_sized_data", "n": 12},
+                    "sampler": {"type": "DefaultSampler", "shuffle": True}, "group_by_aspect_ratio": True}
     loader = build_dataloader(spec, "train_dataloader")
     assert isinstance(loader.batch_sampler, AspectRatioBatchSampler)
-    assert isinstance(loader.batch_sampler.sampler, RandomSampler) and loader.batch_sampler.batch_size == 4
+    assert isinstance(loader.batch_sampler.sampler, DefaultSampler) and loader.batch_sampler.batch_size == 4
+    plain = build_dataloader({**spec, "sampler": None, "shuffle": True}, "train_dataloader")
+    assert isinstance(plain.batch_sampler.sampler, RandomSampler)
     with pytest.raises(ConfigError, match="^train_dataloader.group_by_aspect_ratio: .*get_data_info"):
         build_dataloader({"dataset": {"type": "support.make_data", "n": 4}, "group_by_aspect_ratio": True},
                          "train_dataloader")

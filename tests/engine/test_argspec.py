@@ -21,7 +21,7 @@ from torch import nn
 import treadle
 from treadle.config import SCHEMA
 from treadle.components.keys import _min
-from treadle.config.schema import NOT_CONFIG_KEYS, trainer_defaults
+from treadle.config.schema import NOT_CONFIG_KEYS, PROJECT_KEYS, trainer_defaults
 from treadle.engine.argspec import Arg, args_section, check_args, config_defaults, config_keys, document, params, takes
 from treadle.engine.spec import TRAINER_KEYS, TrainerArgs
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The public signature as it was written out in Trainer.__init__ before the arguments
 # were defined once: names, order and defaults must not change. New arguments go at the
 # end (a caller passing arguments by position keeps its meaning): init_weights, fast_dev_run,
-# limit_*_batches (#32), activation_checkpointing (#43).
+# limit_*_batches, activation_checkpointing, test_metrics.
 PUBLIC = [
     ("model", inspect.Parameter.empty), ("work_dir", None), ("train_dataloader", None), ("val_dataloader", None),
     ("test_dataloader", None), ("loss_fn", None), ("optimizer", None), ("schedulers", None), ("max_epochs", None),
@@ -43,6 +43,7 @@ PUBLIC = [
     ("move_batch", True), ("safe", False), ("verbose", False), ("init_weights", False), ("fast_dev_run", False),
     ("limit_train_batches", None), ("limit_val_batches", None), ("limit_test_batches", None),
     ("accumulate_across_epochs", False), ("loss_scale", "dynamic"), ("activation_checkpointing", None),
+    ("test_metrics", None),
 ]
 
 
@@ -79,7 +80,8 @@ def test_docstring_lists_every_argument_with_its_doc():
 
 def test_config_keys_are_the_arguments_less_safe():
     assert NOT_CONFIG_KEYS == ("safe",)
-    assert [k.name for k in TRAINER_KEYS] == [name for name, _ in PUBLIC if name != "safe"] == list(SCHEMA)
+    assert [k.name for k in TRAINER_KEYS] == [name for name, _ in PUBLIC if name != "safe"] == \
+        [k for k in SCHEMA if k not in {p.name for p in PROJECT_KEYS}]
     defaults = trainer_defaults()
     assert defaults["model"] is None and defaults["log_writers"] == ["jsonl", "csv", "tensorboard"]
     assert defaults["val_interval"] == 1 and "safe" not in defaults

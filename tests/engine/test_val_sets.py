@@ -101,7 +101,7 @@ def test_config_sets_by_name_and_mmagics_multivalloop():
                                         "sampler": {"type": "DefaultSampler", "shuffle": False}}]})
     assert mm["val_dataloader"] == {"0": {"batch_size": 2, "dataset": {"type": "support.make_data", "n": 4}},
                                     "1": {"batch_size": 2, "dataset": {"type": "support.make_data", "n": 4},
-                                          "shuffle": False}}
+                                          "sampler": {"type": "DefaultSampler", "shuffle": False}}}
     from treadle.components.errors import ConfigError
 
     with pytest.raises(ConfigError, match="^val_cfg: options have no treadle equivalent"):

@@ -13,7 +13,7 @@ import torch
 
 import treadle
 from treadle.mmengine.translate import translate
-from mm_support import OneWeight, Record, loader
+from mm_support import OneWeight, Record, engine_keys, loader
 from support import ON_CPU
 
 MMENGINE_W = [1.0, 1.0, 1.0, 0.8500000238418579, 0.8500000238418579, 0.7000000476837158]
@@ -28,6 +28,7 @@ def _run(**kwargs) -> list[float]:
 
 def test_translated_accumulative_counts_step_as_mmengine():
     cfg = translate({"optim_wrapper": {"optimizer": {"type": "SGD", "lr": 0.1}, "accumulative_counts": 4}})
+    cfg = engine_keys(cfg)
     assert cfg == {"optimizer": {"type": "SGD", "lr": 0.1}, "accumulate": 4, "accumulate_across_epochs": True}
     torch.testing.assert_close(_run(**cfg), MMENGINE_W, rtol=0, atol=1e-6)
 

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import treadle
-from treadle.engine.mmengine_model import is_mmengine_model
+from treadle.engine.mmengine_model import is_mmengine_model, wrapped_train_step
 from support import ON_CPU, make_data
 
 
@@ -118,10 +118,36 @@ def test_mmengine_model_trains_as_a_hand_written_loop(tmp_path):
     assert '"loss_cls"' in record and '"acc"' in record  # the log_vars train_step returned
 
 
-def test_several_processes_are_refused_with_the_reason(monkeypatch):
-    from treadle.strategies.base import Strategy
+class Wrapper(nn.Module):
+    """A stand-in for DDP: the module inside, and every forward through it recorded."""
 
-    monkeypatch.setattr(Strategy, "distributed", property(lambda self: True), raising=False)
-    with pytest.raises(ValueError, match="is an MMEngine model .* DDP would not all-reduce"):
-        treadle.Trainer(MMStyleClassifier(), train_dataloader=_loader(make_data(8)),
-                        optimizer=dict(type="SGD", lr=0.1), max_epochs=1, strategy=ON_CPU)
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module, self.calls = module, []
+
+    def forward(self, *args, **kwargs):
+        self.calls.append(sorted(kwargs))
+        return self.module(*args, **kwargs)
+
+
+def test_a_wrapped_model_is_stepped_as_mmengines_ddp_wrapper_steps_it():
+    """Under DDP the model's own train_step would run the unwrapped module (no gradient would be
+    exchanged): the step runs data_preprocessor, forward(mode='loss') through the wrapper,
+    parse_losses and update_params, as MMDistributedDataParallel.train_step does."""
+    torch.manual_seed(0)
+    model = MMStyleClassifier()
+    ref = copy.deepcopy(model)
+    wrapper = Wrapper(model)
+    batch = next(iter(_loader(make_data(8))))
+    from treadle.optim.wrapper import OptimWrapper
+
+    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    log_vars = wrapped_train_step(model, wrapper, batch, ow)
+    assert wrapper.calls == [["inputs", "labels", "mode"]]
+    assert sorted(log_vars) == ["acc", "loss", "loss_cls"]
+    ref_ow = OptimWrapper(torch.optim.SGD(ref.parameters(), lr=0.1))
+    ref.train_step(batch, ref_ow)  # the model's own step, unwrapped: the same update
+    for a, b in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match=r"several optimizers .* \(MMSeparateDistributedDataParallel\)"):
+        wrapped_train_step(model, wrapper, batch, {"a": ow, "b": ref_ow})

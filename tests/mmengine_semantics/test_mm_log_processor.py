@@ -46,8 +46,8 @@ def _train(tmp_path, case: dict) -> list[dict]:
                      "log_processor": case["log_processor"], "train_cfg": case["train_cfg"],
                      "visualizer": {"type": "Visualizer", "vis_backends": [{"type": "LocalVisBackend"}]},
                      "optim_wrapper": {"optimizer": {"type": "SGD", "lr": 0.1}}})
-    treadle.Trainer(ValueLoss(), work_dir=tmp_path, train_dataloader=loader(VALUES), strategy=ON_CPU,
-                    **{k: v for k, v in cfg.items() if k != "log_writers"}).fit()
+    cfg = {k: v for k, v in cfg.items() if k not in ("log_writers", "strategy", "checkpoint")}
+    treadle.Trainer(ValueLoss(), work_dir=tmp_path, train_dataloader=loader(VALUES), strategy=ON_CPU, **cfg).fit()
     lines = (tmp_path / "log.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["mode"] == "train"]
 

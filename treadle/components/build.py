@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from treadle.components.errors import ConfigError, did_you_mean, join_path
 from treadle.components.hf_models import build_hf_model, is_hf_model_class
-from treadle.components.registry import check_name, import_object, resolve_type
+from treadle.components.registry import REGISTRIES, Scope, by_scope, check_name, import_object, resolve_type
 from treadle.components.safe import refused
 from treadle.components.keys import DATALOADER_SCHEMA, check_table
 from treadle.data.collate import COLLATE_FUNCTIONS
@@ -108,11 +108,17 @@ def build_check_fn(spec: Any, path: str, *, safe: bool = False) -> Callable[...,
     return functools.partial(fn, **kwargs) if kwargs else fn
 
 
-def build_component(spec: Any, kind: str, path: str, *, safe: bool = False) -> Any:
+def build_component(spec: Any, kind: str, path: str, *, safe: bool = False, scope: Scope | None = None,
+                    **defaults: Any) -> Any:
     """``{type: Name, **kwargs}`` -> the object; a bare name builds with no arguments
-    (for ``loss`` a name of a function gives the function itself)."""
+    (for ``loss`` a name of a function gives the function itself). ``scope``: the registries
+    that build a name treadle does not know (an OpenMMLab project's), with ``defaults`` for
+    the arguments the spec does not give (as MMEngine's ``default_args``)."""
+    type_ = spec.get("type") if isinstance(spec, dict) else spec
+    if by_scope(kind, type_, scope, safe=safe):
+        return scope.build(kind, spec if isinstance(spec, dict) else {"type": spec}, path, **defaults)  # type: ignore[union-attr]  # by_scope: a scope
     if isinstance(spec, str):
-        target = resolve_type(kind, spec, path, safe=safe)
+        target = resolve_type(kind, spec, path, safe=safe, scope=scope)
         if kind == "loss" and not inspect.isclass(target):
             return target
         return call(target, {}, path)
@@ -121,21 +127,23 @@ def build_component(spec: Any, kind: str, path: str, *, safe: bool = False) -> A
     if "type" not in spec:
         raise ConfigError(join_path(path, "type"), "missing required key", expected=f"the {kind}'s registered name "
                           "or dotted import path")
-    kwargs = {k: v for k, v in spec.items() if k != "type"}
-    return call(resolve_type(kind, spec["type"], join_path(path, "type"), safe=safe), kwargs, path)
+    kwargs = {**{k: v for k, v in defaults.items() if k not in spec}, **{k: v for k, v in spec.items() if k != "type"}}
+    return call(resolve_type(kind, spec["type"], join_path(path, "type"), safe=safe, scope=scope), kwargs, path)
 
 
-def build_model(spec: Any, *, safe: bool = False) -> nn.Module:
+def build_model(spec: Any, *, safe: bool = False, scope: Scope | None = None) -> nn.Module:
     """The model a spec describes, as its constructor made it (a transformers model class:
     from ``config:`` or ``pretrained:``, :mod:`treadle.components.hf_models`): ``init_weights()`` is not
     called here (a model-zoo constructor may have loaded pretrained weights that it would
     overwrite); the Trainer calls it with ``init_weights=True``, which an MMEngine config
-    sets (:func:`call_init_weights`)."""
-    target = resolve_type("model", spec["type"], "model.type", safe=safe) if isinstance(spec, dict) and "type" in spec \
-        else None
+    sets (:func:`call_init_weights`). ``scope``: an OpenMMLab project's registries, which build
+    the names treadle does not know (``ImageClassifier``)."""
+    scoped = isinstance(spec, dict) and by_scope("model", spec.get("type"), scope, safe=safe)
+    target = resolve_type("model", spec["type"], "model.type", safe=safe, scope=scope) \
+        if isinstance(spec, dict) and "type" in spec and not scoped else None
     if target is not None and is_hf_model_class(target):  # transformers.X: from its config class, or pretrained
         return build_hf_model(target, spec)
-    model = build_component(spec, "model", "model", safe=safe)
+    model = build_component(spec, "model", "model", safe=safe, scope=scope)
     if not isinstance(model, nn.Module):
         raise ConfigError("model", f"built a {type(model).__name__}, not a torch.nn.Module", value=spec)
     return model
@@ -155,22 +163,30 @@ def call_init_weights(model: nn.Module) -> bool:
     return True
 
 
-def build_dataloader(spec: dict[str, Any], path: str, *, safe: bool = False) -> DataLoader:
-    """``{dataset: {...}, batch_size: N, shuffle: bool, ...}`` -> a ``torch.utils.data.DataLoader``."""
+def build_dataloader(spec: dict[str, Any], path: str, *, safe: bool = False, scope: Scope | None = None,
+                     seed: int | None = None) -> DataLoader:
+    """``{dataset: {...}, batch_size: N, shuffle: bool, ...}`` -> a ``torch.utils.data.DataLoader``.
+
+    ``scope``: an OpenMMLab project's registries build the dataset, sampler and collate
+    function names treadle does not know, as MMEngine's Runner builds its loaders: a dataset
+    of the project's registries is batched by their ``pseudo_collate`` unless ``collate_fn``
+    says otherwise, and a project's sampler gets ``seed`` (the config's) unless it gives one."""
     check_table(spec, DATALOADER_SCHEMA, path, "a dataloader")
     if "dataset" not in spec:
         raise ConfigError(join_path(path, "dataset"), "missing required key", expected="{type: digits, ...}")
-    kwargs = {k: v for k, v in spec.items() if k != "dataset"}
-    if kwargs.get("collate_fn") in COLLATE_FUNCTIONS:
-        kwargs["collate_fn"] = COLLATE_FUNCTIONS[kwargs["collate_fn"]]
-    if safe and isinstance(kwargs.get("collate_fn"), str):
-        raise _refused_collate(kwargs["collate_fn"], join_path(path, "collate_fn"))
-    dataset = build_component(spec["dataset"], "dataset", join_path(path, "dataset"), safe=safe)
-    if isinstance(kwargs.get("collate_fn"), str):
-        try:
-            kwargs["collate_fn"] = import_object(kwargs["collate_fn"])
-        except (ImportError, AttributeError) as e:
-            raise ConfigError(join_path(path, "collate_fn"), f"cannot import it: {e}", value=kwargs["collate_fn"]) from e
+    kwargs = {k: v for k, v in spec.items() if k not in ("dataset", "sampler")}
+    dataset_spec = spec["dataset"]
+    projects = by_scope("dataset", _type_of(dataset_spec), scope, safe=safe)  # the project's registries build it
+    dataset = build_component(dataset_spec, "dataset", join_path(path, "dataset"), safe=safe, scope=scope)
+    if "collate_fn" in kwargs or projects:
+        kwargs["collate_fn"] = _collate_fn(kwargs.get("collate_fn"), projects, join_path(path, "collate_fn"), safe,
+                                           scope)
+    if spec.get("sampler") is not None:
+        if "shuffle" in kwargs:
+            raise ConfigError(join_path(path, "shuffle"), "given with a sampler, which orders the samples itself",
+                              value=kwargs["shuffle"], expected="shuffle inside the sampler: {type: DefaultSampler, "
+                                                                "shuffle: true}")
+        kwargs["sampler"] = _sampler(spec["sampler"], dataset, join_path(path, "sampler"), safe, scope, seed)
     try:
         if kwargs.pop("group_by_aspect_ratio", False):
             return _grouped_loader(dataset, kwargs, path)
@@ -181,11 +197,64 @@ def build_dataloader(spec: dict[str, Any], path: str, *, safe: bool = False) -> 
         raise ConfigError(path, f"DataLoader rejected the options: {type(e).__name__}: {e}") from e
 
 
+def _type_of(spec: Any) -> Any:
+    return spec.get("type") if isinstance(spec, dict) else spec
+
+
+def _collate_fn(spec: Any, projects: bool, path: str, safe: bool, scope: Scope | None) -> Any:
+    """A loader's ``collate_fn``. For a dataset of a project's registries (``projects``) its
+    names are MMEngine's ``FUNCTIONS`` (``pseudo_collate``, MMEngine's ``default_collate``),
+    and none given is ``pseudo_collate``, as MMEngine's Runner has it; otherwise treadle's
+    names (:data:`~treadle.data.collate.COLLATE_FUNCTIONS`), a dotted path, or a project's
+    function by registry name."""
+    if spec is None and not projects:
+        return None
+    if spec is None:
+        spec = "pseudo_collate"
+    type_ = _type_of(spec)
+    as_spec = spec if isinstance(spec, dict) else {"type": spec}
+    if projects and isinstance(type_, str) and type_ in COLLATE_FUNCTIONS and scope is not None:
+        return scope.build("collate_fn", as_spec, path)  # MMEngine's function of that name
+    if by_scope("collate_fn", type_, scope, safe=safe):
+        return scope.build("collate_fn", as_spec, path)  # type: ignore[union-attr]  # by_scope: a scope
+    if isinstance(spec, dict):
+        if scope is not None:
+            raise scope.unknown("collate_fn", type_, join_path(path, "type"))
+        raise ConfigError(path, "a collate function by registry name needs an OpenMMLab project's registries",
+                          value=spec, expected="default_collate, pseudo_collate or a dotted path to a function",
+                          hint="a config with default_scope builds it through that project's registries")
+    if spec in COLLATE_FUNCTIONS:
+        return COLLATE_FUNCTIONS[spec]
+    if not isinstance(spec, str):
+        return spec  # a function given from Python
+    if safe:
+        raise _refused_collate(spec, path)
+    try:
+        return import_object(spec)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(path, f"cannot import it: {e}", value=spec) from e
+
+
+def _sampler(spec: Any, dataset: Any, path: str, safe: bool, scope: Scope | None, seed: int | None) -> Any:
+    """A loader's ``sampler``: treadle's orders by MMEngine's names (treadle.data.samplers), or
+    a project's sampler built through its registries (given the dataset, and ``seed`` unless
+    the spec has one, as MMEngine's Runner builds it)."""
+    if not isinstance(spec, dict) or "type" not in spec:
+        raise ConfigError(path, "not a sampler spec", value=spec, expected="{type: DefaultSampler, shuffle: true}")
+    if by_scope("sampler", spec["type"], scope, safe=safe):
+        return scope.build("sampler", spec, path, dataset=dataset, seed=seed)  # type: ignore[union-attr]  # by_scope: a scope
+    kind = spec["type"]
+    if isinstance(kind, str) and kind.rsplit(".", 1)[-1] in REGISTRIES["sampler"]:  # mmengine.DefaultSampler too
+        spec = {**spec, "type": kind.rsplit(".", 1)[-1]}
+    return build_component(spec, "sampler", path, safe=safe, scope=scope, dataset=dataset)
+
+
 def _grouped_loader(dataset: Any, kwargs: dict[str, Any], path: str) -> DataLoader:
     """A DataLoader whose batches share an orientation (``group_by_aspect_ratio: true``)."""
     from treadle.data.grouped import AspectRatioBatchSampler
 
-    order = RandomSampler(dataset) if kwargs.pop("shuffle", False) else SequentialSampler(dataset)
+    order = kwargs.pop("sampler", None) or (RandomSampler(dataset) if kwargs.pop("shuffle", False)
+                                            else SequentialSampler(dataset))
     try:
         batches = AspectRatioBatchSampler(order, kwargs.pop("batch_size", 1), kwargs.pop("drop_last", False))
     except (TypeError, ValueError) as e:
@@ -199,8 +268,12 @@ def _refused_collate(value: Any, path: str) -> ConfigError:
                         "safe mode.")
 
 
-def build_hook(spec: Any, path: str, *, safe: bool = False) -> Hook:
-    """A hook from its spec; ``priority:`` (a name or 0..100) overrides the class's."""
+def build_hook(spec: Any, path: str, *, safe: bool = False, scope: Scope | None = None) -> Hook:
+    """A hook from its spec; ``priority:`` (a name or 0..100) overrides the class's. ``scope``:
+    an OpenMMLab project's registries, which build (and adapt) the hook names treadle does not
+    know."""
+    if isinstance(spec, dict) and by_scope("hook", spec.get("type"), scope, safe=safe):
+        return scope.build("hook", spec, path)  # type: ignore[union-attr]  # by_scope: a scope
     priority = spec.get("priority") if isinstance(spec, dict) else None
     if isinstance(spec, dict):
         spec = {k: v for k, v in spec.items() if k != "priority"}

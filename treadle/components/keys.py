@@ -78,9 +78,14 @@ DATALOADER_KEYS: tuple[Key, ...] = (
     Key("group_by_aspect_ratio", (bool,), "true or false",
         "Batches of one orientation, portrait or landscape, from the dataset's `get_data_info(index)` width and "
         "height (treadle.data.AspectRatioBatchSampler; default false)."),
-    Key("collate_fn", (str, NoneType), "default_collate, pseudo_collate, a dotted path to a function, or null",
+    Key("sampler", (dict, NoneType), "{type: DefaultSampler | InfiniteSampler, shuffle: ..., seed: ...}, or null",
+        "The sample order, by MMEngine's sampler names (treadle.data.samplers): `DefaultSampler` (`shuffle`, "
+        "`seed` (default: the run's), `round_up`) or `InfiniteSampler` (`shuffle`, `seed`), sharded by the "
+        "strategy; instead of `shuffle`. An OpenMMLab project's own sampler type is built through its registries."),
+    Key("collate_fn", (str, dict, NoneType), "default_collate, pseudo_collate, a dotted path to a function, or null",
         "How samples become a batch: `default_collate` (torch's), `pseudo_collate` (lists, not stacked), or a "
-        "dotted path whose module is imported (refused by `--safe`)."),
+        "dotted path whose module is imported (refused by `--safe`); `{type: name, ...}` for a function of an "
+        "OpenMMLab project's registries."),
 )
 
 DATALOADER_SCHEMA: dict[str, Key] = {k.name: k for k in DATALOADER_KEYS}

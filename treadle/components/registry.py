@@ -6,7 +6,9 @@ that is not registered may be a dotted import path such as ``my_pkg.models.Net``
 which imports that module: a config is trusted like code. With ``safe=True`` only
 registered names and torch's own classes are accepted (see :mod:`treadle.components.safe`).
 To register your own names, add entries to these dicts before building a config
-(``MODELS["Net"] = Net``); there is no decorator and no scope.
+(``MODELS["Net"] = Net``); there is no decorator. An OpenMMLab project's names (a config
+with ``default_scope``) come from MMEngine's registries: a :class:`Scope` that the
+builders ask for the names treadle does not know.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -36,6 +38,7 @@ from treadle.hooks.scheduler import ParamSchedulerHook
 from treadle.hooks.summary import ModelSummaryHook
 from treadle.hooks.sync_buffers import SyncBuffersHook
 from treadle.hooks.timer import IterTimerHook
+from treadle.data.samplers import SAMPLERS as DATA_SAMPLERS
 from treadle.metrics import Accuracy
 from treadle.optim.builder import optimizer_names
 from treadle.optim.scheduler_builder import SCHEDULERS
@@ -110,6 +113,9 @@ HOOKS: dict[str, Any] = {
 #: Every ``torch.optim`` optimizer; optimizer configs go to the Trainer unchanged.
 OPTIMIZERS: dict[str, Any] = {name: getattr(torch.optim, name) for name in optimizer_names()}
 
+#: A loader's sample orders (``sampler: {type: DefaultSampler}``): MMEngine's, treadle.data.samplers.
+SAMPLERS: dict[str, Any] = dict(DATA_SAMPLERS)
+
 #: Kind -> registry. ``scheduler`` is treadle's own table, used by the Trainer.
 REGISTRIES: dict[str, dict[str, Any]] = {
     "model": MODELS,
@@ -119,7 +125,46 @@ REGISTRIES: dict[str, dict[str, Any]] = {
     "hook": HOOKS,
     "optimizer": OPTIMIZERS,
     "scheduler": SCHEDULERS,
+    "sampler": SAMPLERS,
 }
+
+
+class Scope(Protocol):
+    """Registries beyond treadle's, asked for the type names treadle does not know: an
+    OpenMMLab project's, in its ``default_scope`` (:class:`treadle.mmengine.scope.ProjectScope`).
+    The builders of :mod:`treadle.components.build` take one as ``scope=``; kinds are those of
+    :data:`REGISTRIES` plus ``collate_fn``."""
+
+    name: str
+
+    def knows(self, kind: str, type_: Any) -> bool:
+        """Whether ``type_`` names a ``kind`` in these registries."""
+
+    def build(self, kind: str, spec: dict[str, Any], path: str, **defaults: Any) -> Any:
+        """The object ``spec`` describes, built by these registries (``defaults``: arguments
+        the spec does not give, as MMEngine's ``default_args``); errors name ``path``."""
+
+    def unknown(self, kind: str, type_: Any, path: str) -> ConfigError:
+        """The error for a name neither treadle nor these registries know."""
+
+
+def by_scope(kind: str, type_: Any, scope: Scope | None, *, safe: bool = False) -> bool:
+    """Whether ``type_`` is built by ``scope``: a name that treadle cannot resolve (not in its
+    registry of ``kind``, and no dotted path that imports) and the scope's registries have. A
+    name both know is treadle's, so a config whose every type is treadle's never asks the
+    scope (nor needs MMEngine). ``safe``: a dotted name is never the scope's (MMEngine would
+    import its first part as a scope's package)."""
+    if scope is None or not isinstance(type_, str) or type_ in REGISTRIES.get(kind, {}):
+        return False
+    if "." in type_:
+        if safe:
+            return False
+        try:
+            import_object(type_)
+            return False
+        except (ImportError, AttributeError):
+            pass  # 'mmpretrain.ImageClassifier': a scope-prefixed registry name
+    return scope.knows(kind, type_)
 
 
 def import_object(dotted: str) -> Any:
@@ -144,12 +189,14 @@ def _known(registry: dict[str, Any], limit: int = 12) -> str:
     return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
 
 
-def resolve_type(kind: str, type_: Any, path: str, *, safe: bool = False) -> Any:
+def resolve_type(kind: str, type_: Any, path: str, *, safe: bool = False, scope: Scope | None = None) -> Any:
     """The class or function a ``type`` names: a registered name, a dotted import path,
     or (Python configs) the object itself. Errors name ``path`` (e.g. ``model.type``).
 
     ``safe``: a dotted path must name a torch.nn / torch.optim class, found without
     importing anything (:func:`treadle.components.safe.torch_class`); any other is refused.
+    ``scope``: the registries a name treadle does not know was looked up in too (the error
+    names them).
     """
     registry = REGISTRIES[kind]
     if callable(type_) and not isinstance(type_, str):
@@ -171,6 +218,8 @@ def resolve_type(kind: str, type_: Any, path: str, *, safe: bool = False) -> Any
         except (ImportError, AttributeError) as e:
             raise ConfigError(path, f"cannot import {type_!r}: {e}",
                               expected="an importable dotted path such as my_pkg.models.Net") from e
+    if scope is not None:
+        raise scope.unknown(kind, type_, path)
     expected = (f"a registered name ({_known(registry)})" + (" or a torch.nn / torch.optim class such as "
                 "torch.nn.CrossEntropyLoss" if safe else " or a dotted import path such as my_pkg.models.Net"))
     raise ConfigError(path, f"unknown {kind} type", value=type_, expected=expected,
@@ -218,4 +267,5 @@ def _same_file(obj: Any, path: Path) -> bool:
 
 
 __all__ = ["DATASETS", "EXAMPLES_DIR", "ExampleRef", "HOOKS", "LOSSES", "METRICS", "MODELS", "OPTIMIZERS",
-           "REGISTRIES", "SCHEDULERS", "check_name", "import_object", "name_of", "resolve_type"]
+           "REGISTRIES", "SAMPLERS", "SCHEDULERS", "Scope", "by_scope", "check_name", "import_object", "name_of",
+           "resolve_type"]

@@ -15,7 +15,8 @@ from treadle.components.build import (build_component, build_dataloader, build_h
                                   check_schedulers)
 from treadle.components.errors import ConfigError, join_path
 from treadle.config.origins import in_user_terms, origins_of
-from treadle.config.schema import SCHEMA, TRAINING_ONLY
+from treadle.config.schema import PROJECT_KEYS, SCHEMA, TRAINING_ONLY
+from treadle.mmengine.scope import check_custom_imports, project_scope, run_custom_imports
 from treadle.engine.eval_loop import loader_sets
 from treadle.engine.trainer import Trainer
 
@@ -42,6 +43,8 @@ def _built(cfg: dict[str, Any], mode: str, safe: bool) -> dict[str, Any]:
     from treadle.seeding import seed_everything
 
     kw = dict(cfg)
+    project = {k.name: kw.pop(k.name, None) for k in PROJECT_KEYS}  # read here, not Trainer arguments
+    check_custom_imports(project["custom_imports"], safe=safe)  # safe mode refuses them before anything runs
     if mode != "train":
         kw.update({k: None for k in TRAINING_ONLY})
         kw["resume"] = False
@@ -54,24 +57,44 @@ def _built(cfg: dict[str, Any], mode: str, safe: bool) -> dict[str, Any]:
         check_safe(kw)
     optimizer_names = check_optimizer(kw.get("optimizer"), safe=safe)
     check_schedulers(kw.get("schedulers"), optimizer_names, safe=safe)
+    run_custom_imports(project["custom_imports"])  # a project's modules register its classes first
+    scope = project_scope(project)  # MMEngine's registries, asked for the names treadle's lack
     if kw.get("seed") is not None:
         seed_everything(kw["seed"], per_rank=bool(kw.get("seed_per_rank")))
-    kw["model"] = build_model(kw["model"], safe=safe)
+    kw["model"] = build_model(kw["model"], safe=safe, scope=scope)
     for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
         sets = loader_sets(kw.get(key)) if key != "train_dataloader" else None
         if sets is not None:  # several validation (test) sets by name
-            kw[key] = {name: build_dataloader(spec, join_path(key, name), safe=safe) if isinstance(spec, Mapping)
-                       else spec for name, spec in sets.items()}
+            kw[key] = {name: build_dataloader(spec, join_path(key, name), safe=safe, scope=scope, seed=kw.get("seed"))
+                       if isinstance(spec, Mapping) else spec for name, spec in sets.items()}
         elif kw.get(key) is not None:
-            kw[key] = build_dataloader(kw[key], key, safe=safe)
+            kw[key] = build_dataloader(kw[key], key, safe=safe, scope=scope, seed=kw.get("seed"))
     if kw.get("loss_fn") is not None:
         kw["loss_fn"] = build_component(kw["loss_fn"], "loss", "loss_fn", safe=safe)
     for key in ("metrics", "train_metrics"):
         if kw.get(key) is not None:
             kw[key] = {name: build_component(spec, "metric", join_path(key, name), safe=safe)
                        for name, spec in kw[key].items()}
-    kw["hooks"] = [build_hook(spec, join_path("hooks", i), safe=safe) for i, spec in enumerate(kw.get("hooks") or [])]
+    kw["hooks"] = [build_hook(spec, join_path("hooks", i), safe=safe, scope=scope)
+                   for i, spec in enumerate(kw.get("hooks") or [])]
+    for key, loader, arg in (("val_evaluator", "val_dataloader", "metrics"),
+                             ("test_evaluator", "test_dataloader", "test_metrics")):
+        if project[key] is not None and kw.get(loader) is not None:
+            kw[arg] = {**(kw.get(arg) or {}), "evaluator": _evaluator(project[key], kw[loader], key, scope)}
     return kw
+
+
+def _evaluator(spec: Any, loader: Any, key: str, scope: Any) -> Any:
+    """An OpenMMLab project's evaluator for ``loader``'s dataset, as a treadle metric."""
+    from treadle.mmengine.evaluator import evaluator_metric
+
+    if loader_sets(loader) is not None:
+        raise ConfigError(key, "one evaluator for several evaluation sets is not supported", value=spec,
+                          expected="one val_dataloader (test_dataloader) with it")
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None:
+        raise ConfigError(key, f"needs a loader with a dataset, got a {type(loader).__name__}", value=spec)
+    return evaluator_metric(spec, scope, dataset, key)
 
 
 def _explain(err: Exception, cfg: dict[str, Any]) -> ConfigError:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from treadle.components.errors import ConfigError
 from treadle.config.loader import apply_overrides, load_file
-from treadle.mmengine.keys import MMENGINE_KEYS, NOT_TRANSLATED
+from treadle.mmengine.keys import MMENGINE_KEYS, NOT_TRANSLATED, PROJECT_KEYS
 from treadle.config.unused import split_unused
 
 SPEC_FILE = Path(__file__).resolve().parent.parent / "engine" / "spec.py"
@@ -43,7 +43,7 @@ def check_early(path: str | Path, overrides: Iterable[str] = (), *, safe: bool =
         return
     try:
         cfg = apply_overrides(load_file(path, safe=safe), list(overrides))
-        split_unused(cfg, [*trainer_argument_names(), *MMENGINE_KEYS], NOT_TRANSLATED)
+        split_unused(cfg, [*trainer_argument_names(), *MMENGINE_KEYS, *(k.name for k in PROJECT_KEYS)], NOT_TRANSLATED)
     except ConfigError as e:
         raise e.with_source(str(path)) from e.__cause__
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from treadle.components.registry import DATASETS, HOOKS, METRICS, MODELS
-from treadle.config.schema import DATALOADER_KEYS, TRAINER_KEYS, Key, trainer_defaults
+from treadle.components.registry import DATASETS, HOOKS, METRICS, MODELS, SAMPLERS
+from treadle.config.schema import DATALOADER_KEYS, PROJECT_KEYS, TRAINER_KEYS, Key, trainer_defaults
 
 BEGIN = "<!-- BEGIN GENERATED: python -m treadle.config.reference --write -->"
 END = "<!-- END GENERATED -->"
@@ -54,11 +54,15 @@ def render_reference() -> str:
              "### Dataloader keys", "", "`train_dataloader`, `val_dataloader` and `test_dataloader` take these "
              "(everything but `dataset` goes to `torch.utils.data.DataLoader`).", "",
              *_table(DATALOADER_KEYS, None), "",
+             "### OpenMMLab project keys", "",
+             "Keys of an MMEngine-style config that the config layer reads (docs/mmengine.md); absent unless set.", "",
+             *_table(PROJECT_KEYS, None), "",
              "### Registered names", "",
              f"* models (`model.type`): {names(MODELS)}",
              f"* datasets (`dataset.type`): {names(DATASETS)}",
              f"* hooks (`hooks[i].type`): {names(HOOKS)}",
              f"* metrics (`metrics.<name>.type`, `train_metrics.<name>.type`): {names(METRICS)}",
+             f"* samplers (`*_dataloader.sampler.type`): {names(SAMPLERS)}",
              "* losses (`loss_fn.type`): every loss class of `torch.nn` (`CrossEntropyLoss`, `MSELoss`, ...)",
              "* optimizers (`optimizer.type`): every class of `torch.optim` (`SGD`, `AdamW`, ...)",
              "* schedulers (`schedulers[i].type`): `treadle.optim.scheduler_builder.SCHEDULERS`",

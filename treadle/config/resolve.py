@@ -19,8 +19,9 @@ from treadle.config.loader import apply_overrides, load_file
 from treadle.mmengine.translate import NOT_TRANSLATED, is_mmengine_style, translate
 from treadle.config.origins import ResolvedConfig, in_user_terms, origins_of
 from treadle.components.registry import name_of
-from treadle.config.schema import SCHEMA, check_value, required_keys, trainer_defaults
+from treadle.config.schema import PROJECT_KEYS, SCHEMA, check_value, required_keys, trainer_defaults
 from treadle.config.unused import check_overrides, log_unused, split_unused
+from treadle.mmengine.scope import check_custom_imports
 
 MODES = ("train", "validate", "test")
 
@@ -86,8 +87,10 @@ def validate_config(cfg: dict[str, Any], mode: str | None = None) -> None:
 
 
 def with_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Every Trainer key, in the signature's order, with the default where unset."""
-    return {k: (cfg[k] if k in cfg else default) for k, default in trainer_defaults().items()}
+    """Every Trainer key, in the signature's order, with the default where unset; then the
+    project keys the config sets (:data:`~treadle.config.schema.PROJECT_KEYS`)."""
+    out = {k: (cfg[k] if k in cfg else default) for k, default in trainer_defaults().items()}
+    return {**out, **{k.name: cfg[k.name] for k in PROJECT_KEYS if cfg.get(k.name) is not None}}
 
 
 def resolve_config(raw: dict[str, Any], overrides: Iterable[str] = (), *, mode: str | None = None,
@@ -134,6 +137,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = (), *, mode: str | 
         cfg = resolve_config(load_file(path, safe=safe), overrides, mode=mode, source=str(path), **values)
         if safe:
             try:
+                check_custom_imports(cfg.get("custom_imports"), safe=True)
                 check_safe(cfg)
             except ConfigError as e:
                 renamed = in_user_terms(e, origins_of(cfg))

@@ -16,10 +16,11 @@ from typing import Any
 
 from treadle.components.keys import (DATALOADER_KEYS, DATALOADER_SCHEMA, Key, check_keys, check_table,
                                  check_value)
+from treadle.mmengine.keys import PROJECT_KEYS
 from treadle.engine.argspec import config_defaults, params
 from treadle.engine.spec import LOG_WRITERS, TRAINER_KEYS, TrainerArgs  # the definitions: beside the Trainer
 
-SCHEMA: dict[str, Key] = {k.name: k for k in TRAINER_KEYS}
+SCHEMA: dict[str, Key] = {k.name: k for k in (*TRAINER_KEYS, *PROJECT_KEYS)}
 
 
 #: Trainer arguments that are not config keys (their ``Arg`` has no ``config`` types):
@@ -44,5 +45,6 @@ def trainer_defaults() -> dict[str, Any]:
     return config_defaults(TrainerArgs)
 
 
-__all__ = ["DATALOADER_KEYS", "DATALOADER_SCHEMA", "Key", "LOG_WRITERS", "NOT_CONFIG_KEYS", "SCHEMA", "TRAINER_KEYS",
+__all__ = ["DATALOADER_KEYS", "DATALOADER_SCHEMA", "Key", "LOG_WRITERS", "NOT_CONFIG_KEYS", "PROJECT_KEYS", "SCHEMA",
+           "TRAINER_KEYS",
            "TRAINING_ONLY", "check_keys", "check_table", "check_value", "required_keys", "trainer_defaults"]

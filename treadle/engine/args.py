@@ -181,6 +181,7 @@ class Args:
     args: TrainerArgs  # every argument, checked (treadle/engine/spec.py): hooks as a list
     loss_fn: Any
     metrics: dict[str, Any]
+    test_metrics: dict[str, Any] | None  # None: test passes use ``metrics``
     train_metrics: TrainMetrics | None  # None when none are given: the step then has no metric code
     hooks: list[Hook]
     workflow: Workflow | None
@@ -217,6 +218,10 @@ def build_args(given: TrainerArgs) -> Args:
     metrics = v.metrics
     if isinstance(metrics, Mapping):
         metrics = {name: from_spec(m, "metric", f"metrics.{name}", safe=safe) for name, m in metrics.items()}
+    test_metrics = v.test_metrics
+    if isinstance(test_metrics, Mapping):
+        test_metrics = {name: from_spec(m, "metric", f"test_metrics.{name}", safe=safe)
+                        for name, m in test_metrics.items()}
     if metrics and v.val_dataloader is None and v.test_dataloader is None:
         # Refusing would break a Trainer built for training whose loaders come in a later run;
         # one line says that nothing will compute them, where before the table came out empty.
@@ -272,6 +277,7 @@ def build_args(given: TrainerArgs) -> Args:
                          f"precision={precision!r} scales no loss")
     return Args(
         args=v, loss_fn=loss_fn, metrics=check_metrics(metrics), hooks=hooks, workflow=workflow,
+        test_metrics=check_metrics(test_metrics, "test_metrics") if test_metrics is not None else None,
         train_metrics=TrainMetrics(train_metrics, v.train_metrics_reset) if train_metrics else None,
         preemption=PreemptionConfig.build(v.preemption), precision=precision, clip_grad=clip_grad,
         optim_wrapper=trainer_optim_wrapper(v.optimizer, precision, v.accumulate, clip_grad, safe, v.loss_scale),

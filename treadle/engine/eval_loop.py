@@ -16,7 +16,7 @@ from torch import Tensor
 from treadle.data.feed import DataFeed
 from treadle.distributed.board import EVAL, PHASE, TEST, VALIDATION, board
 from treadle.hooks.base import HookDispatcher
-from treadle.metrics import compute, flatten_results, to_python, update_metrics
+from treadle.metrics import compute, flatten_results, result_prefix, to_python, update_metrics
 from treadle.engine.step import batch_size_of
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ class EvalLoop:
         results = {f"{prefix}/{k}": v / max(count, 1) for k, v in totals.items()}
         group = self.comm.group if self.comm is not None else None
         for name, m in metrics.items():
-            results.update(flatten_results(f"{prefix}/{name}", compute(m, group)))
+            results.update(flatten_results(result_prefix(prefix, name, m), compute(m, group)))
         self._say_not_numbers(results)
         return results
 

@@ -9,7 +9,8 @@ of mmengine). For one it gets what MMEngine's runner gives it:
   MMEngine's ``optim_context``, ``update_params``, ``backward``, ``step``, ``zero_grad``);
   several optimizers: the dict of them by name (MMEngine's ``OptimWrapperDict`` is read by
   name the same way). It runs its ``data_preprocessor`` itself; what it returns
-  (``log_vars``) is logged.
+  (``log_vars``) is logged. Wrapped by the strategy (DDP), it is stepped as MMEngine's
+  ``MMDistributedDataParallel`` steps it: the forward through the wrapper.
 * ``val_step(data)`` / ``test_step(data)``: the predictions, which go to every metric as
   ``metric.update(predictions, batch)`` (MMEngine's ``evaluator.process(data_samples=
   predictions, data_batch=batch)``); nothing else is logged.
@@ -39,7 +40,10 @@ def is_mmengine_model(module: Any) -> bool:
 
 
 def model_train_step(module: Any) -> Callable[[Any, Any], Any] | None:
-    """The model's train step as ``step(batch, trainer)``, or None when it has none."""
+    """The model's train step as ``step(batch, trainer)``, or None when it has none. An
+    MMEngine model whose strategy wrapped it in another module (DDP) is stepped as MMEngine's
+    ``MMDistributedDataParallel.train_step`` steps it (:func:`wrapped_train_step`); one that is
+    its own (one process; FSDP2, which shards the module in place) by its own ``train_step``."""
     step = getattr(module, "train_step", None)
     if step is None:
         return None
@@ -48,9 +52,37 @@ def model_train_step(module: Any) -> Callable[[Any, Any], Any] | None:
 
     def mmengine_train_step(batch: Any, trainer: Any) -> Any:
         wrappers = trainer.optim_wrappers
-        return step(batch, next(iter(wrappers.values())) if len(wrappers) == 1 else dict(wrappers))
+        optim_wrapper = next(iter(wrappers.values())) if len(wrappers) == 1 else dict(wrappers)
+        if trainer.model is module:
+            return step(batch, optim_wrapper)
+        return wrapped_train_step(module, trainer.model, batch, optim_wrapper)
 
     return mmengine_train_step
+
+
+def wrapped_train_step(module: Any, wrapper: Any, data: Any, optim_wrapper: Any) -> Any:
+    """MMEngine's ``MMDistributedDataParallel.train_step``: the model's ``data_preprocessor``,
+    the forward with ``mode='loss'`` through ``wrapper`` (DDP: its gradient hooks fire in
+    backward), the model's ``parse_losses``, then ``optim_wrapper.update_params``; returns
+    the values to log. The model's own ``train_step`` would call the unwrapped module, whose
+    gradients no process would exchange."""
+    if isinstance(optim_wrapper, dict):
+        raise ValueError(f"{type(module).__name__} is an MMEngine model with several optimizers "
+                         f"({sorted(optim_wrapper)}) under a wrapping strategy (DDP): MMEngine steps those with a "
+                         "wrapper per submodule (MMSeparateDistributedDataParallel), which treadle does not have; "
+                         "train it with strategy fsdp, in one process, or write model.train_step(batch, trainer)")
+    with optim_wrapper.optim_context(wrapper):
+        data = module.data_preprocessor(data, training=True)
+        if isinstance(data, dict):
+            losses = wrapper(**data, mode="loss")
+        elif isinstance(data, (list, tuple)):
+            losses = wrapper(*data, mode="loss")
+        else:
+            raise TypeError(f"{type(module).__name__}.data_preprocessor returned a {type(data).__name__}; MMEngine "
+                            "models take a dict, list or tuple")
+    loss, log_vars = module.parse_losses(losses)
+    optim_wrapper.update_params(loss)
+    return log_vars
 
 
 def model_eval_step(module: Any, name: str) -> Callable[[Any, Any], Any] | None:
@@ -69,4 +101,4 @@ def model_eval_step(module: Any, name: str) -> Callable[[Any, Any], Any] | None:
     return mmengine_eval_step
 
 
-__all__ = ["MMENGINE_STEP_ARG", "is_mmengine_model", "model_eval_step", "model_train_step"]
+__all__ = ["MMENGINE_STEP_ARG", "is_mmengine_model", "model_eval_step", "model_train_step", "wrapped_train_step"]

@@ -5,6 +5,8 @@
 is known before anything runs, from the Trainer's parts:
 
 * each metric ``m`` gives ``val/m`` (or ``val/m/<key>`` when its ``compute()`` returns a dict);
+  one that names its results (an MMEngine evaluator) gives ``val/<prefix>/<key>`` for each
+  of its metrics' prefixes (``val/accuracy/top1``);
 * the evaluation step's losses: a torch loss module as ``loss_fn`` gives ``val/loss``; the
   default step without a ``loss_fn`` gives the entries of the model's output whose names hold
   "loss" (``val/loss``, ``val/loss_cls``...); a model that returns predictions in eval mode
@@ -22,7 +24,7 @@ gives, instead of failing (or, for early stopping, doing nothing) after the firs
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from torch import nn
 
@@ -73,6 +75,23 @@ def may_produce(key: str, metrics: Iterable[str], kind: str, sets: Sequence[str]
     return kind == ANY or (kind == LOSSES and "loss" in name.lower())
 
 
+def result_names(metrics: Mapping[str, Any]) -> list[str] | None:
+    """The names under ``val/`` that ``metrics`` give: each metric's name, or for a metric that
+    names its results itself (``named_results``: an MMEngine evaluator) the prefixes in its
+    ``prefixes`` (``accuracy`` for ``accuracy/top1``); None when such a metric may give any
+    name (a metric of it without a prefix)."""
+    names: list[str] = []
+    for name, metric in metrics.items():
+        if getattr(metric, "named_results", False) is not True:
+            names.append(name)
+            continue
+        prefixes = getattr(metric, "prefixes", None)
+        if not prefixes or any(not isinstance(p, str) or not p for p in prefixes):
+            return None
+        names += prefixes
+    return names
+
+
 def _watched(hooks: Iterable[Any]) -> list[tuple[str, str]]:
     """``(what, key)`` of every result a hook waits for, ``what`` as the message names it."""
     out = []
@@ -91,11 +110,14 @@ def _watched(hooks: Iterable[Any]) -> list[tuple[str, str]]:
     return out
 
 
-def check_monitored(hooks: Iterable[Any], metrics: Iterable[str], kind: str, why: str,
+def check_monitored(hooks: Iterable[Any], metrics: Iterable[str] | None, kind: str, why: str,
                     sets: Sequence[str] | None = None) -> None:
     """Refuse, in one line, a hook that waits for a validation result that validation
-    never produces (``kind``, ``why``: :func:`eval_values`; ``sets``: the validation sets'
-    names, or None for one loader)."""
+    never produces (``metrics``: :func:`result_names`, None when a metric may give any name;
+    ``kind``, ``why``: :func:`eval_values`; ``sets``: the validation sets' names, or None for
+    one loader)."""
+    if metrics is None:
+        return
     metrics = list(metrics)
     for what, key in _watched(hooks):
         if may_produce(key, metrics, kind, sets):
@@ -112,4 +134,5 @@ def check_monitored(hooks: Iterable[Any], metrics: Iterable[str], kind: str, why
                          f"or {at}<name>/<key> when its compute() returns a dict; {why}).{hint}")
 
 
-__all__ = ["ANY", "LOSSES", "NONE", "check_monitored", "eval_values", "may_produce", "returns_predictions_in_eval"]
+__all__ = ["ANY", "LOSSES", "NONE", "check_monitored", "eval_values", "may_produce", "result_names",
+           "returns_predictions_in_eval"]

@@ -443,6 +443,10 @@ class TrainerArgs:
         "(treadle/strategies/activation_checkpointing.py, docs/optimization.md).",
         (str, list, dict, bool, NoneType), AC_EXPECTED, _activation_checkpointing, objects=_ANY,
         convert=check_activation_checkpointing, training_only=True)] = None
+    test_metrics: Annotated[Mapping[str, Any] | None, Arg(
+        "Metrics of test passes only (as `metrics`); None: test passes use `metrics` (an OpenMMLab project's "
+        "`test_evaluator` lands here).",
+        (dict, NoneType), "a mapping {name: component spec}, or null", objects=_ANY)] = None
 
 
 def check_args(args: TrainerArgs) -> TrainerArgs:

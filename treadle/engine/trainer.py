@@ -38,7 +38,7 @@ from treadle.engine.resume import note_other_runs, resume_latest, weights_to_rea
 from treadle.engine.run_dir import RunDir
 from treadle.hooks.state import TrainState
 from treadle.engine.mmengine_model import is_mmengine_model, model_eval_step, model_train_step
-from treadle.engine.monitored import check_monitored, eval_values
+from treadle.engine.monitored import check_monitored, eval_values, result_names
 from treadle.engine.step import make_eval_step, make_train_step, tell_if_outside_autocast
 from treadle.strategies.build import resolve_strategy
 from treadle.components.empty_init import EmptyModel
@@ -89,6 +89,7 @@ class Trainer:
         """The checked arguments that the loops and steps read later."""
         args = a.args
         self.precision, self.clip_grad, self.metrics, self.workflow = a.precision, a.clip_grad, a.metrics, a.workflow
+        self.test_metrics = a.test_metrics if a.test_metrics is not None else a.metrics  # test passes
         self.preemption, self.verbose, self.resume = a.preemption, args.verbose, args.resume
         self.seed_per_sample = args.seed_per_sample  # the loaders' DataFeeds (treadle/data/worker_seed.py)
         self.move_batch = args.move_batch
@@ -151,7 +152,8 @@ class Trainer:
         self._agree_stop = functools.partial(agree_on_stop, self.state) if strategy.distributed else None
         self._move = strategy.batch_mover() if self.move_batch else None
         train = self.train_metrics.metrics if self.train_metrics is not None else {}
-        place_metrics([*(self.metrics or {}).values(), *train.values()], strategy.device, strategy.layout)
+        evaluation = {id(m): m for m in [*(self.metrics or {}).values(), *(self.test_metrics or {}).values()]}
+        place_metrics([*evaluation.values(), *train.values()], strategy.device, strategy.layout)
         if strategy.device.type == "cuda" and self.is_main:
             warn_if_unpinned(self.train_dataloader)
         watch = comm.stall_watch()  # the stall watch judges this trainer's runs (see _run)
@@ -176,7 +178,7 @@ class Trainer:
         self.val_loop = self._eval_loop(self.val_dataloader, "val") if self.val_dataloader is not None else None
         if self.val_loop is not None:
             custom = self.val_loop.custom_step
-            check_monitored(self.hooks, self.metrics or {}, *eval_values(
+            check_monitored(self.hooks, result_names(self.metrics or {}), *eval_values(
                 self.module, self.loss_fn, custom, custom is not None and is_mmengine_model(self.module)
                 and type(self).val_step is Trainer.val_step), sets=self.val_loop.set_names)
         self.test_loop = self._eval_loop(self.test_dataloader, "test") if self.test_dataloader is not None else None
@@ -188,11 +190,11 @@ class Trainer:
         """The model's own ``train_step``/``val_step`` when it has them, and the default
         evaluation step (the training step is chosen once, with the train loop: _select_train_step)."""
         self._custom_train_step = model_train_step(self.module)  # treadle's or MMEngine's signature
-        if is_mmengine_model(self.module) and self.strategy.distributed:
-            raise ValueError(f"{type(self.module).__name__} is an MMEngine model (train_step(data, optim_wrapper)), "
-                             "whose train_step calls the unwrapped model: under several processes DDP would not "
-                             "all-reduce its gradients. Train it in one process, or write "
-                             "model.train_step(batch, trainer) that calls trainer.model")
+        if is_mmengine_model(self.module) and self.model is not self.module and len(self.optim_wrappers) > 1:
+            raise ValueError(f"{type(self.module).__name__} is an MMEngine model with several optimizers "
+                             f"({sorted(self.optim_wrappers)}) under a strategy that wraps it ({type(self.model).__name__}"
+                             "): MMEngine steps those with a wrapper per submodule, which treadle does not have; train "
+                             "it with strategy fsdp, in one process, or write model.train_step(batch, trainer)")
         self._default_step = (type(self).train_step is Trainer.train_step and self._custom_train_step is None
                               and bool(self.optim_wrappers))
         if len(self.optim_wrappers) > 1 and self._custom_train_step is None and type(self).train_step is Trainer.train_step:
@@ -245,7 +247,7 @@ class Trainer:
         comm = (EvalComm(strategy.rank, strategy.eval_in_lockstep, strategy.layout.data_object_group)
                 if strategy.distributed else None)
         return EvalLoop(self, loader, mode, hooks=self._dispatch, state=self.state, model=self.model,
-                        metrics=self.metrics, step=self._eval_step, seed=self.seed,
+                        metrics=self.test_metrics if mode == "test" else self.metrics, step=self._eval_step, seed=self.seed,
                         custom_step=self._custom_eval_step(mode),
                         seed_per_sample=self.seed_per_sample, comm=comm, limit=self._limits[mode])
 
@@ -396,8 +398,11 @@ class Trainer:
             feed.close()
 
     def update_metrics(self, outputs: Any, targets: Any) -> None:
-        """For custom val steps: feed every metric (16-bit float outputs as float32)."""
-        update_metrics(self.metrics, outputs, targets, self.state.mode)
+        """For custom val steps: feed every metric of this pass (``test_metrics`` in a test
+        pass; 16-bit float outputs as float32)."""
+        metrics = self.test_metrics if self.state.mode == "test" else self.metrics
+        update_metrics(metrics, outputs, targets, self.state.mode, "test_metrics" if metrics is not self.metrics
+                       else "metrics")
 
     def update_train_metrics(self, outputs: Any, targets: Any) -> None:
         """For custom train steps: feed every train metric one batch (on the device, no host

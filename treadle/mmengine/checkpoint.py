@@ -105,7 +105,7 @@ def translate_best(ck: dict[str, Any], path: str, cfg: dict[str, Any]) -> None:
                               "MMEngine cannot)", value=best, expected="a rule: greater or less")
     key = best if best.startswith("val/") else f"val/{best}"
     ck["best"], ck["rule"] = key, rule
-    if cfg.get("val_dataloader") is not None:
+    if cfg.get("val_dataloader") is not None and cfg.get("val_evaluator") is None:  # an evaluator's: once built
         metrics = list(cfg.get("metrics") or {})
         if not may_produce(key, metrics, LOSSES):
             gives = [f"val/{m}" for m in metrics]

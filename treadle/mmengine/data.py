@@ -3,11 +3,15 @@
 =================================================  ===========================================
 MMEngine                                           treadle
 =================================================  ===========================================
-``sampler: {type: DefaultSampler | InfiniteSampler  ``shuffle`` (MMEngine's default: true); the
-shuffle, seed, round_up}``                         ``seed`` is dropped (treadle seeds samplers);
-                                                   ``round_up: true`` is dropped (treadle pads
-                                                   training shards as MMEngine does, and
-                                                   validation results are not padded in either)
+``sampler: {type: DefaultSampler | InfiniteSampler  the same ``sampler`` (treadle.data.samplers:
+shuffle, seed, round_up}``, or a project's          MMEngine's orders, the run's seed unless the
+                                                   config gives one); a training ``round_up:
+                                                   false`` is refused (ranks would take unequal
+                                                   numbers of steps); evaluation shards are
+                                                   never padded (MMEngine pads them, then drops
+                                                   the padding from the results). A project's
+                                                   sampler type: kept, built through MMEngine's
+                                                   registry (it must shard itself)
 ``batch_sampler: null``                            dropped
 ``batch_sampler: {type: BatchSampler, drop_last}``  ``drop_last`` (torch's BatchSampler over the
                                                    sampler is what the DataLoader batches with)
@@ -16,6 +20,7 @@ drop_last}`` (mmdet's; ``mmdet.`` scope too)       (treadle.data.AspectRatioBatc
                                                    batches, resumed and sharded)
 ``collate_fn: {type: default_collate |             ``collate_fn: default_collate`` (torch's) or
 pseudo_collate}``                                  ``pseudo_collate`` (:mod:`treadle.data.collate`)
+``collate_fn: {type: <a project's>, ...}``          kept, built through the project's registries
 =================================================  ===========================================
 """
 
@@ -36,15 +41,21 @@ def _short(kind: Any) -> Any:
 
 
 def _sampler(sampler: Any, path: str, training: bool) -> dict[str, Any]:
-    if not isinstance(sampler, dict) or _short(sampler.get("type")) not in _SAMPLERS:
+    if not isinstance(sampler, dict) or "type" not in sampler:
         raise ConfigError(path, "unsupported sampler", value=sampler,
                           expected="{type: DefaultSampler, shuffle: true|false}")
-    out = take(sampler, path, {"shuffle": "shuffle", "round_up": "round_up"}, {"type": None, "seed": None})
-    if out.pop("round_up", True) is not True and training:
+    kind = _short(sampler["type"])
+    if kind not in _SAMPLERS:  # a project's own: built through its registry (treadle/mmengine/scope.py)
+        return {"sampler": dict(sampler)}
+    names = {"shuffle": "shuffle", "seed": "seed", **({"round_up": "round_up"} if kind == "DefaultSampler" else {})}
+    out = take(sampler, path, names, {"type": None})
+    if out.get("round_up", True) is not True and training:
         raise ConfigError(join_path(path, "round_up"), "option has no treadle equivalent for this value", value=False,
-                          expected="round_up: true (what treadle does: every training process takes as many "
-                                   "batches, the shards padded from the start), or no round_up")
-    return {"shuffle": out.get("shuffle", True)}  # MMEngine's samplers shuffle by default
+                          expected="round_up: true (every training process takes as many batches, the shards "
+                                   "padded from the start), or no round_up")
+    if out.get("round_up") is True:
+        del out["round_up"]  # the default
+    return {"sampler": {"type": kind, **out}}
 
 
 def _batch_sampler(spec: Any, path: str) -> dict[str, Any]:
@@ -64,10 +75,13 @@ def _collate(spec: Any, path: str) -> Any:
     if not isinstance(spec, dict):
         return spec  # a name or dotted path: checked where the loader is built
     kind = _short(spec.get("type"))
-    if kind not in _COLLATE or len(spec) != 1:
+    if kind in _COLLATE and len(spec) == 1:
+        return kind
+    if "type" not in spec:
         raise ConfigError(path, "unsupported collate_fn", value=spec,
-                          expected=f"{{type: {' | '.join(_COLLATE)}}} without options, or a dotted path to a function")
-    return kind
+                          expected=f"{{type: {' | '.join(_COLLATE)}}}, a project's function by registry name, or a "
+                                   "dotted path to a function")
+    return dict(spec)  # a project's function (or one with options): built through its registry
 
 
 def set_names(specs: list[Any] | tuple[Any, ...]) -> list[str]:

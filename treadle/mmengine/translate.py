@@ -70,11 +70,21 @@ shuffle: ...}``                                        dropped: treadle seeds sa
                                                        (MMEngine scales only with ``enable: true``)
 ``resume: true`` with ``load_from: PATH``              ``resume: PATH`` (full state), no
                                                        ``load_from``
+``model_wrapper_cfg`` (``MMDistributedDataParallel``)  ``strategy: {type: auto | ddp, ...}``: its
+and ``find_unused_parameters`` (the Runner's)          ``find_unused_parameters``, ``broadcast_buffers``
+                                                       -> ``sync_buffers``; without it the Runner's
+                                                       wrapper: ``sync_buffers: false`` (options the
+                                                       config's strategy gives win; fsdp, deepspeed:
+                                                       untouched)
 ``sync_bn: torch`` (the runner's)                      ``strategy: {type: ddp, sync_bn: true}``
                                                        (merged into a ddp/fsdp strategy the config
                                                        gives); ``mmcv``: refused
 ``activation_checkpointing: [paths]`` (the runner's)   the same key: treadle's takes submodule paths
-``default_scope``                                      dropped
+``default_scope``, ``custom_imports``,                 the same keys (the config layer reads them:
+``val_evaluator``, ``test_evaluator``                  a project's registries and evaluators,
+                                                       treadle/mmengine/scope.py, evaluator.py)
+top-level ``data_preprocessor``                        ``model.data_preprocessor`` unless the model
+                                                       gives one (the Runner's ``setdefault``)
 runtime keys (``env_cfg``, ``visualizer``,             see :mod:`treadle.mmengine.runtime`
 ``log_level``, ``launcher``, ``log_processor``,
 ``tta_model``), visualization hooks, helper variables
@@ -187,9 +197,10 @@ def _optim_wrapper(spec: Any, out: _Out) -> None:
     out.origins["optimizer.paramwise"] = join_path(path, "paramwise_cfg")
     if rest.get("loss_scale", "dynamic") != "dynamic":  # a fixed scale or GradScaler's options
         out.set("loss_scale", rest["loss_scale"], join_path(path, "loss_scale"))
-    for key, written in (("clip_grad", "clip_grad"), ("accumulate", "accumulative_counts")):
-        if rest.get(key) is not None:
-            out.set(key, rest[key], join_path(path, written))
+    if rest.get("clip_grad") is not None:
+        out.set("clip_grad", _clip_grad(rest["clip_grad"], join_path(path, "clip_grad")), join_path(path, "clip_grad"))
+    if rest.get("accumulate") is not None:
+        out.set("accumulate", rest["accumulate"], join_path(path, "accumulative_counts"))
     if rest.get("accumulate") not in (None, 1):  # MMEngine counts windows over the run, not per epoch
         out.set("accumulate_across_epochs", True, join_path(path, "accumulative_counts"))
     dtype = rest.get("dtype")
@@ -200,6 +211,19 @@ def _optim_wrapper(spec: Any, out: _Out) -> None:
         out.set("precision", precision, join_path(path, "type"))
     elif dtype is not None:
         raise ConfigError(join_path(path, "dtype"), "only applies to AmpOptimWrapper", value=dtype)
+
+
+def _clip_grad(spec: Any, path: str) -> Any:
+    """MMEngine's ``clip_grad``: ``{max_norm, norm_type, ...}`` (``type: norm``, the default) or
+    ``{type: value, clip_value}``, as treadle's ``{max_norm, ...}`` or ``{value}``."""
+    if not isinstance(spec, dict) or "type" not in spec:
+        return spec
+    kind = spec["type"]
+    if kind == "norm":
+        return {k: v for k, v in spec.items() if k != "type"}
+    if kind == "value":
+        return take(spec, path, {"clip_value": "value"}, {"type": None})
+    raise ConfigError(join_path(path, "type"), "unsupported gradient clipping", value=kind, expected="norm or value")
 
 
 def _train_cfg(spec: Any, out: _Out) -> None:
@@ -217,6 +241,8 @@ def _train_cfg(spec: Any, out: _Out) -> None:
     if wrong in rest:
         raise ConfigError(join_path(path, wrong), f"does not fit by_epoch={by_epoch}", value=rest[wrong],
                           expected=f"{'max_epochs' if by_epoch else 'max_iters'} for this loop")
+    if not by_epoch:
+        rest.setdefault("val_interval", 1000)  # IterBasedTrainLoop's default (EpochBasedTrainLoop's is 1, treadle's)
     schedule = val_schedule(rest.pop("val_begin", 1), rest.pop("dynamic_intervals", None), rest.get("val_interval", 1),
                             rest.get("max_epochs" if by_epoch else "max_iters"), by_epoch, path)
     for key, value in rest.items():
@@ -231,7 +257,7 @@ def _checkpoint(spec: dict[str, Any], path: str, out: _Out) -> None:
              "less_keys": "less_keys"}
     ck = take(spec, path, names, {"type": None, "save_optimizer": True, "save_param_scheduler": True})
     translate_best(ck, path, out.cfg)  # save_best, rule, greater/less_keys, out_dir (mmengine_checkpoint.py)
-    if ck.get("interval") == -1:
+    if ck.get("interval", -1) == -1:  # MMEngine's default: no periodic saves, the last one (save_last)
         ck["interval"] = None
     keep = ck.get("keep")
     if keep is None or (isinstance(keep, int) and not isinstance(keep, bool) and keep < 0):
@@ -281,13 +307,24 @@ def _ema(spec: dict[str, Any], path: str, out: _Out) -> None:
     out.renamed("ema", path, names)
 
 
-def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> tuple[list[Any], bool]:
-    """The hooks to add, and whether the LoggerHook logs leftover iterations (``ignore_last: false``)."""
+#: The Runner's own default hooks that treadle takes (the others are what treadle always does):
+#: a config's ``default_hooks`` update them, and ``None`` switches one off.
+RUNNER_HOOKS = {"logger": {"type": "LoggerHook"}, "checkpoint": {"type": "CheckpointHook", "interval": 1}}
+
+
+def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out, *, scoped: bool,
+           by_epoch: bool) -> tuple[list[Any], bool]:
+    """The hooks to add, and whether the LoggerHook logs leftover iterations (``ignore_last: false``).
+    ``scoped``: the config has a ``default_scope``, whose registries may know a hook treadle does
+    not; ``by_epoch``: the loop (the Runner's default checkpoint saves each epoch, which an
+    iteration-based loop has only at its end)."""
     if default_hooks is not None and not isinstance(default_hooks, dict):
         raise ConfigError("default_hooks", "must be a mapping of name: hook spec", value=default_hooks)
     if custom_hooks is not None and not isinstance(custom_hooks, list):
         raise ConfigError("custom_hooks", "must be a list of hook specs", value=custom_hooks)
-    items = [(f"default_hooks.{k}", v) for k, v in (default_hooks or {}).items()]
+    runner = {**RUNNER_HOOKS, "checkpoint": {"type": "CheckpointHook", "interval": 1 if by_epoch else -1}}
+    defaults = {k: v for k, v in runner.items() if k not in (default_hooks or {})}
+    items = [(f"default_hooks.{k}", v) for k, v in {**(default_hooks or {}), **defaults}.items()]
     items += [(f"custom_hooks[{i}]", v) for i, v in enumerate(custom_hooks or [])]
     hooks: list[Any] = []
     logs_leftovers = False
@@ -304,17 +341,17 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> tuple[list[Any],
             continue
         if kind in _PRECISE_BN:  # mmpretrain's (mmcls's before it): the same arguments
             spec, kind = {**spec, "type": "PreciseBNHook"}, "PreciseBNHook"
-        if isinstance(kind, str) and "." not in kind and kind not in REGISTRIES["hook"]:
+        if isinstance(kind, str) and "." not in kind and kind not in REGISTRIES["hook"] and not scoped:
             raise ConfigError(join_path(path, "type"), "unknown hook type", value=kind,
                               expected=f"a treadle hook ({', '.join(sorted(REGISTRIES['hook']))}), a registered "
-                                       "one, or a dotted import path")
+                                       "one, or a dotted import path",
+                              hint="a config with default_scope takes its project's hooks by registry name")
         if kind == "CheckpointHook":
             _checkpoint(spec, path, out)
         elif kind == "LoggerHook":
             log = take(spec, path, {"interval": "interval", "ignore_last": "ignore_last"},
                        {"type": None, "log_metric_by_epoch": False, "interval_exp_name": None}, _LOGGER_WHY)
-            if "interval" in log:
-                out.set("log_interval", log["interval"], join_path(path, "interval"))
+            out.set("log_interval", log.get("interval", 10), join_path(path, "interval"))  # MMEngine's default: 10
             if log.get("ignore_last", True) is not True:
                 if log["ignore_last"] is not False:
                     raise ConfigError(join_path(path, "ignore_last"), "not a bool", value=log["ignore_last"],
@@ -323,7 +360,13 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> tuple[list[Any],
         elif kind == "EMAHook":
             _ema(spec, path, out)
         elif kind == "EarlyStoppingHook":
-            hook = {("stop_on_nonfinite" if k == "check_finite" else k): v for k, v in spec.items()}
+            if spec.get("stopping_threshold") is not None:
+                raise ConfigError(join_path(path, "stopping_threshold"), "option has no treadle equivalent",
+                                  value=spec["stopping_threshold"], expected="no stopping_threshold (treadle stops "
+                                  "on patience only)")
+            hook = {("stop_on_nonfinite" if k == "check_finite" else k): v for k, v in spec.items()
+                    if k != "stopping_threshold"}
+            hook.setdefault("min_delta", 0.1)  # MMEngine's default (treadle's own is 0)
             if isinstance(hook.get("monitor"), str) and not hook["monitor"].startswith("val/"):
                 hook["monitor"] = f"val/{hook['monitor']}"  # an evaluator's result: treadle's validation result
             hooks.append(hook)
@@ -331,6 +374,29 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out) -> tuple[list[Any],
             hooks.append(dict(spec))
         out.hook_sources += [path] * (len(hooks) - before)
     return hooks, logs_leftovers
+
+
+def _model_wrapper(spec: Any, find_unused: Any) -> dict[str, Any]:
+    """The options of a ddp strategy for the Runner's wrapper: without ``model_wrapper_cfg`` its
+    ``MMDistributedDataParallel`` has ``broadcast_buffers=False`` and the top-level
+    ``find_unused_parameters``; with one, that config's (torch's defaults otherwise)."""
+    path = "model_wrapper_cfg"
+    if spec is None:
+        options = {"sync_buffers": False}
+        if find_unused is not None:
+            options["find_unused_parameters"] = find_unused
+        return options
+    if not isinstance(spec, dict):
+        raise ConfigError(path, "must be a mapping", value=spec, expected="{type: MMDistributedDataParallel, ...}")
+    kind = spec.get("type", "MMDistributedDataParallel")
+    if not isinstance(kind, str) or kind.rsplit(".", 1)[-1] not in ("MMDistributedDataParallel",
+                                                                    "DistributedDataParallel"):
+        raise ConfigError(join_path(path, "type"), "unsupported model wrapper", value=kind,
+                          expected="MMDistributedDataParallel (treadle's ddp strategy; fsdp and deepspeed: "
+                                   "strategy: {type: fsdp | deepspeed})")
+    return take(spec, path, {"find_unused_parameters": "find_unused_parameters", "broadcast_buffers": "sync_buffers",
+                             "static_graph": "static_graph", "gradient_as_bucket_view": "gradient_as_bucket_view"},
+                {"type": None, "device_ids": None, "detect_anomalous_params": False})
 
 
 def _strategy_with(given: Any, options: dict[str, Any], source: str) -> dict[str, Any]:
@@ -371,7 +437,9 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None,
         if spec not in (None, {}) and not (set(spec) == {"type"} and loop in loops):
             raise ConfigError(key, "options have no treadle equivalent", value=spec,
                               expected=f"{{}}, null or {{type: {loops[0]} | {loops[1]}}} without options")
-    hooks, logs_leftovers = _hooks(cfg.get("default_hooks"), cfg.get("custom_hooks"), out)
+    hooks, logs_leftovers = _hooks(cfg.get("default_hooks"), cfg.get("custom_hooks"), out,
+                                   scoped=cfg.get("default_scope") is not None,
+                                   by_epoch=out.cfg.get("max_iters") is None)
     if "randomness" in cfg:
         rnd = cfg["randomness"]
         if not isinstance(rnd, dict):
@@ -396,6 +464,13 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None,
         out.cfg["strategy"] = translate_strategy(out.cfg["strategy"])
     if rt.strategy:
         out.cfg["strategy"] = _strategy_with(out.cfg.get("strategy"), rt.strategy, rt.strategy_source)
+    wrapper = _model_wrapper(cfg.get("model_wrapper_cfg"), cfg.get("find_unused_parameters"))
+    given = out.cfg.get("strategy")
+    flexible = is_mmengine_strategy(cfg.get("strategy"))  # FlexibleRunner's strategy: its own wrapper options
+    if not flexible and (given in (None, "auto", "ddp") or (isinstance(given, dict) and given.get("type") in
+                                                            ("auto", "ddp"))):
+        given = given if isinstance(given, dict) else {"type": given or "auto"}  # auto: ddp's options on several
+        out.cfg["strategy"] = {**given, **{k: v for k, v in wrapper.items() if k not in given}}
     if "sync_bn" in out.cfg:  # the runner's: BatchNorm layers converted when it wraps the model for several processes
         sync = sync_bn_option(out.cfg.pop("sync_bn"), "sync_bn")
         if sync:
@@ -427,6 +502,12 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None,
         out.cfg["resume"] = out.cfg.pop("load_from")  # MMEngine resumes from load_from (full state)
     if "model" in out.cfg:
         out.cfg.setdefault("init_weights", True)  # MMEngine's runner calls model.init_weights()
+    if "data_preprocessor" in out.cfg:  # the Runner's: model.setdefault('data_preprocessor', ...)
+        preprocessor = out.cfg.pop("data_preprocessor")
+        if isinstance(out.cfg.get("model"), dict) and preprocessor is not None:
+            out.cfg["model"] = {**out.cfg["model"], "data_preprocessor": out.cfg["model"].get(
+                "data_preprocessor", preprocessor)}
+            out.origins.setdefault("model.data_preprocessor", "data_preprocessor")
     if replaced is not None:
         replaced.update(out.replaced)
     if origins is not None:

@@ -27,7 +27,8 @@ def resolve_strategy(strategy: str | dict[str, Any] | Strategy) -> Strategy:
     """Resolve the Trainer's ``strategy``: a name, ``dict(type="ddp", ...)`` or an object.
 
     "auto" is "ddp" when the launcher started several processes (see
-    :func:`treadle.distributed.detect_launcher`), else "single".
+    :func:`treadle.distributed.detect_launcher`), else "single"; ``dict(type="auto", ...)``
+    takes ddp's options, which apply when it is "ddp".
     """
     if isinstance(strategy, Strategy):
         return strategy
@@ -66,6 +67,11 @@ def _class_and_options(strategy: str | dict[str, Any]) -> tuple[str, type[Strate
         from treadle.distributed.env import detect_launcher
 
         strategy = "ddp" if detect_launcher().distributed or comm.get_world_size() > 1 else "single"
+        if strategy == "single":  # ddp's options (an MMEngine config's wrapper) mean nothing on one process
+            from treadle.strategies.ddp import DDPStrategy
+
+            ddp_only = set(inspect.signature(DDPStrategy).parameters) - set(inspect.signature(SingleDevice).parameters)
+            options = {k: v for k, v in options.items() if k not in ddp_only}
     if strategy == "single":
         cls: type[Strategy] = SingleDevice
     elif strategy == "ddp":
