@@ -77,6 +77,10 @@ def _built(cfg: dict[str, Any], mode: str, safe: bool) -> dict[str, Any]:
                        for name, spec in kw[key].items()}
     kw["hooks"] = [build_hook(spec, join_path("hooks", i), safe=safe, scope=scope)
                    for i, spec in enumerate(kw.get("hooks") or [])]
+    if scope.used:  # a project's models and transforms read MMEngine's message hub while they train
+        from treadle.mmengine.hooks import RuntimeInfo
+
+        kw["hooks"].append(RuntimeInfo())
     for key, loader, arg in (("val_evaluator", "val_dataloader", "metrics"),
                              ("test_evaluator", "test_dataloader", "test_metrics")):
         if project[key] is not None and kw.get(loader) is not None:

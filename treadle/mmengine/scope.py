@@ -108,6 +108,7 @@ class ProjectScope:
             raise ConfigError("default_scope", "not a scope name", value=name, expected="e.g. mmpretrain")
         self.name = name or "mmengine"
         self.given = name is not None
+        self.used = False  # whether these registries built anything (the run then keeps MMEngine's hub)
         self._registry: Any = None  # mmengine.registry, imported on first use
 
     def __repr__(self) -> str:
@@ -189,6 +190,7 @@ class ProjectScope:
     def build(self, kind: str, spec: dict[str, Any], path: str, **defaults: Any) -> Any:
         if kind == "collate_fn":
             return self._function(spec, path)
+        self.used = True
         priority = spec.get("priority") if kind == "hook" else None
         if kind == "hook":  # MMEngine's register_hook takes it off the spec and sets it on the hook
             spec = {k: v for k, v in spec.items() if k != "priority"}
