@@ -5,8 +5,8 @@
 # torchmetrics, the documentation site's packages).
 # `make test` also lints (`make lint`, first), runs tests/vision in .venv-vision (`make test-vision`: timm and
 # torchvision) and builds the documentation site (`make docs`), warnings as errors. Last it runs `make test-mm`: the
-# checks against OpenMMLab's own classes, with mmengine, mmdet, mmagic and mmpretrain installed (pinned, without
-# their dependencies) into .venv/openmmlab, apart from .venv.
+# checks against OpenMMLab's own classes and MMEngine's own Runner, with mmengine, mmcv-lite, mmdet, mmagic,
+# mmpretrain and torchvision installed (pinned, without their dependencies) into .venv/openmmlab, apart from .venv.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -45,20 +45,35 @@ test: lint
 
 # The checks against OpenMMLab's own classes (mmdet's AspectRatioBatchSampler, mmagic's
 # MultiOptimWrapperConstructor with MMEngine's Runner, mmpretrain's PreciseBNHook), which the
-# suite skips when they are not importable. The projects' packages need mmcv's compiled ops,
-# which these tests never import: the wheels go, without their dependencies, into a folder of
-# their own (MMDIR), on the path of this run only.
+# suite skips when they are not importable, and tests/mmengine_door: MMEngine's own Runner on
+# released mmpretrain configs (the reference numbers for treadle.mmengine). The projects' packages
+# need mmcv's compiled ops, which these tests never import: the wheels go, without their
+# dependencies, into a folder of their own (MMDIR), on the path of this run only, with
+# tests/mmengine_door/env (MMENV), whose sitecustomize.py stands in torchvision's compiled ops in
+# every process of the run (a workaround of the test environment, not of treadle). mmcv-lite,
+# torchvision, model-index (the `modelindex` module), ordered-set and mat4py: what
+# `import mmpretrain.datasets` needs beyond .venv.
 MMDIR := $(VENV)/openmmlab
-MM_PACKAGES := mmengine==0.10.7 mmdet==3.3.0 mmagic==1.2.0 mmpretrain==1.2.0 addict==2.4.0 yapf==0.43.0 \
-	termcolor==3.3.0 opencv-python-headless==5.0.0.93
-MM_TESTS := tests/data/test_grouped.py tests/mmengine_semantics/test_mm_multi_optim.py tests/hooks/test_precise_bn.py
+MMENV := tests/mmengine_door/env
+MM_PACKAGES := mmengine==0.10.7 mmdet==3.3.0 mmagic==1.2.0 mmpretrain==1.2.0 mmcv-lite==2.1.0 torchvision==0.28.0 \
+	model-index==0.1.11 ordered-set==4.1.0 mat4py==0.6.0 addict==2.4.0 yapf==0.43.0 termcolor==3.3.0 \
+	opencv-python-headless==5.0.0.93
+MM_TESTS := tests/data/test_grouped.py tests/mmengine_semantics/test_mm_multi_optim.py tests/hooks/test_precise_bn.py \
+	tests/mmengine_door
+
+# The stamp holds the list it installed: another list installs again, into an emptied MMDIR (pip
+# --target leaves what is already there).
+ifneq ($(strip $(file <$(MMDIR)/.stamp)),$(strip $(MM_PACKAGES)))
+.PHONY: $(MMDIR)/.stamp
+endif
 
 $(MMDIR)/.stamp: $(STAMP)
+	rm -rf $(MMDIR)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --target $(MMDIR) $(MM_PACKAGES)
-	touch $(MMDIR)/.stamp
+	echo '$(strip $(MM_PACKAGES))' > $@
 
 test-mm: $(MMDIR)/.stamp
-	PYTHONPATH=$(MMDIR) $(PY) -m pytest $(MM_TESTS)
+	PYTHONPATH=$(CURDIR)/$(MMDIR):$(CURDIR)/$(MMENV) $(PY) -m pytest $(MM_TESTS)
 
 # timm and torchvision in a venv of their own (the vision extra; torch as in .venv, treadle editable): beside the
 # CPU torch build, PyPI's torchvision cannot load its compiled ops, and transformers, which imports torchvision

@@ -1,0 +1,74 @@
+"""Bad input to an OpenMMLab project's run, through ``treadle train`` on the released
+lenet5_mnist.py with one command-line change each: one line naming what was wrong and what
+was expected, and nothing written to the work_dir before a config error."""
+
+from __future__ import annotations
+
+import pytest
+
+from treadle.cli import main
+
+LENET = "configs/lenet/lenet5_mnist.py"
+
+
+@pytest.fixture
+def in_work(mm_work, monkeypatch, tmp_path):
+    monkeypatch.chdir(mm_work)
+    return tmp_path / "run"
+
+
+def train(run, *sets: str) -> int:
+    return main(["train", LENET, "--work-dir", str(run), "--seed", "0", "--set", "train_cfg.max_epochs=1", *sets])
+
+
+def last_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    return err[-1] if err else ""
+
+
+def test_a_type_unknown_in_the_scope_names_the_scope_the_registry_and_close_names(in_work, capsys):
+    assert train(in_work, "model.type=ImageClasifier") == 2
+    line = last_line(capsys)
+    assert "model.type: unknown model type in scope 'mmpretrain' (got 'ImageClasifier'); expected a name of " \
+           "MMEngine's MODELS registry in scope 'mmpretrain'" in line
+    assert "Did you mean 'ImageClassifier'" in line
+    assert not in_work.exists()
+
+
+def test_a_dataset_type_unknown_in_the_scope(in_work, capsys):
+    assert train(in_work, "train_dataloader.dataset.type=MINST") == 2
+    line = last_line(capsys)
+    assert "train_dataloader.dataset.type: unknown dataset type in scope 'mmpretrain' (got 'MINST')" in line
+    assert "Did you mean 'MNIST'" in line and not in_work.exists()
+
+
+def test_a_custom_import_that_does_not_import_names_it(in_work, capsys):
+    assert train(in_work, "custom_imports={imports: [my_project.no_such_module]}") == 2
+    line = last_line(capsys)
+    assert "custom_imports.imports[0]: cannot import 'my_project.no_such_module': ModuleNotFoundError" in line
+    assert not in_work.exists()
+
+
+def test_an_evaluator_of_an_unknown_metric_names_it(in_work, capsys):
+    assert train(in_work, "val_evaluator={type: Acuracy}") == 2
+    line = last_line(capsys)
+    assert "val_evaluator.type: unknown metric type in scope 'mmpretrain' (got 'Acuracy')" in line
+    assert "Did you mean 'Accuracy'" in line and not in_work.exists()
+
+
+def test_an_evaluator_that_fails_names_its_class(in_work, capsys):
+    code = train(in_work, "custom_imports={imports: [mm_faults]}", "val_evaluator={type: FailingMetric}")
+    assert code == 1
+    said = capsys.readouterr().err
+    assert "treadle train: error in validation (after 4 training iterations): ZeroDivisionError: no samples " \
+           "counted" in said
+    assert "treadle: in val_evaluator: FailingMetric.compute_metrics(results) failed, over 2 results gathered" in said
+
+
+def test_safe_mode_refuses_custom_imports_before_anything_runs(in_work, capsys, tmp_path):
+    yaml = tmp_path / "c.yaml"
+    yaml.write_text("default_scope: mmpretrain\ncustom_imports: {imports: [mm_faults]}\nmodel: {type: ImageClassifier}\n"
+                    "train_dataloader: {dataset: {type: MNIST, data_prefix: data/mnist}}\nmax_epochs: 1\n"
+                    "optimizer: {type: SGD, lr: 0.1}\n")
+    assert main(["train", str(yaml), "--safe", "--work-dir", str(in_work)]) == 2
+    assert "custom_imports: safe mode imports no module a config names" in last_line(capsys)
