@@ -71,3 +71,17 @@ class SigkillAt(_AfterIter):
     def fire(self, trainer) -> None:
         if self.armed and self.rank in (None, trainer.strategy.rank):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SleepAt(_AfterIter):
+    """Rank ``rank`` sleeps forever after iteration ``at_iter``: a stuck process, for the stall watch."""
+
+    def __init__(self, rank: int, at_iter: int) -> None:
+        super().__init__(at_iter)
+        self.rank = rank
+
+    def fire(self, trainer) -> None:
+        if trainer.strategy.rank == self.rank:
+            import time
+
+            time.sleep(10**9)

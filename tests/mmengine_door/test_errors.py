@@ -72,3 +72,13 @@ def test_safe_mode_refuses_custom_imports_before_anything_runs(in_work, capsys, 
                     "optimizer: {type: SGD, lr: 0.1}\n")
     assert main(["train", str(yaml), "--safe", "--work-dir", str(in_work)]) == 2
     assert "custom_imports: safe mode imports no module a config names" in last_line(capsys)
+
+
+def test_an_optimizer_of_the_projects_registry_is_built_over_the_model(in_work):
+    from treadle.config import build_trainer, load_config
+
+    cfg = load_config(LENET, ["optim_wrapper.optimizer={type: Lamb, lr: 0.001}"], mode="train",
+                      work_dir=str(in_work))
+    trainer = build_trainer(cfg)
+    assert type(trainer.optimizer).__module__.startswith("mmpretrain.") and type(trainer.optimizer).__name__ == "Lamb"
+    assert trainer.optimizer.param_groups[0]["lr"] == 0.001

@@ -91,6 +91,22 @@ def test_lenet_on_two_processes_is_mmengines_run(mm_work, tmp_path, mmengine_len
     assert_equal_weights(weights(run, "epoch_0002"), ref["state_dict"])
 
 
+def test_lenet_under_fsdp_on_two_processes_ends_with_mmengines_ddp_weights(mm_work, tmp_path, mmengine_lenet):
+    """FSDP2 shards the model in place, so the model's own train_step steps it (its forward hooks
+    gather the shards); the sharded checkpoint exported whole equals MMEngine's DDP run."""
+    from safetensors.torch import load_file
+
+    ref = mmengine_lenet[2]
+    run = tmp_path / "run"
+    proc = treadle_train(mm_work, LENET, run, "--set", *EPOCHS, "strategy=fsdp", nproc=2)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [r["val/accuracy/top1"] for r in records(run, "val")] == [r["accuracy/top1"] for r in ref["val"]]
+    from treadle.cli import main
+
+    assert main(["export", str(run / "checkpoints" / "epoch_0002"), "--out", str(tmp_path / "w.safetensors")]) == 0
+    assert_equal_weights(load_file(tmp_path / "w.safetensors"), ref["state_dict"])
+
+
 @pytest.mark.parametrize("nproc, kill_at, resumed_at, epochs", [
     (1, 5, "iter_00000003", 2),  # saved inside epoch 1 (4 batches an epoch), killed in epoch 2
     (2, 5, "iter_00000003", 3),  # 2 batches an epoch: saved inside epoch 2, rank 1 killed in epoch 3
@@ -112,6 +128,17 @@ def test_killed_and_resumed_lenet_ends_bit_for_bit_as_the_uninterrupted_run(mm_w
     assert_equal_weights(weights(run, last), weights(ref, last))
     assert [r["val/accuracy/top1"] for r in records(run, "val")][-1] == \
         [r["val/accuracy/top1"] for r in records(ref, "val")][-1]
+
+
+def test_a_stuck_rank_of_a_project_is_named_and_the_job_ends(mm_work, tmp_path):
+    run = tmp_path / "run"
+    proc = treadle_train(mm_work, LENET, run, "--set", "train_cfg.max_epochs=2",
+                         "strategy={type: ddp, stall_warn_s: 3, stall_timeout_s: 8}",
+                         "custom_hooks=[{type: faults.SleepAt, rank: 1, at_iter: 2}]", nproc=2)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "stall: rank 1 has made no progress for 3 s" in out, out[-3000:]
+    assert "rank 1 made no progress for" in [line for line in out.splitlines() if line.strip()][-1], out[-3000:]
 
 
 def test_report_reads_a_projects_run(mm_work, tmp_path):

@@ -171,13 +171,19 @@ def build_dataloader(spec: dict[str, Any], path: str, *, safe: bool = False, sco
     function names treadle does not know, as MMEngine's Runner builds its loaders: a dataset
     of the project's registries is batched by their ``pseudo_collate`` unless ``collate_fn``
     says otherwise, and a project's sampler gets ``seed`` (the config's) unless it gives one."""
-    check_table(spec, DATALOADER_SCHEMA, path, "a dataloader")
     if "dataset" not in spec:
         raise ConfigError(join_path(path, "dataset"), "missing required key", expected="{type: digits, ...}")
-    kwargs = {k: v for k, v in spec.items() if k not in ("dataset", "sampler")}
     dataset_spec = spec["dataset"]
-    projects = by_scope("dataset", _type_of(dataset_spec), scope, safe=safe)  # the project's registries build it
-    dataset = build_component(dataset_spec, "dataset", join_path(path, "dataset"), safe=safe, scope=scope)
+    built = not isinstance(dataset_spec, (dict, str))  # a dataset object, given from Python (MMEngine's Runner too)
+    check_table({k: v for k, v in spec.items() if not (built and k == "dataset")}, DATALOADER_SCHEMA, path,
+                "a dataloader")
+    kwargs = {k: v for k, v in spec.items() if k not in ("dataset", "sampler")}
+    # A project's loader (MMEngine's Runner's rules): its registries build the dataset, or a config with a
+    # default_scope (treadle.mmengine.Runner's) gives the dataset as an object.
+    projects = by_scope("dataset", _type_of(dataset_spec), scope, safe=safe) or (
+        built and scope is not None and scope.given)
+    dataset = dataset_spec if built else build_component(dataset_spec, "dataset", join_path(path, "dataset"), safe=safe,
+                                                         scope=scope)
     if "collate_fn" in kwargs or projects:
         kwargs["collate_fn"] = _collate_fn(kwargs.get("collate_fn"), projects, join_path(path, "collate_fn"), safe,
                                            scope)
@@ -215,6 +221,8 @@ def _collate_fn(spec: Any, projects: bool, path: str, safe: bool, scope: Scope |
     as_spec = spec if isinstance(spec, dict) else {"type": spec}
     if projects and isinstance(type_, str) and type_ in COLLATE_FUNCTIONS and scope is not None:
         return scope.build("collate_fn", as_spec, path)  # MMEngine's function of that name
+    if isinstance(spec, str) and spec in COLLATE_FUNCTIONS:  # treadle's names for treadle's datasets
+        return COLLATE_FUNCTIONS[spec]
     if by_scope("collate_fn", type_, scope, safe=safe):
         return scope.build("collate_fn", as_spec, path)  # type: ignore[union-attr]  # by_scope: a scope
     if isinstance(spec, dict):
@@ -223,8 +231,6 @@ def _collate_fn(spec: Any, projects: bool, path: str, safe: bool, scope: Scope |
         raise ConfigError(path, "a collate function by registry name needs an OpenMMLab project's registries",
                           value=spec, expected="default_collate, pseudo_collate or a dotted path to a function",
                           hint="a config with default_scope builds it through that project's registries")
-    if spec in COLLATE_FUNCTIONS:
-        return COLLATE_FUNCTIONS[spec]
     if not isinstance(spec, str):
         return spec  # a function given from Python
     if safe:

@@ -136,6 +136,7 @@ class Scope(Protocol):
     :data:`REGISTRIES` plus ``collate_fn``."""
 
     name: str
+    given: bool  # the config named the scope (default_scope): its loaders follow MMEngine's Runner
 
     def knows(self, kind: str, type_: Any) -> bool:
         """Whether ``type_`` names a ``kind`` in these registries."""

@@ -14,10 +14,12 @@ from treadle.checkpoint.manifest import CheckpointError
 from treadle.components.build import (build_component, build_dataloader, build_hook, build_model, check_optimizer, check_safe,
                                   check_schedulers)
 from treadle.components.errors import ConfigError, join_path
+from treadle.components.registry import by_scope
 from treadle.config.origins import in_user_terms, origins_of
 from treadle.config.schema import PROJECT_KEYS, SCHEMA, TRAINING_ONLY
 from treadle.mmengine.scope import check_custom_imports, project_scope, run_custom_imports
 from treadle.engine.eval_loop import loader_sets
+from treadle.engine.mmengine_model import is_mmengine_model
 from treadle.engine.trainer import Trainer
 
 
@@ -55,29 +57,30 @@ def _built(cfg: dict[str, Any], mode: str, safe: bool) -> dict[str, Any]:
                 kw[key] = None
     if safe:
         check_safe(kw)
-    optimizer_names = check_optimizer(kw.get("optimizer"), safe=safe)
-    check_schedulers(kw.get("schedulers"), optimizer_names, safe=safe)
     run_custom_imports(project["custom_imports"])  # a project's modules register its classes first
     scope = project_scope(project)  # MMEngine's registries, asked for the names treadle's lack
+    kw["optimizer"] = _optimizer_classes(kw.get("optimizer"), scope, safe)
+    optimizer_names = check_optimizer(kw.get("optimizer"), safe=safe)
+    check_schedulers(kw.get("schedulers"), optimizer_names, safe=safe)
     if kw.get("seed") is not None:
         seed_everything(kw["seed"], per_rank=bool(kw.get("seed_per_rank")))
-    kw["model"] = build_model(kw["model"], safe=safe, scope=scope)
+    if _spec(kw["model"]):  # a config's spec; an object given from Python (treadle.mmengine.Runner) as it is
+        kw["model"] = build_model(kw["model"], safe=safe, scope=scope)
     for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
         sets = loader_sets(kw.get(key)) if key != "train_dataloader" else None
         if sets is not None:  # several validation (test) sets by name
             kw[key] = {name: build_dataloader(spec, join_path(key, name), safe=safe, scope=scope, seed=kw.get("seed"))
                        if isinstance(spec, Mapping) else spec for name, spec in sets.items()}
-        elif kw.get(key) is not None:
+        elif isinstance(kw.get(key), Mapping):
             kw[key] = build_dataloader(kw[key], key, safe=safe, scope=scope, seed=kw.get("seed"))
-    if kw.get("loss_fn") is not None:
+    if _spec(kw.get("loss_fn")):
         kw["loss_fn"] = build_component(kw["loss_fn"], "loss", "loss_fn", safe=safe)
     for key in ("metrics", "train_metrics"):
         if kw.get(key) is not None:
-            kw[key] = {name: build_component(spec, "metric", join_path(key, name), safe=safe)
+            kw[key] = {name: build_component(spec, "metric", join_path(key, name), safe=safe) if _spec(spec) else spec
                        for name, spec in kw[key].items()}
-    kw["hooks"] = [build_hook(spec, join_path("hooks", i), safe=safe, scope=scope)
-                   for i, spec in enumerate(kw.get("hooks") or [])]
-    if scope.used:  # a project's models and transforms read MMEngine's message hub while they train
+    kw["hooks"] = [_hook(spec, join_path("hooks", i), safe, scope) for i, spec in enumerate(kw.get("hooks") or [])]
+    if scope.used or is_mmengine_model(kw["model"]):  # its parts read MMEngine's message hub while they train
         from treadle.mmengine.hooks import RuntimeInfo
 
         kw["hooks"].append(RuntimeInfo())
@@ -86,6 +89,36 @@ def _built(cfg: dict[str, Any], mode: str, safe: bool) -> dict[str, Any]:
         if project[key] is not None and kw.get(loader) is not None:
             kw[arg] = {**(kw.get(arg) or {}), "evaluator": _evaluator(project[key], kw[loader], key, scope)}
     return kw
+
+
+def _optimizer_classes(spec: Any, scope: Any, safe: bool) -> Any:
+    """``optimizer`` with a type name only a project's registries know (``Lamb``) replaced by the
+    class they give, which the Trainer builds as it builds torch's (several by name too)."""
+    if not isinstance(spec, Mapping):
+        return spec
+    if "type" not in spec:  # optimizers by submodule name
+        return {name: _optimizer_classes(sub, scope, safe) for name, sub in spec.items()}
+    if by_scope("optimizer", spec["type"], scope, safe=safe):
+        return {**spec, "type": scope.optimizer_class(spec["type"])}
+    return spec
+
+
+def _spec(value: Any) -> bool:
+    """A config's spec of a component (a mapping or a name), not an object given from Python."""
+    return isinstance(value, (Mapping, str))
+
+
+def _hook(spec: Any, path: str, safe: bool, scope: Any) -> Any:
+    """A hook from its spec; an MMEngine hook given as an object (treadle.mmengine.Runner's
+    ``custom_hooks``) adapted; a treadle Hook as it is."""
+    if _spec(spec):
+        return build_hook(spec, path, safe=safe, scope=scope)
+    if type(spec).__module__.split(".")[0] == "mmengine" or any(
+            c.__module__.startswith("mmengine.hooks") for c in type(spec).__mro__):
+        from treadle.mmengine.hooks import adapt_hook
+
+        return adapt_hook(spec, path)
+    return spec
 
 
 def _evaluator(spec: Any, loader: Any, key: str, scope: Any) -> Any:

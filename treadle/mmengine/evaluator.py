@@ -41,10 +41,11 @@ def build_evaluator(spec: Any, scope: Any, path: str) -> Any:
     for i, metric in enumerate(spec.get("metrics", []) if isinstance(spec, dict) else spec):
         kind = metric.get("type") if isinstance(metric, dict) else None
         where = f"{path}.metrics[{i}]" if isinstance(spec, dict) else f"{path}[{i}]"
-        if isinstance(metric, dict) and not scope.knows("metric", kind):
+        if isinstance(kind, str) and not scope.knows("metric", kind):  # a class from Python is built as it is
             raise scope.unknown("metric", kind, f"{where}.type")
-    if isinstance(spec, dict) and "type" in spec and "metrics" not in spec and not scope.knows("metric", spec["type"]):
-        raise scope.unknown("metric", spec["type"], f"{path}.type")
+    kind = spec.get("type") if isinstance(spec, dict) and "metrics" not in spec else None
+    if isinstance(kind, str) and not scope.knows("metric", kind):
+        raise scope.unknown("metric", kind, f"{path}.type")
     with scope.active() as registry:
         try:
             if isinstance(spec, dict) and "metrics" in spec:

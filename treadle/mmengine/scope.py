@@ -17,6 +17,7 @@ collate_fn    ``FUNCTIONS``       the function, with the spec's other keys bound
 metric        ``METRICS``         ``METRICS.build(cfg)`` (inside an evaluator)
 evaluator     ``EVALUATOR``       ``{metrics: [...]}`` specs (treadle/mmengine/evaluator.py)
 hook          ``HOOKS``           ``HOOKS.build(cfg)``, then adapted: treadle/mmengine/hooks.py
+optimizer     ``OPTIMIZERS``      the class, which treadle's optimizer wrapper builds as torch's
 ============  ==================  ===========================================================
 
 ``custom_imports`` (``{imports: [...], allow_failed_imports: false}``) are imported when the
@@ -40,7 +41,8 @@ INSTALL = "pip install 'treadle[mmengine]'"
 
 #: treadle's kind of component -> the name of MMEngine's registry (mmengine.registry).
 REGISTRY_OF = {"model": "MODELS", "dataset": "DATASETS", "sampler": "DATA_SAMPLERS", "collate_fn": "FUNCTIONS",
-               "metric": "METRICS", "evaluator": "EVALUATOR", "hook": "HOOKS", "transform": "TRANSFORMS"}
+               "metric": "METRICS", "evaluator": "EVALUATOR", "hook": "HOOKS", "transform": "TRANSFORMS",
+               "optimizer": "OPTIMIZERS"}
 
 
 def import_mmengine(why: str) -> Any:
@@ -229,6 +231,11 @@ class ProjectScope:
                            expected=f"a name of MMEngine's {registry} registry in scope {self.name!r}, one of "
                                     f"treadle's ({known}), or a dotted import path",
                            hint=did_you_mean(str(type_), [*names, *ours]))
+
+    def optimizer_class(self, type_: str) -> Any:
+        """The optimizer class a name of the ``OPTIMIZERS`` registry gives (``Lamb``, ``LARS``), which
+        treadle builds over the model's parameter groups as it builds torch's."""
+        return self._get("optimizer", type_)
 
     def _function(self, spec: dict[str, Any], path: str) -> Any:
         """A function of the ``FUNCTIONS`` registry (``collate_fn``), the spec's other keys bound."""

@@ -332,6 +332,10 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out, *, scoped: bool,
         before = len(hooks)
         if spec is None:  # MMEngine's way to switch a default hook off
             continue
+        if not isinstance(spec, (dict, str, list, tuple)) and spec is not None:  # a hook object (Runner(...))
+            hooks.append(spec)
+            out.hook_sources.append(path)
+            continue
         if not isinstance(spec, dict) or "type" not in spec:
             raise ConfigError(path, "must be a hook spec", value=spec, expected="{type: HookName, ...}")
         kind = spec["type"]
