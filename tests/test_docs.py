@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CITED = re.compile(r"(?<![\w/.-])((?:treadle|tests|benchmarks|examples|docs|tools|notes|\.ci)/[\w./-]*\w"
                    r"|DESIGN\.md|README\.md|CHANGELOG\.md|constraints\.txt|pyproject\.toml|mkdocs\.yml)")
 # Files of MMEngine's own repository, which docs/mmengine.md names as such.
-ELSEWHERE = {"tools/test.py", "tests/test_optim/test_scheduler/"}
+ELSEWHERE = {"tools/test.py", "tools/train.py", "tests/test_optim/test_scheduler/"}  # OpenMMLab's own files
 
 
 def _texts() -> list[Path]:

@@ -153,8 +153,9 @@ def test_checkpoint_keep_follows_max_keep_ckpts(hook, keep):
      {"strategy": {"type": "auto", "sync_buffers": False}, "checkpoint": {"interval": None, "keep": None},
       "log_interval": 10, "max_iters": 3000, "val_interval": 1000}),
     ({"default_hooks": {"checkpoint": None, "logger": {"type": "LoggerHook", "interval": 5}}, "strategy": "ddp",
-      "find_unused_parameters": True},
-     {"strategy": {"type": "ddp", "sync_buffers": False, "find_unused_parameters": True}, "log_interval": 5}),
+      "find_unused_parameters": True},  # the CheckpointHook switched off: no checkpoint
+     {"strategy": {"type": "ddp", "sync_buffers": False, "find_unused_parameters": True}, "log_interval": 5,
+      "checkpoint": False}),
     ({"model_wrapper_cfg": {"type": "MMDistributedDataParallel", "find_unused_parameters": True}},
      {"strategy": {"type": "auto", "find_unused_parameters": True}, "checkpoint": {"interval": 1, "keep": None},
       "log_interval": 10}),

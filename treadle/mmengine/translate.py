@@ -331,6 +331,8 @@ def _hooks(default_hooks: Any, custom_hooks: Any, out: _Out, *, scoped: bool,
     for path, spec in items:
         before = len(hooks)
         if spec is None:  # MMEngine's way to switch a default hook off
+            if path == "default_hooks.checkpoint":
+                out.set("checkpoint", False, path)  # no checkpoint at all (treadle's default saves the last one)
             continue
         if not isinstance(spec, (dict, str, list, tuple)) and spec is not None:  # a hook object (Runner(...))
             hooks.append(spec)
