@@ -33,9 +33,9 @@ def engine_keys(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def translate(cfg: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """treadle.mmengine.translate.translate, less the Runner's defaults (:func:`engine_keys`):
+    """treadle.openmmlab.translate.translate, less the Runner's defaults (:func:`engine_keys`):
     the tests of one group of keys compare what that group gives."""
-    from treadle.mmengine.translate import translate as translate_all
+    from treadle.openmmlab.translate import translate as translate_all
 
     return engine_keys(translate_all(cfg, *args, **kwargs))
 

@@ -10,7 +10,7 @@ import pytest
 
 from treadle.config import ConfigError, build_trainer, is_mmengine_style, load_config, resolve_config
 from mm_support import translate  # less the Runner's defaults (test_mmengine.py: test_the_runners_defaults_...)
-from treadle.mmengine.translate import translate as translate_all
+from treadle.openmmlab.translate import translate as translate_all
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mmengine_style" / "digits_mmengine.yaml"
 

@@ -1,13 +1,13 @@
 """MMEngine's CheckpointHook ``save_best``, ``rule``, ``greater_keys``/``less_keys`` and ``out_dir``
-(treadle/mmengine/checkpoint.py)."""
+(treadle/openmmlab/checkpoint.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from treadle.config import ConfigError, load_config
-from treadle.mmengine.translate import translate
-from treadle.mmengine.checkpoint import MMENGINE_GREATER_KEYS, MMENGINE_LESS_KEYS, mmengine_rule
+from treadle.openmmlab.translate import translate
+from treadle.openmmlab.checkpoint import MMENGINE_GREATER_KEYS, MMENGINE_LESS_KEYS, mmengine_rule
 
 # (save_best, greater_keys, less_keys, the rule MMEngine 0.10.7's CheckpointHook(save_best=...,
 # greater_keys=..., less_keys=...) chose: hook.rules[0], or the error it raised), recorded with it.

@@ -11,7 +11,7 @@ import torch
 
 from treadle.config import ConfigError, load_file
 from mm_support import translate  # less the Runner's defaults (test_mmengine.py: test_the_runners_defaults_...)
-from treadle.mmengine.loop import val_schedule, validation_points
+from treadle.openmmlab.loop import val_schedule, validation_points
 from treadle.data.collate import COLLATE_FUNCTIONS, pseudo_collate
 from treadle.hooks.checkpoint import CheckpointHook
 

@@ -22,7 +22,7 @@ import torch
 
 from treadle.config import ConfigError, build_trainer, load_config, resolve_config
 from mm_support import translate  # less the Runner's defaults (test_mmengine.py: test_the_runners_defaults_...)
-from treadle.mmengine.runtime import MMENGINE_MEAN_PATTERN
+from treadle.openmmlab.runtime import MMENGINE_MEAN_PATTERN
 from treadle.hooks.runtime_env import RuntimeEnvHook
 from treadle.logging.writers import LOGGER_NAME
 

@@ -1,4 +1,4 @@
-"""An OpenMMLab project's registries (treadle/mmengine/scope.py) where MMEngine is not installed
+"""An OpenMMLab project's registries (treadle/openmmlab/scope.py) where MMEngine is not installed
 (this suite's .venv): a config whose every type is treadle's runs with its ``default_scope``; a
 type only MMEngine's registries could build is one line naming the extra to install; a plain
 treadle config's typo keeps treadle's own message. (tests/mmengine_door/ has the rest, with
@@ -13,7 +13,8 @@ import pytest
 from treadle.cli import main
 from treadle.components.errors import ConfigError
 from treadle.config import build_trainer, load_config
-from treadle.mmengine.scope import INSTALL, ProjectScope, check_custom_imports
+from treadle.openmmlab.mm import INSTALL
+from treadle.openmmlab.scope import ProjectScope, check_custom_imports
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("mmengine") is not None,
                                 reason="MMEngine is installed here (tests/mmengine_door covers that)")

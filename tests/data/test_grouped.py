@@ -17,7 +17,7 @@ import treadle
 from support import ON_CPU, SizedData, TinyNet, load_module_file, make_sized_data
 from treadle.components.build import build_dataloader
 from treadle.components.errors import ConfigError
-from treadle.mmengine.translate import translate
+from treadle.openmmlab.translate import translate
 from treadle.data import AspectRatioBatchSampler
 from treadle.data.samplers import DefaultSampler
 from treadle.data.distributed import shard_eval_loader, shard_train_loader

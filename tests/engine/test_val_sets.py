@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 import treadle
 from support import ON_CPU, TinyNet, make_data
 from treadle.config.assemble import trainer_kwargs
-from treadle.mmengine.translate import translate
+from treadle.openmmlab.translate import translate
 from treadle.hooks.early_stopping import EarlyStoppingHook
 
 

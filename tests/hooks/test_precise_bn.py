@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import treadle
 from support import ON_CPU, load_module_file, make_data
-from treadle.mmengine.translate import translate
+from treadle.openmmlab.translate import translate
 from treadle.hooks.precise_bn import PreciseBNHook
 
 

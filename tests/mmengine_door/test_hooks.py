@@ -1,4 +1,4 @@
-"""An OpenMMLab project's own hooks on treadle's engine (treadle/mmengine/hooks.py): each point
+"""An OpenMMLab project's own hooks on treadle's engine (treadle/openmmlab/hooks.py): each point
 called as MMEngine 0.10.7's Runner calls it (compared with a Runner of the same model, data and
 hook), the runner view, the refusal before training, priorities and the checkpoint round trip."""
 
@@ -18,8 +18,8 @@ import treadle
 from treadle.components.build import build_hook
 from treadle.components.errors import ConfigError
 from treadle.hooks.base import HOOK_POINTS, Hook, build_dispatch, implements
-from treadle.mmengine.hooks import MMEngineHook, adapt_hook
-from treadle.mmengine.scope import ProjectScope
+from treadle.openmmlab.hooks import MMEngineHook, adapt_hook
+from treadle.openmmlab.scope import ProjectScope
 
 from support import TinyNet, make_data
 
@@ -87,7 +87,7 @@ def treadle_run(work_dir, hooks, val=True, **kwargs) -> treadle.Trainer:
     work_dir: no checkpoint, as the Runner without its CheckpointHook)."""
     from mmengine.evaluator import Evaluator
 
-    from treadle.mmengine.evaluator import EvaluatorMetric
+    from treadle.openmmlab.evaluator import EvaluatorMetric
 
     evaluation = dict(val_dataloader=loader(4),
                       metrics={"toy": EvaluatorMetric(Evaluator([count_metric()]), DATA[:4])}) if val else {}

@@ -1,6 +1,6 @@
 """A project's model reads MMEngine's current message hub while it trains (mmdet's TOOD head, YOLOX's
 random resize): the run keeps its epoch and iteration up to date, as the Runner's RuntimeInfoHook
-does (treadle/mmengine/hooks.py, RuntimeInfo)."""
+does (treadle/openmmlab/hooks.py, RuntimeInfo)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 import treadle
-from treadle.mmengine.translate import translate
+from treadle.openmmlab.translate import translate
 from mm_support import OneWeight, Record, engine_keys, loader
 from support import ON_CPU
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import treadle
-from treadle.mmengine.translate import translate
+from treadle.openmmlab.translate import translate
 from treadle.hooks.ema import EMAHook
 from mm_support import OneWeight, Record, loader
 from support import ON_CPU

@@ -17,7 +17,7 @@ import torch
 
 import treadle
 from treadle.components.errors import ConfigError
-from treadle.mmengine.translate import translate
+from treadle.openmmlab.translate import translate
 from treadle.hooks.ema import EMAHook
 from mm_support import OneWeight, Record, loader
 from support import ON_CPU

@@ -17,7 +17,7 @@ import pytest
 
 import treadle
 from treadle.components.errors import ConfigError
-from treadle.mmengine.translate import translate
+from treadle.openmmlab.translate import translate
 from treadle.hooks.logger import LoggerHook
 from mm_support import ValueLoss, loader
 from support import ON_CPU, count_host_reads

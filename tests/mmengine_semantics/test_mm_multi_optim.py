@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 import treadle
 from support import ON_CPU, load_module_file
 from treadle.components.errors import ConfigError
-from treadle.mmengine.translate import translate
+from treadle.openmmlab.translate import translate
 
 
 class TinyGAN(nn.Module):

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 import treadle
 from support import ON_CPU, TinyNet, make_data
-from treadle.mmengine.translate import translate
+from treadle.openmmlab.translate import translate
 from treadle.logging.writers import read_jsonl
 from treadle.optim.loss_scale import check_loss_scale
 from treadle.optim.wrapper import OptimWrapper, build_optim_wrapper

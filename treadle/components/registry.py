@@ -131,7 +131,7 @@ REGISTRIES: dict[str, dict[str, Any]] = {
 
 class Scope(Protocol):
     """Registries beyond treadle's, asked for the type names treadle does not know: an
-    OpenMMLab project's, in its ``default_scope`` (:class:`treadle.mmengine.scope.ProjectScope`).
+    OpenMMLab project's, in its ``default_scope`` (:class:`treadle.openmmlab.scope.ProjectScope`).
     The builders of :mod:`treadle.components.build` take one as ``scope=``; kinds are those of
     :data:`REGISTRIES` plus ``collate_fn``."""
 

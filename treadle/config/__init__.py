@@ -10,7 +10,7 @@
 Modules, in the order a file goes through them:
 
 * :mod:`~treadle.config.loader`: YAML (safe loader) / Python files, ``_base_``, ``--set``;
-* :mod:`~treadle.mmengine.translate`: MMEngine key names -> treadle's (a documented table);
+* :mod:`~treadle.openmmlab.translate`: MMEngine key names -> treadle's (a documented table);
 * :mod:`~treadle.config.schema`: the table of Trainer keys, types and ranges;
 * :mod:`~treadle.config.resolve`: plain data, checks, defaults: the resolved config;
 * :mod:`~treadle.config.assemble`: the Trainer.
@@ -38,8 +38,8 @@ _WHERE = {
     "build_trainer": "assemble", "build_component": "treadle.components.build",
     "build_dataloader": "treadle.components.build", "build_hook": "treadle.components.build",
     "trainer_kwargs": "assemble", "ConfigError": "treadle.components.errors", "apply_overrides": "loader",
-    "load_file": "loader", "merge": "loader", "parse_override": "loader", "is_mmengine_style": "treadle.mmengine.translate",
-    "translate": "treadle.mmengine.translate", "DATASETS": "treadle.components.registry", "HOOKS": "treadle.components.registry",
+    "load_file": "loader", "merge": "loader", "parse_override": "loader", "is_mmengine_style": "treadle.openmmlab.translate",
+    "translate": "treadle.openmmlab.translate", "DATASETS": "treadle.components.registry", "HOOKS": "treadle.components.registry",
     "LOSSES": "treadle.components.registry", "METRICS": "treadle.components.registry",
     "MODELS": "treadle.components.registry", "OPTIMIZERS": "treadle.components.registry",
     "REGISTRIES": "treadle.components.registry", "SCHEDULERS": "treadle.components.registry",

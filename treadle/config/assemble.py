@@ -17,7 +17,7 @@ from treadle.components.errors import ConfigError, join_path
 from treadle.components.registry import by_scope
 from treadle.config.origins import in_user_terms, origins_of
 from treadle.config.schema import PROJECT_KEYS, SCHEMA, TRAINING_ONLY
-from treadle.mmengine.scope import check_custom_imports, project_scope, run_custom_imports
+from treadle.openmmlab.scope import check_custom_imports, project_scope, run_custom_imports
 from treadle.engine.eval_loop import loader_sets
 from treadle.engine.mmengine_model import is_mmengine_model
 from treadle.engine.trainer import Trainer
@@ -81,7 +81,7 @@ def _built(cfg: dict[str, Any], mode: str, safe: bool) -> dict[str, Any]:
                        for name, spec in kw[key].items()}
     kw["hooks"] = [_hook(spec, join_path("hooks", i), safe, scope) for i, spec in enumerate(kw.get("hooks") or [])]
     if scope.used or is_mmengine_model(kw["model"]):  # its parts read MMEngine's message hub while they train
-        from treadle.mmengine.hooks import RuntimeInfo
+        from treadle.openmmlab.hooks import RuntimeInfo
 
         kw["hooks"].append(RuntimeInfo())
     for key, loader, arg in (("val_evaluator", "val_dataloader", "metrics"),
@@ -115,7 +115,7 @@ def _hook(spec: Any, path: str, safe: bool, scope: Any) -> Any:
         return build_hook(spec, path, safe=safe, scope=scope)
     if type(spec).__module__.split(".")[0] == "mmengine" or any(
             c.__module__.startswith("mmengine.hooks") for c in type(spec).__mro__):
-        from treadle.mmengine.hooks import adapt_hook
+        from treadle.openmmlab.hooks import adapt_hook
 
         return adapt_hook(spec, path)
     return spec
@@ -123,7 +123,7 @@ def _hook(spec: Any, path: str, safe: bool, scope: Any) -> Any:
 
 def _evaluator(spec: Any, loader: Any, key: str, scope: Any) -> Any:
     """An OpenMMLab project's evaluator for ``loader``'s dataset, as a treadle metric."""
-    from treadle.mmengine.evaluator import evaluator_metric
+    from treadle.openmmlab.evaluator import evaluator_metric
 
     if loader_sets(loader) is not None:
         raise ConfigError(key, "one evaluator for several evaluation sets is not supported", value=spec,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from treadle.components.errors import ConfigError
 from treadle.config.loader import apply_overrides, load_file
-from treadle.mmengine.keys import MMENGINE_KEYS, NOT_TRANSLATED, PROJECT_KEYS
+from treadle.openmmlab.keys import MMENGINE_KEYS, NOT_TRANSLATED, PROJECT_KEYS
 from treadle.config.unused import split_unused
 
 SPEC_FILE = Path(__file__).resolve().parent.parent / "engine" / "spec.py"

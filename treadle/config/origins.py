@@ -1,7 +1,7 @@
 """Errors in the user's own words: a key of a translated config named as the file wrote it.
 
 An MMEngine config is translated to treadle's keys before it is checked and built
-(:mod:`treadle.mmengine.translate`): its ``custom_hooks[1]`` becomes ``hooks[2]``, its
+(:mod:`treadle.openmmlab.translate`): its ``custom_hooks[1]`` becomes ``hooks[2]``, its
 ``param_scheduler`` ``schedulers``, its ``default_hooks.checkpoint.save_best``
 ``checkpoint.best``. The translation records, for each key path it wrote, the path the file
 wrote (``origins``); the resolved config carries them (:class:`ResolvedConfig`), and every

@@ -16,12 +16,12 @@ import yaml
 from treadle.components.build import check_safe
 from treadle.components.errors import ConfigError, did_you_mean, join_path
 from treadle.config.loader import apply_overrides, load_file
-from treadle.mmengine.translate import NOT_TRANSLATED, is_mmengine_style, translate
+from treadle.openmmlab.translate import NOT_TRANSLATED, is_mmengine_style, translate
 from treadle.config.origins import ResolvedConfig, in_user_terms, origins_of
 from treadle.components.registry import name_of
 from treadle.config.schema import PROJECT_KEYS, SCHEMA, check_value, required_keys, trainer_defaults
 from treadle.config.unused import check_overrides, log_unused, split_unused
-from treadle.mmengine.scope import check_custom_imports
+from treadle.openmmlab.scope import check_custom_imports
 
 MODES = ("train", "validate", "test")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from treadle.components.keys import (DATALOADER_KEYS, DATALOADER_SCHEMA, Key, check_keys, check_table,
                                  check_value)
-from treadle.mmengine.keys import PROJECT_KEYS
+from treadle.openmmlab.keys import PROJECT_KEYS
 from treadle.engine.argspec import config_defaults, params
 from treadle.engine.spec import LOG_WRITERS, TRAINER_KEYS, TrainerArgs  # the definitions: beside the Trainer
 

@@ -15,7 +15,7 @@ Three kinds stay errors, because ignoring them would hide a mistake:
   value or another key uses its value (``max_epoch = 20`` feeding ``train_cfg =
   dict(max_epochs=max_epoch)`` and a scheduler's ``end``);
 * a name MMEngine's runner takes that treadle does not translate (``val_evaluator``,
-  ``custom_imports``: :data:`treadle.mmengine.translate.NOT_TRANSLATED`), with its hint;
+  ``custom_imports``: :data:`treadle.openmmlab.translate.NOT_TRANSLATED`), with its hint;
 * a name that a config may not choose (``safe``).
 
 A ``--set`` of a name that nothing uses is an error too: the user asked for it.

@@ -10,7 +10,7 @@ changed::
     runner.train()
 
 The arguments are MMEngine's, with its meanings: each is translated as a config file's key of
-the same name is (treadle/mmengine/translate.py; docs/mmengine.md has the table), objects given
+the same name is (treadle/openmmlab/translate.py; docs/mmengine.md has the table), objects given
 from Python (a model, DataLoaders, metrics, hooks) are used as they are, and the Trainer that
 runs them is ``runner.trainer``. ``Runner.from_cfg(cfg)`` takes a config (an ``mmengine.Config``,
 a dict, or a file's path) as ``treadle train`` reads one. What the Runner adds to MMEngine's:
@@ -135,7 +135,7 @@ class Runner:
 
 
 def _translated(raw: dict[str, Any]) -> dict[str, Any]:
-    from treadle.mmengine.translate import translate
+    from treadle.openmmlab.translate import translate
 
     return translate(raw)
 

@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from treadle.components.errors import ConfigError, join_path
-from treadle.mmengine.common import take
-from treadle.mmengine.keys import RUNTIME_KEYS
+from treadle.openmmlab.common import take
+from treadle.openmmlab.keys import RUNTIME_KEYS
 from treadle.hooks.runtime_env import LOG_LEVELS, RuntimeEnvHook
 from treadle.suggest import closest
 

@@ -1,5 +1,5 @@
 """What an MMEngine hook's class does with its runner and checkpoints, read from its source before
-training (treadle/mmengine/hooks.py adapts the hook).
+training (treadle/openmmlab/hooks.py adapts the hook).
 
 **Refused before training.** The source of each method of the hook's class and of its bases up to
 ``mmengine.hooks.Hook`` is read (``inspect`` + ``ast``). In the points and MMEngine's helpers the
@@ -23,7 +23,8 @@ import textwrap
 from typing import Any
 
 from treadle.components.errors import ConfigError
-from treadle.mmengine.runner_view import EvalLoopView, RunnerView, TrainLoopView
+from treadle.openmmlab.mm import import_mmengine
+from treadle.openmmlab.runner_view import EvalLoopView, RunnerView, TrainLoopView
 
 #: The MMEngine points treadle forwards (every point of ``mmengine.hooks.Hook``).
 MM_POINTS = ("before_run", "after_run", "before_train", "after_train", "before_train_epoch", "after_train_epoch",
@@ -39,9 +40,7 @@ _CHECKPOINT_POINTS = ("before_save_checkpoint", "after_load_checkpoint")
 
 
 def mm_hook() -> type:
-    from mmengine.hooks import Hook as MMHook
-
-    return MMHook
+    return import_mmengine("an MMEngine hook", "hooks").Hook
 
 
 def _class_methods(cls: type) -> tuple[dict[str, list[ast.FunctionDef]], list[str]]:

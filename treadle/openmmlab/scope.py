@@ -15,8 +15,8 @@ dataset       ``DATASETS``        ``DATASETS.build(cfg)``, then ``full_init()``
 sampler       ``DATA_SAMPLERS``   with ``dataset`` and ``seed`` as default arguments
 collate_fn    ``FUNCTIONS``       the function, with the spec's other keys bound
 metric        ``METRICS``         ``METRICS.build(cfg)`` (inside an evaluator)
-evaluator     ``EVALUATOR``       ``{metrics: [...]}`` specs (treadle/mmengine/evaluator.py)
-hook          ``HOOKS``           ``HOOKS.build(cfg)``, then adapted: treadle/mmengine/hooks.py
+evaluator     ``EVALUATOR``       ``{metrics: [...]}`` specs (treadle/openmmlab/evaluator.py)
+hook          ``HOOKS``           ``HOOKS.build(cfg)``, then adapted: treadle/openmmlab/hooks.py
 optimizer     ``OPTIMIZERS``      the class, which treadle's optimizer wrapper builds as torch's
 ============  ==================  ===========================================================
 
@@ -34,33 +34,13 @@ import warnings
 from typing import Any, Iterator
 
 from treadle.components.errors import ConfigError, join_path
+from treadle.openmmlab.mm import import_mmengine, installed
 from treadle.suggest import did_you_mean
-
-#: The extra that installs MMEngine (pyproject.toml).
-INSTALL = "pip install 'treadle[mmengine]'"
 
 #: treadle's kind of component -> the name of MMEngine's registry (mmengine.registry).
 REGISTRY_OF = {"model": "MODELS", "dataset": "DATASETS", "sampler": "DATA_SAMPLERS", "collate_fn": "FUNCTIONS",
                "metric": "METRICS", "evaluator": "EVALUATOR", "hook": "HOOKS", "transform": "TRANSFORMS",
                "optimizer": "OPTIMIZERS"}
-
-
-def import_mmengine(why: str) -> Any:
-    """``mmengine.registry``, or a ConfigError saying which extra installs it."""
-    try:
-        return importlib.import_module("mmengine.registry")
-    except ImportError as e:
-        if (e.name or "").split(".")[0] != "mmengine":
-            raise  # mmengine is there but fails to import something itself
-        raise ConfigError("", f"{why} needs MMEngine, which is not installed: {INSTALL}") from None
-
-
-@functools.cache
-def installed() -> bool:
-    """Whether ``mmengine`` can be found (not imported)."""
-    import importlib.util
-
-    return importlib.util.find_spec("mmengine") is not None
 
 
 def check_custom_imports(spec: Any, *, safe: bool = False) -> list[str]:
@@ -208,7 +188,7 @@ class ProjectScope:
                 name = getattr(cls, "__name__", spec["type"])
                 raise ConfigError(path, f"{name} failed to build in scope {self.name!r}: {type(e).__name__}: {e}") from e
         if kind == "hook":
-            from treadle.mmengine.hooks import adapt_hook
+            from treadle.openmmlab.hooks import adapt_hook
 
             if priority is not None:
                 obj.priority = priority
@@ -268,5 +248,4 @@ def project_scope(cfg: dict[str, Any]) -> ProjectScope:
     return ProjectScope(cfg.get("default_scope"))
 
 
-__all__ = ["INSTALL", "ProjectScope", "REGISTRY_OF", "check_custom_imports", "import_mmengine", "installed",
-           "project_scope", "run_custom_imports"]
+__all__ = ["ProjectScope", "REGISTRY_OF", "check_custom_imports", "project_scope", "run_custom_imports"]

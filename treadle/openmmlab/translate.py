@@ -10,7 +10,7 @@ MMEngine                                               treadle
 ``optim_wrapper.optimizer``                            ``optimizer``
 ``optim_wrapper.paramwise_cfg``                        ``optimizer.paramwise``
 ``optim_wrapper.constructor:                           ``optimizer`` by name, one per submodule
-MultiOptimWrapperConstructor`` (mmagic's)              (:mod:`treadle.mmengine.optim`)
+MultiOptimWrapperConstructor`` (mmagic's)              (:mod:`treadle.openmmlab.optim`)
 ``optim_wrapper.clip_grad``                            ``clip_grad``
 ``optim_wrapper.accumulative_counts``                  ``accumulate``, and ``accumulate_across_epochs:
                                                        true`` when over 1 (MMEngine's windows)
@@ -33,7 +33,7 @@ a list of ``val_dataloader`` / ``test_dataloader``     several sets by name: ``{
                                                        ``rule`` greater/less -> max/min, inferred
                                                        as MMEngine does (``greater_keys``,
                                                        ``less_keys``); ``out_dir`` refused: see
-                                                       :mod:`treadle.mmengine.checkpoint`;
+                                                       :mod:`treadle.openmmlab.checkpoint`;
                                                        ``save_optimizer`` / ``save_param_scheduler``:
                                                        true, dropped
 ``default_hooks`` LoggerHook ``interval``              ``log_interval``; ``ignore_last: true``,
@@ -82,10 +82,10 @@ and ``find_unused_parameters`` (the Runner's)          ``find_unused_parameters`
 ``activation_checkpointing: [paths]`` (the runner's)   the same key: treadle's takes submodule paths
 ``default_scope``, ``custom_imports``,                 the same keys (the config layer reads them:
 ``val_evaluator``, ``test_evaluator``                  a project's registries and evaluators,
-                                                       treadle/mmengine/scope.py, evaluator.py)
+                                                       treadle/openmmlab/scope.py, evaluator.py)
 top-level ``data_preprocessor``                        ``model.data_preprocessor`` unless the model
                                                        gives one (the Runner's ``setdefault``)
-runtime keys (``env_cfg``, ``visualizer``,             see :mod:`treadle.mmengine.runtime`
+runtime keys (``env_cfg``, ``visualizer``,             see :mod:`treadle.openmmlab.runtime`
 ``log_level``, ``launcher``, ``log_processor``,
 ``tta_model``), visualization hooks, helper variables
 =====================================================  =====================================
@@ -104,17 +104,18 @@ import warnings
 from typing import Any
 
 from treadle.components.errors import ConfigError, join_path
-from treadle.mmengine.checkpoint import translate_best
-from treadle.mmengine.common import take
-from treadle.mmengine.keys import MMENGINE_KEYS, NOT_TRANSLATED
-from treadle.mmengine.data import set_names, translate_dataloader
-from treadle.mmengine.loop import val_schedule
-from treadle.mmengine.optim import MULTI, is_multi, multi_optim_wrapper, schedulers_by_name
-from treadle.mmengine.runtime import helper_names, translate_runtime, visualization_hook
-from treadle.mmengine.strategy import (is_mmengine_strategy, strategy_settings, sync_bn_option,
+from treadle.openmmlab.checkpoint import translate_best
+from treadle.openmmlab.common import take
+from treadle.openmmlab.keys import MMENGINE_KEYS, NOT_TRANSLATED, PROJECT_KEYS
+from treadle.openmmlab.data import set_names, translate_dataloader
+from treadle.openmmlab.loop import val_schedule
+from treadle.openmmlab.optim import MULTI, is_multi, multi_optim_wrapper, schedulers_by_name
+from treadle.openmmlab.runtime import helper_names, translate_runtime, visualization_hook
+from treadle.openmmlab.strategy import (is_mmengine_strategy, strategy_settings, sync_bn_option,
                                               translate_strategy)
 from treadle.components.registry import REGISTRIES
-from treadle.config.schema import SCHEMA, trainer_defaults
+from treadle.engine.argspec import config_defaults
+from treadle.engine.spec import TRAINER_KEYS, TrainerArgs
 from treadle.precision import amp_precision
 
 #: mmpretrain's PreciseBNHook as configs name it: treadle's takes its arguments (num_samples, interval).
@@ -459,7 +460,7 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None,
                             for i, (name, spec) in enumerate(zip(set_names(out.cfg[key]), out.cfg[key]))}
         elif key in out.cfg:
             out.cfg[key] = translate_dataloader(out.cfg[key], key)
-    defaults = trainer_defaults()  # the Trainer's: log_interval, log_writers
+    defaults = config_defaults(TrainerArgs)  # the Trainer's: log_interval, log_writers
     log_interval = out.cfg.get("log_interval", defaults["log_interval"])
     rt = translate_runtime(cfg, deterministic=out.cfg.get("deterministic") is True)
     for key, value, source in rt.settings:
@@ -495,7 +496,8 @@ def translate(cfg: dict[str, Any], replaced: dict[str, str] | None = None,
             out.origins[join_path("hooks", i)] = source
             if source.startswith("custom_hooks[") and hooks[i].get("type") == "EarlyStoppingHook":
                 out.origins[join_path(join_path("hooks", i), "stop_on_nonfinite")] = join_path(source, "check_finite")
-    for name in helper_names(cfg, [*SCHEMA, *MMENGINE_KEYS, *NOT_TRANSLATED]):
+    keys = [*(k.name for k in TRAINER_KEYS), *(k.name for k in PROJECT_KEYS), *MMENGINE_KEYS, *NOT_TRANSLATED]
+    for name in helper_names(cfg, keys):
         if out.cfg.pop(name, None) is not None:  # used only to write other keys
             out.replaced.setdefault(name, "")
     if cfg.get("visualizer") is not None and "vis_backends" in out.cfg:  # default_runtime.py's helper

@@ -56,7 +56,7 @@ import warnings
 from typing import Any
 
 from treadle.components.errors import ConfigError, join_path
-from treadle.mmengine.common import take
+from treadle.openmmlab.common import take
 
 #: FlexibleRunner's strategy class names: a ``strategy`` dict with one of them is MMEngine's.
 MMENGINE_STRATEGIES = ("SingleDeviceStrategy", "DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy",

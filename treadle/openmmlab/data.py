@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from treadle.components.errors import ConfigError, join_path
-from treadle.mmengine.common import take
+from treadle.openmmlab.common import take
 
 _SAMPLERS = ("DefaultSampler", "InfiniteSampler")
 _COLLATE = ("default_collate", "pseudo_collate")
@@ -45,7 +45,7 @@ def _sampler(sampler: Any, path: str, training: bool) -> dict[str, Any]:
         raise ConfigError(path, "unsupported sampler", value=sampler,
                           expected="{type: DefaultSampler, shuffle: true|false}")
     kind = _short(sampler["type"])
-    if kind not in _SAMPLERS:  # a project's own: built through its registry (treadle/mmengine/scope.py)
+    if kind not in _SAMPLERS:  # a project's own: built through its registry (treadle/openmmlab/scope.py)
         return {"sampler": dict(sampler)}
     names = {"shuffle": "shuffle", "seed": "seed", **({"round_up": "round_up"} if kind == "DefaultSampler" else {})}
     out = take(sampler, path, names, {"type": None})

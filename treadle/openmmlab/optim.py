@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from treadle.components.errors import ConfigError, join_path
-from treadle.mmengine.common import take
+from treadle.openmmlab.common import take
 
 MULTI = "MultiOptimWrapperConstructor"
 WRAPPER_TYPES = ("OptimWrapper", "AmpOptimWrapper")

@@ -24,6 +24,7 @@ from typing import Any, Sized
 
 from treadle.components.errors import ConfigError
 from treadle.hints import add_hint
+from treadle.openmmlab.mm import import_mmengine
 
 
 def build_evaluator(spec: Any, scope: Any, path: str) -> Any:
@@ -31,7 +32,7 @@ def build_evaluator(spec: Any, scope: Any, path: str) -> Any:
     mapping with ``metrics`` by the ``EVALUATOR`` registry (type ``Evaluator`` unless given),
     any other mapping or a list as the evaluator's metrics, each by the ``METRICS`` registry."""
     with scope.active():  # without MMEngine: the line naming the extra
-        from mmengine.evaluator import Evaluator
+        Evaluator = import_mmengine("an evaluator", "evaluator").Evaluator
 
     if isinstance(spec, Evaluator):
         return spec
@@ -155,10 +156,15 @@ def _merge(out: dict[str, Any], values: dict[str, Any]) -> None:
 
 
 def _to_cpu(results: Any) -> Any:
-    """MMEngine's ``_to_cpu``: tensors (and data elements) in the results moved to the CPU."""
-    from mmengine.evaluator.metric import _to_cpu as to_cpu
-
-    return to_cpu(results)
+    """Tensors and MMEngine's data elements in ``results`` moved to the CPU (before the metric
+    computes, as MMEngine's ``BaseMetric.evaluate`` moves them)."""
+    if hasattr(results, "cpu") and callable(results.cpu):  # a tensor, a BaseDataElement
+        return results.cpu()
+    if isinstance(results, (list, tuple)):
+        return type(results)(_to_cpu(r) for r in results)
+    if isinstance(results, dict):
+        return {k: _to_cpu(v) for k, v in results.items()}
+    return results
 
 
 def _first_of(group: Any) -> bool:

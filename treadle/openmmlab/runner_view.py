@@ -1,4 +1,4 @@
-"""The runner an MMEngine hook receives (treadle/mmengine/hooks.py adapts the hook): the Trainer
+"""The runner an MMEngine hook receives (treadle/openmmlab/hooks.py adapts the hook): the Trainer
 seen as MMEngine's Runner.
 
 A :class:`RunnerView` reads the Trainer's public attributes when asked:
@@ -36,6 +36,8 @@ from __future__ import annotations
 import numbers
 import uuid
 from typing import Any, Mapping
+
+from treadle.openmmlab.mm import import_mmengine
 
 #: The message hub's info that the view writes itself (not kept in checkpoints by a hook's state).
 COUNTERS = ("epoch", "iter", "max_epochs", "max_iters", "loop_stage")
@@ -190,9 +192,8 @@ class RunnerView:
     def message_hub(self) -> Any:
         """A real ``mmengine.logging.MessageHub`` of this run (MMEngine's current one once made)."""
         if self._hub is None:
-            from mmengine.logging import MessageHub
-
-            self._hub = MessageHub.get_instance(f"treadle:{self.trainer.run_id}:{uuid.uuid4().hex[:8]}")
+            hub = import_mmengine("MMEngine's message hub", "logging").MessageHub
+            self._hub = hub.get_instance(f"treadle:{self.trainer.run_id}:{uuid.uuid4().hex[:8]}")
         return self._hub
 
     def sync(self, eval_done: bool = False) -> None:
@@ -229,7 +230,7 @@ class RunnerView:
 
     def meta(self, pos: Any) -> dict[str, Any]:
         """A checkpoint's ``meta``: epochs and iterations done there (MMEngine's), and the run's."""
-        import mmengine
+        mmengine = import_mmengine("MMEngine's checkpoint meta", "")
 
         pos = pos if isinstance(pos, dict) else {}
         by_epoch = self.trainer.state.by_epoch

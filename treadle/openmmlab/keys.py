@@ -1,6 +1,6 @@
 """The top-level names of an MMEngine config, in a module that imports nothing heavy, so
 that ``treadle train`` can check a config's key names before torch is imported
-(:mod:`treadle.config.early`). :mod:`treadle.mmengine.translate` translates them."""
+(:mod:`treadle.config.early`). :mod:`treadle.openmmlab.translate` translates them."""
 
 from __future__ import annotations
 

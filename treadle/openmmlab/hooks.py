@@ -44,8 +44,9 @@ from typing import Any, Callable, Mapping
 
 from treadle.components.errors import ConfigError, join_path
 from treadle.hooks.base import Hook, HookStates
-from treadle.mmengine.hook_check import RESERVED_KEYS, check_hook, mm_hook, used_points
-from treadle.mmengine.runner_view import COUNTERS, RunnerView, plain
+from treadle.openmmlab.hook_check import RESERVED_KEYS, check_hook, mm_hook, used_points
+from treadle.openmmlab.runner_view import COUNTERS, RunnerView, plain
+from treadle.openmmlab.mm import import_mmengine
 
 
 class MMEngineHook(Hook):
@@ -261,7 +262,7 @@ def adapt_hook(hook: Any, path: str) -> Hook:
     """A treadle Hook calling MMEngine hook ``hook`` at its points (see the module's docstring);
     ``path`` names it in errors (``custom_hooks[0]``). Raises ConfigError when the hook reads what
     the runner view lacks, or edits the checkpoint entries treadle's checkpointer owns."""
-    from mmengine.runner import get_priority
+    get_priority = import_mmengine("an MMEngine hook", "runner").get_priority
 
     cls = type(hook)
     if not isinstance(hook, mm_hook()):
@@ -293,9 +294,7 @@ class RuntimeInfo(Hook):
     priority = "VERY_HIGH"  # before the hooks and the step that read it (MMEngine's is VERY_HIGH too)
 
     def __init__(self) -> None:
-        from mmengine.logging import MessageHub
-
-        self.hub = MessageHub.get_current_instance()
+        self.hub = import_mmengine("MMEngine's message hub", "logging").MessageHub.get_current_instance()
 
     def _update(self, trainer: Any) -> None:
         hub, state = self.hub, trainer.state
