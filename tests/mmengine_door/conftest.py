@@ -46,3 +46,14 @@ def mm_work(tmp_path_factory: pytest.TempPathFactory, mm_importable: None) -> Pa
     configs = Path(importlib.util.find_spec("mmpretrain").origin).parent / ".mim" / "configs"
     (work / "configs").symlink_to(configs, target_is_directory=True)
     return work
+
+
+@pytest.fixture(scope="session")
+def mmengine_lenet(mm_work: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """MMEngine's own runs of the released lenet5_mnist.py for 2 epochs, on 1 and 2 processes
+    (``mm_reference.run_mmengine``, run once for the session), by number of processes."""
+    from mm_reference import run_mmengine
+
+    out = tmp_path_factory.mktemp("mmengine_lenet")
+    return {n: run_mmengine("configs/lenet/lenet5_mnist.py", mm_work, out / f"np{n}", ["train_cfg.max_epochs=2"],
+                            nproc=n, timeout=300) for n in (1, 2)}

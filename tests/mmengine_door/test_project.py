@@ -19,8 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_reference import run_mmengine
-
 pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -54,13 +52,6 @@ def assert_equal_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Ten
     assert sorted(got) == sorted(want)
     for name, w in want.items():
         assert torch.equal(got[name], w), (name, (got[name] - w).abs().max().item())
-
-
-@pytest.fixture(scope="module")
-def mmengine_lenet(mm_work, tmp_path_factory):
-    """MMEngine's runs of lenet5_mnist.py for 2 epochs, by number of processes (run once)."""
-    out = tmp_path_factory.mktemp("mmengine_lenet")
-    return {n: run_mmengine(LENET, mm_work, out / f"np{n}", EPOCHS, nproc=n, timeout=300) for n in (1, 2)}
 
 
 def test_lenet_on_one_process_is_mmengines_run(mm_work, tmp_path, mmengine_lenet):

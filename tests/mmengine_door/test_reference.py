@@ -8,17 +8,14 @@ import math
 import pytest
 import torch
 
-from mm_reference import run_mmengine
-
 pytestmark = pytest.mark.slow
 
-LENET = "configs/lenet/lenet5_mnist.py"
 N_TRAIN, N_TEST, BATCH = 512, 256, 128  # mm_data's MNIST; the config's batch size (per process)
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_mmengine_trains_lenet5_mnist(mm_work, tmp_path, nproc):
-    r = run_mmengine(LENET, mm_work, tmp_path / "out", ["train_cfg.max_epochs=2"], nproc=nproc, timeout=300)
+def test_mmengine_trains_lenet5_mnist(mmengine_lenet, nproc):
+    r = mmengine_lenet[nproc]  # lenet5_mnist.py, 2 epochs (conftest.py)
     assert r["world_size"] == nproc
     assert len(r["workarounds"]) == (0 if nproc == 1 else 3)
 
