@@ -103,3 +103,23 @@ def test_a_loader_dict_without_collate_fn_gets_pseudo_collate_as_under_mmengine(
     assert isinstance(batch, list) and len(batch[0]) == 2 and not isinstance(batch[0], torch.Tensor)  # not stacked
     with pytest.raises(TypeError, match=r"unexpected arguments \['max_epoch'\]"):
         Runner(model=MMSmallCNN(), work_dir=str(tmp_path), max_epoch=3)
+
+
+def test_from_cfg_runs_a_released_config_to_mmengines_weights(mm_work, monkeypatch, tmp_path, mmengine_lenet):
+    """``Runner.from_cfg`` of the released lenet5_mnist.py, read by MMEngine's own ``Config``, ends
+    with the weights of MMEngine's Runner on the same file (conftest.py's reference run)."""
+    from mmengine.config import Config
+
+    from treadle.mmengine import Runner
+
+    monkeypatch.chdir(mm_work)
+    cfg = Config.fromfile("configs/lenet/lenet5_mnist.py")
+    cfg.merge_from_dict({"train_cfg.max_epochs": 2, "randomness.seed": 0, "work_dir": str(tmp_path / "run")})
+    runner = Runner.from_cfg(cfg)
+    model = runner.train()
+    want = mmengine_lenet[1]["state_dict"]
+    got = model.state_dict()
+    assert sorted(got) == sorted(want)
+    for name, w in want.items():
+        assert torch.equal(got[name], w), name
+    assert runner.val() == {"accuracy/top1": mmengine_lenet[1]["val"][-1]["accuracy/top1"]}
