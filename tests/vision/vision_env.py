@@ -20,7 +20,7 @@ import sys
 import torch
 
 
-def _nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
+def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
     """Greedy non-maximum suppression: indices of the kept boxes, best score first."""
     order = torch.argsort(scores.detach().float(), descending=True, stable=True)
     b = boxes.detach().float()
@@ -52,7 +52,7 @@ def load_torchvision() -> None:
     lib = torch.library.Library("torchvision", "DEF")  # kept alive below: the ops live as long as it does
     lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    lib.impl("nms", _nms, "CPU")
+    lib.impl("nms", nms, "CPU")
     import torchvision
     import torchvision.ops.boxes
 

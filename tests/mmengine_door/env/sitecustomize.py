@@ -9,7 +9,7 @@ It imports nothing heavy itself: it adds two one-shot import hooks.
    beside the CPU torch build, and ``import torchvision`` then fails ("operator torchvision::nms
    does not exist"), taking ``mmpretrain.datasets`` with it. Just before torchvision is first
    imported, and only if its ``_C.so`` does not load, ``torchvision::nms``/``qnms`` are defined in
-   Python for the CPU (as ``tests/vision/vision_env.py`` does). Classification needs no more.
+   Python for the CPU (with ``tests/vision/vision_env.py``'s ``nms``). Classification needs no more.
 2. ``mmpretrain.datasets.cifar``: CIFAR10/CIFAR100 compare each file's md5 with the real CIFAR
    files' (then try to download them), which the generated files of ``mm_data.py`` cannot pass:
    their md5 entries are set to None once the module has run (the files must still exist).
@@ -20,26 +20,17 @@ import os
 import sys
 
 
-def _nms(boxes, scores, iou_threshold):
-    """Greedy non-maximum suppression: indices of the kept boxes, best score first."""
-    import torch
-
-    order = torch.argsort(scores.detach().float(), descending=True, stable=True)
-    b = boxes.detach().float()
-    keep = []
-    while order.numel():
-        first, rest = order[0], order[1:]
-        keep.append(first)
-        lt = torch.max(b[first, :2], b[rest, :2])
-        rb = torch.min(b[first, 2:], b[rest, 2:])
-        inter = (rb - lt).clamp(min=0).prod(dim=1)
-        area = (b[:, 2:] - b[:, :2]).clamp(min=0).prod(dim=1)
-        iou = inter / (area[first] + area[rest] - inter)
-        order = rest[iou <= iou_threshold]
-    return torch.stack(keep) if keep else torch.empty(0, dtype=torch.long)
-
-
 _LIBRARIES = []  # the ops live as long as their Library object
+
+
+def _vision_env():
+    """tests/vision/vision_env.py, whose ``nms`` is the stand-in (imported when torchvision is)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "vision"))
+    try:
+        import vision_env
+    finally:
+        sys.path.pop(0)
+    return vision_env
 
 
 def _before_torchvision(spec):
@@ -58,7 +49,7 @@ def _before_torchvision(spec):
     lib = torch.library.Library("torchvision", "DEF")
     lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    lib.impl("nms", _nms, "CPU")
+    lib.impl("nms", _vision_env().nms, "CPU")
     _LIBRARIES.append(lib)
 
 
