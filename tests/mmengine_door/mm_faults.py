@@ -44,3 +44,16 @@ class HubReader(BaseModel):
         HubReader.seen.append((hub.get_info("epoch"), hub.get_info("iter"), hub.get_info("max_iters")))
         loss = (self.w * inputs.float()).mean()
         return {"loss": loss} if mode == "loss" else [loss]
+
+
+from mmengine.optim import DefaultOptimWrapperConstructor  # noqa: E402
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS  # noqa: E402
+
+
+@OPTIM_WRAPPER_CONSTRUCTORS.register_module(force=True)
+class HeadLrTimesTen(DefaultOptimWrapperConstructor):
+    """A project's optimizer wrapper constructor: the classifier's parameters at ten times the lr."""
+
+    def add_params(self, params, module, prefix="", is_dcn_module=None) -> None:
+        for name, p in module.named_parameters():
+            params.append({"params": [p], "lr": self.base_lr * (10 if "classifier" in name else 1)})

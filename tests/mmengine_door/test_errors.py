@@ -75,3 +75,24 @@ def test_an_optimizer_of_the_projects_registry_is_built_over_the_model(in_work):
     trainer = build_trainer(cfg)
     assert type(trainer.optimizer).__module__.startswith("mmpretrain.") and type(trainer.optimizer).__name__ == "Lamb"
     assert trainer.optimizer.param_groups[0]["lr"] == 0.001
+
+
+def test_a_projects_optimizer_constructor_builds_the_groups_mmengine_builds(in_work):
+    import mm_faults  # noqa: F401 - registers HeadLrTimesTen
+    from mmengine.optim import build_optim_wrapper
+
+    from treadle.config import build_trainer, load_config
+
+    cfg = load_config(LENET, ["optim_wrapper.constructor=HeadLrTimesTen", "optim_wrapper.paramwise_cfg.bias_lr_mult=1"],
+                      mode="train", work_dir=str(in_work))  # MMEngine's constructors call add_params with a paramwise_cfg
+    assert cfg["optim_constructor"] == {"type": "HeadLrTimesTen", "paramwise_cfg": {"bias_lr_mult": 1}}
+    trainer = build_trainer(cfg)
+    theirs = build_optim_wrapper(trainer.module, {"type": "OptimWrapper", "constructor": "HeadLrTimesTen",
+                                                  "paramwise_cfg": {"bias_lr_mult": 1},
+                                                  "optimizer": {"type": "SGD", "lr": 0.01, "momentum": 0.9,
+                                                                "weight_decay": 0.0001}}).optimizer
+    ours = trainer.optimizer.param_groups
+    assert [g["lr"] for g in ours] == [g["lr"] for g in theirs.param_groups] and {g["lr"] for g in ours} == {0.01, 0.1}
+    assert [[p.shape for p in g["params"]] for g in ours] == [[p.shape for p in g["params"]] for g in theirs.param_groups]
+    assert all(p is q for g, h in zip(ours, theirs.param_groups) for p, q in zip(g["params"], h["params"]))
+    trainer.fit()  # one epoch trains with those groups

@@ -84,6 +84,10 @@ def _built(cfg: dict[str, Any], mode: str, safe: bool) -> dict[str, Any]:
         from treadle.openmmlab.hooks import RuntimeInfo
 
         kw["hooks"].append(RuntimeInfo())
+    if project["optim_constructor"] is not None and isinstance(kw.get("optimizer"), Mapping):
+        optimizer = {k: v for k, v in kw["optimizer"].items() if k != "paramwise"}
+        kw["optimizer"] = scope.constructed_optimizer(project["optim_constructor"], optimizer, kw["model"],
+                                                      "optim_constructor")
     for key, loader, arg in (("val_evaluator", "val_dataloader", "metrics"),
                              ("test_evaluator", "test_dataloader", "test_metrics")):
         if project[key] is not None and kw.get(loader) is not None:

@@ -28,6 +28,10 @@ PROJECT_KEYS: tuple[Key, ...] = (
     Key("custom_imports", (dict, NoneType), "{imports: [module, ...], allow_failed_imports: false}, or null",
         "Modules imported before anything is built, as MMEngine imports them (they register a project's "
         "classes); refused by `--safe`, which imports nothing a config names."),
+    Key("optim_constructor", (dict, NoneType), "{type: a constructor's registry name, paramwise_cfg: {...}}, or null",
+        "A project's optimizer wrapper constructor (MMEngine's `optim_wrapper.constructor` of its registry, such as "
+        "mmpretrain's `LearningRateDecayOptimWrapperConstructor`): it builds the optimizer's parameter groups over "
+        "the model, from `optimizer`; treadle wraps that optimizer (one process or DDP)."),
     Key("val_evaluator", (dict, list, NoneType), "an evaluator spec such as {type: Accuracy, topk: [1]}, a list "
         "of metric specs, or null", "An MMEngine evaluator for validation (its metrics by registry name), run as "
         "MMEngine's ValLoop runs it: results gathered over the data-parallel ranks and named as MMEngine names them "

@@ -18,6 +18,8 @@ metric        ``METRICS``         ``METRICS.build(cfg)`` (inside an evaluator)
 evaluator     ``EVALUATOR``       ``{metrics: [...]}`` specs (treadle/openmmlab/evaluator.py)
 hook          ``HOOKS``           ``HOOKS.build(cfg)``, then adapted: treadle/openmmlab/hooks.py
 optimizer     ``OPTIMIZERS``      the class, which treadle's optimizer wrapper builds as torch's
+optim_        ``OPTIM_WRAPPER_    the torch optimizer the project's constructor builds over the
+constructor   CONSTRUCTORS``      model (its parameter groups), which treadle wraps
 ============  ==================  ===========================================================
 
 ``custom_imports`` (``{imports: [...], allow_failed_imports: false}``) are imported when the
@@ -40,7 +42,7 @@ from treadle.suggest import did_you_mean
 #: treadle's kind of component -> the name of MMEngine's registry (mmengine.registry).
 REGISTRY_OF = {"model": "MODELS", "dataset": "DATASETS", "sampler": "DATA_SAMPLERS", "collate_fn": "FUNCTIONS",
                "metric": "METRICS", "evaluator": "EVALUATOR", "hook": "HOOKS", "transform": "TRANSFORMS",
-               "optimizer": "OPTIMIZERS"}
+               "optimizer": "OPTIMIZERS", "optim_constructor": "OPTIM_WRAPPER_CONSTRUCTORS"}
 
 
 def check_custom_imports(spec: Any, *, safe: bool = False) -> list[str]:
@@ -211,6 +213,23 @@ class ProjectScope:
                            expected=f"a name of MMEngine's {registry} registry in scope {self.name!r}, one of "
                                     f"treadle's ({known}), or a dotted import path",
                            hint=did_you_mean(str(type_), [*names, *ours]))
+
+    def constructed_optimizer(self, spec: dict[str, Any], optimizer: dict[str, Any], model: Any, path: str) -> Any:
+        """The torch optimizer a project's optimizer wrapper constructor (``spec``: its ``type`` and
+        ``paramwise_cfg``) builds over ``model`` for ``optimizer`` (MMEngine's spec: type, lr, ...),
+        as MMEngine's ``build_optim_wrapper`` builds it; treadle wraps that optimizer."""
+        kind = spec.get("type")
+        if not self.knows("optim_constructor", kind):
+            raise self.unknown("optim_constructor", kind, join_path(path, "type"))
+        with self.scoped("optim_constructor") as registry:
+            try:
+                constructor = registry.build({"type": kind, "optim_wrapper_cfg": {"type": "OptimWrapper",
+                                                                                   "optimizer": dict(optimizer)},
+                                              "paramwise_cfg": spec.get("paramwise_cfg")})
+                return constructor(model).optimizer
+            except Exception as e:
+                raise ConfigError(path, f"{kind} failed to build the optimizer in scope {self.name!r}: "
+                                        f"{type(e).__name__}: {e}") from e
 
     def optimizer_class(self, type_: str) -> Any:
         """The optimizer class a name of the ``OPTIMIZERS`` registry gives (``Lamb``, ``LARS``), which

@@ -11,6 +11,8 @@ MMEngine                                               treadle
 ``optim_wrapper.paramwise_cfg``                        ``optimizer.paramwise``
 ``optim_wrapper.constructor:                           ``optimizer`` by name, one per submodule
 MultiOptimWrapperConstructor`` (mmagic's)              (:mod:`treadle.openmmlab.optim`)
+``optim_wrapper.constructor`` of a project's registry  ``optim_constructor: {type, paramwise_cfg}``: the
+(mmpretrain's LearningRateDecay...)                    optimizer it builds over the model is the run's
 ``optim_wrapper.clip_grad``                            ``clip_grad``
 ``optim_wrapper.accumulative_counts``                  ``accumulate``, and ``accumulate_across_epochs:
                                                        true`` when over 1 (MMEngine's windows)
@@ -188,10 +190,17 @@ def _optim_wrapper(spec: Any, out: _Out) -> None:
     amp = kind == "AmpOptimWrapper"
     names = {"optimizer": "optimizer", "paramwise_cfg": "paramwise", "clip_grad": "clip_grad",
              "accumulative_counts": "accumulate", "dtype": "dtype", **({"loss_scale": "loss_scale"} if amp else {})}
-    rest = take(spec, path, names, {"type": None, "constructor": "DefaultOptimWrapperConstructor"})
+    constructor = spec.get("constructor", "DefaultOptimWrapperConstructor")
+    own = isinstance(constructor, str) and constructor.rsplit(".", 1)[-1] not in ("DefaultOptimWrapperConstructor", MULTI)
+    rest = take({k: v for k, v in spec.items() if not (own and k == "constructor")}, path, names,
+                {"type": None, "constructor": "DefaultOptimWrapperConstructor"})
     optimizer = rest.pop("optimizer")
     if not isinstance(optimizer, dict):
         raise ConfigError(join_path(path, "optimizer"), "must be a mapping", value=optimizer, expected="{type: AdamW, lr: ...}")
+    if own:  # a project's constructor (its registry's) makes the parameter groups: treadle.config.assemble
+        out.cfg["optim_constructor"] = {"type": constructor, **({"paramwise_cfg": rest.pop("paramwise")}
+                                                               if "paramwise" in rest else {})}
+        out.origins["optim_constructor"] = join_path(path, "constructor")
     if "paramwise" in rest:
         optimizer = {**optimizer, "paramwise": rest.pop("paramwise")}
     out.set("optimizer", optimizer, join_path(path, "optimizer"))
