@@ -241,9 +241,9 @@ def test_safe_is_not_a_config_key(tmp_path):
 def test_shipped_examples_build_in_safe_mode(example):
     cfg = load_config(ROOT / example, mode="train", safe=True)
     kw = trainer_kwargs(cfg, safe=True)
-    assert isinstance(kw["model"], nn.Module) and isinstance(kw["train_dataloader"], DataLoader)
-    trainer = build_trainer(cfg, safe=True, progress=False)  # the Trainer's optimizer and schedulers too
-    assert trainer.optimizer is not None
+    assert kw["model"] == cfg["model"] and isinstance(kw["train_dataloader"], DataLoader)  # the Trainer builds it
+    trainer = build_trainer(cfg, safe=True, progress=False)  # the model, the optimizer and schedulers too
+    assert isinstance(trainer.module, nn.Module) and trainer.optimizer is not None
 
 
 def test_named_types_covers_every_name_the_build_resolves(monkeypatch):

@@ -28,7 +28,9 @@ def trainer_kwargs(cfg: dict[str, Any], mode: str = "train", *, safe: bool = Fal
     :func:`treadle.config.resolve.load_config`). For ``mode`` "validate"/"test" the
     training-only keys are left at their defaults and only the needed loader is built.
 
-    With a ``seed``, the RNGs are seeded first, so the model's initial weights repeat.
+    With a ``seed``, the RNGs are seeded first, so the model's initial weights repeat. A model
+    spec of treadle's stays a spec, which the Trainer builds (on the meta device under a strategy
+    that shards it); a project's (MMEngine's registries) is built here, as its Runner builds it.
     ``safe``: see :mod:`treadle.components.safe`; every name is checked before anything is built.
     Errors name keys as the config file wrote them (``cfg.origins``: :mod:`treadle.config.origins`).
     """
@@ -64,7 +66,12 @@ def _built(cfg: dict[str, Any], mode: str, safe: bool) -> dict[str, Any]:
     check_schedulers(kw.get("schedulers"), optimizer_names, safe=safe)
     if kw.get("seed") is not None:
         seed_everything(kw["seed"], per_rank=bool(kw.get("seed_per_rank")))
-    if _spec(kw["model"]):  # a config's spec; an object given from Python (treadle.mmengine.Runner) as it is
+    # A project's model (MMEngine's registries) is built now, as its Runner builds it; treadle's spec goes to the
+    # Trainer as it is, which builds it once its strategy has started the processes: on the meta device where the
+    # strategy shards the model, so that no process ever holds it whole (the same path as Trainer(model=dict(...))).
+    # An object given from Python (treadle.mmengine.Runner) is used as it is.
+    if _spec(kw["model"]) and (by_scope("model", _type_of(kw["model"]), scope, safe=safe)
+                               or project["optim_constructor"] is not None):
         kw["model"] = build_model(kw["model"], safe=safe, scope=scope)
     for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
         sets = loader_sets(kw.get(key)) if key != "train_dataloader" else None
@@ -105,6 +112,10 @@ def _optimizer_classes(spec: Any, scope: Any, safe: bool) -> Any:
     if by_scope("optimizer", spec["type"], scope, safe=safe):
         return {**spec, "type": scope.optimizer_class(spec["type"])}
     return spec
+
+
+def _type_of(spec: Any) -> Any:
+    return spec.get("type") if isinstance(spec, Mapping) else spec
 
 
 def _spec(value: Any) -> bool:
