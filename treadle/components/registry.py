@@ -155,17 +155,26 @@ def by_scope(kind: str, type_: Any, scope: Scope | None, *, safe: bool = False) 
     name both know is treadle's, so a config whose every type is treadle's never asks the
     scope (nor needs MMEngine). ``safe``: a dotted name is never the scope's (MMEngine would
     import its first part as a scope's package)."""
-    if scope is None or not isinstance(type_, str) or type_ in REGISTRIES.get(kind, {}):
+    if scope is None or treadles(kind, type_, safe=safe):
         return False
+    return scope.knows(kind, type_)
+
+
+def treadles(kind: str, type_: Any, *, safe: bool = False) -> bool:
+    """Whether treadle resolves ``type_`` itself: an object given from Python, a name of its
+    registry of ``kind``, or a dotted path that imports (in safe mode any dotted name, which
+    safe mode then checks: never a scope's)."""
+    if not isinstance(type_, str) or type_ in REGISTRIES.get(kind, {}):
+        return True
     if "." in type_:
         if safe:
-            return False
+            return True
         try:
             import_object(type_)
-            return False
+            return True
         except (ImportError, AttributeError):
             pass  # 'mmpretrain.ImageClassifier': a scope-prefixed registry name
-    return scope.knows(kind, type_)
+    return False
 
 
 def import_object(dotted: str) -> Any:
@@ -269,4 +278,4 @@ def _same_file(obj: Any, path: Path) -> bool:
 
 __all__ = ["DATASETS", "EXAMPLES_DIR", "ExampleRef", "HOOKS", "LOSSES", "METRICS", "MODELS", "OPTIMIZERS",
            "REGISTRIES", "SAMPLERS", "SCHEDULERS", "Scope", "by_scope", "check_name", "import_object", "name_of",
-           "resolve_type"]
+           "resolve_type", "treadles"]

@@ -14,7 +14,7 @@ from treadle.checkpoint.manifest import CheckpointError
 from treadle.components.build import (build_component, build_dataloader, build_hook, build_model, check_optimizer, check_safe,
                                   check_schedulers)
 from treadle.components.errors import ConfigError, join_path
-from treadle.components.registry import by_scope
+from treadle.components.registry import by_scope, treadles
 from treadle.config.origins import in_user_terms, origins_of
 from treadle.config.schema import PROJECT_KEYS, SCHEMA, TRAINING_ONLY
 from treadle.openmmlab.scope import check_custom_imports, project_scope, run_custom_imports
@@ -70,7 +70,7 @@ def _built(cfg: dict[str, Any], mode: str, safe: bool) -> dict[str, Any]:
     # Trainer as it is, which builds it once its strategy has started the processes: on the meta device where the
     # strategy shards the model, so that no process ever holds it whole (the same path as Trainer(model=dict(...))).
     # An object given from Python (treadle.mmengine.Runner) is used as it is.
-    if _spec(kw["model"]) and (by_scope("model", _type_of(kw["model"]), scope, safe=safe)
+    if _spec(kw["model"]) and (not treadles("model", _type_of(kw["model"]), safe=safe)  # the scope's, or its error
                                or project["optim_constructor"] is not None):
         kw["model"] = build_model(kw["model"], safe=safe, scope=scope)
     for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
