@@ -4,8 +4,8 @@ A Llama-style model (``--hidden`` 768, ``--layers`` 8, vocabulary 32000, untied 
 float32: about 400 MiB) is built with fresh weights in a setup process and saved twice: a
 one-process checkpoint (``state.pt``, through the Strategy API) and a sharded one (DCP
 files, as FSDP writes them). Each is then exported by the command, in a fresh process,
-as a Hugging Face folder, and, for comparison, as one ``.safetensors`` file (which
-gathers the whole state dict first). A tiny model (hidden 64, 2 layers) exported the same
+as a Hugging Face folder, and the one-process checkpoint as one ``.safetensors`` file too
+(both written one tensor at a time). A tiny model (hidden 64, 2 layers) exported the same
 way gives the baseline: the interpreter, torch and treadle. Each export's peak resident
 set size (``ru_maxrss`` of the child) is reported, and its excess over the baseline
 against the model's bytes and its largest tensor's.

@@ -397,8 +397,9 @@ def _export(args: argparse.Namespace) -> int:
         if not to_file:
             return export_folder(checkpoint, args.out, ema=args.ema, merge=args.merge, base=args.base,
                                  max_shard_size=args.max_shard_size or DEFAULT_MAX_SHARD_SIZE)
-        source = _ema_source(checkpoint, "", "export without --ema for the model's weights") if args.ema else checkpoint
-        return export_safetensors(source, args.out, key="ema" if args.ema else "model")
+        if args.ema:  # a run trained without EMA: says so (the file is written from the checkpoint itself)
+            _ema_source(checkpoint, "", "export without --ema for the model's weights")
+        return export_safetensors(checkpoint, args.out, key="ema" if args.ema else "model")
 
     try:  # a run directory's latest checkpoint; one pruned by the live run meanwhile: the next newest
         out = _with_checkpoint(args.checkpoint, "", export)
@@ -449,7 +450,7 @@ def _ema_source(checkpoint: Path, what: str, instead: str) -> Any:
 
     if not checkpoint.is_dir() or (checkpoint / ".metadata").is_file():  # a file, or sharded: read as it is
         return checkpoint
-    state = load_checkpoint(checkpoint, files=[STATE_FILE])[STATE_FILE]
+    state = load_checkpoint(checkpoint, files=[STATE_FILE], mmap=True)[STATE_FILE]  # read as they are used
     weights = ema_weights(state) if isinstance(state, dict) else None
     if weights is not None:
         return checkpoint if weights is state.get("ema") else {"ema": weights}

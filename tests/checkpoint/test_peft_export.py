@@ -107,3 +107,27 @@ def test_a_prompt_learning_adapter_is_refused_in_one_line(tmp_path):
     assert str(e.value) == (f"{tmp_path / 'ckpt'}: a PEFT adapter folder is written for adapters held in the model's "
                             "own tensors (LoRA, IA3, LoHa...); not PROMPT_TUNING (prompt learning) keeps its adapter "
                             "outside the model's tensors; export the weights with --out FILE.safetensors")
+
+
+def test_a_merge_whose_base_folder_was_moved_away_says_it_no_longer_exists(tmp_path):
+    model = peft.get_peft_model(_base(tmp_path), _adapter("lora"))
+    train_and_save(model, tmp_path / "ckpt", iters=1)  # without its frozen base weights
+    (tmp_path / "base").rename(tmp_path / "moved")
+    with pytest.raises(ExportError) as e:
+        export_folder(tmp_path / "ckpt", tmp_path / "merged", merge=True)
+    assert str(e.value).endswith(f"they are read from the base model: pass --base DIR (a folder save_pretrained wrote); "
+                                 f"the model was loaded from {str(tmp_path / 'base')!r}, which no longer exists")
+    assert "\n" not in str(e.value) and not (tmp_path / "merged").exists()
+    export_folder(tmp_path / "ckpt", tmp_path / "merged", merge=True, base=tmp_path / "moved")  # as the line says
+    assert torch.equal(logits(transformers.LlamaForCausalLM.from_pretrained(tmp_path / "merged")),
+                       logits(model.merge_and_unload()))
+
+
+def test_a_base_recorded_as_a_hub_name_is_not_a_local_folder(tmp_path):
+    from treadle.checkpoint.export_plan import open_base
+    from treadle.checkpoint.safetensors_stream import TensorSpec
+
+    info = {"peft": {"config": {"base_model_name_or_path": "someone/tiny-llama"}}}
+    with pytest.raises(ExportError) as e:
+        open_base(info, None, tmp_path / "ckpt", {"w": TensorSpec("w", torch.float32, (2,))})
+    assert str(e.value).endswith("; the model was loaded from 'someone/tiny-llama', not a local folder")

@@ -54,6 +54,16 @@ def dtype_of(name: str) -> torch.dtype:
     return dtype
 
 
+def _not_a_folder(info: Mapping[str, Any], base: str) -> str:
+    """Why the recorded ``base`` cannot be read: a folder that was there when the model was
+    loaded (a recorded local folder, or an absolute path) and is missing now, or a name
+    that is not a local folder (a Hub id)."""
+    was_a_path = base == info.get("pretrained") or os.path.isabs(base)
+    if was_a_path and not os.path.lexists(base):
+        return "which no longer exists"
+    return "not a local folder"
+
+
 def open_base(info: Mapping[str, Any], base: str | os.PathLike[str] | None, checkpoint: Path,
               needed: Mapping[str, TensorSpec]) -> FolderWeights:
     """The base folder the weights ``needed`` (the model's keys there -> the model's
@@ -65,7 +75,7 @@ def open_base(info: Mapping[str, Any], base: str | os.PathLike[str] | None, chec
         base = info.get("pretrained") or peft_cfg.get("base_model_name_or_path")
         first = next(iter(needed))
         if not base or not Path(base).is_dir():
-            loaded = f"; the model was loaded from {str(base)!r}, not a local folder" if base else ""
+            loaded = f"; the model was loaded from {str(base)!r}, {_not_a_folder(info, str(base))}" if base else ""
             raise ExportError(f"{checkpoint} leaves out {len(needed)} of the model's weights (frozen ones, e.g. "
                               f"{first!r}); they are read from the base model: pass --base DIR (a folder "
                               f"save_pretrained wrote){loaded}")

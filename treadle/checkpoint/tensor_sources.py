@@ -135,10 +135,16 @@ class ShardedWeights:
         self.reader = _SafeReader(path)
         prefix = f"{entry}."
         self.specs = {}
+        #: The entry's keys that are not tensors (a module's ``_extra_state``...), not read.
+        self.non_tensors: list[str] = []
         for key, md in self.reader.read_metadata().state_dict_metadata.items():
-            if key.startswith(prefix) and isinstance(md, TensorStorageMetadata):
-                name = key[len(prefix):]
+            if not key.startswith(prefix):
+                continue
+            name = key[len(prefix):]
+            if isinstance(md, TensorStorageMetadata):
                 self.specs[name] = TensorSpec(name, md.properties.dtype, tuple(md.size))
+            else:
+                self.non_tensors.append(name)
         if not self.specs:
             raise CheckpointError(f"{path}: no {entry!r} tensors in its sharded state")
 

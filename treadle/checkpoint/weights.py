@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from treadle.checkpoint.tensor_sources import FolderWeights, is_hf_folder
+from treadle.checkpoint.safetensors_stream import TensorSpec, write_safetensors
+from treadle.checkpoint.tensor_sources import FolderWeights, MappedWeights, ShardedWeights, ema_weights, is_hf_folder
 from treadle.fsutil import fsync_dir
 
 from .io import (
@@ -126,17 +128,30 @@ def _read_source(source: Source, key: str | None) -> tuple[dict[str, Any], str]:
     return sd, where
 
 
-def _read_source_and_frozen(source: Source, key: str | None) -> tuple[dict[str, Any], str, Any]:
+def _read_source_and_frozen(source: Source, key: str | None, *, stream: bool = False) -> tuple[Any, str, Any]:
     """``(state dict, where, frozen)``: as :func:`_read_source`, with a training checkpoint's
-    ``frozen`` entry (treadle/checkpoint/frozen.py; None for anything else)."""
+    ``frozen`` entry (treadle/checkpoint/frozen.py; None for anything else).
+
+    ``stream``: the weights come as a tensor source read one tensor at a time
+    (tensor_sources.py; see :func:`_exportable`): a sharded checkpoint's through DCP, a
+    folder's or ``.safetensors`` file's from its files, a ``torch.save`` file's mapped from
+    it (``torch.load(mmap=True)``); ``frozen`` is then None."""
+    def result(sd: Mapping[str, Any], where: str, frozen: Any = None, mapped: bool = False) -> tuple[Any, str, Any]:
+        return (_exportable(sd, where, mapped=mapped) if stream else sd), where, frozen
+
     if isinstance(source, Mapping):
-        return _pick_state_dict(source, key, "state dict"), "<state dict>", None
+        return result(_pick_state_dict(source, key, "state dict"), "<state dict>")
     path = Path(source)
     if path.is_dir() and (path / ".metadata").is_file():  # a sharded (FSDP, DCP) checkpoint
-        from treadle.checkpoint.sharded import consolidate  # loads DCP: only when needed
+        from treadle.checkpoint.sharded import _read_sharded_manifest, consolidate  # loads DCP: only when needed
 
         if key not in (None, "model"):
             raise CheckpointError(f"{path}: a sharded checkpoint's weights are under 'model'; key={key!r} is not there")
+        if stream:
+            _read_sharded_manifest(path)
+            sharded = ShardedWeights(path)
+            _refuse_non_tensors(sharded.non_tensors, str(path))
+            return sharded, str(path), None
         sd = consolidate(path, key="model")  # verifies every file first
         state = load_checkpoint(path, files=[STATE_FILE])[STATE_FILE] if (path / STATE_FILE).is_file() else {}
         return sd, str(path), state.get("frozen") if isinstance(state, dict) else None
@@ -144,22 +159,30 @@ def _read_source_and_frozen(source: Source, key: str | None) -> tuple[dict[str, 
         if key is not None:
             raise CheckpointError(f"{path}: a Hugging Face folder holds one state dict; key={key!r} does not apply")
         files = FolderWeights(path, "load_from")
-        return {k: files.read(k) for k in files.specs}, str(path), None
+        return (files if stream else {k: files.read(k) for k in files.specs}), str(path), None
     if path.is_dir():
-        state = load_checkpoint(path, files=[STATE_FILE])[STATE_FILE]
+        state = load_checkpoint(path, files=[STATE_FILE], mmap=stream)[STATE_FILE]
         frozen = state.get("frozen") if isinstance(state, dict) and key in (None, "model") else None
-        return _pick_state_dict(state, key or "model", str(path / STATE_FILE)), str(path), frozen
+        ema = ema_weights(state) if key == "ema" and isinstance(state, Mapping) else None
+        if ema is not None:  # a best-weights checkpoint's top-level entry, or a training checkpoint's EMAHook state
+            state = {"ema": ema}
+        return result(_pick_state_dict(state, key or "model", str(path / STATE_FILE)), str(path), frozen, stream)
     if path.suffix == ".safetensors":
         if key is not None:
             raise CheckpointError(f"{path}: a safetensors file holds one state dict; key={key!r} does not apply")
-        return read_safetensors(path), str(path), None
+        if not stream:
+            return read_safetensors(path), str(path), None
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no such file")
+        return FolderWeights(path, "checkpoint"), str(path), None
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint")
+    mapped = stream and zipfile.is_zipfile(path)  # torch.load maps only its zip format, not an old pickle
     try:
-        state = load_checkpoint(path)[STATE_FILE]
+        state = load_checkpoint(path, mmap=mapped)[STATE_FILE]
     except UnsafeCheckpointError as refused:
-        return _foreign_weights(path, key, refused), str(path), None
-    return _pick_state_dict(state, key, str(path)), str(path), None
+        return result(_foreign_weights(path, key, refused), str(path))
+    return result(_pick_state_dict(state, key, str(path)), str(path), None, mapped)
 
 
 def _foreign_weights(path: Path, key: str | None, refused: UnsafeCheckpointError) -> dict[str, Any]:
@@ -299,35 +322,27 @@ def load_weights(
     return report
 
 
-def _exportable(sd: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:
-    """Contiguous CPU tensors with no shared storage (safetensors refuses aliasing).
-    A module's ``_extra_state`` (any object) is skipped; any other entry that is not a
-    tensor means ``sd`` is not weights (an RNG file: ``python``, ``numpy``...)."""
-    if not sd:
-        raise CheckpointError(f"{where}: holds no weights (an empty mapping); expected a model's state dict of tensors")
-    foreign = [k for k, v in sd.items() if not isinstance(v, torch.Tensor) and not k.endswith("_extra_state")]
+def _refuse_non_tensors(names: Iterable[str], where: str) -> None:
+    """A module's ``_extra_state`` (any object) is skipped, with a warning; any other entry
+    that is not a tensor means the source is not weights (an RNG file: ``python``, ``numpy``...)."""
+    names = list(names)
+    foreign = [k for k in names if not k.endswith("_extra_state")]
     if foreign:
         shown = ", ".join(map(repr, foreign[:5])) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise CheckpointError(f"{where}: not a model's weights ({shown} not tensors); expected a state dict of "
                               "tensors: a treadle checkpoint, or a .pt/.pth/.safetensors file of a model's state_dict()")
-    out: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    skipped = []
-    for k, v in sd.items():
-        if not isinstance(v, torch.Tensor):
-            skipped.append(k)
-            continue
-        t = v.detach().to("cpu").contiguous()
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        # Tied weights / views share one storage: give each extra user its own copy.
-        if (ptr in seen and t.numel() > 0) or storage.nbytes() != t.numel() * t.element_size():
-            t = t.clone()
-        seen.add(t.untyped_storage().data_ptr())
-        out[k] = t
-    if skipped:
-        logger.warning("export_safetensors: skipping non-tensor entries %s", skipped)
-    return out
+    if names:
+        logger.warning("export_safetensors: skipping non-tensor entries %s", names)
+
+
+def _exportable(sd: Mapping[str, Any], where: str, *, mapped: bool) -> MappedWeights:
+    """The tensors of ``sd``, to be written one at a time (:func:`_refuse_non_tensors` for the
+    rest). ``mapped``: their storages are mapped from a file this module loaded, whose pages
+    are given back once each tensor is written."""
+    if not sd:
+        raise CheckpointError(f"{where}: holds no weights (an empty mapping); expected a model's state dict of tensors")
+    _refuse_non_tensors([k for k, v in sd.items() if not isinstance(v, torch.Tensor)], where)
+    return MappedWeights(sd, where, mapped=mapped)
 
 
 def export_safetensors(
@@ -335,43 +350,44 @@ def export_safetensors(
 ) -> Path:
     """Export a checkpoint's model (or ``key="ema"``) weights to a ``.safetensors`` file.
 
-    ``module.``/``_orig_mod.`` prefixes are stripped, tensors made contiguous and
-    shared storage (tied weights) cloned. The file is written atomically: temp
+    ``module.``/``_orig_mod.`` prefixes are stripped; tensors that share storage (tied
+    weights) are each written whole under their own key. The file is written one tensor
+    at a time (treadle/checkpoint/safetensors_stream.py), whatever the model's size: a
+    ``state.pt`` is mapped from disk and each tensor's pages given back once written, a
+    sharded checkpoint read one whole tensor at a time. ``key="ema"`` of a training
+    checkpoint takes its EMAHook's averaged weights. The file is written atomically: temp
     file in the same dir, fsync, rename, fsync of the dir. Its mode is what the umask
     gives any new file (0644 under the usual 022), as for checkpoints' files.
     """
     is_dir = not isinstance(checkpoint, Mapping) and Path(checkpoint).is_dir()
     # A dir's state.pt always has a "model" entry; a file or mapping may already be a
     # bare state dict, and _pick_state_dict finds a "model"/"state_dict" wrapper by itself.
-    raw, where = _read_source(checkpoint, key if is_dir or key != "model" else None)
-    tensors = _exportable(_revise(raw, DEFAULT_REVISE_KEYS), where)
-    metadata = {"format": "pt", "treadle_format": f"{FORMAT}-v{FORMAT_VERSION}", "source": where, "key": key}
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / _scratch_name(out.name, "tmp")
-    import safetensors.torch  # here, not at the top: `import treadle` stays light
-
-    # Serialized here and written by us (not safetensors.save_file): an OS error (a full
-    # disk) is then an OSError naming the file and its errno, not a SafetensorError.
-    data = safetensors.torch.save(tensors, metadata=metadata)
+    source, where, _ = _read_source_and_frozen(checkpoint, key if is_dir or key != "model" else None, stream=True)
     try:
+        names = _revise({k: k for k in source.specs}, DEFAULT_REVISE_KEYS)  # exported key -> the source's
+        specs = [TensorSpec(new, source.specs[old].dtype, source.specs[old].shape) for new, old in names.items()]
+        metadata = {"format": "pt", "treadle_format": f"{FORMAT}-v{FORMAT_VERSION}", "source": where, "key": key}
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / _scratch_name(out.name, "tmp")
         try:
-            with open(tmp, "xb") as f:  # created as open() creates any file: the umask decides its mode
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())  # contents durable before the rename publishes them
-            os.replace(tmp, out)
-            fsync_dir(out.parent)
-        except OSError as e:
-            if e.errno is None or e.filename is not None:
-                raise
-            raise OSError(e.errno, e.strerror, str(out)) from e
-    except BaseException:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
-        raise
+            try:  # created as open() creates any file: the umask decides its mode; fsynced before the rename
+                write_safetensors(tmp, specs, lambda k: source.read(names[k]), metadata=metadata,
+                                  done=lambda k: source.done(names[k]))
+                os.replace(tmp, out)
+                fsync_dir(out.parent)
+            except OSError as e:  # e.g. a full disk: an OSError naming the file and its errno
+                if e.errno is None or e.filename is not None:
+                    raise
+                raise OSError(e.errno, e.strerror, str(out)) from e
+        except BaseException:
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+            raise
+    finally:
+        source.close()
     return out
 
 
