@@ -89,6 +89,35 @@ def test_a_recorded_model_materializes_bit_for_bit_as_built_whole(make) -> None:
         assert torch.equal(model.scale, whole.scale) and torch.equal(model.steps, whole.steps)
 
 
+def _by_module(empty: EmptyModel, **kw) -> tuple[nn.Module, list[str]]:
+    """``empty`` materialized module by module; at each call, the module's tensors must be
+    filled and the own tensors of every module not reached yet still empty (or tied to one
+    filled before)."""
+    modules = dict(empty.module.named_modules())
+    order: list[str] = []
+    filled: set[int] = set()
+
+    def each(module: nn.Module) -> None:
+        order.append(next(n for n, m in modules.items() if m is module))
+        tensors = [*module.parameters(), *module.buffers()]
+        assert not any(t.is_meta for t in tensors), order[-1]
+        filled.update(map(id, tensors))
+        for name in modules.keys() - set(order):
+            own = [*modules[name]._parameters.values(), *modules[name]._buffers.values()]
+            assert all(t is None or t.is_meta or id(t) in filled for t in own), name
+    materialize(empty.module, torch.device("cpu"), empty=empty, each_module=each, **kw)
+    return empty.module, order
+
+
+def test_module_by_module_each_module_is_filled_in_its_turn_children_first() -> None:
+    whole, empty = _both(Inits)
+    model, order = _by_module(empty)
+    _assert_equal(model, whole)
+    assert order.index("conv") < order.index("") and order[-1] == ""  # the root last, once
+    assert model.head.weight is model.embed.weight  # ties kept
+    assert torch.equal(model.scale, whole.scale) and torch.equal(model.steps, whole.steps)
+
+
 hf = pytest.importorskip("transformers")
 
 
@@ -216,6 +245,25 @@ def test_a_new_head_is_initialized_by_the_model_and_named(saved_llama, caplog) -
     assert model.score.weight.std() > 0
     assert "initialized as the model's constructor does: score.weight" in caplog.text
     assert "the model does not have, not loaded: lm_head.weight" in caplog.text
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_pretrained_llama_filled_module_by_module_is_from_pretrained_s(saved_llama, tmp_path, tied) -> None:
+    root, _ = saved_llama
+    folder = root / "one"
+    if tied:  # one tensor under two names, saved under the head's: filled once, in the embedding's turn
+        folder = tmp_path / "tied"
+        torch.manual_seed(2)
+        hf.LlamaForCausalLM(_llama_config(tie_word_embeddings=True)).save_pretrained(folder)
+    whole = hf.LlamaForCausalLM.from_pretrained(folder)
+    torch.manual_seed(0)
+    empty = record(lambda: treadle.components.build.build_model(dict(type=hf.LlamaForCausalLM,
+                                                                      pretrained=str(folder))))
+    model, order = _by_module(empty, weights=empty.weights)
+    _assert_equal(model, whole)
+    assert order[-1] == "" and len(order) == len(set(order))
+    if tied:
+        assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
 def test_a_missing_shard_or_a_shape_that_differs_is_one_line(saved_llama, tmp_path) -> None:

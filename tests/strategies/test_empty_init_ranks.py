@@ -6,6 +6,7 @@ folder that ``from_pretrained`` loads bit for bit."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -30,7 +31,9 @@ def _run(out: Path, *args: str, nproc: int) -> None:
     ({"type": "ddp", "empty_init": True}, 2),
     ({"type": "fsdp", "wrap": ["LlamaDecoderLayer"]}, 2),
     (FSDP_2x2, 4),
-], ids=["ddp", "fsdp", "fsdp-2x2"])
+    pytest.param({"type": "deepspeed", "zero_stage": 3, "backend": "gloo"}, 2, marks=pytest.mark.skipif(
+        importlib.util.find_spec("deepspeed") is None, reason="needs the deepspeed package")),
+], ids=["ddp", "fsdp", "fsdp-2x2", "deepspeed-zero3"])
 def test_a_fresh_spec_equals_its_whole_built_twin(tmp_path, strategy, nproc) -> None:
     import importlib.util
 

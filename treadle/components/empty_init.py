@@ -142,6 +142,19 @@ class _Recorder(TorchDispatchMode):
         self.storages: dict[int, _Storage] = {}
         self.weights: list[Any] = []
         self.exact = True  # random draws made while recording, their states kept (add_weights: not)
+        self._scratch: Any = None  # what random draws are made on (see _zeros)
+
+    def _zeros(self, nbytes: int, reuse: bool) -> Any:
+        """A zeroed storage of at least ``nbytes`` to draw on. ``reuse``: the recorder's own,
+        grown to the largest draw: one allocation for every draw of a constructor, where one
+        per draw left the C allocator holding about the whole model's bytes once freed."""
+        if not reuse:
+            return torch.zeros(nbytes, dtype=torch.uint8).untyped_storage()
+        if self._scratch is None or self._scratch.nbytes() < nbytes:
+            self._scratch = None
+            self._scratch = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
+        torch.tensor([], dtype=torch.uint8).set_(self._scratch, 0, (nbytes,)).zero_()
+        return self._scratch
 
     def _note(self, t: torch.Tensor) -> _Ref:
         ref = _ref(t)
@@ -165,9 +178,9 @@ class _Recorder(TorchDispatchMode):
         if random and self.exact:  # the draw made now, on scratch, so that the generator moves as in a whole build
             state = torch.random.get_rng_state()
             scratch: dict[int, Any] = {}
-            _run(func, spec, [_view(scratch.setdefault(_key(t.elem), torch.zeros(t.elem.untyped_storage().nbytes(),
-                                                                                   dtype=torch.uint8).untyped_storage()),
-                                    _ref(t.elem)) if isinstance(t, _Empty) else t for t in leaves])
+            _run(func, spec, [_view(scratch.setdefault(_key(t.elem), self._zeros(t.elem.untyped_storage().nbytes(),
+                                                                                  reuse=not scratch)), _ref(t.elem))
+                              if isinstance(t, _Empty) else t for t in leaves])
         returns = func._schema.returns
         if written and len(returns) == 1 and returns[0].alias_info is not None and returns[0].alias_info.is_write:
             out = None  # in place: nothing to run on meta (an index_put_ with real indices could not)

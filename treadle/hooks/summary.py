@@ -15,7 +15,10 @@ if TYPE_CHECKING:
 
 def _numel(p: nn.Parameter) -> int:
     # Lazy modules' parameters have no size until the first forward: count them as 0.
-    return 0 if isinstance(p, nn.parameter.UninitializedParameter) else p.numel()
+    if isinstance(p, nn.parameter.UninitializedParameter):
+        return 0
+    whole = getattr(p, "ds_numel", None)  # a DeepSpeed ZeRO-3 partition: its local tensor is a placeholder
+    return int(whole) if isinstance(whole, int) else p.numel()
 
 
 def _counts(module: nn.Module) -> tuple[int, int]:

@@ -270,11 +270,14 @@ class Strategy(StrategyAPI):
         strategy after it split the model, by the others before they place it."""
         raise NotImplementedError
 
-    def materialize_model(self, model: nn.Module) -> nn.Module:
+    def materialize_model(self, model: nn.Module,
+                          each_module: Callable[[nn.Module], None] | None = None) -> nn.Module:
         """The tensors of ``model`` still on the meta device allocated on this process's
         device and filled: from the weights ``prepare`` was given, the rest from the record
         of the model's constructor (treadle/strategies/materialize.py); a sharded parameter
-        gets this process's shard only. Nothing to do for a model built whole."""
+        gets this process's shard only. ``each_module``: called with each submodule once its
+        own tensors are filled, children first, each allocated only in its turn (DeepSpeed's
+        ZeRO-3 partitions it there). Nothing to do for a model built whole."""
         from treadle.strategies.materialize import has_meta, materialize
 
         pending, self._pending_init = self._pending_init, None
@@ -282,7 +285,7 @@ class Strategy(StrategyAPI):
             return model
         empty, load_from = pending if pending is not None else (None, None)
         materialize(model, self.device, empty=empty, weights=empty.weights if empty is not None else (),
-                    load_from=load_from, what=type(model).__name__)
+                    load_from=load_from, what=type(model).__name__, each_module=each_module)
         return model
 
     def unwrap(self, model: nn.Module) -> nn.Module:

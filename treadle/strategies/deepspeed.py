@@ -39,6 +39,7 @@ from treadle.logging.writers import get_logger
 from treadle.strategies.api import DEFAULT_REVISE_KEYS
 from treadle.strategies.base import ProcessGroupStrategy, move_model, move_to
 from treadle.strategies.deepspeed_config import build_config, check_options
+from treadle.strategies.materialize import has_meta
 
 
 @dataclass(eq=False)
@@ -82,6 +83,8 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         self.engine: Any = None
         self.ds_config: dict[str, Any] = {}  # what initialize got (set by setup_optim_wrappers)
         self._half: torch.dtype | None = None  # the module's dtype under bf16/fp16
+        self._partitioned_build = False  # ZeRO-3 partitioned the model module by module as it was built
+        self._init_config: dict[str, Any] | None = None
 
     # -- trainer options it cannot honour ----------------------------------------------
     def check_trainer_options(self, options: dict[str, Any]) -> None:
@@ -123,11 +126,51 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         # Built with g++ at every initialize otherwise (about 50 s cold); used only by inference.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
+    @property
+    def builds_empty(self) -> bool:
+        """ZeRO-3 on several processes builds a model spec on the meta device (each process
+        then holds its partition and at most one module whole); ZeRO-0, 1 and 2 keep the
+        whole model on every process by design, so they build it whole."""
+        if self.empty_init is not None:
+            return self.empty_init
+        return self.zero_stage == 3 and self.distributed
+
     def setup_model(self, model: nn.Module) -> nn.Module:
-        """Placed on the device (a model built on the meta device materialized whole
-        first: DeepSpeed partitions it when the engine is made); :meth:`setup_optim_wrappers`
-        makes the engine."""
+        """Placed on the device; :meth:`setup_optim_wrappers` makes the engine. A model built
+        on the meta device is filled module by module under ZeRO-3, each module's parameters
+        partitioned as soon as they are filled (DeepSpeed's ``zero.Init`` over that module);
+        under ZeRO-0/1/2 it is materialized whole first (DeepSpeed partitions what it
+        shards when the engine is made)."""
+        if self.zero_stage == 3 and has_meta(model):
+            self._partitioned_build = True
+            return self.materialize_model(model, each_module=self._partition_module)
         return move_model(self.materialize_model(model), self.device)
+
+    def _partition_module(self, module: nn.Module) -> None:
+        """``module``'s own parameters, just filled, made ZeRO-3 partitions (the whole
+        values dropped); its buffers stay whole on the device, as the engine keeps them."""
+        if all(hasattr(p, "ds_id") for p in module.parameters(recurse=False)):
+            return
+        import deepspeed
+
+        from treadle.strategies.deepspeed_optim import quiet_deepspeed
+
+        if self._init_config is None:  # what zero.Init reads: the partitioning options alone
+            self._init_config = build_config(
+                self.user_config, zero_stage=3, offload_optimizer=self.offload_optimizer,
+                offload_param=self.offload_param, micro_batch=None, accumulate=1, world_size=self.world_size,
+                precision="32", clip_grad=None, device_type=self.device.type)
+        with quiet_deepspeed():
+            deepspeed.zero.Init(module=module, config_dict_or_path=self._init_config)
+
+    def _cast_partitions(self, model: nn.Module, dtype: torch.dtype) -> None:
+        """A model partitioned while it was built, cast to bf16/fp16 as the engine casts a
+        whole one before partitioning it (the engine leaves a partitioned model as it is)."""
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dtype.is_floating_point and p.dtype != dtype:
+                    p.ds_tensor.data = p.ds_tensor.data.to(dtype)
+                    p.data = p.data.to(dtype)
 
     def setup_optim_wrappers(self, model: nn.Module, wrappers: dict[str, Any], *,
                              micro_batch: int | None = None) -> tuple[nn.Module, dict[str, Any]]:
@@ -149,6 +192,10 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
             accumulate=built.accumulate if built is not None else 1, world_size=self.world_size,
             precision=built.precision if built is not None else "32",
             clip_grad=built.clip_grad if built is not None else None, device_type=self.device.type)
+        half = (torch.bfloat16 if self.ds_config["bf16"]["enabled"] else
+                torch.float16 if self.ds_config["fp16"]["enabled"] else None)
+        if self._partitioned_build and half is not None:
+            self._cast_partitions(model, half)
         with quiet_deepspeed():
             self.engine, *_ = deepspeed.initialize(model=model, config=self.ds_config,
                                                    optimizer=built.optimizer if built is not None else None)
@@ -158,8 +205,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         from treadle.distributed import comm
 
         comm.destroy_world_with(deepspeed.comm.destroy_process_group)  # it forgets DeepSpeed's own groups too
-        self._half = (torch.bfloat16 if self.ds_config["bf16"]["enabled"] else
-                      torch.float16 if self.ds_config["fp16"]["enabled"] else None)
+        self._half = half
         if built is None:
             return self.engine, {}
         return self.engine, {name: DeepSpeedOptimWrapper(self.engine, built) for name in wrappers}
