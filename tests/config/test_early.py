@@ -45,10 +45,27 @@ def test_an_early_error_is_the_one_the_full_check_raises(tmp_path, text, overrid
     assert str(early.value) == str(full.value)
 
 
-def test_variables_and_mmengine_keys_are_left_to_the_full_check(tmp_path):
+def test_mmengine_keys_and_a_python_base_s_variables_are_left_to_the_full_check(tmp_path):
     path = tmp_path / "ok.yaml"
-    path.write_text(f"_base_: {ROOT / 'examples' / 'digits' / 'digits.yaml'}\nnorm_cfg: 3\ntrain_cfg: {{max_epochs: 2}}\n")
+    path.write_text(f"_base_: {ROOT / 'examples' / 'digits' / 'digits.yaml'}\ntrain_cfg: {{max_epochs: 2}}\n")
     check_early(path)
+    (tmp_path / "base.py").write_text("norm_cfg = dict(type='BN')\n")  # a Python base may hold variables
+    (tmp_path / "child.yaml").write_text("_base_: base.py\nnorm_cfg: 3\ntrain_cfg: {max_epochs: 2}\n")
+    check_early(tmp_path / "child.yaml")
+
+
+def test_a_yaml_config_has_no_variables(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("max_iters: 200\nmax_iterz: 5\n")
+    with pytest.raises(ConfigError, match=r"max_iterz: unknown key \(got 5\).*Did you mean 'max_iters'"):
+        check_early(path)
+    with pytest.raises(ConfigError, match=r"max_iterz: unknown key \(got 5\).*Did you mean 'max_iters'"):
+        load_config(path)  # the full check says the same
+    path.write_text("max_iters: 200\nqqq: 3\n")
+    with pytest.raises(ConfigError, match=r"qqq: unknown key \(a YAML config has no variables\)"):
+        check_early(path)
+    path.write_text("max_iters: 200\n_common: 3\n")
+    check_early(path)  # scratch, e.g. a place for YAML anchors
 
 
 @pytest.mark.slow  # a subprocess: the error comes before torch is imported

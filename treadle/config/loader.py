@@ -210,6 +210,21 @@ def load_file(path: str | Path, _chain: tuple[Path, ...] = (), *, safe: bool = F
     return strip_delete(data) if bases is None else merge(merged, data)
 
 
+def has_variables(path: str | Path) -> bool:
+    """Whether the config at ``path`` may hold variables: it is a Python file, or one of its
+    ``_base_`` files is (whose helper names the merge brings in); a YAML chain has none."""
+    path = Path(path)
+    if path.suffix == ".py":
+        return True
+    try:
+        bases = _read_yaml(path).get(BASE_KEY) or []
+    except (ConfigError, OSError):
+        return False  # the load says what is wrong
+    bases = [bases] if isinstance(bases, str) else bases
+    return any(isinstance(b, str) and (path.parent / b).is_file() and has_variables(path.parent / b)
+               for b in bases)
+
+
 # -- --set overrides --------------------------------------------------------------------
 def parse_override(text: str) -> tuple[list[str | int], Any]:
     """``"optimizer.lr=0.1"`` -> ``(["optimizer", "lr"], 0.1)``; the value is read as YAML
@@ -260,4 +275,4 @@ def apply_overrides(cfg: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
     return cfg
 
 
-__all__ = ["apply_overrides", "load_file", "merge", "parse_override", "parse_yaml"]
+__all__ = ["apply_overrides", "has_variables", "load_file", "merge", "parse_override", "parse_yaml"]

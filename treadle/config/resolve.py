@@ -15,7 +15,7 @@ import yaml
 
 from treadle.components.build import check_safe
 from treadle.components.errors import ConfigError, did_you_mean, join_path
-from treadle.config.loader import apply_overrides, load_file
+from treadle.config.loader import apply_overrides, has_variables, load_file
 from treadle.openmmlab.translate import NOT_TRANSLATED, is_mmengine_style, translate
 from treadle.config.origins import ResolvedConfig, in_user_terms, origins_of
 from treadle.components.registry import name_of
@@ -94,11 +94,12 @@ def with_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolve_config(raw: dict[str, Any], overrides: Iterable[str] = (), *, mode: str | None = None,
-                   source: str = "config", **values: Any) -> ResolvedConfig:
+                   source: str = "config", variables: bool = True, **values: Any) -> ResolvedConfig:
     """``raw`` (a loaded file) with ``--set`` overrides, MMEngine keys translated, then
     ``values`` (e.g. ``work_dir=...``; None values are ignored), made plain, checked and
     completed with defaults. Top-level names treadle does not take are left out and
-    logged once (:mod:`treadle.config.unused`); ``source`` names the file there. Errors
+    logged once (:mod:`treadle.config.unused`); ``source`` names the file there;
+    ``variables=False`` (a YAML file) makes each such name an error. Errors
     name keys as the file wrote them (a translated key by its MMEngine path), and so does
     building the result (its ``origins``: :mod:`treadle.config.origins`)."""
     overrides = list(overrides)
@@ -111,7 +112,7 @@ def resolve_config(raw: dict[str, Any], overrides: Iterable[str] = (), *, mode: 
     cfg.update(given)
     origins = {k: v for k, v in origins.items() if k.split(".", 1)[0].split("[", 1)[0] not in given}
     try:
-        cfg, unused = split_unused(cfg, SCHEMA, NOT_TRANSLATED)
+        cfg, unused = split_unused(cfg, SCHEMA, NOT_TRANSLATED, variables=variables)
         check_overrides(overrides, unused, {k: v for k, v in replaced.items() if v})
         log_unused(sorted({*unused, *replaced}), source)
         cfg = to_plain(cfg)
@@ -134,7 +135,8 @@ def load_config(path: str | Path, overrides: Iterable[str] = (), *, mode: str | 
     (``--set`` overrides included) must be registered or a torch.nn / torch.optim class.
     Build it with ``build_trainer(cfg, safe=True)`` too."""
     try:
-        cfg = resolve_config(load_file(path, safe=safe), overrides, mode=mode, source=str(path), **values)
+        cfg = resolve_config(load_file(path, safe=safe), overrides, mode=mode, source=str(path),
+                             variables=has_variables(path), **values)
         if safe:
             try:
                 check_custom_imports(cfg.get("custom_imports"), safe=True)

@@ -18,6 +18,13 @@ Three kinds stay errors, because ignoring them would hide a mistake:
   ``custom_imports``: :data:`treadle.openmmlab.translate.NOT_TRANSLATED`), with its hint;
 * a name that a config may not choose (``safe``).
 
+A YAML config has no variables: nothing in the file can use a name's value (YAML's
+anchors are resolved as it is read). There, every top-level name must be a key (a treadle
+key, or a key of MMEngine's runner that treadle translates), and any other name is an error
+naming it and the keys close to it (``max_iterz`` -> ``max_iters``); a name that starts
+with ``_`` is scratch (a place to hold an anchor) and left out. Only a Python config (and
+MMEngine's Runner given a dict) has variables.
+
 A ``--set`` of a name that nothing uses is an error too: the user asked for it.
 """
 
@@ -70,9 +77,11 @@ def misspelt(name: str, known: Iterable[str], cfg: dict[str, Any]) -> bool:
     return not (cfg[close[0]] == cfg.get(name) or _used_elsewhere(name, cfg, besides=(close[0],)))
 
 
-def split_unused(cfg: dict[str, Any], known: Iterable[str], refused: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+def split_unused(cfg: dict[str, Any], known: Iterable[str], refused: dict[str, str], *,
+                 variables: bool = True) -> tuple[dict[str, Any], list[str]]:
     """``cfg`` without the names treadle does not take, and those names. A misspelt key
-    and a name of ``refused`` (name -> hint) or :data:`RESERVED` are errors."""
+    and a name of ``refused`` (name -> hint) or :data:`RESERVED` are errors; without
+    ``variables`` (a YAML file), so is every name that is not a key."""
     known = list(known)
     keep: dict[str, Any] = {}
     unused: list[str] = []
@@ -81,8 +90,11 @@ def split_unused(cfg: dict[str, Any], known: Iterable[str], refused: dict[str, s
             keep[name] = value
             continue
         hint = (refused.get(name) if value is not None else None) or RESERVED.get(name)  # None: nothing to translate
-        if hint is None and misspelt(name, known, cfg):
-            hint = did_you_mean(name, known).strip()
+        if hint is None and (misspelt(name, known, cfg) or not (variables or name.startswith("_"))):
+            hint = did_you_mean(name, known).strip() or None
+            if hint is None and not variables:
+                raise ConfigError(name, "unknown key (a YAML config has no variables)", value=value,
+                                  expected="a treadle.Trainer argument (docs/config.md)")
         if hint:
             raise ConfigError(name, "unknown key", value=value, expected="a treadle.Trainer argument", hint=hint)
         unused.append(name)
