@@ -126,6 +126,23 @@ def test_resume(tiny, tmp_path, capsys):
     assert "Traceback" not in err
 
 
+def test_resume_into_a_mistyped_work_dir_warns_and_strict_resume_refuses(tiny, tmp_path, capsys, caplog):
+    first, typo = tmp_path / "runs" / "first", tmp_path / "runs" / "frist"
+    assert run(capsys, "train", tiny, "--work-dir", first, "--set", "max_epochs=1")[0] == 0
+    rc, _, err = run(capsys, "train", tiny, "--work-dir", typo, "--strict-resume", "--set", "max_epochs=1")
+    assert rc == 2 and not typo.exists() and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"treadle train: error: --strict-resume: no checkpoint in {typo / 'checkpoints'} (did you "
+                          f"mean {first}? it holds checkpoints)"), err
+    caplog.clear()
+    rc, _, _ = run(capsys, "train", tiny, "--work-dir", typo, "--resume", "--set", "max_epochs=1")
+    said = [r for r in caplog.records if "no checkpoint in" in r.getMessage()]
+    assert rc == 0 and len(said) == 1 and said[0].levelname == "WARNING"  # trains, and says so above the INFO lines
+    assert said[0].getMessage() == (f"resume=True: no checkpoint in {typo / 'checkpoints'} (did you mean {first}? it "
+                                    "holds checkpoints); starting from scratch")
+    rc, _, _ = run(capsys, "train", tiny, "--work-dir", first, "--strict-resume", "--set", "max_epochs=2")
+    assert rc == 0 and (first / "checkpoints" / "epoch_0002").is_dir()
+
+
 def test_a_run_without_validation_says_so_instead_of_an_empty_table(tiny, tmp_path, capsys):
     rc, out, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "run", "--set", "val_dataloader=null",
                        "metrics=null", "max_epochs=1")

@@ -134,6 +134,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", help="run directory (default: the config's work_dir, else runs/<config name>)")
     p.add_argument("--resume", nargs="?", const=True, default=None, metavar="PATH",
                    help="resume from the latest checkpoint in the work dir, or from PATH")
+    p.add_argument("--strict-resume", action="store_true",
+                   help="--resume, refusing to start when the work dir holds no checkpoint (a mistyped --work-dir)")
     p.add_argument("--seed", type=int, help="seed (overrides the config's)")
     p.add_argument("--nproc", type=int, default=1,
                    help="processes to start on this machine (through torch.distributed.run's API; "
@@ -187,10 +189,14 @@ def _train(args: argparse.Namespace) -> int:
                          "are restarted); for one process use torchrun --nproc-per-node 1 --max-restarts K")
     if isinstance(args.resume, str):
         _check_resume(Path(args.resume))
+    if args.strict_resume and args.resume is None:
+        args.resume = True
     cfg = load_config(args.config, args.overrides, mode="train", safe=args.safe, work_dir=args.work_dir,
                       seed=args.seed, resume=args.resume)
     if cfg["work_dir"] is None:
         cfg["work_dir"] = str(Path("runs") / Path(args.config).stem)
+    if args.strict_resume and cfg.get("resume") is True:
+        _check_something_to_resume(Path(cfg["work_dir"]) / "checkpoints")
     if args.nproc > 1:  # the config is checked above; each process builds its own trainer
         from treadle.config.launch import check_launch
         from treadle.distributed.launch import launch_local
@@ -239,6 +245,19 @@ def _nproc_note(cfg: dict[str, Any], nproc: int) -> str:
                      f"{cores} core{'s' if cores > 1 else ''}, which slows every step: OMP_NUM_THREADS="
                      f"{max(1, cores // nproc)} gives each process {max(1, cores // nproc)}")
     return line
+
+
+def _check_something_to_resume(ckpt_dir: Path) -> None:
+    """``--strict-resume``: the work dir holds a checkpoint, else one line (a mistyped
+    ``--work-dir`` would otherwise start a new run; elastic restarts are not strict)."""
+    from treadle.checkpoint.directory import list_checkpoints
+    from treadle.distributed.env import restart_count
+
+    if restart_count() == 0 and not list_checkpoints(ckpt_dir):
+        from treadle.engine.resume import nothing_to_resume
+
+        raise UsageError(f"--strict-resume: {nothing_to_resume(ckpt_dir).removeprefix('resume=True: ')}; expected "
+                         "the work dir of a run that saved a checkpoint (drop --strict-resume to start from scratch)")
 
 
 def _check_resume(path: Path) -> None:

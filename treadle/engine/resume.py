@@ -53,10 +53,30 @@ def latest_to_resume(ckpt_dir: Path, is_main: bool, exclude: Iterable[Path] = ()
         raise CheckpointError(f"resume=True: none of the {invalid} checkpoint(s) in {ckpt_dir} passed "
                               "verification (the warnings above say why); move them away to start "
                               "from scratch, or pass resume=<path> of a checkpoint elsewhere")
-    if path is None:
-        if not exclude:
-            get_logger().info(f"resume=True: no checkpoint in {ckpt_dir}; starting from scratch")
+    if path is None and not exclude:
+        from treadle.distributed.env import restart_count
+
+        if restart_count() > 0:  # an elastic restart before the first save: resume if any, as asked
+            get_logger().info(f"resume=True: no checkpoint in {ckpt_dir} yet; starting from scratch")
+        elif is_main:
+            get_logger().warning(nothing_to_resume(ckpt_dir) + "; starting from scratch")
     return path
+
+
+def nothing_to_resume(ckpt_dir: Path) -> str:
+    """"resume=True: no checkpoint in DIR", and the run directory beside this one that holds
+    checkpoints and whose name is closest (a mistyped ``--work-dir``)."""
+    text = f"resume=True: no checkpoint in {ckpt_dir}"
+    run = ckpt_dir.parent
+    try:
+        siblings = [d.name for d in run.resolve().parent.iterdir()
+                    if d.name != run.name and d.is_dir() and list_checkpoints(d / "checkpoints")]
+    except OSError:
+        return text
+    from treadle.suggest import closest
+
+    near = closest(run.name, siblings, n=1)
+    return text + (f" (did you mean {run.parent / near[0]}? it holds checkpoints)" if near else "")
 
 
 def resume_latest(ckpt_dir: Path, is_main: bool, load: Callable[[Path], None]) -> Path | None:
@@ -178,5 +198,5 @@ def note_other_runs(ckpt_dir: Path) -> None:
 
 
 
-__all__ = ["checkpoint_in", "latest_to_resume", "note_other_runs", "resume_latest", "use_latest",
+__all__ = ["checkpoint_in", "latest_to_resume", "note_other_runs", "nothing_to_resume", "resume_latest", "use_latest",
            "weights_to_read"]
