@@ -80,6 +80,7 @@ class _Stand:
         self.optim_wrappers = {}
         self.learning_rates = {"lr": 0.5}
         self.work_dir = tmp_path
+        self.resume = False
         self.is_main = True
         self.train_dataloader = None
 

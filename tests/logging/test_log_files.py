@@ -93,6 +93,20 @@ def test_log_files_after_a_crash_and_resume_equal_the_uninterrupted_runs(tmp_pat
     assert not list(run.glob("log.*.jsonl"))  # a resume moves nothing aside
 
 
+def test_a_resume_that_finds_no_checkpoint_leaves_the_files_of_an_uninterrupted_run(tmp_path):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    kw = dict(ITERS, checkpoint=False, **ALL_WRITERS)
+    _trainer(ref, **kw).fit()
+    with pytest.raises(Crash):  # killed before its first save
+        _trainer(run, hooks=[CrashAt(8)], **kw).fit()
+    assert [r["iter"] for r in _records(run) if r["mode"] == "train"] == [2, 4, 6, 8]
+    _trainer(run, resume=True, **kw).fit()  # nothing to resume: from scratch
+    assert _records(run) == _records(ref) and _csv(run) == _csv(ref)
+    assert _tensorboard(run) == _tensorboard(ref)  # one run: the killed start's events hidden, not beside
+    assert not [p for p in (run / "tensorboard").iterdir() if p.is_dir()] and not list(run.glob("log.*.jsonl"))
+    assert not any("resumed_at" in r for r in read_jsonl(run / "log.jsonl"))
+
+
 def test_a_val_record_at_the_checkpoint_stays_when_no_validation_was_due_there():
     train_at, val_at = {"mode": "train", "iter": 5}, {"mode": "val", "iter": 5}
     assert not written_after(train_at, 5, val_due=True) and written_after(val_at, 5, val_due=True)

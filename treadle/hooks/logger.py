@@ -87,7 +87,9 @@ class LoggerHook(Hook):
       (``<time>``: when that run last wrote, ``%Y%m%d_%H%M%S``), so ``log.jsonl`` holds
       one run; records this trainer wrote before (a ``validate()`` before ``fit()``) stay.
       The earlier run's TensorBoard event files move to ``tensorboard/<time>/``, which
-      TensorBoard shows as a run of its own.
+      TensorBoard shows as a run of its own. A ``fit()`` with ``resume=True`` that found no
+      checkpoint is not that: what the directory holds is this run's own start, killed
+      before its first save, and its records go as a resume from iteration 0 drops them.
     * ``validate()``/``test()`` alone append (e.g. an evaluation of a finished run). Of
       weights alone (no training state loaded: iteration 0), their TensorBoard events go
       to ``tensorboard/val/`` or ``tensorboard/test/`` when the directory already holds
@@ -196,13 +198,17 @@ class LoggerHook(Hook):
         trainer.store.record_outputs = True  # the loop puts each step's outputs in the store
         resume, self._resume_at = self._resume_at, None
         fresh = resume is None and not self._fit_started and trainer.state.iter == 0
+        if fresh and trainer.resume is True:
+            # resume=True found no checkpoint: what is here is this run's own start, killed
+            # before its first save, and goes as a resume from iteration 0 would take it
+            resume, fresh = (0, False), False
         self._fit_started = True
         earlier_events, self._earlier_events = self._earlier_events, []
         if not self._writers:
             return
         logger = get_logger()
         if resume is not None:  # the interrupted run's records after the checkpoint are written again
-            self._resumed_at = round(time.time(), 3)
+            self._resumed_at = round(time.time(), 3) if resume != (0, False) else None
             iteration, val_due = resume
             for w in self._writers:
                 drop = getattr(w, "drop_after", None)

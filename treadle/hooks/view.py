@@ -96,6 +96,7 @@ class RunView(Protocol):
     store: MetricStore
     strategy: StrategyView
     work_dir: Path | None
+    resume: bool | str | Path  # the Trainer's resume= (True: the newest checkpoint in work_dir, if any)
     log_interval: int
     hooks: Sequence[Any]  # the Hook objects
     train_loop: LoopView | None
