@@ -5,8 +5,10 @@ tests/test_cli.py: 2 epochs of 2 iterations, validation, a final checkpoint), st
 while ``--load`` processes spin on the CPU, so that the ranks' threads are descheduled
 at random points, as on a busy CI machine. A rank that aborts at shutdown ("terminate
 called without an active exception", exit -6) makes the launcher exit 1 although the
-training finished. Prints ``k/N exited 0`` and, for each failed run, its exit status
-and the end of its output (``--keep DIR`` keeps the output and run directory).
+training finished. Prints ``k/N exited 0``, how long each run's launcher took to exit
+after the last line the run printed (rank 0's final metrics: the processes' exit, the
+agent's and the launcher's own; median and maximum), and, for each failed run, its exit
+status and the end of its output (``--keep DIR`` keeps the output and run directory).
 ``--direct`` starts the two ranks with torchrun's environment instead of ``--nproc``
 (rank 0 then hosts the TCPStore, as in tests/support.py's ``run_ranks``).
 
@@ -24,8 +26,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import statistics
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -83,13 +87,44 @@ def _finish(procs: list[subprocess.Popen], timeout: float) -> tuple[list[int], l
     return [p.returncode for p in procs], outs
 
 
-def run_once(config: Path, work: Path, direct: bool = False, timeout: float = 300.0) -> tuple[int, str]:
+def _timed(proc: subprocess.Popen, timeout: float) -> tuple[int, str, float]:
+    """``proc``'s exit status and output, and the seconds from its last line of output to
+    its exit (the output read line by line as it comes)."""
+    lines: list[str] = []
+    last = [time.monotonic()]
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]  # piped by _start
+            lines.append(line)
+            last[0] = time.monotonic()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        reader.join(5)
+        return TIMED_OUT, "".join(lines), float("nan")
+    ended = time.monotonic()
+    reader.join(5)  # the rest of the output, already written
+    return proc.returncode, "".join(lines), ended - last[0]
+
+
+def run_once(config: Path, work: Path, direct: bool = False, timeout: float = 300.0,
+             exit_after: list[float] | None = None) -> tuple[int, str]:
     """One 2-process training of ``config`` into ``work``; (exit status, output). With
-    ``direct``, the status is the first non-zero one of the two ranks, or 0."""
+    ``direct``, the status is the first non-zero one of the two ranks, or 0.
+    ``exit_after`` (``--nproc 2`` only): gets the seconds from the run's last line of
+    output to the launcher's exit."""
     cmd = [sys.executable, "-m", "treadle", "train", str(config), "--work-dir", str(work)]
     if not direct:
-        codes, outs = _finish([_start([*cmd, "--nproc", "2"], work.parent, _env())], timeout)
-        return codes[0], outs[0]
+        code, out, gap = _timed(_start([*cmd, "--nproc", "2"], work.parent, _env()), timeout)
+        if exit_after is not None and code == 0:
+            exit_after.append(gap)
+        return code, out
     port = str(_free_port())
     procs = [_start(cmd, work.parent, {**_env(), "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
                                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
@@ -113,12 +148,16 @@ def main() -> int:
     config = tmp / "tiny.yaml"
     config.write_text(TINY)
     failures: list[tuple[int, int, str]] = []
+    gaps: list[float] = []
 
     def one(i: int) -> None:
         work = tmp / f"run{i + 1}" / "work"
         work.parent.mkdir()
-        code, out = run_once(config, work, args.direct, args.timeout)
-        print(f"run {i + 1}/{args.runs}: exit {code if code != TIMED_OUT else 'timed out'}", flush=True)
+        mine: list[float] = []
+        code, out = run_once(config, work, args.direct, args.timeout, exit_after=mine)
+        gaps.extend(mine)
+        after = f" ({mine[0]:.2f} s after its last line)" if mine else ""
+        print(f"run {i + 1}/{args.runs}: exit {code if code != TIMED_OUT else 'timed out'}{after}", flush=True)
         if code != 0:
             failures.append((i + 1, code, out))
             if args.keep:
@@ -136,6 +175,9 @@ def main() -> int:
     how = "torchrun environment" if args.direct else "--nproc 2"
     print(f"{args.runs - len(failures)}/{args.runs} exited 0 ({how}; {args.load} busy processes, "
           f"{args.jobs} at a time; {time.perf_counter() - start:.0f} s)")
+    if gaps:
+        print(f"launcher exit after the run's last line: median {statistics.median(gaps):.2f} s, "
+              f"max {max(gaps):.2f} s ({len(gaps)} runs)")
     for i, code, out in sorted(failures):
         tail = "\n".join(out.strip().splitlines()[-12:])
         print(f"--- run {i}: exit {code if code != TIMED_OUT else 'timed out'}\n{tail}")

@@ -1,12 +1,16 @@
-"""Several processes exit cleanly at the end of a run: the process group is freed (gloo's
-threads joined) while the interpreter is whole, so no rank aborts at shutdown
-("terminate called without an active exception") and turns a finished run into a
-failed job. benchmarks/multiprocess_exit.py runs the stress test many times."""
+"""Several processes exit cleanly and promptly at the end of a run: the process group is
+freed (gloo's threads joined) while the interpreter is whole, so no rank aborts at shutdown
+("terminate called without an active exception") and turns a finished run into a failed
+job; what is left of the run is frozen before the interpreter's teardown, which then does
+not go over it. benchmarks/multiprocess_exit.py runs the stress test many times and prints
+the time from the last line to the launcher's exit."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -82,3 +86,36 @@ def test_two_process_training_exits_0_every_time_under_load(tmp_path, monkeypatc
             code, out = bench.run_once(config, work, timeout=120)
             assert code == 0, f"run {i + 1} exited {code}:\n{out[-3000:]}"
             assert (work / "log.jsonl").exists()
+
+
+# Runs `treadle train` and, as the very last exit handler, prints how many objects are
+# frozen and how many the interpreter's teardown would still go over.
+_HEAP_SCRIPT = """\
+import atexit, gc, sys
+
+atexit.register(lambda: print(f"heap at exit: {gc.get_freeze_count()} frozen, {len(gc.get_objects())} not",
+                              flush=True))
+from treadle.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_finished_runs_objects_are_frozen_before_interpreter_teardown(tmp_path):
+    """The processes of a finished run end promptly: by the last exit handler, what is left
+    of the run is frozen (gc.freeze), so the interpreter's teardown frees it by reference
+    counts instead of going over all of it in several collections (seconds per process on
+    a busy machine between the last step and the launcher's exit; benchmarks/
+    multiprocess_exit.py prints that time). Each rank (torchrun's environment), and the
+    launcher of --nproc 2."""
+    config, script = tmp_path / "tiny.yaml", tmp_path / "run.py"
+    config.write_text(_bench().TINY)
+    script.write_text(_HEAP_SCRIPT)
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    outs = [out for _, out in run_ranks(str(script), ["train", str(config), "--work-dir", str(tmp_path / "a")], env=env)]
+    launcher = subprocess.run([sys.executable, str(script), "train", str(config), "--work-dir", str(tmp_path / "b"),
+                               "--nproc", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=300, env={**os.environ, **env, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    assert launcher.returncode == 0, launcher.stdout[-3000:]
+    for who, out in (("rank 0", outs[0]), ("rank 1", outs[1]), ("the launcher", launcher.stdout)):
+        heap = re.search(r"heap at exit: (\d+) frozen, (\d+) not", out)
+        assert heap is not None and int(heap[1]) > 20 * int(heap[2]), f"{who}:\n{out[-3000:]}"

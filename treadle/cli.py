@@ -14,6 +14,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
+from treadle.distributed.voice import FULL_TRACEBACK_ENV, full_traceback
+
 T = TypeVar("T")
 
 EPILOG = """examples (on the run the README makes after `make demo`: runs/first, beside the demo's runs/digits):
@@ -31,9 +33,6 @@ anywhere and be repeated. Config keys: docs/config.md."""
 
 class UsageError(Exception):
     """A command-line problem found before anything runs: message, exit status 2."""
-
-
-FULL_TRACEBACK_ENV = "TREADLE_FULL_TRACEBACK"
 
 
 class RunFailure(Exception):
@@ -510,7 +509,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def _full_traceback(args: argparse.Namespace) -> bool:
     """``--debug``, or the environment variable ``TREADLE_FULL_TRACEBACK`` set (not 0)."""
-    return bool(getattr(args, "debug", False)) or os.environ.get(FULL_TRACEBACK_ENV, "") not in ("", "0")
+    return bool(getattr(args, "debug", False)) or full_traceback()
 
 
 def _fail(args: argparse.Namespace, err: Exception, status: int = 2) -> int:
@@ -565,9 +564,28 @@ def _fail_run(args: argparse.Namespace, failure: RunFailure) -> int:
     return voice.fail("\n".join(lines))
 
 
+def _settle_heap() -> None:
+    """The ``treadle`` process's last exit handler (registered by :func:`main`, before any
+    of treadle's own, so it runs after them): one collection, which finalizes the cycles
+    the run left (a file's last buffer written), then every object that is left frozen
+    (``gc.freeze``). The interpreter's teardown then frees the process by reference
+    counts, without going over all its objects several times: that took seconds per
+    process on a busy machine, between a run's last step and its launcher's exit.
+    Collects little in a rank, whose process group's shutdown has collected and frozen
+    (treadle/distributed/comm.py)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2: bad config or arguments; 1: a
     checkpoint could not be written, e.g. disk full)."""
+    import atexit
+
+    atexit.unregister(_settle_heap)  # once per process, however often main() runs in it
+    atexit.register(_settle_heap)
     parser = _parser()
     try:
         args = parser.parse_args(_set_last(list(sys.argv[1:] if argv is None else argv)))

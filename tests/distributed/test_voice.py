@@ -150,3 +150,62 @@ def test_a_script_of_ones_own_says_its_error_once_for_the_job(tmp_path, kind, ra
     assert said.count("ValueError: the same mistake on every rank of") == 1, proc.stdout[-4000:]
     assert said.count("Traceback (most recent call last)") == 1, proc.stdout[-4000:]
     assert "stopped on rank" not in said and "Connection closed" not in said, proc.stdout[-4000:]
+
+
+@pytest.mark.parametrize("rank, said", [("0", 1), ("1", 0)])
+def test_a_job_warning_is_said_by_rank_0_only(monkeypatch, caplog, rank, said):
+    """A warning every rank meets alike (treadle.distributed.voice.job_warning): before the
+    process group is up, the launcher's environment names rank 0."""
+    import logging
+
+    from treadle.distributed.voice import job_rank, job_size, job_warning
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert (job_rank(), job_size()) == (int(rank), 2)
+    with caplog.at_level(logging.WARNING, logger="treadle"):
+        job_warning("2 tensor(s) not in the folder")
+    assert caplog.text.count("2 tensor(s) not in the folder") == said
+
+
+MISTAKES = """
+import sys
+import torch
+from torch import nn
+import treadle
+
+from support import TinyNet, make_data
+
+mistake = sys.argv[1]
+kwargs = dict(train_dataloader=torch.utils.data.DataLoader(make_data(16), batch_size=4), loss_fn=nn.CrossEntropyLoss(),
+              optimizer=dict(type="SGD", lr=0.1), max_iters=2, progress=False, log_writers=[], strategy={"type": "ddp"})
+if mistake == "optimizer":  # found by the strategy's prepare, the process group up
+    kwargs["optimizer"] = dict(type="NoSuchOptimizer", lr=0.1)
+else:  # a misspelt argument: found before the process group is set up
+    kwargs["max_epoch"] = 2
+treadle.Trainer(TinyNet(), **kwargs).fit()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mistake, names", [
+    ("optimizer", "config error in Trainer(...): ValueError: optim_wrapper.optimizer: unknown optimizer type "
+                  "'NoSuchOptimizer'"),
+    ("argument", "config error in Trainer(...): TypeError: Trainer.__init__() got an unexpected keyword argument "
+                 "'max_epoch'. Did you mean 'max_epochs'?"),
+])
+def test_a_scripts_configuration_error_under_torchrun_is_one_line_for_the_job(tmp_path, mistake, names):
+    """A script's Trainer with a mistake in its arguments, under torchrun: every rank meets
+    it; the job prints one line that names it, as `treadle train` does (no traceback per
+    rank; torchrun's own block of about 40 lines follows, printed by its parent process)."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(MISTAKES))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), mistake]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                          cwd=tmp_path, env=job_env(), start_new_session=True)
+    assert proc.returncode == 1, proc.stdout[-4000:]
+    said = [line for line in ours(proc.stdout).splitlines() if line.strip()]
+    assert len(said) == 1 and said[0].startswith(f"treadle: {names}"), proc.stdout[-4000:]
+    assert said[0].endswith("(TREADLE_FULL_TRACEBACK=1 prints its traceback)"), said[0]
+    assert proc.stdout.count("Traceback (most recent call last)") == 1, proc.stdout[-4000:]  # torchrun's own
+    assert len(proc.stdout.splitlines()) < 50, proc.stdout  # one line and torchrun's block (about 41): 68 before

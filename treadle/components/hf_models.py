@@ -182,12 +182,36 @@ def _skeleton(cls: type, pretrained: Any, values: Any, path: str) -> nn.Module:
     return model.eval()  # as from_pretrained returns it
 
 
+@contextlib.contextmanager
+def _said_by_rank_0() -> Iterator[None]:
+    """transformers' own lines while it loads a folder (its progress bar, its load report
+    of missing and unexpected keys) on rank 0 only: every rank of a job loads the same
+    folder, and would print the same lines."""
+    from treadle.distributed.voice import job_rank
+
+    if job_rank() == 0:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def _from_pretrained(cls: type, pretrained: Any, values: Any, path: str) -> nn.Module:
     where = join_path(path, "pretrained")
     overrides = _pretrained_args(pretrained, values, path)
     extra = {"trust_remote_code": False} if _is_auto(cls) else {}
     try:
-        return cls.from_pretrained(pretrained, local_files_only=True, weights_only=True, **extra, **overrides)  # type: ignore[attr-defined]  # is_hf_model_class checked it
+        with _said_by_rank_0():
+            return cls.from_pretrained(pretrained, local_files_only=True, weights_only=True, **extra, **overrides)  # type: ignore[attr-defined]  # is_hf_model_class checked it
     except Exception as e:
         first = str(e).strip().split("\n")[0]
         raise ConfigError(where, f"{cls.__name__}.from_pretrained failed: {type(e).__name__}: {first}",

@@ -15,7 +15,6 @@ Looked up in this order (the first that matches wins):
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -51,6 +50,8 @@ def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
 
 def first_slurm_host(nodelist: str) -> str:
     """The first host of a SLURM node list such as ``gpu[01-04,07]``."""
+    import subprocess  # here: the command line imports this module to say an error, and wants no more
+
     try:
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True,
                              text=True, timeout=30).stdout.split()

@@ -15,7 +15,11 @@ The policy, for the command line, the Trainer and a hand-written loop alike:
   gone, the stall watch ended the job, the agent's closing SIGTERM) says nothing
   (:func:`follow_on`), unless no process of the job said anything (a peer killed from
   outside, under a launcher that names nobody).
-* The status: 2 for a configuration error (``kind="config"``), 1 for any other failure.
+* A script's configuration error (the Trainer's arguments, :func:`mark_config_error`)
+  is said as the command line says its errors: one line, no traceback (unless
+  :data:`FULL_TRACEBACK_ENV` is set), by the exception hook (:func:`install_excepthook`).
+* The status: 2 for a configuration error (``kind="config"``), 1 for any other failure
+  (an uncaught exception's status is Python's: 1).
 
 Before the process group is up there is no store: a configuration error, which every
 rank meets alike, is printed by rank 0 only; anything else by the process that meets it.
@@ -32,6 +36,10 @@ from typing import Any
 
 #: Set to "1" by treadle's launcher for the processes it starts: it prints the job's failure.
 AGENT_ENV = "TREADLE_AGENT"
+#: Set (not "0"): an error said in one line (the command line's, a script's configuration
+#: error) is printed with its whole traceback instead.
+FULL_TRACEBACK_ENV = "TREADLE_FULL_TRACEBACK"
+_CONFIG_LINE = "treadle_config_line"  # the attribute mark_config_error sets on an error
 #: What a failure was (``treadle`` in the error file; read by the launcher): a configuration
 #: error, another error of the process's own, a stall the watch ended, or a stop because
 #: another process failed.
@@ -70,6 +78,18 @@ def _env_rank() -> int:
             except ValueError:
                 return 0
     return 0
+
+
+def _env_world_size() -> int:
+    """How many processes this process's launcher started (its environment's; 1 without one)."""
+    for rank, size in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"),
+                       ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE")):
+        if rank in os.environ:
+            try:
+                return int(os.environ.get(size, "1"))
+            except ValueError:
+                return 1
+    return 1
 
 
 def _store_op(op: Any) -> Any:
@@ -123,31 +143,47 @@ def spoken() -> dict[str, Any] | None:
         return None
 
 
-def fail(line: str, kind: str = "error", started: float | None = None) -> int:
+def fail(line: str, kind: str = "error", started: float | None = None, stream: Any = None) -> int:
     """This process fails with an error of its own, ``line`` (all of it): written to the
-    error file, printed when this process is the job's voice (see the module's
-    docstring). Returns the exit status for it."""
+    error file, printed (to ``stream``, default ``sys.stderr``) when this process is the
+    job's voice (see the module's docstring). Returns the exit status for it."""
     write_error_file(line, kind, started)
     if claim(line, kind) and not agent_speaks():
-        print(line, file=sys.stderr, flush=True)
+        print(line, file=stream or sys.stderr, flush=True)
     return status_of(kind)
 
 
-def follow_on(line: str) -> int:
+def follow_on(line: str, stream: Any = None) -> int:
     """This process stops because another one failed (``line`` says so): written to the
-    error file, printed only when no process of the job said anything and no launcher of
-    treadle's will. Returns 1."""
+    error file, printed (to ``stream``, default ``sys.stderr``) only when no process of the
+    job said anything and no launcher of treadle's will. Returns 1."""
     write_error_file(line, "stopped")
     if not agent_speaks() and spoken() is None:
-        print(line, file=sys.stderr, flush=True)
+        print(line, file=stream or sys.stderr, flush=True)
     return 1
 
 
-def job_warning(text: str) -> None:
-    """A warning every process of the job meets alike (a resume onto another layout of the
-    processes): said once, by rank 0."""
+def job_rank() -> int:
+    """This process's rank in the job: the process group's once it is up, else the one its
+    launcher's environment gives (0 in a process started alone)."""
     dist = _process_group()
-    if (dist.get_rank() if dist is not None else _env_rank()) == 0:
+    return dist.get_rank() if dist is not None else _env_rank()
+
+
+def job_size() -> int:
+    """How many processes the job has: the process group's size once it is up, else what
+    this process's launcher's environment says (1 in a process started alone)."""
+    dist = _process_group()
+    return dist.get_world_size() if dist is not None else _env_world_size()
+
+
+def job_warning(text: str) -> None:
+    """A warning that every process of the job meets alike (a weights file that lacks a
+    tensor of the model, a resume onto another layout of the processes): said once for the
+    job, by rank 0, on the ``treadle`` logger. Other ranks say nothing, so use it only for
+    what every rank finds the same; a warning of one rank's own (its loader, its device)
+    goes to the logger as usual."""
+    if job_rank() == 0:
         from treadle.logging.writers import get_logger
 
         get_logger().warning(text)
@@ -165,28 +201,63 @@ def elsewhere() -> str | None:
     return f"rank {said.get('rank')} failed first (its error is shown above)"
 
 
+def full_traceback() -> bool:
+    """Whether :data:`FULL_TRACEBACK_ENV` asks for whole tracebacks."""
+    return os.environ.get(FULL_TRACEBACK_ENV, "") not in ("", "0")
+
+
+def mark_config_error(error: BaseException, line: str) -> None:
+    """``error`` is a mistake in what a script gave (the Trainer's arguments, a resume that
+    does not fit the run), which every process of a job meets alike: uncaught in a
+    process of a distributed script, the exception hook (:func:`install_excepthook`)
+    prints ``line`` (one line that names the mistake) instead of its traceback, once for
+    the job."""
+    try:
+        setattr(error, _CONFIG_LINE, line)
+    except AttributeError:  # an exception type that takes no attributes: said with its traceback
+        pass
+
+
+def config_error_line(error: BaseException) -> str | None:
+    """The line :func:`mark_config_error` gave ``error``, or None."""
+    line = getattr(error, _CONFIG_LINE, None)
+    return line if isinstance(line, str) else None
+
+
 def install_excepthook() -> None:
     """An uncaught exception in a process of a distributed script (the Trainer, a loop of
     your own through the Strategy API) is said once for the job, as the command line
     says its errors: the first process to fail prints its traceback, a process that only
-    stops because another failed prints nothing (:func:`follow_on`). Installed once, by
-    the process group's set-up (treadle/distributed/comm.py)."""
+    stops because another failed prints nothing (:func:`follow_on`). A configuration
+    error (:func:`mark_config_error`) is its one line instead of the traceback (the
+    traceback with :data:`FULL_TRACEBACK_ENV` set), printed by the first process to claim
+    the job's voice, or by rank 0 before the process group is up. Installed once, by the
+    process group's set-up (treadle/distributed/comm.py), and by the Trainer before it
+    reads its arguments in a process of a job of several."""
     global _previous_hook
     if _previous_hook is not None:
         return
     _previous_hook = sys.excepthook
+    # Written where stderr went when the hook was installed: torch's process-group set-up wraps
+    # the hook it finds in one that captures stderr to put "[rank<r>]: " before every line.
+    out = sys.stderr
 
     def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        import traceback
+
+        line = config_error_line(error) if issubclass(kind, Exception) else None
+        if line is not None:  # every rank meets it: said once, by the job's voice (rank 0 before there is one)
+            fail(line if not full_traceback() else "".join(traceback.format_exception(kind, error, tb)).rstrip("\n"),
+                 "config", stream=out)
+            return
         if _store is None or not issubclass(kind, Exception):  # no job (it ended), or Ctrl-C / SystemExit
             (_previous_hook or sys.__excepthook__)(kind, error, tb)
             return
         if peer_lost(error) or collective_timed_out(error):
             why = elsewhere() or "another process of the job ended without a Python error"
-            follow_on(f"treadle: stopped on rank {_rank}: {why}")
+            follow_on(f"treadle: stopped on rank {_rank}: {why}", stream=out)
             return
-        import traceback
-
-        fail("".join(traceback.format_exception(kind, error, tb)).rstrip("\n"))
+        fail("".join(traceback.format_exception(kind, error, tb)).rstrip("\n"), stream=out)
     sys.excepthook = hook
 
 
@@ -260,6 +331,7 @@ def peer_lost(error: BaseException) -> bool:
     return False
 
 
-__all__ = ["AGENT_ENV", "KINDS", "agent_speaks", "claim", "collective_timed_out", "elsewhere", "fail", "follow_on",
-           "hear_from", "install_excepthook", "job_warning", "peer_lost", "spoken", "status_of", "use_store",
+__all__ = ["AGENT_ENV", "FULL_TRACEBACK_ENV", "KINDS", "agent_speaks", "claim", "collective_timed_out",
+           "config_error_line", "elsewhere", "fail", "follow_on", "full_traceback", "hear_from", "install_excepthook",
+           "job_rank", "job_size", "job_warning", "mark_config_error", "peer_lost", "spoken", "status_of", "use_store",
            "write_error_file"]

@@ -11,14 +11,16 @@ from __future__ import annotations
 import contextlib
 import functools
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 from torch import nn
 
 from treadle.checkpoint.checkpointer import Checkpointer
+from treadle.checkpoint.io import CheckpointError, CheckpointWriteError
+from treadle.components.errors import ConfigError
 from treadle.data.feed import DataFeed, detached_copy
-from treadle.distributed import comm
+from treadle.distributed import comm, voice
 from treadle.env import collect_env, format_env
 from treadle.fsutil import settle
 from treadle.hints import strict_loss_shapes
@@ -35,7 +37,7 @@ from treadle.optim.scheduler_builder import SchedulerError
 from treadle.optim.wrapper import OptimWrapper, make_autocast
 from treadle.engine.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, agree_on_stop, requeue_slurm_job
 from treadle.engine.resume import note_other_runs, resume_latest, weights_to_read
-from treadle.engine.run_dir import RunDir
+from treadle.engine.run_dir import RunDir, WorkDirBusyError
 from treadle.hooks.state import TrainState
 from treadle.engine.mmengine_model import is_mmengine_model, model_eval_step, model_train_step
 from treadle.engine.monitored import check_monitored, eval_values, result_names
@@ -49,6 +51,48 @@ from treadle.engine.argspec import document, takes
 from treadle.engine.spec import TrainerArgs
 from treadle.engine import resume_changes, snapshot
 from treadle.engine.resume_changes import ResumeChange
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: What building a Trainer raises for a mistake in its arguments (the errors ``treadle train``
+#: says as config errors, treadle/config/assemble.py): every process of a job meets it alike.
+_ARGUMENT_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError, CheckpointError)
+#: What fit, validate and test raise for a run that cannot go as asked (a resume that does not
+#: fit, a work_dir another run holds): the command line's status-2 errors.
+_REFUSALS = (ConfigError, CheckpointError, WorkDirBusyError)
+
+
+def _said_once(where: str, kinds: tuple[type[BaseException], ...]) -> Callable[[_F], _F]:
+    """Decorate an entry point of the Trainer (``where`` names it): in a process of a job
+    of several, an error of ``kinds`` it raises is a mistake every process meets alike,
+    which, uncaught, is said in one line that names it, once for the job, as ``treadle
+    train`` says a config error (treadle/distributed/voice.py: the exception hook,
+    installed here before anything is read; ``TREADLE_FULL_TRACEBACK=1``: the traceback,
+    once). In one process, Python prints it as usual."""
+    def decorate(f: _F) -> _F:
+        @functools.wraps(f)
+        def said_once(*args: Any, **kwargs: Any) -> Any:
+            if voice.job_size() < 2:
+                return f(*args, **kwargs)
+            voice.install_excepthook()
+            try:
+                return f(*args, **kwargs)
+            except kinds as e:
+                if not isinstance(e, CheckpointWriteError):  # a full disk: a failure of the run, its traceback
+                    voice.mark_config_error(e, f"treadle: config error in {where}: {_described(e)} "
+                                               f"({voice.FULL_TRACEBACK_ENV}=1 prints its traceback)")
+                raise
+        return said_once  # type: ignore[return-value]  # f's signature, wrapped
+    return decorate
+
+
+def _described(error: BaseException) -> str:
+    """``error`` in a line: a ConfigError's own text (it names the key), else its type and message."""
+    if isinstance(error, ConfigError):
+        return str(error)
+    text = error.args[0] if isinstance(error, KeyError) and len(error.args) == 1 else error
+    return f"{type(error).__name__}: {text}"
 
 
 @document(TrainerArgs)  # the docstring's Args section: each argument's doc (treadle/engine/spec.py)
@@ -72,6 +116,7 @@ class Trainer:
     is where a checkpoint name lands without replacing what another run saved.
     """
 
+    @_said_once("Trainer(...)", _ARGUMENT_ERRORS)  # a mistake in the arguments: one line for the job
     @takes(TrainerArgs)  # Trainer(model, work_dir=None, ...): TrainerArgs's fields, received as one object
     def __init__(self, args: TrainerArgs) -> None:
         a = build_args(args)  # every argument checked (engine/spec.py), config dicts of components built
@@ -411,6 +456,7 @@ class Trainer:
             self.train_metrics.update(outputs, targets)
 
     # -- entry points ------------------------------------------------------------------
+    @_said_once("fit()", _REFUSALS)
     def fit(self) -> dict[str, Any]:
         """Train per the workflow (validating as configured); returns the last metrics.
 
@@ -556,6 +602,7 @@ class Trainer:
         self.resume_changes = resume_changes.compare(before, self.optim_wrappers, loop.resume_pos if loop else None)
         return path
 
+    @_said_once("validate()", _REFUSALS)
     def validate(self) -> dict[str, Any]:
         """One pass over ``val_dataloader``; returns ``{"val/<name>": value}``. Before any
         ``fit()``, the checkpoint ``resume`` names is loaded first."""
@@ -565,6 +612,7 @@ class Trainer:
             self._load_resume()
             return self._run(self.val_loop.run)
 
+    @_said_once("test()", _REFUSALS)
     def test(self) -> dict[str, Any]:
         """One pass over ``test_dataloader``; returns ``{"test/<name>": value}`` (from the
         ``resume`` checkpoint, as :meth:`validate`)."""

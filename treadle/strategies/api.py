@@ -57,6 +57,7 @@ from treadle.checkpoint.rng import set_rng_state
 from treadle.data.distributed import shard_eval_loader, shard_train_loader
 from treadle.data.resumable import ResumableLoader
 from treadle.distributed import comm
+from treadle.distributed.voice import job_warning
 from treadle.logging.writers import get_logger
 from treadle.optim.scheduler_builder import build_scheduler_map
 from treadle.optim.wrapper import OptimWrapper
@@ -497,14 +498,14 @@ class StrategyAPI:
         info = state["strategy"]
         if rng is not None:  # the caller sets it
             pass
-        elif int(info.get("world_size", 1)) != self.world_size or own is None:
-            get_logger().warning(f"resuming a checkpoint saved by {info.get('world_size')} process(es) on "
-                                 f"{self.world_size}: weights, optimizer and positions are restored, the RNG "
-                                 "streams are not (they cannot be split differently)")
+        elif int(info.get("world_size", 1)) != self.world_size or own is None:  # alike on every rank: said once
+            job_warning(f"resuming a checkpoint saved by {info.get('world_size')} process(es) on {self.world_size}: "
+                        "weights, optimizer and positions are restored, the RNG streams are not (they cannot be "
+                        "split differently)")
         elif int(info.get("tp", 1)) != self.tp_size:  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
-            get_logger().warning(f"resuming a checkpoint saved with tp {info.get('tp', 1)} on tp {self.tp_size}: "  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
-                                 "weights, optimizer and positions are restored, the RNG streams are not (the "
-                                 "ranks share the data differently)")
+            job_warning(f"resuming a checkpoint saved with tp {info.get('tp', 1)} on tp {self.tp_size}: "  # type: ignore[attr-defined]  # the Strategy's (StrategyAPI is its mixin)
+                        "weights, optimizer and positions are restored, the RNG streams are not (the ranks share "
+                        "the data differently)")
         else:
             set_rng_state(own)  # last: the next draw is the uninterrupted run's
         if not parts:  # a caller with parts of its own says where it goes on (the Trainer does)

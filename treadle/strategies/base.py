@@ -403,9 +403,10 @@ class ProcessGroupStrategy(Strategy):
         if size <= 1:
             get_logger().info("sync_bn: one data-parallel process; BatchNorm layers left as they are")
             return model
-        if not layers:
-            get_logger().warning(f"sync_bn=True, but {type(model).__name__} has no BatchNorm layer: nothing to "
-                                 "synchronize")
+        if not layers:  # every rank builds the same model: said once
+            from treadle.distributed.voice import job_warning
+
+            job_warning(f"sync_bn=True, but {type(model).__name__} has no BatchNorm layer: nothing to synchronize")
             return model
         convert_sync_batchnorm(model, group, cpu=self.device.type == "cpu")
         get_logger().info(f"sync_bn: {layers} BatchNorm layer(s) synchronized over {size} data-parallel processes")

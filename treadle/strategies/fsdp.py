@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
 from treadle.checkpoint.io import CheckpointError
 from treadle.checkpoint.manifest import STATE_FILE
 from treadle.distributed import comm
+from treadle.distributed.voice import job_warning
 from treadle.logging.writers import get_logger
 from treadle.optim.wrapper import GradientSync
 from treadle.compat import fsdp_cpu_problem, gloo_sums_average, mesh_reshard_problem
@@ -328,8 +329,8 @@ class FSDPStrategy(ProcessGroupStrategy):
             raise WeightsMismatchError(report)
         set_model_state_dict(module, sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
                                                                   strict=False))
-        if not report.ok:
-            get_logger().warning(f"partial weight load:\n{report}")
+        if not report.ok:  # rank 0's report, on every rank: said once
+            job_warning(f"partial weight load:\n{report}")
 
     def get_optim_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Sharded optimizer state keyed by parameter names (FQNs), not ids. On an optimizer

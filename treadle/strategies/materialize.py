@@ -31,7 +31,7 @@ from torch import nn
 
 from treadle.checkpoint.manifest import CheckpointError
 from treadle.components.empty_init import EmptyModel
-from treadle.logging.writers import get_logger
+from treadle.distributed.voice import job_warning
 
 _WRAPPED = "._checkpoint_wrapped_module"  # activation checkpointing's wrapper, not in state dict keys
 _LISTED = 8
@@ -263,8 +263,8 @@ def _plan(module: nn.Module, sources: list[Weights], targets: dict[str, list[tor
             raise CheckpointError(f"{source.where}: {left[0]!r}" + (f" (and {len(left) - 1} more)" if len(left) > 1
                                   else "") + f" is not a tensor of {what}; expected weights saved from this model")
         if left:
-            get_logger().warning(f"{source.where}: {len(left)} tensor(s) the model does not have, not loaded: "
-                                 f"{', '.join(left[:_LISTED])}{' ...' if len(left) > _LISTED else ''}")
+            job_warning(f"{source.where}: {len(left)} tensor(s) the model does not have, not loaded: "
+                        f"{', '.join(left[:_LISTED])}{' ...' if len(left) > _LISTED else ''}")  # alike on every rank
         plans.append((source, plan))
         filled |= set(plan)
     done = {id(t) for n in filled for t in targets[n]}  # a tied name: its tensor was filled under another
@@ -378,9 +378,8 @@ def _say_new(module: nn.Module, sources: list[Weights], new: list[str]) -> None:
     adapter = getattr(module, "active_adapter", None)
     new = [n for n in new if not (isinstance(adapter, str) and f".{adapter}." in n)]
     if sources and new:
-        get_logger().warning(f"{len(new)} tensor(s) not in {', '.join(s.where for s in sources)}, initialized as "
-                             f"the model's constructor does: {', '.join(new[:_LISTED])}"
-                             f"{' ...' if len(new) > _LISTED else ''}")
+        job_warning(f"{len(new)} tensor(s) not in {', '.join(s.where for s in sources)}, initialized as the "
+                    f"model's constructor does: {', '.join(new[:_LISTED])}{' ...' if len(new) > _LISTED else ''}")
 
 
 __all__ = ["Weights", "has_meta", "materialize", "open_weights", "put"]
