@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work_dir = Path(args.work_dir)
     if not torch.cuda.is_available():
         torch.set_num_threads(1)  # a model this small steps several times faster on one thread than on many
+        # save_pretrained (accelerate) imports DeepSpeed when it is installed, which then warns that it
+        # guessed the CPU: it is told instead (nothing here uses DeepSpeed)
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if not args.fine_tune_only and not (work_dir / "base" / "model.safetensors").is_file():
         print(f"making the pretrained base: a 2-layer Llama taught to count by 1 ({work_dir / 'base'})", flush=True)
     from transformers.utils import logging as hf_logging
