@@ -143,6 +143,15 @@ def test_resume_into_a_mistyped_work_dir_warns_and_strict_resume_refuses(tiny, t
     assert rc == 0 and (first / "checkpoints" / "epoch_0002").is_dir()
 
 
+def test_a_work_dir_that_cannot_be_created_is_a_usage_error(tiny, tmp_path, capsys):
+    (tmp_path / "file").write_text("in the way")
+    where = tmp_path / "file" / "run"
+    rc, _, err = run(capsys, "train", tiny, "--work-dir", where, "--set", "max_epochs=1")
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"treadle train: error: work_dir {where}: cannot create it (Not a directory); expected a "
+                          "directory this process may write (--work-dir DIR"), err
+
+
 def test_a_run_without_validation_says_so_instead_of_an_empty_table(tiny, tmp_path, capsys):
     rc, out, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "run", "--set", "val_dataloader=null",
                        "metrics=null", "max_epochs=1")

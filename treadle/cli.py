@@ -636,7 +636,7 @@ def _guarded(args: argparse.Namespace) -> int:
     from treadle.checkpoint.io import CheckpointError, CheckpointWriteError
     from treadle.distributed import voice
     from treadle.config import ConfigError
-    from treadle.engine.run_dir import WorkDirBusyError
+    from treadle.engine.run_dir import WorkDirError
 
     try:
         return COMMANDS[args.command](args)
@@ -652,7 +652,7 @@ def _guarded(args: argparse.Namespace) -> int:
         return voice.fail(f"treadle {args.command}: error: {e.line}")
     except CheckpointWriteError as e:  # disk full or another OS error at a save (sync or async): a run-time failure
         return _fail(args, e, status=1)
-    except (ConfigError, UsageError, CheckpointError, WorkDirBusyError) as e:  # e.g. a resume that does not fit
+    except (ConfigError, UsageError, CheckpointError, WorkDirError) as e:  # e.g. a resume that does not fit
         return _fail(args, e)
     except FloatingPointError as e:  # training diverged (NaN guard, or non-finite weights at a save)
         return _fail(args, e, status=1)

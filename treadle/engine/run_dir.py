@@ -40,13 +40,17 @@ from treadle.logging.writers import get_logger, move_whole_aside, replace_atomic
 
 LOCK_NAME = ".treadle.lock"
 
-__all__ = ["LOCK_NAME", "RunDir", "WorkDirBusyError", "WorkDirLock", "read_holder",
+__all__ = ["LOCK_NAME", "RunDir", "WorkDirBusyError", "WorkDirError", "WorkDirLock", "read_holder",
            "write_run_file"]
 
 T = TypeVar("T")
 
 
-class WorkDirBusyError(RuntimeError):
+class WorkDirError(RuntimeError):
+    """The ``work_dir`` cannot be used: it cannot be created, or another run holds it."""
+
+
+class WorkDirBusyError(WorkDirError):
     """Another process holds the ``work_dir``'s lock: its run is still going on."""
 
 
@@ -101,7 +105,12 @@ class WorkDirLock:
         """Take the lock or raise :class:`WorkDirBusyError` naming its holder."""
         if self._file is not None:
             return
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # read-only, not permitted, a file in the way: nothing was written
+            raise WorkDirError(f"work_dir {self.work_dir}: cannot create it ({e.strerror or e}); expected a "
+                               "directory this process may write (--work-dir DIR, or work_dir= in the config)"
+                               ) from None
         if fcntl is None:
             get_logger().warning(f"{self.work_dir}: no file locks on this platform; make sure no other run uses "
                                  "this work_dir at the same time")

@@ -37,7 +37,7 @@ from treadle.optim.scheduler_builder import SchedulerError
 from treadle.optim.wrapper import OptimWrapper, make_autocast
 from treadle.engine.preemption import INTERRUPTED_EXIT_CODE, PreemptionHandlers, agree_on_stop, requeue_slurm_job
 from treadle.engine.resume import note_other_runs, resume_latest, weights_to_read
-from treadle.engine.run_dir import RunDir, WorkDirBusyError
+from treadle.engine.run_dir import RunDir, WorkDirError
 from treadle.hooks.state import TrainState
 from treadle.engine.mmengine_model import is_mmengine_model, model_eval_step, model_train_step
 from treadle.engine.monitored import check_monitored, eval_values, result_names
@@ -60,7 +60,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _ARGUMENT_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError, CheckpointError)
 #: What fit, validate and test raise for a run that cannot go as asked (a resume that does not
 #: fit, a work_dir another run holds): the command line's status-2 errors.
-_REFUSALS = (ConfigError, CheckpointError, WorkDirBusyError)
+_REFUSALS = (ConfigError, CheckpointError, WorkDirError)
 
 
 def _said_once(where: str, kinds: tuple[type[BaseException], ...]) -> Callable[[_F], _F]:
