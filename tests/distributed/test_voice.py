@@ -189,7 +189,7 @@ treadle.Trainer(TinyNet(), **kwargs).fit()
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mistake, names", [
-    ("optimizer", "config error in Trainer(...): ValueError: optim_wrapper.optimizer: unknown optimizer type "
+    ("optimizer", "config error in Trainer(...): ValueError: optimizer: unknown optimizer type "
                   "'NoSuchOptimizer'"),
     ("argument", "config error in Trainer(...): TypeError: Trainer.__init__() got an unexpected keyword argument "
                  "'max_epoch'. Did you mean 'max_epochs'?"),

@@ -230,7 +230,7 @@ def test_subclass_can_override_train_step():
     (dict(max_iters=2.5), r'max_iters: wrong type float \(got 2\.5\); expected an int >= 1, or null'),
     (dict(max_epochs=2, max_iters=10), r"either max_epochs or max_iters, not both"),
     (dict(), r"needs max_epochs .* or max_iters"),
-    (dict(max_epochs=1, optimizer=dict(type="Adamm", lr=1)), r"unknown optimizer type 'Adamm'.*Did you mean 'Adam'"),
+    (dict(max_epochs=1, optimizer=dict(type="Adamm", lr=1)), r"^optimizer: unknown optimizer type 'Adamm'.*Did you mean 'Adam'"),
     (dict(max_epochs=1, optimizer=dict(lr=1)), r"has no 'type'"),
     (dict(max_epochs=1, optimizer=dict(type="SGD", lr=1, betas=(0.9, 0.9))), r"SGD rejected arguments"),
     (dict(max_epochs=1, precision="fp8"), r"precision='fp8' is not supported; expected one of '32', 'bf16', '16'"),

@@ -32,7 +32,7 @@ from treadle.components.keys import DATALOADER_SCHEMA, check_table
 from treadle.data.collate import COLLATE_FUNCTIONS
 from treadle.hooks.base import Hook, get_priority
 from treadle.hooks.scheduler import ParamSchedulerHook
-from treadle.optim.builder import NON_NEGATIVE, check_optimizer_args
+from treadle.optim.builder import NON_NEGATIVE, check_optimizer_args, resolve_optimizer_type
 from treadle.optim.scheduler_builder import SCHEDULERS
 from treadle.optim.schedulers import init_arg_names
 
@@ -67,6 +67,8 @@ def check_optimizer_spec(cfg: Any, where: str, *, safe: bool = False) -> None:
         return
     if safe and isinstance(cfg.get("type"), str):
         check_name("optimizer", cfg["type"], f"{where}.type")
+    if isinstance(cfg.get("type"), str) and "." not in cfg["type"]:  # a misspelt name, said as the caller wrote it
+        resolve_optimizer_type(cfg["type"], where)
     check_optimizer_args({k: a for k, a in cfg.items() if k != "type"}, where)
 
 

@@ -18,6 +18,12 @@ def optimizer_names() -> list[str]:
                   if inspect.isclass(obj) and issubclass(obj, torch.optim.Optimizer) and obj is not torch.optim.Optimizer)
 
 
+def resolve_optimizer_type(name: Any, where: str) -> type[torch.optim.Optimizer]:
+    """The optimizer class ``name`` gives (a torch.optim name, a dotted import path, or the
+    class); a ValueError or TypeError naming ``where`` and the close names otherwise."""
+    return _resolve_type(name, where)
+
+
 def _resolve_type(name: Any, where: str) -> type[torch.optim.Optimizer]:
     if inspect.isclass(name) and issubclass(name, torch.optim.Optimizer):
         return name
