@@ -188,6 +188,16 @@ ERRORS = [
 ]
 
 
+def test_an_error_in_what_set_wrote_is_blamed_on_set_not_the_file(tiny, tmp_path, capsys):
+    for args, key in ((["--set", "max_epoch=3"], "max_epoch"), (["--set", "optimizer.lrr=3"], "optimizer.lrr"),
+                      (["--set", "log_interval=often"], "log_interval")):
+        rc, _, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "run", *args)
+        assert rc == 2 and err.startswith(f"treadle train: config error: --set: {key}: "), err
+    rc, _, err = run(capsys, "train", tiny, "--work-dir", tmp_path / "run", "--set", "model.type=TinyNt",
+                     "optimizer.lr=0.5")  # the error is in the first override, not in the file
+    assert rc == 2 and err.startswith("treadle train: config error: --set: model.type: "), err
+
+
 @pytest.mark.parametrize("args, message", ERRORS, ids=[m.split(":")[0] for _, m in ERRORS])
 def test_config_errors_exit_2_and_write_nothing(tiny, tmp_path, capsys, args, message):
     work = tmp_path / "run"
@@ -229,7 +239,7 @@ def test_error_from_a_real_process_has_no_traceback(tiny, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "treadle", "train", str(tiny), "--work-dir", str(tmp_path / "w"),
                            "--set", "max_epochs=zero"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"treadle train: config error: {tiny}: max_epochs: wrong type str (got 'zero'); "
+    assert proc.stderr.strip() == ("treadle train: config error: --set: max_epochs: wrong type str (got 'zero'); "
                                    "expected an int >= 1, or null")
     assert not (tmp_path / "w").exists()
 
@@ -266,7 +276,8 @@ def test_safe_refuses_code_a_config_names(tiny, tmp_path, capsys, monkeypatch, a
         args, key = ["--set", "train_dataloader.collate_fn=cli_collate_marker.collate"], "train_dataloader.collate_fn"
     rc, out, err = run(capsys, "train", config, "--safe", "--work-dir", work, *args)
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
-    assert err.startswith(f"treadle train: config error: {config}: {key}: {SAFE_REFUSAL} (got "), err
+    source = "--set" if args else config  # the line names what wrote the name: --set, or the file
+    assert err.startswith(f"treadle train: config error: {source}: {key}: {SAFE_REFUSAL} (got "), err
     assert not marker.exists() and not work.exists()
 
 

@@ -518,7 +518,13 @@ def _fail(args: argparse.Namespace, err: Exception, status: int = 2) -> int:
 
     if _full_traceback(args):
         traceback.print_exception(err)
-    source = (err.source or getattr(args, "config", None)) if isinstance(err, ConfigError) else None
+    source = None
+    if isinstance(err, ConfigError):
+        from treadle.config.loader import blamed_on
+
+        config = getattr(args, "config", None)
+        source = err.source or (blamed_on(err.path, config, getattr(args, "overrides", None) or ())
+                                if config else None)
     where = f"{source}: " if source else ""
     kind = "config error" if isinstance(err, ConfigError) else "error"
     # Said once for the job (treadle/distributed/voice.py); status 2 is bad input, whichever rank met it first.

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from treadle.components.errors import ConfigError
-from treadle.config.loader import apply_overrides, has_variables, load_file
+from treadle.config.loader import apply_overrides, blamed_on, has_variables, load_file
 from treadle.openmmlab.keys import MMENGINE_KEYS, NOT_TRANSLATED, PROJECT_KEYS
 from treadle.config.unused import split_unused
 
@@ -42,11 +42,12 @@ def check_early(path: str | Path, overrides: Iterable[str] = (), *, safe: bool =
     if Path(path).suffix not in (".yaml", ".yml"):
         return
     try:
-        cfg = apply_overrides(load_file(path, safe=safe), list(overrides))
+        overrides = list(overrides)
+        cfg = apply_overrides(load_file(path, safe=safe), overrides)
         split_unused(cfg, [*trainer_argument_names(), *MMENGINE_KEYS, *(k.name for k in PROJECT_KEYS)], NOT_TRANSLATED,
                      variables=has_variables(path))
     except ConfigError as e:
-        raise e.with_source(str(path)) from e.__cause__
+        raise e.with_source(blamed_on(e.path, str(path), overrides)) from e.__cause__
 
 
 __all__ = ["check_early", "trainer_argument_names"]

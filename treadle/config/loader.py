@@ -246,6 +246,20 @@ def parse_override(text: str) -> tuple[list[str | int], Any]:
     return parts, value
 
 
+def blamed_on(path: str, file: str, overrides: Iterable[str]) -> str:
+    """Where a config error at the key ``path`` comes from, for its line: ``--set`` when an
+    override set that key, a key inside it or the section it is in; else the config ``file``."""
+    def norm(key: str) -> str:
+        return re.sub(r"\[(\d+)\]", r".\1", key.strip())
+
+    at = norm(path)
+    for text in overrides:
+        key = norm(text.partition("=")[0])
+        if key and (at == key or at.startswith(key + ".") or key.startswith(at + ".")):
+            return "--set"
+    return file
+
+
 def apply_overrides(cfg: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """A copy of ``cfg`` with each ``KEY=VALUE`` set (missing dicts are created)."""
     cfg = copy.deepcopy(cfg)
@@ -275,4 +289,4 @@ def apply_overrides(cfg: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
     return cfg
 
 
-__all__ = ["apply_overrides", "has_variables", "load_file", "merge", "parse_override", "parse_yaml"]
+__all__ = ["apply_overrides", "blamed_on", "has_variables", "load_file", "merge", "parse_override", "parse_yaml"]

@@ -15,7 +15,7 @@ import yaml
 
 from treadle.components.build import check_safe
 from treadle.components.errors import ConfigError, did_you_mean, join_path
-from treadle.config.loader import apply_overrides, has_variables, load_file
+from treadle.config.loader import apply_overrides, blamed_on, has_variables, load_file
 from treadle.openmmlab.translate import NOT_TRANSLATED, is_mmengine_style, translate
 from treadle.config.origins import ResolvedConfig, in_user_terms, origins_of
 from treadle.components.registry import name_of
@@ -134,6 +134,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = (), *, mode: str | 
     files and bases are refused before they run, and every name in the resolved config
     (``--set`` overrides included) must be registered or a torch.nn / torch.optim class.
     Build it with ``build_trainer(cfg, safe=True)`` too."""
+    overrides = list(overrides)
     try:
         cfg = resolve_config(load_file(path, safe=safe), overrides, mode=mode, source=str(path),
                              variables=has_variables(path), **values)
@@ -148,7 +149,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = (), *, mode: str | 
                 raise renamed from e
         return cfg
     except ConfigError as e:
-        raise e.with_source(str(path)) from e.__cause__
+        raise e.with_source(blamed_on(e.path, str(path), overrides)) from e.__cause__
 
 
 def dump_config(cfg: dict[str, Any]) -> str:
