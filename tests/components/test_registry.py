@@ -71,6 +71,10 @@ def test_names_for_saving():
 
     with pytest.raises(ConfigError, match="has no importable name"):
         name_of(Local)
+    InConfig = type("Net", (nn.Module,), {"__module__": "treadle_config_cfg"})  # as a .py config defines it
+    with pytest.raises(ConfigError, match=r"^Net, defined in the config file cfg\.py, cannot be written into "
+                                          r"config\.yaml .*expected Net defined in an importable module beside"):
+        name_of(InConfig)
 
 
 def test_to_plain_names_types_only():

@@ -263,7 +263,13 @@ def name_of(obj: Any) -> str:
                     _same_file(obj, EXAMPLES_DIR / entry.file):
                 return name  # an example class a Python config imported as a sibling module
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if not module or not qualname or "<locals>" in qualname or module == "__main__" or module.startswith("treadle_config_"):
+    if module and qualname and module.startswith("treadle_config_"):  # defined in the config file itself
+        name, file = qualname, module[len("treadle_config_"):] + ".py"
+        raise ConfigError("", f"{name}, defined in the config file {file}, cannot be written into config.yaml (a "
+                          "resumed or repeated run reads the class back by its import path)",
+                          expected=f"{name} defined in an importable module beside the config (e.g. models.py, "
+                                   f"then `from models import {name}`)")
+    if not module or not qualname or "<locals>" in qualname or module == "__main__":
         raise ConfigError("", f"{obj!r} has no importable name, so it cannot be written into config.yaml",
                           expected="a class or function defined at the top level of an importable module")
     return f"{module}.{qualname}"
