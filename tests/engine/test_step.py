@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
@@ -45,3 +47,34 @@ def test_parse_losses_tensor_dict_and_list():
         parse_losses({"acc": torch.tensor(1.0)})
     with pytest.raises(TypeError, match="losses must be"):
         parse_losses("nope")
+
+
+class _Outputs(torch.nn.Module):
+    """A model whose output holds, beside its loss, a tensor backward does not need (as a
+    language model's logits): the step should let go of it before backward runs."""
+
+    def __init__(self, loss_fn: bool) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(3))
+        self.loss_fn = loss_fn
+
+    def forward(self, x):
+        logits = x * self.weight
+        self.logits = weakref.ref(logits)
+        return logits if self.loss_fn else {"loss": logits.logsumexp(0), "logits": logits}
+
+
+@pytest.mark.parametrize("loss_fn", [False, True], ids=["model returns its loss", "loss_fn"])
+def test_the_model_outputs_are_freed_before_backward(loss_fn):
+    from treadle.engine.step import make_train_step
+    from treadle.optim.wrapper import OptimWrapper
+
+    model = _Outputs(loss_fn)
+    alive_in_backward = []
+    model.weight.register_hook(lambda g: alive_in_backward.append(model.logits() is not None))
+    wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    step = make_train_step(model, (lambda out, target: out.logsumexp(0)) if loss_fn else None, wrapper, None)
+    logged = step((torch.arange(3.0), torch.zeros(())) if loss_fn else torch.arange(3.0))
+    assert alive_in_backward == [False]  # the output (logits) was freed before the gradients were computed
+    assert torch.equal(model.weight.detach(), torch.ones(3) - 0.1 * torch.softmax(torch.arange(3.0), 0) * torch.arange(3.0))
+    assert logged["loss"].item() == pytest.approx(torch.arange(3.0).logsumexp(0).item())

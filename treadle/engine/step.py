@@ -7,6 +7,7 @@
     else:       losses = model(batch)            # tensor or dict of losses (model(**batch) for a
                                                  # dict, model(inputs, targets) for a pair: whole_batch_caller)
     total, logged = parse_losses(losses)         # keys containing "loss" are summed
+    del losses                                   # the outputs (logits) let go before backward
     optim_wrapper.update(total)                  # backward, and step when the window closes
     return logged                                # detached: goes to the logger
 
@@ -302,7 +303,9 @@ def make_train_step(model: nn.Module, loss_fn: Callable[..., Any] | None, optim_
                 raise loss_error(e, outputs, targets, "train")
             if feed is not None:
                 feed(outputs, targets)
+            del outputs
         total, logged = parse_losses(losses)
+        del losses  # the model's outputs (logits): backward does not need them, freed before it runs
         if timed:
             mark()
         try:
