@@ -329,8 +329,7 @@ def _breakdown_row(nproc: int, name: str, loop: str, peak: int, acc: dict[str, A
     """One row of the second table: ``peak`` (an unprofiled run's, above its tiny run) and
     what it holds, the live tensors from ``acc`` (a profiled run of the same step), in MiB."""
     sums = acc["sums"]
-    cells = [f"{peak / MIB:.0f}"] + [f"{sums[c] / MIB:.0f}" for c in CATEGORIES]
-    cells.append(f"{(peak - sum(sums.values())) / MIB:.0f}")
+    cells = [f"{round(b / MIB)}" for b in (peak, *(sums[c] for c in CATEGORIES), peak - sum(sums.values()))]
     return (f"| {nproc} | {name} | {loop} | {' | '.join(cells)} | {acc['where']} | "
             f"{acc['largest_gathered'] / MIB:.0f} |")
 
