@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from pathlib import Path
+
 import torch
 from torch.utils.data import DataLoader
 
@@ -23,12 +25,8 @@ import treadle
 from treadle.strategies.deepspeed import DeepSpeedStrategy
 from transformers import LlamaForCausalLM
 
-
-def peak_rss() -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared measure
+from big_model_support import peak_rss
 
 
 class Built(treadle.Hook):
